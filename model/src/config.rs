@@ -1,0 +1,532 @@
+//! The cluster configuration file: nodes, partitions with priority tiers, fair share, the price
+//! book and the tenant tree, loaded from TOML. Unknown keys are errors, and every error names
+//! the field and its line and says what would be valid.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+
+use chrono::NaiveDate;
+use rust_decimal::Decimal;
+use serde::{Deserialize, Serialize};
+
+use crate::gpu::GpuModel;
+use crate::ids::{AccountId, NodeId};
+use crate::money::Currency;
+use crate::tenant::{Account, TenantTree};
+use crate::units::DurationSpec;
+
+/// The config format version this build reads.
+pub const CONFIG_VERSION: u32 = 1;
+
+/// The whole cluster configuration.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// Format version; must be [`CONFIG_VERSION`].
+    pub version: u32,
+    pub cluster: ClusterSection,
+    pub node_pools: Vec<NodePool>,
+    pub partitions: Vec<Partition>,
+    #[serde(default)]
+    pub fair_share: FairShareConfig,
+    pub prices: PriceBookConfig,
+    pub accounts: Vec<Account>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSection {
+    pub name: String,
+}
+
+/// A set of identical nodes, named `{prefix}{001..count}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodePool {
+    pub name: String,
+    pub prefix: String,
+    pub count: u32,
+    pub gpus_per_node: u32,
+    pub gpu_model: GpuModel,
+    /// An account that owns this pool outright (a dedicated node pool); others may not use it.
+    #[serde(default)]
+    pub dedicated_to: Option<AccountId>,
+}
+
+/// A partition (queue) with a priority tier, as Slurm's `PriorityTier`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Partition {
+    pub name: String,
+    /// Higher tiers are considered first and may preempt lower ones.
+    pub priority_tier: u32,
+    /// Longest time limit a job may ask for here.
+    #[serde(default)]
+    pub max_time: Option<DurationSpec>,
+    /// Jobs that name no partition go to the default one.
+    #[serde(default)]
+    pub default: bool,
+}
+
+/// Fair share: `priority = weight / (1 + usage / factor)` with decayed usage.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FairShareConfig {
+    /// Half-life of the exponential decay of past usage (Slurm `PriorityDecayHalfLife`).
+    pub half_life: DurationSpec,
+    /// How many decayed GPU-hours halve an account's priority.
+    pub usage_factor_gpu_hours: u64,
+}
+
+impl Default for FairShareConfig {
+    fn default() -> Self {
+        FairShareConfig {
+            half_life: DurationSpec::from_secs(7 * 86_400),
+            usage_factor_gpu_hours: 1_000,
+        }
+    }
+}
+
+/// Prices, versioned and effective from a date. Amounts are written as strings (`"10.00"`) so
+/// that no float ever touches money.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PriceBookConfig {
+    pub version: String,
+    pub effective_from: NaiveDate,
+    pub currency: Currency,
+    /// Price of one GPU-hour, per GPU model.
+    pub gpu_hour: BTreeMap<GpuModel, Decimal>,
+}
+
+/// One node of the cluster, as the config expands it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeSpec {
+    pub id: NodeId,
+    pub gpus: u32,
+    pub gpu_model: GpuModel,
+    pub pool: String,
+    pub dedicated_to: Option<AccountId>,
+}
+
+/// One problem with one field.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FieldError {
+    /// The field's path, e.g. `accounts[2].quota.priority`.
+    pub field: String,
+    /// 1-based line of the field in the file, where it could be found.
+    pub line: Option<usize>,
+    pub message: String,
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(line) => write!(f, "line {line}: `{}`: {}", self.field, self.message),
+            None => write!(f, "`{}`: {}", self.field, self.message),
+        }
+    }
+}
+
+/// Why a config file was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// Not TOML, an unknown key, or a value of the wrong type.
+    #[error("{origin}:{line}:{column}: {message}")]
+    Syntax {
+        origin: String,
+        line: usize,
+        column: usize,
+        message: String,
+    },
+    /// Parsed, but some values are not valid together or alone.
+    #[error("{origin}: {} invalid field(s):\n{}", errors.len(), list(errors))]
+    Invalid {
+        origin: String,
+        errors: Vec<FieldError>,
+    },
+}
+
+fn list(errors: &[FieldError]) -> String {
+    errors
+        .iter()
+        .map(|e| format!("  {e}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+impl ConfigError {
+    /// The field errors (empty for a syntax error).
+    pub fn field_errors(&self) -> &[FieldError] {
+        match self {
+            ConfigError::Invalid { errors, .. } => errors,
+            ConfigError::Syntax { .. } => &[],
+        }
+    }
+}
+
+impl ClusterConfig {
+    /// Parses and validates a config. `origin` (usually the file name) prefixes every message.
+    pub fn from_toml_str(src: &str, origin: &str) -> Result<Self, ConfigError> {
+        let config: ClusterConfig = parse_toml(src, origin)?;
+        let mut errors = config.validate();
+        if errors.is_empty() {
+            return Ok(config);
+        }
+        locate_lines(src, &mut errors);
+        Err(ConfigError::Invalid {
+            origin: origin.to_owned(),
+            errors,
+        })
+    }
+
+    /// Every problem found, with field paths (lines are filled in by [`Self::from_toml_str`]).
+    pub fn validate(&self) -> Vec<FieldError> {
+        let mut v = Validator::default();
+        if self.version != CONFIG_VERSION {
+            v.err("version", format!("version {} is not supported; this build reads version {CONFIG_VERSION}", self.version));
+        }
+        if self.cluster.name.trim().is_empty() {
+            v.err("cluster.name", "must not be empty".into());
+        }
+        self.validate_node_pools(&mut v);
+        self.validate_partitions(&mut v);
+        if self.fair_share.half_life.as_secs() == 0 {
+            v.err("fair_share.half_life", "must be longer than 0s, e.g. \"7d\"".into());
+        }
+        if self.fair_share.usage_factor_gpu_hours == 0 {
+            v.err("fair_share.usage_factor_gpu_hours", "must be at least 1".into());
+        }
+        self.validate_prices(&mut v);
+        self.validate_accounts(&mut v);
+        v.errors
+    }
+
+    fn validate_node_pools(&self, v: &mut Validator) {
+        if self.node_pools.is_empty() {
+            v.err("node_pools", "at least one node pool is needed".into());
+        }
+        let mut prefixes = HashSet::new();
+        let accounts: HashSet<&AccountId> = self.accounts.iter().map(|a| &a.id).collect();
+        for (i, pool) in self.node_pools.iter().enumerate() {
+            let at = |f: &str| format!("node_pools[{i}].{f}");
+            if pool.count == 0 {
+                v.err(&at("count"), "must be at least 1".into());
+            }
+            if !(1..=64).contains(&pool.gpus_per_node) {
+                v.err(&at("gpus_per_node"), format!("{} is out of range; use 1 to 64", pool.gpus_per_node));
+            }
+            if let Err(e) = NodeId::new(format!("{}001", pool.prefix)) {
+                v.err(&at("prefix"), format!("node names built from it are not valid: {e}"));
+            }
+            if !prefixes.insert(pool.prefix.as_str()) {
+                v.err(&at("prefix"), format!("prefix `{}` is used by another pool; node names must be unique", pool.prefix));
+            }
+            if let Some(owner) = &pool.dedicated_to {
+                if !accounts.contains(owner) {
+                    v.err(&at("dedicated_to"), format!("account `{owner}` is not defined in [[accounts]]"));
+                }
+            }
+        }
+    }
+
+    fn validate_partitions(&self, v: &mut Validator) {
+        if self.partitions.is_empty() {
+            v.err("partitions", "at least one partition is needed".into());
+        }
+        let mut names = HashSet::new();
+        for (i, p) in self.partitions.iter().enumerate() {
+            if !names.insert(p.name.as_str()) {
+                v.err(&format!("partitions[{i}].name"), format!("partition `{}` is defined twice", p.name));
+            }
+            if !(1..=100).contains(&p.priority_tier) {
+                v.err(&format!("partitions[{i}].priority_tier"), format!("{} is out of range; use 1 to 100", p.priority_tier));
+            }
+        }
+        let defaults = self.partitions.iter().filter(|p| p.default).count();
+        if defaults > 1 {
+            v.err("partitions", format!("{defaults} partitions say `default = true`; at most one may"));
+        }
+    }
+
+    fn validate_prices(&self, v: &mut Validator) {
+        for (model, price) in &self.prices.gpu_hour {
+            if price.is_sign_negative() {
+                v.err(&format!("prices.gpu_hour.{model}"), format!("{price} is negative; a price is 0 or more"));
+            }
+        }
+        let mut missing: Vec<GpuModel> = self
+            .node_pools
+            .iter()
+            .map(|p| p.gpu_model)
+            .filter(|m| !self.prices.gpu_hour.contains_key(m))
+            .collect();
+        missing.dedup();
+        for model in missing {
+            v.err("prices.gpu_hour", format!("no price for `{model}`, which node pools use; add `{model} = \"10.00\"`"));
+        }
+    }
+
+    fn validate_accounts(&self, v: &mut Validator) {
+        if self.accounts.is_empty() {
+            v.err("accounts", "at least one account is needed".into());
+        }
+        let mut ids = HashSet::new();
+        for (i, acc) in self.accounts.iter().enumerate() {
+            let at = |f: &str| format!("accounts[{i}].{f}");
+            if !ids.insert(&acc.id) {
+                v.err(&at("id"), format!("account `{}` is defined twice", acc.id));
+            }
+            if acc.weight == 0 {
+                v.err(&at("weight"), "must be at least 1 (weights are relative shares)".into());
+            }
+            check_priority(v, &at("quota.priority"), acc.quota.priority);
+            let mut project_ids = HashSet::new();
+            for (j, proj) in acc.projects.iter().enumerate() {
+                let pat = |f: &str| format!("accounts[{i}].projects[{j}].{f}");
+                if !project_ids.insert(&proj.id) {
+                    v.err(&pat("id"), format!("project `{}` is defined twice in account `{}`", proj.id, acc.id));
+                }
+                check_priority(v, &pat("quota.priority"), proj.quota.priority);
+                for dim in proj.quota.exceeded_dimensions(&acc.quota) {
+                    v.err(
+                        &pat(&format!("quota.{}", dim.field())),
+                        format!("exceeds account `{}`'s limit; a project never exceeds its account", acc.id),
+                    );
+                }
+            }
+        }
+    }
+
+    /// Every node, expanded from the pools in order.
+    pub fn nodes(&self) -> Vec<NodeSpec> {
+        let mut nodes = Vec::new();
+        for pool in &self.node_pools {
+            for n in 1..=pool.count {
+                let Ok(id) = NodeId::new(format!("{}{n:03}", pool.prefix)) else {
+                    continue; // refused by validate()
+                };
+                nodes.push(NodeSpec {
+                    id,
+                    gpus: pool.gpus_per_node,
+                    gpu_model: pool.gpu_model,
+                    pool: pool.name.clone(),
+                    dedicated_to: pool.dedicated_to.clone(),
+                });
+            }
+        }
+        nodes
+    }
+
+    pub fn total_gpus(&self) -> u64 {
+        self.node_pools
+            .iter()
+            .map(|p| u64::from(p.count) * u64::from(p.gpus_per_node))
+            .sum()
+    }
+
+    pub fn tenants(&self) -> TenantTree {
+        TenantTree::new(self.accounts.iter().cloned())
+    }
+
+    pub fn partition(&self, name: &str) -> Option<&Partition> {
+        self.partitions.iter().find(|p| p.name == name)
+    }
+
+    /// The partition jobs go to when they name none: the one marked default, else the first.
+    pub fn default_partition(&self) -> Option<&Partition> {
+        self.partitions
+            .iter()
+            .find(|p| p.default)
+            .or(self.partitions.first())
+    }
+}
+
+fn check_priority(v: &mut Validator, field: &str, priority: Option<u8>) {
+    if let Some(p) = priority {
+        if !(1..=100).contains(&p) {
+            v.err(field, format!("{p} is out of range; use 1 to 100"));
+        }
+    }
+}
+
+#[derive(Default)]
+struct Validator {
+    errors: Vec<FieldError>,
+}
+
+impl Validator {
+    fn err(&mut self, field: &str, message: String) {
+        self.errors.push(FieldError {
+            field: field.to_owned(),
+            line: None,
+            message,
+        });
+    }
+}
+
+/// Deserialises TOML, turning serde's error into one with a line and column.
+pub fn parse_toml<T: serde::de::DeserializeOwned>(src: &str, origin: &str) -> Result<T, ConfigError> {
+    toml::from_str(src).map_err(|e| {
+        let offset = e.span().map(|s| s.start).unwrap_or(0);
+        let (line, column) = line_col(src, offset);
+        ConfigError::Syntax {
+            origin: origin.to_owned(),
+            line,
+            column,
+            message: e.message().trim().to_owned(),
+        }
+    })
+}
+
+/// 1-based line and column of a byte offset.
+pub fn line_col(src: &str, offset: usize) -> (usize, usize) {
+    let before = &src[..offset.min(src.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.len() - before.rfind('\n').map(|i| i + 1).unwrap_or(0) + 1;
+    (line, column)
+}
+
+/// Fills in the line of each field error by walking the document to the field's path.
+pub fn locate_lines(src: &str, errors: &mut [FieldError]) {
+    let Ok(doc) = toml_edit::Document::parse(src) else {
+        return;
+    };
+    for err in errors.iter_mut() {
+        err.line = locate::span_of(doc.as_item(), &err.field).map(|offset| line_col(src, offset).0);
+    }
+}
+
+mod locate {
+    use toml_edit::{Item, Value};
+
+    enum Seg<'a> {
+        Key(&'a str),
+        Index(usize),
+    }
+
+    fn segments(path: &str) -> Vec<Seg<'_>> {
+        let mut out = Vec::new();
+        for part in path.split('.') {
+            let (key, rest) = part.split_once('[').unwrap_or((part, ""));
+            if !key.is_empty() {
+                out.push(Seg::Key(key));
+            }
+            for idx in rest.split('[') {
+                if let Ok(i) = idx.trim_end_matches(']').parse() {
+                    out.push(Seg::Index(i));
+                }
+            }
+        }
+        out
+    }
+
+    #[derive(Clone, Copy)]
+    enum Node<'a> {
+        Item(&'a Item),
+        Value(&'a Value),
+        Table(&'a toml_edit::Table),
+    }
+
+    impl<'a> Node<'a> {
+        fn span_start(self) -> Option<usize> {
+            match self {
+                Node::Item(i) => i.span().map(|s| s.start),
+                Node::Value(v) => v.span().map(|s| s.start),
+                Node::Table(t) => t.span().map(|s| s.start),
+            }
+        }
+
+        fn child(self, seg: &Seg<'_>) -> Option<(Node<'a>, Option<usize>)> {
+            match (self, seg) {
+                (Node::Item(Item::Table(t)), Seg::Key(k)) | (Node::Table(t), Seg::Key(k)) => {
+                    let key_span = t.key(k).and_then(|key| key.span()).map(|s| s.start);
+                    t.get(k).map(|i| (Node::Item(i), key_span))
+                }
+                (Node::Item(Item::Value(v)), seg) => Node::Value(v).child(seg),
+                (Node::Value(Value::InlineTable(t)), Seg::Key(k)) => {
+                    let key_span = t.key(k).and_then(|key| key.span()).map(|s| s.start);
+                    t.get(k).map(|v| (Node::Value(v), key_span))
+                }
+                (Node::Item(Item::ArrayOfTables(a)), Seg::Index(i)) => a.get(*i).map(|t| (Node::Table(t), None)),
+                (Node::Value(Value::Array(a)), Seg::Index(i)) => a.get(*i).map(|v| (Node::Value(v), None)),
+                _ => None,
+            }
+        }
+    }
+
+    /// Byte offset of the deepest part of `path` that exists in the document.
+    pub(super) fn span_of(root: &Item, path: &str) -> Option<usize> {
+        let mut node = Node::Item(root);
+        let mut best = None;
+        for seg in segments(path) {
+            match node.child(&seg) {
+                Some((child, key_span)) => {
+                    best = key_span.or(child.span_start()).or(best);
+                    node = child;
+                }
+                None => break,
+            }
+        }
+        best
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"version = 1
+[cluster]
+name = "t"
+
+[[node_pools]]
+name = "p"
+prefix = "n"
+count = 2
+gpus_per_node = 8
+gpu_model = "h100-sxm"
+
+[[partitions]]
+name = "train"
+priority_tier = 20
+
+[prices]
+version = "v1"
+effective_from = "2026-01-01"
+currency = "CNY"
+gpu_hour = { h100-sxm = "10.00" }
+
+[[accounts]]
+id = "a"
+name = "A"
+weight = 1
+"#;
+
+    #[test]
+    fn minimal_config_loads() {
+        let c = ClusterConfig::from_toml_str(MINIMAL, "t.toml").unwrap();
+        assert_eq!(c.total_gpus(), 16);
+        assert_eq!(c.nodes()[1].id.as_str(), "n002");
+    }
+
+    #[test]
+    fn unknown_key_is_an_error_with_its_line() {
+        let src = MINIMAL.replace("weight = 1", "weight = 1\nwieght = 2");
+        let err = ClusterConfig::from_toml_str(&src, "t.toml").unwrap_err();
+        let text = err.to_string();
+        assert!(text.starts_with("t.toml:26:1:"), "{text}");
+        assert!(text.contains("unknown field `wieght`"), "{text}");
+    }
+
+    #[test]
+    fn out_of_range_values_name_field_and_line() {
+        let src = MINIMAL.replace("priority_tier = 20", "priority_tier = 500");
+        let err = ClusterConfig::from_toml_str(&src, "t.toml").unwrap_err();
+        let errors = err.field_errors();
+        assert_eq!(errors.len(), 1);
+        assert_eq!(errors[0].field, "partitions[0].priority_tier");
+        assert_eq!(errors[0].line, Some(14));
+        assert_eq!(errors[0].message, "500 is out of range; use 1 to 100");
+    }
+}

@@ -1,0 +1,28 @@
+//! The shared vocabulary of gpuledger. No I/O lives here: every other crate depends on this one
+//! and agrees through it on what an account, a job, a GPU model, a telemetry sample and a job
+//! event are, how they look as Arrow record batches, how the cluster is configured, and how
+//! money and usage are represented (decimal money, integer GPU-seconds).
+//!
+//! Persisted formats carry a version: [`sample::SAMPLE_SCHEMA_VERSION`],
+//! [`job::JOB_EVENT_SCHEMA_VERSION`] and [`config::CONFIG_VERSION`].
+
+pub mod allocation;
+pub mod config;
+pub mod gpu;
+pub mod ids;
+pub mod job;
+pub mod money;
+pub mod quota;
+pub mod rng;
+pub mod sample;
+pub mod tenant;
+pub mod time;
+pub mod units;
+
+pub use allocation::{Allocation, NodeGpus};
+pub use config::{ClusterConfig, ConfigError};
+pub use gpu::GpuModel;
+pub use ids::{AccountId, IdError, JobId, NodeId, ProjectId};
+pub use money::{Currency, Money};
+pub use quota::Quota;
+pub use units::{ByteSize, DurationSpec, GpuSeconds};

@@ -1,0 +1,137 @@
+//! Quotas in the six dimensions of the design (and Slurm's association limits): concurrent
+//! running jobs, GPU-hours per day and per week, largest job, longest run, storage, priority.
+
+use serde::{Deserialize, Serialize};
+
+use crate::units::{ByteSize, DurationSpec};
+
+/// Limits on an account or a project. `None` means unlimited (inherited from the parent for a
+/// project).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Quota {
+    /// Jobs running at once (Slurm `GrpJobs`).
+    pub max_running_jobs: Option<u32>,
+    /// GPU-hours a calendar day (UTC).
+    pub gpu_hours_per_day: Option<u64>,
+    /// GPU-hours a rolling week (Slurm `GrpTRESMins=gres/gpu`, in hours).
+    pub gpu_hours_per_week: Option<u64>,
+    /// Largest job, in GPUs (Slurm `MaxTRESPerJob=gres/gpu`).
+    pub max_gpus_per_job: Option<u32>,
+    /// Longest run time of one job (Slurm `MaxWall`).
+    pub max_run_time: Option<DurationSpec>,
+    /// Checkpoints and data kept on shared storage.
+    pub storage: Option<ByteSize>,
+    /// Base priority 1-100 (higher runs first among equals).
+    pub priority: Option<u8>,
+}
+
+/// One dimension of a quota, to name a limit in errors and pending reasons.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QuotaDimension {
+    MaxRunningJobs,
+    GpuHoursPerDay,
+    GpuHoursPerWeek,
+    MaxGpusPerJob,
+    MaxRunTime,
+    Storage,
+    Priority,
+}
+
+impl QuotaDimension {
+    pub fn field(self) -> &'static str {
+        match self {
+            QuotaDimension::MaxRunningJobs => "max_running_jobs",
+            QuotaDimension::GpuHoursPerDay => "gpu_hours_per_day",
+            QuotaDimension::GpuHoursPerWeek => "gpu_hours_per_week",
+            QuotaDimension::MaxGpusPerJob => "max_gpus_per_job",
+            QuotaDimension::MaxRunTime => "max_run_time",
+            QuotaDimension::Storage => "storage",
+            QuotaDimension::Priority => "priority",
+        }
+    }
+}
+
+fn tighter<T: Ord + Copy>(a: Option<T>, b: Option<T>) -> Option<T> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, None) => a,
+        (None, b) => b,
+    }
+}
+
+fn exceeds<T: Ord>(child: &Option<T>, parent: &Option<T>) -> bool {
+    matches!((child, parent), (Some(c), Some(p)) if c > p)
+}
+
+impl Quota {
+    /// The limits that hold for a project: the tighter of its own and its account's in every
+    /// dimension; a project's priority, when set, replaces the account's.
+    pub fn effective_for_project(account: &Quota, project: &Quota) -> Quota {
+        Quota {
+            max_running_jobs: tighter(account.max_running_jobs, project.max_running_jobs),
+            gpu_hours_per_day: tighter(account.gpu_hours_per_day, project.gpu_hours_per_day),
+            gpu_hours_per_week: tighter(account.gpu_hours_per_week, project.gpu_hours_per_week),
+            max_gpus_per_job: tighter(account.max_gpus_per_job, project.max_gpus_per_job),
+            max_run_time: tighter(account.max_run_time, project.max_run_time),
+            storage: tighter(account.storage, project.storage),
+            priority: project.priority.or(account.priority),
+        }
+    }
+
+    /// The dimensions in which `self` (a project) asks for more than `parent` (its account)
+    /// allows. A project never exceeds its account.
+    pub fn exceeded_dimensions(&self, parent: &Quota) -> Vec<QuotaDimension> {
+        let mut out = Vec::new();
+        if exceeds(&self.max_running_jobs, &parent.max_running_jobs) {
+            out.push(QuotaDimension::MaxRunningJobs);
+        }
+        if exceeds(&self.gpu_hours_per_day, &parent.gpu_hours_per_day) {
+            out.push(QuotaDimension::GpuHoursPerDay);
+        }
+        if exceeds(&self.gpu_hours_per_week, &parent.gpu_hours_per_week) {
+            out.push(QuotaDimension::GpuHoursPerWeek);
+        }
+        if exceeds(&self.max_gpus_per_job, &parent.max_gpus_per_job) {
+            out.push(QuotaDimension::MaxGpusPerJob);
+        }
+        if exceeds(&self.max_run_time, &parent.max_run_time) {
+            out.push(QuotaDimension::MaxRunTime);
+        }
+        if exceeds(&self.storage, &parent.storage) {
+            out.push(QuotaDimension::Storage);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn project_limits_are_the_tighter_of_both() {
+        let account = Quota {
+            max_gpus_per_job: Some(256),
+            max_running_jobs: Some(10),
+            priority: Some(40),
+            ..Quota::default()
+        };
+        let project = Quota {
+            max_gpus_per_job: Some(64),
+            gpu_hours_per_day: Some(500),
+            ..Quota::default()
+        };
+        let eff = Quota::effective_for_project(&account, &project);
+        assert_eq!(eff.max_gpus_per_job, Some(64));
+        assert_eq!(eff.max_running_jobs, Some(10));
+        assert_eq!(eff.gpu_hours_per_day, Some(500));
+        assert_eq!(eff.priority, Some(40));
+        assert!(project.exceeded_dimensions(&account).is_empty());
+        let greedy = Quota {
+            max_gpus_per_job: Some(512),
+            ..Quota::default()
+        };
+        assert_eq!(greedy.exceeded_dimensions(&account), vec![QuotaDimension::MaxGpusPerJob]);
+    }
+}

@@ -1,0 +1,133 @@
+//! Fair share: `priority = weight / (1 + usage / factor)`, where usage is an account's
+//! GPU-hours with exponential decay (a half-life, 7 days by default as in Slurm). Slurm's
+//! classic `2^(-usage/share)` factor is offered as an alternative.
+
+use std::collections::HashMap;
+
+use gpuledger_model::time::UnixSeconds;
+use gpuledger_model::AccountId;
+
+/// How usage decays and how much it counts.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FairShareParams {
+    pub half_life_s: f64,
+    /// Decayed GPU-hours that halve an account's priority.
+    pub factor_gpu_hours: f64,
+}
+
+impl FairShareParams {
+    fn decay(&self, elapsed_s: i64) -> f64 {
+        if elapsed_s <= 0 {
+            1.0
+        } else {
+            (-(elapsed_s as f64) / self.half_life_s).exp2()
+        }
+    }
+}
+
+/// The design's formula: weight divided by one plus usage over factor.
+pub fn weighted_priority(weight: f64, usage_gpu_hours: f64, factor_gpu_hours: f64) -> f64 {
+    weight / (1.0 + usage_gpu_hours / factor_gpu_hours)
+}
+
+/// Slurm's classic fair-share factor: `2^(-usage_share / normalised_share)`, in (0, 1].
+pub fn slurm_classic_factor(usage_share: f64, normalised_share: f64) -> f64 {
+    if normalised_share <= 0.0 {
+        return 0.0;
+    }
+    (-usage_share / normalised_share).exp2()
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Decayed {
+    gpu_seconds: f64,
+    as_of: UnixSeconds,
+}
+
+/// Decayed usage per account. Fed either by the aggregator's usage feed (live) or by the
+/// scheduler's own allocations (simulation); the arithmetic is the same.
+#[derive(Clone, Debug)]
+pub struct UsageLedger {
+    params: FairShareParams,
+    accounts: HashMap<AccountId, Decayed>,
+}
+
+impl UsageLedger {
+    pub fn new(params: FairShareParams) -> Self {
+        UsageLedger {
+            params,
+            accounts: HashMap::new(),
+        }
+    }
+
+    pub fn params(&self) -> FairShareParams {
+        self.params
+    }
+
+    /// Adds usage that happened at `at`.
+    pub fn record(&mut self, account: &AccountId, gpu_seconds: f64, at: UnixSeconds) {
+        let entry = self.accounts.entry(account.clone()).or_default();
+        let decayed = entry.gpu_seconds * self.params.decay(at - entry.as_of);
+        *entry = Decayed {
+            gpu_seconds: decayed + gpu_seconds,
+            as_of: at.max(entry.as_of),
+        };
+    }
+
+    /// Replaces an account's usage with a figure measured elsewhere (the usage feed).
+    pub fn set(&mut self, account: &AccountId, gpu_hours: f64, as_of: UnixSeconds) {
+        self.accounts.insert(
+            account.clone(),
+            Decayed {
+                gpu_seconds: gpu_hours * 3600.0,
+                as_of,
+            },
+        );
+    }
+
+    /// Decayed GPU-hours of an account as of `now`.
+    pub fn gpu_hours(&self, account: &AccountId, now: UnixSeconds) -> f64 {
+        self.accounts
+            .get(account)
+            .map(|d| d.gpu_seconds * self.params.decay(now - d.as_of) / 3600.0)
+            .unwrap_or(0.0)
+    }
+
+    /// The account's fair-share priority as of `now`.
+    pub fn priority(&self, account: &AccountId, weight: f64, now: UnixSeconds) -> f64 {
+        weighted_priority(weight, self.gpu_hours(account, now), self.params.factor_gpu_hours)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heavy_past_use_ranks_lower() {
+        // The design's example: team A with 5000 GPU-hours ranks below team B with 100.
+        let a = weighted_priority(10.0, 5000.0, 1000.0);
+        let b = weighted_priority(10.0, 100.0, 1000.0);
+        assert!(b > a);
+        assert!((a - 10.0 / 6.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn usage_halves_every_half_life() {
+        let params = FairShareParams {
+            half_life_s: 7.0 * 86_400.0,
+            factor_gpu_hours: 1000.0,
+        };
+        let mut ledger = UsageLedger::new(params);
+        let a = AccountId::new("a").unwrap();
+        ledger.record(&a, 3600.0 * 800.0, 0);
+        assert!((ledger.gpu_hours(&a, 7 * 86_400) - 400.0).abs() < 1e-6);
+        assert!((ledger.gpu_hours(&a, 14 * 86_400) - 200.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn classic_factor_is_one_half_at_fair_use() {
+        assert!((slurm_classic_factor(0.2, 0.2) - 0.5).abs() < 1e-12);
+        assert_eq!(slurm_classic_factor(0.0, 0.2), 1.0);
+    }
+}

@@ -1,0 +1,171 @@
+//! A seeded workload generator: each team submits jobs as a Poisson process (busier by day)
+//! with its own mix of sizes and run times, plus fixed jobs such as a two-week pre-training run.
+//! The same seed gives the same jobs on every machine.
+
+use chrono::{DateTime, Timelike, Utc};
+use serde::Deserialize;
+
+use gpuledger_model::job::Outcome;
+use gpuledger_model::rng::SplitMix64;
+use gpuledger_model::{AccountId, DurationSpec, JobId, ProjectId};
+
+use crate::core::JobSpec;
+use crate::sim::SimJob;
+
+/// The workload section of a demo or simulation file.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadSpec {
+    pub seed: u64,
+    pub start: DateTime<Utc>,
+    pub days: u32,
+    #[serde(default)]
+    pub teams: Vec<TeamWorkload>,
+    #[serde(default)]
+    pub fixed_jobs: Vec<FixedJob>,
+}
+
+/// How one team submits.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TeamWorkload {
+    pub account: AccountId,
+    #[serde(default)]
+    pub project: Option<ProjectId>,
+    #[serde(default)]
+    pub partition: Option<String>,
+    pub jobs_per_day: f64,
+    /// `[gpus, weight]` pairs.
+    pub gpus: Vec<(u32, f64)>,
+    /// Run times are log-uniform between these.
+    pub run_time_min: DurationSpec,
+    pub run_time_max: DurationSpec,
+    /// Share of jobs that fail part-way.
+    #[serde(default)]
+    pub failure_rate: f64,
+}
+
+/// A job submitted at a fixed time.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FixedJob {
+    pub account: AccountId,
+    #[serde(default)]
+    pub project: Option<ProjectId>,
+    #[serde(default)]
+    pub partition: Option<String>,
+    pub gpus: u32,
+    /// When it is submitted, after the workload's start.
+    pub submit_after: DurationSpec,
+    pub run_time: DurationSpec,
+    /// Defaults to the run time rounded up to the next hour.
+    #[serde(default)]
+    pub time_limit: Option<DurationSpec>,
+}
+
+/// A time limit as users ask for it: the run time rounded up to the next whole hour.
+pub fn round_up_to_hour(run_time_s: u64) -> u64 {
+    run_time_s.div_ceil(3600).max(1) * 3600
+}
+
+/// Busier by day: arrival rate multiplier by UTC hour (mean 1 over a day).
+fn diurnal(hour: u32) -> f64 {
+    if (8..20).contains(&hour) {
+        1.5
+    } else {
+        0.5
+    }
+}
+
+impl WorkloadSpec {
+    pub fn start_s(&self) -> i64 {
+        self.start.timestamp()
+    }
+
+    pub fn end_s(&self) -> i64 {
+        self.start_s() + i64::from(self.days) * 86_400
+    }
+
+    /// All jobs, sorted by submission, with ids `1000001`, `1000002`, ...
+    pub fn generate(&self) -> Vec<SimJob> {
+        let mut rng = SplitMix64::new(self.seed);
+        let mut drafts: Vec<(i64, SimJob)> = Vec::new();
+        for fixed in &self.fixed_jobs {
+            let run = fixed.run_time.as_secs();
+            let submit = self.start_s() + fixed.submit_after.as_secs() as i64;
+            drafts.push((
+                submit,
+                SimJob {
+                    spec: draft_spec(&fixed.account, &fixed.project, &fixed.partition, fixed.gpus, fixed.time_limit.map(|d| d.as_secs()).unwrap_or_else(|| round_up_to_hour(run)), submit),
+                    run_time_s: run,
+                    outcome: Outcome::Completed,
+                },
+            ));
+        }
+        for team in &self.teams {
+            self.generate_team(team, &mut rng, &mut drafts);
+        }
+        drafts.sort_by_key(|(t, _)| *t);
+        drafts
+            .into_iter()
+            .enumerate()
+            .map(|(k, (_, mut job))| {
+                job.spec.id = JobId::new(format!("{}", 1_000_001 + k)).unwrap_or(job.spec.id);
+                job
+            })
+            .collect()
+    }
+
+    fn generate_team(&self, team: &TeamWorkload, rng: &mut SplitMix64, out: &mut Vec<(i64, SimJob)>) {
+        if team.jobs_per_day <= 0.0 || team.gpus.is_empty() {
+            return;
+        }
+        // Thinning: draw at the peak rate, keep each arrival with probability rate(t)/peak.
+        let peak_rate_per_s = team.jobs_per_day * 1.5 / 86_400.0;
+        let weights: Vec<f64> = team.gpus.iter().map(|(_, w)| *w).collect();
+        let mut t = self.start_s() as f64;
+        let end = self.end_s() as f64;
+        loop {
+            t += rng.exponential(1.0 / peak_rate_per_s);
+            if t >= end {
+                break;
+            }
+            let hour = DateTime::<Utc>::from_timestamp(t as i64, 0).map(|d| d.hour()).unwrap_or(0);
+            if rng.next_f64() * 1.5 > diurnal(hour) {
+                continue;
+            }
+            let gpus = team.gpus[rng.weighted_index(&weights)].0;
+            let planned = rng
+                .log_uniform(team.run_time_min.as_secs() as f64, team.run_time_max.as_secs() as f64)
+                .round()
+                .max(60.0) as u64;
+            let fails = rng.next_f64() < team.failure_rate;
+            let run_time_s = if fails {
+                ((planned as f64) * rng.next_f64()).max(30.0) as u64
+            } else {
+                planned
+            };
+            let submit = t as i64;
+            out.push((
+                submit,
+                SimJob {
+                    spec: draft_spec(&team.account, &team.project, &team.partition, gpus, round_up_to_hour(planned), submit),
+                    run_time_s,
+                    outcome: if fails { Outcome::Failed } else { Outcome::Completed },
+                },
+            ));
+        }
+    }
+}
+
+fn draft_spec(account: &AccountId, project: &Option<ProjectId>, partition: &Option<String>, gpus: u32, time_limit_s: u64, submit_s: i64) -> JobSpec {
+    JobSpec {
+        id: JobId::new("draft").unwrap_or_else(|_| unreachable!()),
+        account: account.clone(),
+        project: project.clone(),
+        partition: partition.clone(),
+        gpus,
+        time_limit_s,
+        submit_s,
+    }
+}
