@@ -1,1 +1,49 @@
-//! placeholder
+//! The aggregator: the central store and calculator of gpuledger. What it stores is what
+//! tenants are billed for and what fair share rests on, so a batch is validated whole and
+//! accepted or refused whole, de-duplicated on (node, sequence), and written to Parquet in the
+//! hive layout of DESIGN.md, with exact hourly rollups beside the raw samples. Indicators are
+//! DataFusion SQL over those files ([`query`]).
+//!
+//! - [`validate`]: per-row checks of a sample batch, naming row and field;
+//! - [`ingest`]: the one ingest path (HTTP and the demo alike): validate, de-duplicate, store;
+//! - [`store`]: Parquet writers (temporary name, then rename) for samples, rollups, job events;
+//! - [`rollup`]: per job x GPU x hour sums, exact in GPU-seconds;
+//! - [`query`]: DataFusion tables and the indicator queries.
+
+pub mod ingest;
+pub mod layout;
+pub mod query;
+pub mod rollup;
+pub mod store;
+pub mod validate;
+
+pub use ingest::{IngestOutcome, Ingestor, IngestorConfig};
+pub use store::Store;
+
+/// Aggregator errors.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("I/O on {path}: {source}")]
+    Io {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("Arrow: {0}")]
+    Arrow(#[from] arrow::error::ArrowError),
+    #[error("Parquet: {0}")]
+    Parquet(#[from] parquet::errors::ParquetError),
+    #[error("query: {0}")]
+    Query(#[from] datafusion::error::DataFusionError),
+    #[error("batch refused: {} bad row(s); first: {}", .0.len(), .0.first().map(|e| e.to_string()).unwrap_or_default())]
+    Invalid(Vec<validate::RowError>),
+    #[error("stored data is not as expected: {0}")]
+    Corrupt(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+pub(crate) fn io_err(path: impl Into<std::path::PathBuf>) -> impl FnOnce(std::io::Error) -> Error {
+    let path = path.into();
+    move |source| Error::Io { path, source }
+}

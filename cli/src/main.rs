@@ -1,1 +1,414 @@
-fn main(){}
+//! `gpuledger`: one binary, a subcommand per service and tool.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use rust_decimal::Decimal;
+
+use gpuledger::billing_glue::{invoices_for, write_invoices};
+use gpuledger::defaults::{load_cluster, load_demo, DEFAULT_DATA_DIR};
+use gpuledger::pipeline::{self, Progress, RunOutput};
+use gpuledger::table;
+use gpuledger_aggregator::layout::Layout;
+use gpuledger_aggregator::query::{AccountIndicators, Query};
+use gpuledger_scheduler::SchedulerOptions;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "gpuledger",
+    version,
+    about = "GPU cluster telemetry, fair-share scheduling and chargeback"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the seed scenario end to end over a simulated month: workload, scheduler, per-GPU
+    /// telemetry through the aggregator into Parquet, billing, and a summary per account.
+    Demo(DemoArgs),
+    /// Price a month of stored usage and write one CSV invoice per account.
+    Invoice(InvoiceArgs),
+    /// Print the indicators per account (jobs, GPU-hours, MFU, utilization, queue wait,
+    /// success rate) over a window of stored data.
+    Report(ReportArgs),
+    /// Check a cluster config file and print what it defines.
+    CheckConfig {
+        /// The TOML file.
+        file: PathBuf,
+    },
+}
+
+#[derive(clap::Args, Debug)]
+struct DemoArgs {
+    /// Where outputs go; the demo replaces earlier demo outputs there.
+    #[arg(long, default_value = DEFAULT_DATA_DIR, env = "GPULEDGER_DATA_DIR")]
+    data_dir: PathBuf,
+    /// Cluster config (default: the embedded seed cluster, examples/seed-cluster.toml).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Workload and telemetry profiles (default: the embedded seed month, examples/seed-demo.toml).
+    #[arg(long)]
+    spec: Option<PathBuf>,
+    /// Scheduling policy: fifo, fairshare, fifo+backfill, fairshare+backfill.
+    #[arg(long, default_value = "fairshare+backfill")]
+    policy: String,
+    /// Simulate this many days instead of the spec's.
+    #[arg(long)]
+    days: Option<u32>,
+    /// Replace the workload's seed.
+    #[arg(long)]
+    seed: Option<u64>,
+}
+
+#[derive(clap::Args, Debug)]
+struct InvoiceArgs {
+    /// The month, YYYY-MM (UTC).
+    #[arg(long)]
+    month: String,
+    /// Only this account.
+    #[arg(long)]
+    account: Option<String>,
+    #[arg(long, default_value = DEFAULT_DATA_DIR, env = "GPULEDGER_DATA_DIR")]
+    data_dir: PathBuf,
+    /// Cluster config with the price book (default: the embedded seed cluster).
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+struct ReportArgs {
+    /// Start of the window, YYYY-MM-DD (UTC, inclusive).
+    #[arg(long)]
+    from: chrono::NaiveDate,
+    /// End of the window, YYYY-MM-DD (UTC, exclusive).
+    #[arg(long)]
+    to: chrono::NaiveDate,
+    #[arg(long, default_value = DEFAULT_DATA_DIR, env = "GPULEDGER_DATA_DIR")]
+    data_dir: PathBuf,
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("GPULEDGER_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Demo(args) => demo(args),
+        Command::Invoice(args) => invoice(args),
+        Command::Report(args) => report(args),
+        Command::CheckConfig { file } => check_config(&file),
+    }
+}
+
+struct Bar(ProgressBar);
+
+impl Progress for Bar {
+    fn phase(&self, name: &str, total: u64) {
+        self.0.reset();
+        self.0.set_length(total);
+        self.0.set_position(0);
+        self.0.set_message(name.to_owned());
+    }
+    fn advance(&self, n: u64) {
+        self.0.inc(n);
+    }
+    fn finish(&self) {
+        self.0.finish_and_clear();
+    }
+}
+
+/// Removes the outputs of an earlier demo, refusing to touch a directory that holds anything else.
+fn clear_demo_outputs(dir: &Path) -> anyhow::Result<()> {
+    if !dir.exists() {
+        return Ok(());
+    }
+    const OURS: [&str; 5] = ["samples", "rollups", "jobs", "invoices", "wal"];
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let name = entry?.file_name();
+        if !OURS.contains(&name.to_string_lossy().as_ref()) {
+            bail!(
+                "{} holds `{}`, which gpuledger did not write; choose another --data-dir",
+                dir.display(),
+                name.to_string_lossy()
+            );
+        }
+    }
+    for sub in OURS {
+        let p = dir.join(sub);
+        if p.exists() {
+            std::fs::remove_dir_all(&p).with_context(|| format!("removing {}", p.display()))?;
+        }
+    }
+    Ok(())
+}
+
+fn demo(args: DemoArgs) -> anyhow::Result<()> {
+    let config = load_cluster(args.config.as_deref())?;
+    let mut spec = load_demo(args.spec.as_deref())?;
+    if let Some(days) = args.days {
+        spec.workload.days = days;
+    }
+    if let Some(seed) = args.seed {
+        spec.workload.seed = seed;
+    }
+    let options = SchedulerOptions::parse(&args.policy).with_context(|| {
+        format!(
+            "unknown --policy `{}`; use fifo, fairshare, fifo+backfill or fairshare+backfill",
+            args.policy
+        )
+    })?;
+    clear_demo_outputs(&args.data_dir)?;
+    println!(
+        "gpuledger demo: cluster `{}` ({} nodes, {} GPUs), {} days from {}, policy {}, samples every {} s",
+        config.cluster.name,
+        config.nodes().len(),
+        config.total_gpus(),
+        spec.workload.days,
+        spec.workload.start.format("%Y-%m-%d"),
+        options.name(),
+        spec.sample_interval_s
+    );
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("{msg:>12} [{bar:40}] {pos}/{len} ({eta} left)")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    bar.enable_steady_tick(Duration::from_millis(200));
+    let out = pipeline::run(&config, &spec, options, &args.data_dir, &Bar(bar))?;
+    print_summary(&out);
+    Ok(())
+}
+
+fn hours(secs: i64) -> String {
+    format!("{:.1}", secs as f64 / 3600.0)
+}
+
+fn pct(x: Option<f64>) -> String {
+    x.map(|v| format!("{:.1}%", v * 100.0))
+        .unwrap_or_else(|| "-".into())
+}
+
+fn wait_h(x: Option<f64>) -> String {
+    x.map(|v| format!("{:.2}", v / 3600.0))
+        .unwrap_or_else(|| "-".into())
+}
+
+fn indicator_rows(
+    indicators: &[AccountIndicators],
+    cost: impl Fn(&str) -> Option<Decimal>,
+) -> Vec<Vec<String>> {
+    indicators
+        .iter()
+        .map(|i| {
+            vec![
+                i.account.clone(),
+                i.jobs.to_string(),
+                hours(i.gpu_seconds),
+                pct(i.mean_mfu),
+                i.mean_gpu_util_pct
+                    .map(|u| format!("{u:.1}%"))
+                    .unwrap_or_else(|| "-".into()),
+                wait_h(i.mean_queue_wait_s),
+                wait_h(i.max_queue_wait_s),
+                pct(i.success_rate),
+                cost(&i.account)
+                    .map(|c| c.to_string())
+                    .unwrap_or_else(|| "-".into()),
+            ]
+        })
+        .collect()
+}
+
+const INDICATOR_HEADER: [&str; 9] = [
+    "account",
+    "jobs",
+    "GPU-hours",
+    "mean MFU",
+    "GPU util",
+    "wait mean h",
+    "wait max h",
+    "success",
+    "cost",
+];
+
+fn print_summary(out: &RunOutput) {
+    let currency = out
+        .invoices
+        .first()
+        .map(|i| i.currency.code())
+        .unwrap_or("");
+    let cost = |account: &str| {
+        out.invoices
+            .iter()
+            .find(|i| i.account.as_str() == account)
+            .map(|i| i.total())
+    };
+    println!();
+    println!(
+        "Per account, {} (cost in {currency}, GPU-hour model):",
+        out.month
+    );
+    print!(
+        "{}",
+        table::render(&INDICATOR_HEADER, &indicator_rows(&out.indicators, cost))
+    );
+    let billed: i64 = out.invoices.iter().map(|i| i.gpu_seconds().0).sum();
+    let total: Decimal = out.invoices.iter().map(|i| i.total()).sum();
+    let allocated: i64 = out
+        .sim
+        .records
+        .iter()
+        .map(|r| r.gpu_seconds_until(out.sim.horizon_s))
+        .sum();
+    println!();
+    println!(
+        "cluster: {} jobs submitted, {} refused at submission, {} never started; utilization {:.1}% (target > 85%)",
+        out.sim.records.len(),
+        out.sim.refused.len(),
+        out.sim.records.iter().filter(|r| r.start_s.is_none()).count(),
+        out.sim.utilization() * 100.0
+    );
+    println!(
+        "billing: {} GPU-hours billed, {} GPU-seconds allocated by the scheduler, {} billed ({}); total {total} {currency}",
+        hours(billed),
+        allocated,
+        billed,
+        if billed == allocated { "equal" } else { "DIFFERENT" }
+    );
+    println!(
+        "telemetry: {} samples in {} batches -> {} Parquet sample files, {} rollup rows",
+        out.samples, out.batches, out.flush.sample_files, out.flush.rollup_rows
+    );
+    for (refused, reason) in out.sim.refused.iter().take(5) {
+        println!(
+            "refused: job {} of {}: {reason}",
+            refused.id, refused.account
+        );
+    }
+    println!();
+    println!("outputs under {}:", out.data_dir.display());
+    println!("  samples/date=YYYY-MM-DD/*.parquet         one row per GPU per sample interval");
+    println!("  rollups/hourly/date=YYYY-MM-DD/*.parquet  per job x GPU x hour");
+    println!("  jobs/date=YYYY-MM-DD/*.parquet            job lifecycle events");
+    for f in &out.invoice_files {
+        println!("  {}", f.display());
+    }
+    let times: Vec<String> = out
+        .timings
+        .iter()
+        .map(|(n, d)| format!("{n} {:.1}s", d.as_secs_f64()))
+        .collect();
+    println!("time: {}", times.join(", "));
+}
+
+fn month_window(month: &str) -> anyhow::Result<(i64, i64)> {
+    let start = chrono::NaiveDate::parse_from_str(&format!("{month}-01"), "%Y-%m-%d")
+        .with_context(|| format!("--month `{month}` is not YYYY-MM"))?;
+    let end = start
+        .checked_add_months(chrono::Months::new(1))
+        .context("month out of range")?;
+    let ms = |d: chrono::NaiveDate| gpuledger_model::time::day_start_ms(d);
+    Ok((ms(start), ms(end)))
+}
+
+fn invoice(args: InvoiceArgs) -> anyhow::Result<()> {
+    let config = load_cluster(args.config.as_deref())?;
+    let (from, to) = month_window(&args.month)?;
+    let layout = Layout::new(&args.data_dir);
+    let runtime = tokio::runtime::Builder::new_current_thread().build()?;
+    let mut usage =
+        runtime.block_on(async { Query::open(&layout).await?.job_usage(from, to).await })?;
+    if let Some(account) = &args.account {
+        usage.retain(|u| &u.account == account);
+    }
+    let invoices = invoices_for(&config, &args.month, &usage)?;
+    if invoices.is_empty() {
+        println!(
+            "no usage in {} under {}",
+            args.month,
+            args.data_dir.display()
+        );
+        return Ok(());
+    }
+    let files = write_invoices(&layout.invoices_dir(&args.month), &invoices)?;
+    let rows: Vec<Vec<String>> = invoices
+        .iter()
+        .map(|i| {
+            vec![
+                i.invoice_id.clone(),
+                i.account.to_string(),
+                hours(i.gpu_seconds().0),
+                i.total().to_string(),
+                i.currency.to_string(),
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        table::render(
+            &["invoice", "account", "GPU-hours", "total", "currency"],
+            &rows
+        )
+    );
+    for f in files {
+        println!("wrote {}", f.display());
+    }
+    Ok(())
+}
+
+fn report(args: ReportArgs) -> anyhow::Result<()> {
+    let ms = gpuledger_model::time::day_start_ms;
+    let layout = Layout::new(&args.data_dir);
+    let runtime = tokio::runtime::Builder::new_current_thread().build()?;
+    let indicators = runtime.block_on(async {
+        Query::open(&layout)
+            .await?
+            .account_indicators(ms(args.from), ms(args.to))
+            .await
+    })?;
+    println!(
+        "{} to {} (UTC), from {}:",
+        args.from,
+        args.to,
+        args.data_dir.display()
+    );
+    print!(
+        "{}",
+        table::render(
+            &INDICATOR_HEADER[..8],
+            &indicator_rows(&indicators, |_| None)
+                .into_iter()
+                .map(|mut r| {
+                    r.pop();
+                    r
+                })
+                .collect::<Vec<_>>()
+        )
+    );
+    Ok(())
+}
+
+fn check_config(file: &Path) -> anyhow::Result<()> {
+    let config = load_cluster(Some(file))?;
+    println!(
+        "{}: cluster `{}`: {} nodes, {} GPUs, {} partitions, {} accounts, price book {}",
+        file.display(),
+        config.cluster.name,
+        config.nodes().len(),
+        config.total_gpus(),
+        config.partitions.len(),
+        config.accounts.len(),
+        config.prices.version
+    );
+    Ok(())
+}

@@ -184,7 +184,13 @@ impl ClusterConfig {
     pub fn validate(&self) -> Vec<FieldError> {
         let mut v = Validator::default();
         if self.version != CONFIG_VERSION {
-            v.err("version", format!("version {} is not supported; this build reads version {CONFIG_VERSION}", self.version));
+            v.err(
+                "version",
+                format!(
+                    "version {} is not supported; this build reads version {CONFIG_VERSION}",
+                    self.version
+                ),
+            );
         }
         if self.cluster.name.trim().is_empty() {
             v.err("cluster.name", "must not be empty".into());
@@ -192,10 +198,16 @@ impl ClusterConfig {
         self.validate_node_pools(&mut v);
         self.validate_partitions(&mut v);
         if self.fair_share.half_life.as_secs() == 0 {
-            v.err("fair_share.half_life", "must be longer than 0s, e.g. \"7d\"".into());
+            v.err(
+                "fair_share.half_life",
+                "must be longer than 0s, e.g. \"7d\"".into(),
+            );
         }
         if self.fair_share.usage_factor_gpu_hours == 0 {
-            v.err("fair_share.usage_factor_gpu_hours", "must be at least 1".into());
+            v.err(
+                "fair_share.usage_factor_gpu_hours",
+                "must be at least 1".into(),
+            );
         }
         self.validate_prices(&mut v);
         self.validate_accounts(&mut v);
@@ -214,17 +226,32 @@ impl ClusterConfig {
                 v.err(&at("count"), "must be at least 1".into());
             }
             if !(1..=64).contains(&pool.gpus_per_node) {
-                v.err(&at("gpus_per_node"), format!("{} is out of range; use 1 to 64", pool.gpus_per_node));
+                v.err(
+                    &at("gpus_per_node"),
+                    format!("{} is out of range; use 1 to 64", pool.gpus_per_node),
+                );
             }
             if let Err(e) = NodeId::new(format!("{}001", pool.prefix)) {
-                v.err(&at("prefix"), format!("node names built from it are not valid: {e}"));
+                v.err(
+                    &at("prefix"),
+                    format!("node names built from it are not valid: {e}"),
+                );
             }
             if !prefixes.insert(pool.prefix.as_str()) {
-                v.err(&at("prefix"), format!("prefix `{}` is used by another pool; node names must be unique", pool.prefix));
+                v.err(
+                    &at("prefix"),
+                    format!(
+                        "prefix `{}` is used by another pool; node names must be unique",
+                        pool.prefix
+                    ),
+                );
             }
             if let Some(owner) = &pool.dedicated_to {
                 if !accounts.contains(owner) {
-                    v.err(&at("dedicated_to"), format!("account `{owner}` is not defined in [[accounts]]"));
+                    v.err(
+                        &at("dedicated_to"),
+                        format!("account `{owner}` is not defined in [[accounts]]"),
+                    );
                 }
             }
         }
@@ -237,22 +264,34 @@ impl ClusterConfig {
         let mut names = HashSet::new();
         for (i, p) in self.partitions.iter().enumerate() {
             if !names.insert(p.name.as_str()) {
-                v.err(&format!("partitions[{i}].name"), format!("partition `{}` is defined twice", p.name));
+                v.err(
+                    &format!("partitions[{i}].name"),
+                    format!("partition `{}` is defined twice", p.name),
+                );
             }
             if !(1..=100).contains(&p.priority_tier) {
-                v.err(&format!("partitions[{i}].priority_tier"), format!("{} is out of range; use 1 to 100", p.priority_tier));
+                v.err(
+                    &format!("partitions[{i}].priority_tier"),
+                    format!("{} is out of range; use 1 to 100", p.priority_tier),
+                );
             }
         }
         let defaults = self.partitions.iter().filter(|p| p.default).count();
         if defaults > 1 {
-            v.err("partitions", format!("{defaults} partitions say `default = true`; at most one may"));
+            v.err(
+                "partitions",
+                format!("{defaults} partitions say `default = true`; at most one may"),
+            );
         }
     }
 
     fn validate_prices(&self, v: &mut Validator) {
         for (model, price) in &self.prices.gpu_hour {
             if price.is_sign_negative() {
-                v.err(&format!("prices.gpu_hour.{model}"), format!("{price} is negative; a price is 0 or more"));
+                v.err(
+                    &format!("prices.gpu_hour.{model}"),
+                    format!("{price} is negative; a price is 0 or more"),
+                );
             }
         }
         let mut missing: Vec<GpuModel> = self
@@ -263,7 +302,10 @@ impl ClusterConfig {
             .collect();
         missing.dedup();
         for model in missing {
-            v.err("prices.gpu_hour", format!("no price for `{model}`, which node pools use; add `{model} = \"10.00\"`"));
+            v.err(
+                "prices.gpu_hour",
+                format!("no price for `{model}`, which node pools use; add `{model} = \"10.00\"`"),
+            );
         }
     }
 
@@ -278,20 +320,32 @@ impl ClusterConfig {
                 v.err(&at("id"), format!("account `{}` is defined twice", acc.id));
             }
             if acc.weight == 0 {
-                v.err(&at("weight"), "must be at least 1 (weights are relative shares)".into());
+                v.err(
+                    &at("weight"),
+                    "must be at least 1 (weights are relative shares)".into(),
+                );
             }
             check_priority(v, &at("quota.priority"), acc.quota.priority);
             let mut project_ids = HashSet::new();
             for (j, proj) in acc.projects.iter().enumerate() {
                 let pat = |f: &str| format!("accounts[{i}].projects[{j}].{f}");
                 if !project_ids.insert(&proj.id) {
-                    v.err(&pat("id"), format!("project `{}` is defined twice in account `{}`", proj.id, acc.id));
+                    v.err(
+                        &pat("id"),
+                        format!(
+                            "project `{}` is defined twice in account `{}`",
+                            proj.id, acc.id
+                        ),
+                    );
                 }
                 check_priority(v, &pat("quota.priority"), proj.quota.priority);
                 for dim in proj.quota.exceeded_dimensions(&acc.quota) {
                     v.err(
                         &pat(&format!("quota.{}", dim.field())),
-                        format!("exceeds account `{}`'s limit; a project never exceeds its account", acc.id),
+                        format!(
+                            "exceeds account `{}`'s limit; a project never exceeds its account",
+                            acc.id
+                        ),
                     );
                 }
             }
@@ -366,7 +420,10 @@ impl Validator {
 }
 
 /// Deserialises TOML, turning serde's error into one with a line and column.
-pub fn parse_toml<T: serde::de::DeserializeOwned>(src: &str, origin: &str) -> Result<T, ConfigError> {
+pub fn parse_toml<T: serde::de::DeserializeOwned>(
+    src: &str,
+    origin: &str,
+) -> Result<T, ConfigError> {
     toml::from_str(src).map_err(|e| {
         let offset = e.span().map(|s| s.start).unwrap_or(0);
         let (line, column) = line_col(src, offset);
@@ -448,8 +505,12 @@ mod locate {
                     let key_span = t.key(k).and_then(|key| key.span()).map(|s| s.start);
                     t.get(k).map(|v| (Node::Value(v), key_span))
                 }
-                (Node::Item(Item::ArrayOfTables(a)), Seg::Index(i)) => a.get(*i).map(|t| (Node::Table(t), None)),
-                (Node::Value(Value::Array(a)), Seg::Index(i)) => a.get(*i).map(|v| (Node::Value(v), None)),
+                (Node::Item(Item::ArrayOfTables(a)), Seg::Index(i)) => {
+                    a.get(*i).map(|t| (Node::Table(t), None))
+                }
+                (Node::Value(Value::Array(a)), Seg::Index(i)) => {
+                    a.get(*i).map(|v| (Node::Value(v), None))
+                }
                 _ => None,
             }
         }

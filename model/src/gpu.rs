@@ -21,7 +21,12 @@ pub enum GpuModel {
 pub struct UnknownGpuModel(pub String);
 
 impl GpuModel {
-    pub const ALL: [GpuModel; 4] = [GpuModel::A100, GpuModel::H100Sxm, GpuModel::H100Pcie, GpuModel::H200];
+    pub const ALL: [GpuModel; 4] = [
+        GpuModel::A100,
+        GpuModel::H100Sxm,
+        GpuModel::H100Pcie,
+        GpuModel::H200,
+    ];
 
     /// The short name used in config files, labels and Parquet columns.
     pub fn key(self) -> &'static str {

@@ -140,7 +140,10 @@ mod tests {
 
     #[test]
     fn accepts_scheduler_style_ids() {
-        assert_eq!(JobId::new("1234_7").map(|j| j.to_string()).ok(), Some("1234_7".into()));
+        assert_eq!(
+            JobId::new("1234_7").map(|j| j.to_string()).ok(),
+            Some("1234_7".into())
+        );
         assert!(NodeId::new("gpu-node.01").is_ok());
     }
 
@@ -151,7 +154,13 @@ mod tests {
             err.to_string(),
             "account id `team a` has ` `; use letters, digits, '.', '_' or '-'"
         );
-        assert_eq!(ProjectId::new("").unwrap_err(), IdError::Empty { kind: "project" });
-        assert!(matches!(JobId::new("x".repeat(65)), Err(IdError::TooLong { .. })));
+        assert_eq!(
+            ProjectId::new("").unwrap_err(),
+            IdError::Empty { kind: "project" }
+        );
+        assert!(matches!(
+            JobId::new("x".repeat(65)),
+            Err(IdError::TooLong { .. })
+        ));
     }
 }

@@ -7,10 +7,13 @@ use std::str::FromStr;
 use std::sync::{Arc, OnceLock};
 
 use arrow::array::{
-    Array, ArrayRef, AsArray, Float64Builder, Int32Builder, StringBuilder, TimestampMillisecondBuilder,
-    UInt32Builder, UInt64Builder,
+    Array, ArrayRef, AsArray, Float64Builder, Int32Builder, StringBuilder,
+    TimestampMillisecondBuilder, UInt32Builder, UInt64Builder,
 };
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit, TimestampMillisecondType, UInt32Type, UInt64Type, Int32Type, Float64Type};
+use arrow::datatypes::{
+    DataType, Field, Float64Type, Int32Type, Schema, SchemaRef, TimeUnit, TimestampMillisecondType,
+    UInt32Type, UInt64Type,
+};
 use arrow::error::ArrowError;
 use arrow::record_batch::RecordBatch;
 use serde::{Deserialize, Serialize};
@@ -112,7 +115,13 @@ pub struct JobEvent {
 
 impl JobEvent {
     /// An event with only the always-present fields set.
-    pub fn new(time_ms: UnixMillis, job_id: JobId, account: AccountId, project: Option<ProjectId>, kind: JobEventKind) -> Self {
+    pub fn new(
+        time_ms: UnixMillis,
+        job_id: JobId,
+        account: AccountId,
+        project: Option<ProjectId>,
+        kind: JobEventKind,
+    ) -> Self {
         JobEvent {
             time_ms,
             job_id,
@@ -150,7 +159,10 @@ pub fn job_event_schema() -> SchemaRef {
                 Field::new("exit_code", DataType::Int32, true),
                 Field::new("achieved_flops", DataType::Float64, true),
             ];
-            Arc::new(Schema::new_with_metadata(fields, versioned_metadata("job_event", JOB_EVENT_SCHEMA_VERSION)))
+            Arc::new(Schema::new_with_metadata(
+                fields,
+                versioned_metadata("job_event", JOB_EVENT_SCHEMA_VERSION),
+            ))
         })
         .clone()
 }
@@ -219,8 +231,12 @@ pub fn job_events_from_batch(batch: &RecordBatch) -> Result<Vec<JobEvent>, JobEv
         message: "column missing or of the wrong type".into(),
     };
     let col = |name: &'static str| batch.column_by_name(name).ok_or_else(|| missing(name));
-    let time = col("time")?.as_primitive_opt::<TimestampMillisecondType>().ok_or_else(|| missing("time"))?;
-    let text = |name: &'static str| col(name).and_then(|c| c.as_string_opt::<i32>().ok_or_else(|| missing(name)));
+    let time = col("time")?
+        .as_primitive_opt::<TimestampMillisecondType>()
+        .ok_or_else(|| missing("time"))?;
+    let text = |name: &'static str| {
+        col(name).and_then(|c| c.as_string_opt::<i32>().ok_or_else(|| missing(name)))
+    };
     let job_id = text("job_id")?;
     let account = text("account")?;
     let project = text("project")?;
@@ -228,19 +244,33 @@ pub fn job_events_from_batch(batch: &RecordBatch) -> Result<Vec<JobEvent>, JobEv
     let partition = text("partition")?;
     let allocation = text("allocation")?;
     let outcome = text("outcome")?;
-    let gpus = col("gpus")?.as_primitive_opt::<UInt32Type>().ok_or_else(|| missing("gpus"))?;
-    let time_limit = col("time_limit_s")?.as_primitive_opt::<UInt64Type>().ok_or_else(|| missing("time_limit_s"))?;
-    let exit_code = col("exit_code")?.as_primitive_opt::<Int32Type>().ok_or_else(|| missing("exit_code"))?;
-    let flops = col("achieved_flops")?.as_primitive_opt::<Float64Type>().ok_or_else(|| missing("achieved_flops"))?;
+    let gpus = col("gpus")?
+        .as_primitive_opt::<UInt32Type>()
+        .ok_or_else(|| missing("gpus"))?;
+    let time_limit = col("time_limit_s")?
+        .as_primitive_opt::<UInt64Type>()
+        .ok_or_else(|| missing("time_limit_s"))?;
+    let exit_code = col("exit_code")?
+        .as_primitive_opt::<Int32Type>()
+        .ok_or_else(|| missing("exit_code"))?;
+    let flops = col("achieved_flops")?
+        .as_primitive_opt::<Float64Type>()
+        .ok_or_else(|| missing("achieved_flops"))?;
 
-    let opt_str = |a: &arrow::array::StringArray, i: usize| (!a.is_null(i)).then(|| a.value(i).to_owned());
+    let opt_str =
+        |a: &arrow::array::StringArray, i: usize| (!a.is_null(i)).then(|| a.value(i).to_owned());
     let mut out = Vec::with_capacity(batch.num_rows());
     for row in 0..batch.num_rows() {
-        let bad = |field: &'static str, message: String| JobEventDecodeError { row, field, message };
+        let bad = |field: &'static str, message: String| JobEventDecodeError {
+            row,
+            field,
+            message,
+        };
         let event = JobEvent {
             time_ms: time.value(row),
             job_id: JobId::new(job_id.value(row)).map_err(|e| bad("job_id", e.to_string()))?,
-            account: AccountId::new(account.value(row)).map_err(|e| bad("account", e.to_string()))?,
+            account: AccountId::new(account.value(row))
+                .map_err(|e| bad("account", e.to_string()))?,
             project: opt_str(project, row)
                 .map(ProjectId::new)
                 .transpose()
@@ -280,7 +310,13 @@ mod tests {
         );
         started.gpus = Some(16);
         started.allocation = Some("gpu001:0-7;gpu002:0-7".parse().unwrap());
-        let mut finished = JobEvent::new(9_000, JobId::new("42").unwrap(), AccountId::new("team-a").unwrap(), None, JobEventKind::Finished);
+        let mut finished = JobEvent::new(
+            9_000,
+            JobId::new("42").unwrap(),
+            AccountId::new("team-a").unwrap(),
+            None,
+            JobEventKind::Finished,
+        );
         finished.outcome = Some(Outcome::Failed);
         finished.exit_code = Some(137);
         let events = vec![started, finished];

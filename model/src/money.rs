@@ -41,8 +41,8 @@ impl Currency {
 
     /// Rounds half to even to the minor unit.
     pub fn round(self, amount: Decimal) -> Decimal {
-        let mut rounded =
-            amount.round_dp_with_strategy(self.minor_units(), RoundingStrategy::MidpointNearestEven);
+        let mut rounded = amount
+            .round_dp_with_strategy(self.minor_units(), RoundingStrategy::MidpointNearestEven);
         rounded.rescale(self.minor_units());
         rounded
     }

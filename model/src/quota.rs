@@ -132,6 +132,9 @@ mod tests {
             max_gpus_per_job: Some(512),
             ..Quota::default()
         };
-        assert_eq!(greedy.exceeded_dimensions(&account), vec![QuotaDimension::MaxGpusPerJob]);
+        assert_eq!(
+            greedy.exceeded_dimensions(&account),
+            vec![QuotaDimension::MaxGpusPerJob]
+        );
     }
 }

@@ -18,9 +18,9 @@ pub fn mix64(mut z: u64) -> u64 {
 
 /// A stateless hash of several values, for noise that depends only on its coordinates.
 pub fn hash_coords(seed: u64, coords: &[u64]) -> u64 {
-    coords
-        .iter()
-        .fold(mix64(seed), |h, &c| mix64(h ^ c.wrapping_mul(0x9e37_79b9_7f4a_7c15)))
+    coords.iter().fold(mix64(seed), |h, &c| {
+        mix64(h ^ c.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+    })
 }
 
 /// Maps a hash to a float in [0, 1).

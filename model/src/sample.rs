@@ -75,7 +75,10 @@ pub fn sample_schema() -> SchemaRef {
                 Field::new(col::ENERGY_J, DataType::Float64, true),
                 Field::new(col::XID, DataType::UInt32, true),
             ];
-            Arc::new(Schema::new_with_metadata(fields, versioned_metadata("sample", SAMPLE_SCHEMA_VERSION)))
+            Arc::new(Schema::new_with_metadata(
+                fields,
+                versioned_metadata("sample", SAMPLE_SCHEMA_VERSION),
+            ))
         })
         .clone()
 }
@@ -110,6 +113,58 @@ pub struct SampleRow {
     pub power_w: Option<f32>,
     pub energy_j: Option<f64>,
     pub xid: Option<u32>,
+}
+
+/// A sample whose text fields are borrowed, so bulk producers allocate nothing per row.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SampleRef<'a> {
+    pub time_ms: UnixMillis,
+    pub interval_s: u32,
+    pub node: &'a str,
+    pub gpu_index: u16,
+    pub gpu_uuid: &'a str,
+    pub gpu_model: &'a str,
+    pub mig_instance: Option<&'a str>,
+    pub job_id: Option<&'a str>,
+    pub account: Option<&'a str>,
+    pub project: Option<&'a str>,
+    pub gpu_util_pct: Option<f32>,
+    pub sm_active: Option<f32>,
+    pub tensor_active: Option<f32>,
+    pub dram_active: Option<f32>,
+    pub sm_clock_mhz: Option<u32>,
+    pub mem_used_bytes: Option<u64>,
+    pub mem_total_bytes: Option<u64>,
+    pub power_w: Option<f32>,
+    pub energy_j: Option<f64>,
+    pub xid: Option<u32>,
+}
+
+impl SampleRow {
+    pub fn as_ref(&self) -> SampleRef<'_> {
+        SampleRef {
+            time_ms: self.time_ms,
+            interval_s: self.interval_s,
+            node: &self.node,
+            gpu_index: self.gpu_index,
+            gpu_uuid: &self.gpu_uuid,
+            gpu_model: &self.gpu_model,
+            mig_instance: self.mig_instance.as_deref(),
+            job_id: self.job_id.as_deref(),
+            account: self.account.as_deref(),
+            project: self.project.as_deref(),
+            gpu_util_pct: self.gpu_util_pct,
+            sm_active: self.sm_active,
+            tensor_active: self.tensor_active,
+            dram_active: self.dram_active,
+            sm_clock_mhz: self.sm_clock_mhz,
+            mem_used_bytes: self.mem_used_bytes,
+            mem_total_bytes: self.mem_total_bytes,
+            power_w: self.power_w,
+            energy_j: self.energy_j,
+            xid: self.xid,
+        }
+    }
 }
 
 /// Builds a sample [`RecordBatch`] row by row.
@@ -174,16 +229,20 @@ impl SampleBatchBuilder {
     }
 
     pub fn push(&mut self, r: &SampleRow) {
+        self.push_ref(&r.as_ref());
+    }
+
+    pub fn push_ref(&mut self, r: &SampleRef<'_>) {
         self.time.append_value(r.time_ms);
         self.interval_s.append_value(r.interval_s);
-        self.node.append_value(&r.node);
+        self.node.append_value(r.node);
         self.gpu_index.append_value(r.gpu_index);
-        self.gpu_uuid.append_value(&r.gpu_uuid);
-        self.gpu_model.append_value(&r.gpu_model);
-        self.mig_instance.append_option(r.mig_instance.as_deref());
-        self.job_id.append_option(r.job_id.as_deref());
-        self.account.append_option(r.account.as_deref());
-        self.project.append_option(r.project.as_deref());
+        self.gpu_uuid.append_value(r.gpu_uuid);
+        self.gpu_model.append_value(r.gpu_model);
+        self.mig_instance.append_option(r.mig_instance);
+        self.job_id.append_option(r.job_id);
+        self.account.append_option(r.account);
+        self.project.append_option(r.project);
         self.gpu_util_pct.append_option(r.gpu_util_pct);
         self.sm_active.append_option(r.sm_active);
         self.tensor_active.append_option(r.tensor_active);
@@ -231,9 +290,9 @@ impl SampleBatchBuilder {
 pub fn is_sample_schema(schema: &Schema) -> bool {
     let expected = sample_schema();
     schema.fields().len() == expected.fields().len()
-        && schema
-            .fields()
-            .iter()
-            .zip(expected.fields())
-            .all(|(a, b)| a.name() == b.name() && a.data_type() == b.data_type() && (b.is_nullable() || !a.is_nullable()))
+        && schema.fields().iter().zip(expected.fields()).all(|(a, b)| {
+            a.name() == b.name()
+                && a.data_type() == b.data_type()
+                && (b.is_nullable() || !a.is_nullable())
+        })
 }

@@ -65,7 +65,11 @@ impl TenantTree {
 
     /// The limits that hold for a job of `account` in `project` (the account's own where the
     /// job names no project). `None` if the account, or the named project, does not exist.
-    pub fn effective_quota(&self, account: &AccountId, project: Option<&ProjectId>) -> Option<Quota> {
+    pub fn effective_quota(
+        &self,
+        account: &AccountId,
+        project: Option<&ProjectId>,
+    ) -> Option<Quota> {
         let acc = self.accounts.get(account)?;
         match project {
             None => Some(acc.quota.clone()),

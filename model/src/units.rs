@@ -10,7 +10,9 @@ use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 
 /// Usage of GPUs, in whole GPU-seconds. Usage stays an integer until it is priced.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 #[serde(transparent)]
 pub struct GpuSeconds(pub i64);
 
@@ -70,7 +72,9 @@ pub struct UnitError {
 }
 
 /// A size in bytes. Written as an integer or as `500GB`, `2TB`, `1.5TiB` (SI and binary units).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 #[serde(try_from = "SizeRepr", into = "String")]
 pub struct ByteSize(pub u64);
 
@@ -97,7 +101,8 @@ impl From<ByteSize> for String {
     }
 }
 
-const SIZE_HINT: &str = "write a number and a unit: B, KB, MB, GB, TB, PB or KiB, MiB, GiB, TiB, PiB";
+const SIZE_HINT: &str =
+    "write a number and a unit: B, KB, MB, GB, TB, PB or KiB, MiB, GiB, TiB, PiB";
 
 impl FromStr for ByteSize {
     type Err = UnitError;
@@ -156,7 +161,9 @@ impl fmt::Display for ByteSize {
 }
 
 /// A duration written with a unit: `90s`, `30m`, `4h`, `14d`, `2w`, or combined: `1d12h`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 #[serde(try_from = "String", into = "String")]
 pub struct DurationSpec(pub Duration);
 
@@ -243,7 +250,10 @@ mod tests {
     #[test]
     fn sizes_parse_in_si_and_binary_units() {
         assert_eq!("2TB".parse::<ByteSize>(), Ok(ByteSize(2_000_000_000_000)));
-        assert_eq!("1.5TiB".parse::<ByteSize>(), Ok(ByteSize(1_649_267_441_664)));
+        assert_eq!(
+            "1.5TiB".parse::<ByteSize>(),
+            Ok(ByteSize(1_649_267_441_664))
+        );
         assert_eq!("512".parse::<ByteSize>(), Ok(ByteSize(512)));
         assert!("2 XB".parse::<ByteSize>().is_err());
         assert_eq!(ByteSize(50_000_000_000_000).to_string(), "50TB");
@@ -261,6 +271,9 @@ mod tests {
 
     #[test]
     fn gpu_hours_are_exact_decimals() {
-        assert_eq!(GpuSeconds(5400).as_gpu_hours().normalize().to_string(), "1.5");
+        assert_eq!(
+            GpuSeconds(5400).as_gpu_hours().normalize().to_string(),
+            "1.5"
+        );
     }
 }

@@ -64,7 +64,11 @@ impl Cluster {
                 .into_iter()
                 .map(|spec| {
                     let all = full_mask(spec.gpus);
-                    NodeState { spec, all, free: all }
+                    NodeState {
+                        spec,
+                        all,
+                        free: all,
+                    }
                 })
                 .collect(),
             gpus_per_node_max,
@@ -88,7 +92,10 @@ impl Cluster {
     }
 
     fn usable_by(&self, node: &NodeState, account: &AccountId) -> bool {
-        node.spec.dedicated_to.as_ref().is_none_or(|owner| owner == account)
+        node.spec
+            .dedicated_to
+            .as_ref()
+            .is_none_or(|owner| owner == account)
     }
 
     /// The most GPUs a job of `account` could ever get (all nodes it may use, empty).
@@ -213,7 +220,10 @@ mod tests {
         let first = c.find(3, &a).unwrap();
         c.take(&first);
         let second = c.find(4, &a).unwrap();
-        assert_eq!(second.0[0].node, first.0[0].node, "packs beside the first job");
+        assert_eq!(
+            second.0[0].node, first.0[0].node,
+            "packs beside the first job"
+        );
         c.take(&second);
         // 1 GPU left on node 0, node 1 whole: a 8-GPU job still fits.
         let whole = c.find(8, &a).unwrap();

@@ -80,12 +80,17 @@ pub enum Refusal {
     #[error("account `{0}` does not exist")]
     UnknownAccount(AccountId),
     #[error("project `{project}` does not exist in account `{account}`")]
-    UnknownProject { account: AccountId, project: ProjectId },
+    UnknownProject {
+        account: AccountId,
+        project: ProjectId,
+    },
     #[error("partition `{0}` does not exist")]
     UnknownPartition(String),
     #[error("a job needs at least 1 GPU")]
     NoGpus,
-    #[error("job asks for {asked} GPUs; its quota allows at most {limit} per job (max_gpus_per_job)")]
+    #[error(
+        "job asks for {asked} GPUs; its quota allows at most {limit} per job (max_gpus_per_job)"
+    )]
     TooManyGpus { asked: u32, limit: u32 },
     #[error("job asks for {asked} GPUs; the nodes its account may use have {capacity}")]
     LargerThanCluster { asked: u32, capacity: u32 },
@@ -253,17 +258,20 @@ impl Scheduler {
     }
 
     fn admit(&self, spec: &JobSpec) -> Result<u32, Refusal> {
-        if self.running.contains_key(&spec.id) || self.pending.iter().any(|p| p.spec.id == spec.id) {
+        if self.running.contains_key(&spec.id) || self.pending.iter().any(|p| p.spec.id == spec.id)
+        {
             return Err(Refusal::DuplicateId(spec.id.clone()));
         }
         let quota = self
             .tenants
             .effective_quota(&spec.account, spec.project.as_ref())
             .ok_or_else(|| match &spec.project {
-                Some(p) if self.tenants.account(&spec.account).is_some() => Refusal::UnknownProject {
-                    account: spec.account.clone(),
-                    project: p.clone(),
-                },
+                Some(p) if self.tenants.account(&spec.account).is_some() => {
+                    Refusal::UnknownProject {
+                        account: spec.account.clone(),
+                        project: p.clone(),
+                    }
+                }
                 _ => Refusal::UnknownAccount(spec.account.clone()),
             })?;
         let partition_name = spec.partition.as_deref().unwrap_or(&self.default_partition);
@@ -276,7 +284,10 @@ impl Scheduler {
         }
         if let Some(limit) = quota.max_gpus_per_job {
             if spec.gpus > limit {
-                return Err(Refusal::TooManyGpus { asked: spec.gpus, limit });
+                return Err(Refusal::TooManyGpus {
+                    asked: spec.gpus,
+                    limit,
+                });
             }
         }
         let capacity = self.cluster.capacity_for(&spec.account);
@@ -337,7 +348,10 @@ impl Scheduler {
         self.cluster.release(&job.placement);
         decrement(&mut self.running_per_account, &job.spec.account);
         if let Some(p) = &job.spec.project {
-            decrement(&mut self.running_per_project, &(job.spec.account.clone(), p.clone()));
+            decrement(
+                &mut self.running_per_project,
+                &(job.spec.account.clone(), p.clone()),
+            );
         }
         Some(job)
     }
@@ -389,10 +403,19 @@ impl Scheduler {
         started
     }
 
-    fn start(&mut self, job: PendingJob, placement: Placement, now: UnixSeconds, backfilled: bool) -> Started {
+    fn start(
+        &mut self,
+        job: PendingJob,
+        placement: Placement,
+        now: UnixSeconds,
+        backfilled: bool,
+    ) -> Started {
         self.cluster.take(&placement);
         let allocation = self.cluster.to_allocation(&placement);
-        *self.running_per_account.entry(job.spec.account.clone()).or_default() += 1;
+        *self
+            .running_per_account
+            .entry(job.spec.account.clone())
+            .or_default() += 1;
         if let Some(p) = &job.spec.project {
             *self
                 .running_per_project
@@ -418,13 +441,20 @@ impl Scheduler {
     }
 
     fn at_job_limit(&self, spec: &JobSpec) -> bool {
-        let Some(quota) = self.tenants.effective_quota(&spec.account, spec.project.as_ref()) else {
+        let Some(quota) = self
+            .tenants
+            .effective_quota(&spec.account, spec.project.as_ref())
+        else {
             return true;
         };
         let Some(limit) = quota.max_running_jobs else {
             return false;
         };
-        let account_running = self.running_per_account.get(&spec.account).copied().unwrap_or(0);
+        let account_running = self
+            .running_per_account
+            .get(&spec.account)
+            .copied()
+            .unwrap_or(0);
         let account_limit = self
             .tenants
             .account(&spec.account)
@@ -433,7 +463,10 @@ impl Scheduler {
         let project_running = spec
             .project
             .as_ref()
-            .and_then(|p| self.running_per_project.get(&(spec.account.clone(), p.clone())))
+            .and_then(|p| {
+                self.running_per_project
+                    .get(&(spec.account.clone(), p.clone()))
+            })
             .copied()
             .unwrap_or(account_running);
         account_running >= account_limit || project_running >= limit
@@ -466,7 +499,12 @@ impl Scheduler {
             Policy::FairShare => self
                 .tenants
                 .accounts()
-                .map(|a| (a.id.clone(), self.ledger.priority(&a.id, f64::from(a.weight), now)))
+                .map(|a| {
+                    (
+                        a.id.clone(),
+                        self.ledger.priority(&a.id, f64::from(a.weight), now),
+                    )
+                })
                 .collect(),
         };
         let fair = |spec: &JobSpec| priorities.get(&spec.account).copied().unwrap_or(0.0);
@@ -484,13 +522,25 @@ impl Scheduler {
 
     /// Checks the scheduler's invariants; tests call it after every step.
     pub fn check_invariants(&self) -> Result<(), String> {
-        let mut rebuilt = Cluster::new((0..self.cluster.node_count()).map(|i| self.cluster.node_spec(i).clone()).collect());
+        let mut rebuilt = Cluster::new(
+            (0..self.cluster.node_count())
+                .map(|i| self.cluster.node_spec(i).clone())
+                .collect(),
+        );
         for job in self.running.values() {
             if !rebuilt.is_free(&job.placement) {
-                return Err(format!("job {} holds a GPU that another job holds", job.spec.id));
+                return Err(format!(
+                    "job {} holds a GPU that another job holds",
+                    job.spec.id
+                ));
             }
             if job.placement.gpu_count() != job.spec.gpus {
-                return Err(format!("job {} holds {} GPUs, asked {}", job.spec.id, job.placement.gpu_count(), job.spec.gpus));
+                return Err(format!(
+                    "job {} holds {} GPUs, asked {}",
+                    job.spec.id,
+                    job.placement.gpu_count(),
+                    job.spec.gpus
+                ));
             }
             rebuilt.take(&job.placement);
         }
@@ -502,7 +552,10 @@ impl Scheduler {
             ));
         }
         for (account, n) in &self.running_per_account {
-            let limit = self.tenants.account(account).and_then(|a| a.quota.max_running_jobs);
+            let limit = self
+                .tenants
+                .account(account)
+                .and_then(|a| a.quota.max_running_jobs);
             if limit.is_some_and(|l| *n > l) {
                 return Err(format!("account {account} runs {n} jobs, over its quota"));
             }

@@ -95,7 +95,11 @@ impl UsageLedger {
 
     /// The account's fair-share priority as of `now`.
     pub fn priority(&self, account: &AccountId, weight: f64, now: UnixSeconds) -> f64 {
-        weighted_priority(weight, self.gpu_hours(account, now), self.params.factor_gpu_hours)
+        weighted_priority(
+            weight,
+            self.gpu_hours(account, now),
+            self.params.factor_gpu_hours,
+        )
     }
 }
 

@@ -16,5 +16,7 @@ pub mod fairshare;
 pub mod sim;
 pub mod workload;
 
-pub use crate::core::{JobSpec, PendingReason, Policy, Refusal, Scheduler, SchedulerOptions, Started};
+pub use crate::core::{
+    JobSpec, PendingReason, Policy, Refusal, Scheduler, SchedulerOptions, Started,
+};
 pub use crate::sim::{simulate, JobRecord, SimJob, SimResult};

@@ -109,7 +109,9 @@ pub fn simulate(
             if *t != now {
                 break;
             }
-            let Some(Reverse((_, id, ending))) = finishes.pop() else { break };
+            let Some(Reverse((_, id, ending))) = finishes.pop() else {
+                break;
+            };
             let i = index[&id];
             let job = &jobs[i];
             sched.finish(&id, now);
@@ -197,7 +199,13 @@ pub fn simulate(
 }
 
 fn event(spec: &JobSpec, now: UnixSeconds, kind: JobEventKind) -> JobEvent {
-    JobEvent::new(now * 1000, spec.id.clone(), spec.account.clone(), spec.project.clone(), kind)
+    JobEvent::new(
+        now * 1000,
+        spec.id.clone(),
+        spec.account.clone(),
+        spec.project.clone(),
+        kind,
+    )
 }
 
 impl SimResult {

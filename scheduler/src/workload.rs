@@ -96,7 +96,17 @@ impl WorkloadSpec {
             drafts.push((
                 submit,
                 SimJob {
-                    spec: draft_spec(&fixed.account, &fixed.project, &fixed.partition, fixed.gpus, fixed.time_limit.map(|d| d.as_secs()).unwrap_or_else(|| round_up_to_hour(run)), submit),
+                    spec: draft_spec(
+                        &fixed.account,
+                        &fixed.project,
+                        &fixed.partition,
+                        fixed.gpus,
+                        fixed
+                            .time_limit
+                            .map(|d| d.as_secs())
+                            .unwrap_or_else(|| round_up_to_hour(run)),
+                        submit,
+                    ),
                     run_time_s: run,
                     outcome: Outcome::Completed,
                 },
@@ -116,7 +126,12 @@ impl WorkloadSpec {
             .collect()
     }
 
-    fn generate_team(&self, team: &TeamWorkload, rng: &mut SplitMix64, out: &mut Vec<(i64, SimJob)>) {
+    fn generate_team(
+        &self,
+        team: &TeamWorkload,
+        rng: &mut SplitMix64,
+        out: &mut Vec<(i64, SimJob)>,
+    ) {
         if team.jobs_per_day <= 0.0 || team.gpus.is_empty() {
             return;
         }
@@ -130,13 +145,18 @@ impl WorkloadSpec {
             if t >= end {
                 break;
             }
-            let hour = DateTime::<Utc>::from_timestamp(t as i64, 0).map(|d| d.hour()).unwrap_or(0);
+            let hour = DateTime::<Utc>::from_timestamp(t as i64, 0)
+                .map(|d| d.hour())
+                .unwrap_or(0);
             if rng.next_f64() * 1.5 > diurnal(hour) {
                 continue;
             }
             let gpus = team.gpus[rng.weighted_index(&weights)].0;
             let planned = rng
-                .log_uniform(team.run_time_min.as_secs() as f64, team.run_time_max.as_secs() as f64)
+                .log_uniform(
+                    team.run_time_min.as_secs() as f64,
+                    team.run_time_max.as_secs() as f64,
+                )
                 .round()
                 .max(60.0) as u64;
             let fails = rng.next_f64() < team.failure_rate;
@@ -149,16 +169,34 @@ impl WorkloadSpec {
             out.push((
                 submit,
                 SimJob {
-                    spec: draft_spec(&team.account, &team.project, &team.partition, gpus, round_up_to_hour(planned), submit),
+                    spec: draft_spec(
+                        &team.account,
+                        &team.project,
+                        &team.partition,
+                        gpus,
+                        round_up_to_hour(planned),
+                        submit,
+                    ),
                     run_time_s,
-                    outcome: if fails { Outcome::Failed } else { Outcome::Completed },
+                    outcome: if fails {
+                        Outcome::Failed
+                    } else {
+                        Outcome::Completed
+                    },
                 },
             ));
         }
     }
 }
 
-fn draft_spec(account: &AccountId, project: &Option<ProjectId>, partition: &Option<String>, gpus: u32, time_limit_s: u64, submit_s: i64) -> JobSpec {
+fn draft_spec(
+    account: &AccountId,
+    project: &Option<ProjectId>,
+    partition: &Option<String>,
+    gpus: u32,
+    time_limit_s: u64,
+    submit_s: i64,
+) -> JobSpec {
     JobSpec {
         id: JobId::new("draft").unwrap_or_else(|_| unreachable!()),
         account: account.clone(),

@@ -1,0 +1,321 @@
+//! Hourly rollups: per job x GPU x hour, exact sums. GPU-seconds are the sum of the samples'
+//! interval seconds, so billing from rollups equals billing from raw samples to the second.
+//! Each metric carries the seconds it was measured for, so "not measured" never counts as 0.
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+use arrow::array::{
+    Array, ArrayRef, AsArray, Float64Array, Int64Array, StringArray, TimestampMillisecondArray,
+    UInt16Array,
+};
+use arrow::datatypes::{
+    DataType, Field, Float32Type, Float64Type, Schema, SchemaRef, TimeUnit,
+    TimestampMillisecondType, UInt16Type, UInt32Type, UInt64Type,
+};
+use arrow::error::ArrowError;
+use arrow::record_batch::RecordBatch;
+use chrono::NaiveDate;
+
+use gpuledger_model::sample::col;
+use gpuledger_model::time::{date_of_ms, hour_start_ms, UnixMillis};
+use gpuledger_model::GpuModel;
+
+/// Version of the rollup schema.
+pub const ROLLUP_SCHEMA_VERSION: &str = "1";
+
+/// The key of one rollup row.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RollupKey {
+    pub hour_ms: UnixMillis,
+    pub node: String,
+    pub gpu_index: u16,
+    pub gpu_model: String,
+    pub job_id: Option<String>,
+    pub account: Option<String>,
+    pub project: Option<String>,
+}
+
+/// Exact sums over the samples of one key.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RollupSums {
+    pub gpu_seconds: i64,
+    pub samples: i64,
+    pub util_pct_sum: f64,
+    pub util_seconds: i64,
+    pub sm_active_sum: f64,
+    pub sm_seconds: i64,
+    pub tensor_active_sum: f64,
+    pub tensor_seconds: i64,
+    /// Tensor activity scaled by SM clock over the clock the peak is rated at.
+    pub mfu_proxy_sum: f64,
+    pub mfu_seconds: i64,
+    pub dram_active_sum: f64,
+    pub dram_seconds: i64,
+    pub mem_used_byte_seconds: i64,
+    pub mem_total_byte_seconds: i64,
+    pub energy_j: f64,
+}
+
+/// Accumulates rollups from sample batches.
+#[derive(Debug, Default)]
+pub struct RollupAccumulator {
+    rows: HashMap<RollupKey, RollupSums>,
+}
+
+fn opt_str(a: &StringArray, i: usize) -> Option<&str> {
+    a.is_valid(i).then(|| a.value(i))
+}
+
+impl RollupAccumulator {
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// Adds a validated sample batch. Samples never straddle an hour in gpuledger's exporters
+    /// (they cut intervals at the hour); one that did would be counted in its start hour.
+    pub fn add(&mut self, batch: &RecordBatch) {
+        let time = batch.column(0).as_primitive::<TimestampMillisecondType>();
+        let interval = batch.column(1).as_primitive::<UInt32Type>();
+        let node = batch.column(2).as_string::<i32>();
+        let gpu = batch.column(3).as_primitive::<UInt16Type>();
+        let model = batch.column(5).as_string::<i32>();
+        let job = batch.column(7).as_string::<i32>();
+        let account = batch.column(8).as_string::<i32>();
+        let project = batch.column(9).as_string::<i32>();
+        let f32col = |name: &str| {
+            batch
+                .column_by_name(name)
+                .map(|a| a.as_primitive::<Float32Type>().clone())
+        };
+        let (Some(util), Some(sm), Some(tensor), Some(dram)) = (
+            f32col(col::GPU_UTIL_PCT),
+            f32col(col::SM_ACTIVE),
+            f32col(col::TENSOR_ACTIVE),
+            f32col(col::DRAM_ACTIVE),
+        ) else {
+            return;
+        };
+        let clock = batch.column(14).as_primitive::<UInt32Type>();
+        let used = batch.column(15).as_primitive::<UInt64Type>();
+        let total = batch.column(16).as_primitive::<UInt64Type>();
+        let energy = batch.column(18).as_primitive::<Float64Type>();
+
+        let mut current: Option<(RollupKey, f64)> = None;
+        let mut sums = RollupSums::default();
+        for i in 0..batch.num_rows() {
+            let hour = hour_start_ms(time.value(i));
+            let same = current.as_ref().is_some_and(|(k, _)| {
+                k.hour_ms == hour
+                    && k.gpu_index == gpu.value(i)
+                    && k.node == node.value(i)
+                    && k.job_id.as_deref() == opt_str(job, i)
+                    && k.gpu_model == model.value(i)
+            });
+            if !same {
+                if let Some((key, _)) = current.take() {
+                    self.merge(key, std::mem::take(&mut sums));
+                }
+                let rated = model
+                    .value(i)
+                    .parse::<GpuModel>()
+                    .map(|m| f64::from(m.rated_sm_clock_mhz()))
+                    .unwrap_or(f64::NAN);
+                current = Some((
+                    RollupKey {
+                        hour_ms: hour,
+                        node: node.value(i).to_owned(),
+                        gpu_index: gpu.value(i),
+                        gpu_model: model.value(i).to_owned(),
+                        job_id: opt_str(job, i).map(str::to_owned),
+                        account: opt_str(account, i).map(str::to_owned),
+                        project: opt_str(project, i).map(str::to_owned),
+                    },
+                    rated,
+                ));
+            }
+            let rated = current.as_ref().map(|(_, r)| *r).unwrap_or(f64::NAN);
+            let secs = i64::from(interval.value(i));
+            let s = secs as f64;
+            sums.gpu_seconds += secs;
+            sums.samples += 1;
+            if util.is_valid(i) {
+                sums.util_pct_sum += f64::from(util.value(i)) * s;
+                sums.util_seconds += secs;
+            }
+            if sm.is_valid(i) {
+                sums.sm_active_sum += f64::from(sm.value(i)) * s;
+                sums.sm_seconds += secs;
+            }
+            if tensor.is_valid(i) {
+                let t = f64::from(tensor.value(i));
+                sums.tensor_active_sum += t * s;
+                sums.tensor_seconds += secs;
+                if clock.is_valid(i) && rated.is_finite() {
+                    sums.mfu_proxy_sum += t * f64::from(clock.value(i)) / rated * s;
+                    sums.mfu_seconds += secs;
+                }
+            }
+            if dram.is_valid(i) {
+                sums.dram_active_sum += f64::from(dram.value(i)) * s;
+                sums.dram_seconds += secs;
+            }
+            if used.is_valid(i) && total.is_valid(i) {
+                sums.mem_used_byte_seconds += used.value(i) as i64 * secs;
+                sums.mem_total_byte_seconds += total.value(i) as i64 * secs;
+            }
+            if energy.is_valid(i) {
+                sums.energy_j += energy.value(i);
+            }
+        }
+        if let Some((key, _)) = current {
+            self.merge(key, sums);
+        }
+    }
+
+    /// Adds everything another accumulator holds.
+    pub fn absorb(&mut self, other: RollupAccumulator) {
+        for (key, sums) in other.rows {
+            self.merge(key, sums);
+        }
+    }
+
+    fn merge(&mut self, key: RollupKey, add: RollupSums) {
+        let e = self.rows.entry(key).or_default();
+        e.gpu_seconds += add.gpu_seconds;
+        e.samples += add.samples;
+        e.util_pct_sum += add.util_pct_sum;
+        e.util_seconds += add.util_seconds;
+        e.sm_active_sum += add.sm_active_sum;
+        e.sm_seconds += add.sm_seconds;
+        e.tensor_active_sum += add.tensor_active_sum;
+        e.tensor_seconds += add.tensor_seconds;
+        e.mfu_proxy_sum += add.mfu_proxy_sum;
+        e.mfu_seconds += add.mfu_seconds;
+        e.dram_active_sum += add.dram_active_sum;
+        e.dram_seconds += add.dram_seconds;
+        e.mem_used_byte_seconds += add.mem_used_byte_seconds;
+        e.mem_total_byte_seconds += add.mem_total_byte_seconds;
+        e.energy_j += add.energy_j;
+    }
+
+    /// Takes everything accumulated, as one sorted batch per UTC day.
+    pub fn drain_by_date(&mut self) -> Result<Vec<(NaiveDate, RecordBatch)>, ArrowError> {
+        let mut rows: Vec<(RollupKey, RollupSums)> = self.rows.drain().collect();
+        rows.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut out = Vec::new();
+        let mut start = 0;
+        while start < rows.len() {
+            let date = date_of_ms(rows[start].0.hour_ms);
+            let end = start + rows[start..].partition_point(|(k, _)| date_of_ms(k.hour_ms) == date);
+            out.push((date, rollup_batch(&rows[start..end])?));
+            start = end;
+        }
+        Ok(out)
+    }
+}
+
+/// The Arrow schema of the hourly rollup table.
+pub fn rollup_schema() -> SchemaRef {
+    static SCHEMA: OnceLock<SchemaRef> = OnceLock::new();
+    SCHEMA
+        .get_or_init(|| {
+            let ts = DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into()));
+            let mut fields = vec![
+                Field::new("hour", ts, false),
+                Field::new("node", DataType::Utf8, false),
+                Field::new("gpu_index", DataType::UInt16, false),
+                Field::new("gpu_model", DataType::Utf8, false),
+                Field::new("job_id", DataType::Utf8, true),
+                Field::new("account", DataType::Utf8, true),
+                Field::new("project", DataType::Utf8, true),
+            ];
+            for name in ["gpu_seconds", "samples"] {
+                fields.push(Field::new(name, DataType::Int64, false));
+            }
+            for (sum, secs) in [
+                ("util_pct_sum", "util_seconds"),
+                ("sm_active_sum", "sm_seconds"),
+                ("tensor_active_sum", "tensor_seconds"),
+                ("mfu_proxy_sum", "mfu_seconds"),
+                ("dram_active_sum", "dram_seconds"),
+            ] {
+                fields.push(Field::new(sum, DataType::Float64, false));
+                fields.push(Field::new(secs, DataType::Int64, false));
+            }
+            fields.push(Field::new("mem_used_byte_seconds", DataType::Int64, false));
+            fields.push(Field::new("mem_total_byte_seconds", DataType::Int64, false));
+            fields.push(Field::new("energy_j", DataType::Float64, false));
+            let meta = [
+                ("gpuledger.kind".to_owned(), "rollup_hourly".to_owned()),
+                (
+                    "gpuledger.schema_version".to_owned(),
+                    ROLLUP_SCHEMA_VERSION.to_owned(),
+                ),
+            ]
+            .into();
+            Arc::new(Schema::new_with_metadata(fields, meta))
+        })
+        .clone()
+}
+
+fn rollup_batch(rows: &[(RollupKey, RollupSums)]) -> Result<RecordBatch, ArrowError> {
+    let i64s = |f: fn(&RollupSums) -> i64| -> ArrayRef {
+        Arc::new(Int64Array::from_iter_values(rows.iter().map(|(_, s)| f(s))))
+    };
+    let f64s = |f: fn(&RollupSums) -> f64| -> ArrayRef {
+        Arc::new(Float64Array::from_iter_values(
+            rows.iter().map(|(_, s)| f(s)),
+        ))
+    };
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(
+            TimestampMillisecondArray::from_iter_values(rows.iter().map(|(k, _)| k.hour_ms))
+                .with_timezone("UTC"),
+        ),
+        Arc::new(StringArray::from_iter_values(
+            rows.iter().map(|(k, _)| k.node.as_str()),
+        )),
+        Arc::new(UInt16Array::from_iter_values(
+            rows.iter().map(|(k, _)| k.gpu_index),
+        )),
+        Arc::new(StringArray::from_iter_values(
+            rows.iter().map(|(k, _)| k.gpu_model.as_str()),
+        )),
+        Arc::new(
+            rows.iter()
+                .map(|(k, _)| k.job_id.as_deref())
+                .collect::<StringArray>(),
+        ),
+        Arc::new(
+            rows.iter()
+                .map(|(k, _)| k.account.as_deref())
+                .collect::<StringArray>(),
+        ),
+        Arc::new(
+            rows.iter()
+                .map(|(k, _)| k.project.as_deref())
+                .collect::<StringArray>(),
+        ),
+        i64s(|s| s.gpu_seconds),
+        i64s(|s| s.samples),
+        f64s(|s| s.util_pct_sum),
+        i64s(|s| s.util_seconds),
+        f64s(|s| s.sm_active_sum),
+        i64s(|s| s.sm_seconds),
+        f64s(|s| s.tensor_active_sum),
+        i64s(|s| s.tensor_seconds),
+        f64s(|s| s.mfu_proxy_sum),
+        i64s(|s| s.mfu_seconds),
+        f64s(|s| s.dram_active_sum),
+        i64s(|s| s.dram_seconds),
+        i64s(|s| s.mem_used_byte_seconds),
+        i64s(|s| s.mem_total_byte_seconds),
+        f64s(|s| s.energy_j),
+    ];
+    RecordBatch::try_new(rollup_schema(), columns)
+}

@@ -1,0 +1,8 @@
+//! The `gpuledger` binary's library side: it wires the crates together (the libraries own their
+//! errors; `anyhow` lives only here and in tests). [`pipeline`] is the whole path from a
+//! workload to invoices that `gpuledger demo` runs and the end-to-end tests call.
+
+pub mod billing_glue;
+pub mod defaults;
+pub mod pipeline;
+pub mod table;

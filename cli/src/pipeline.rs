@@ -1,0 +1,287 @@
+//! The whole path of the demo: a workload goes through the scheduler in simulated time; every
+//! GPU's telemetry is synthesised from what the scheduler placed on it and pushed through the
+//! aggregator's ingest path into Parquet; billing prices the stored usage. Nothing is computed
+//! twice from different sources: the invoice comes from the stored rollups, not from the
+//! scheduler's records, so the end-to-end test can compare the two.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde::Deserialize;
+
+use gpuledger_aggregator::query::{AccountIndicators, Query};
+use gpuledger_aggregator::store::{FlushStats, StoreOptions};
+use gpuledger_aggregator::{IngestOutcome, Ingestor, IngestorConfig, Store};
+use gpuledger_billing::Invoice;
+use gpuledger_exporter::synthetic::{
+    synthesize_node, synthetic_devices, Segment, TelemetryProfile,
+};
+use gpuledger_exporter::{GpuDevice, JobLabel};
+use gpuledger_model::time::{ManualClock, MS_PER_HOUR};
+use gpuledger_model::ClusterConfig;
+use gpuledger_scheduler::workload::WorkloadSpec;
+use gpuledger_scheduler::{simulate, SchedulerOptions, SimResult};
+
+use crate::billing_glue::{invoices_for, write_invoices};
+
+/// A demo month: the workload and how each team uses its GPUs.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DemoSpec {
+    /// Seconds between samples of each GPU.
+    #[serde(default = "default_interval")]
+    pub sample_interval_s: u32,
+    pub workload: WorkloadSpec,
+    #[serde(default)]
+    pub telemetry: Vec<TelemetryProfile>,
+}
+
+fn default_interval() -> u32 {
+    10
+}
+
+/// Reports progress of the long phases.
+pub trait Progress: Sync {
+    fn phase(&self, name: &str, total: u64);
+    fn advance(&self, n: u64);
+    fn finish(&self);
+}
+
+/// No progress display (tests).
+#[derive(Debug)]
+pub struct Quiet;
+
+impl Progress for Quiet {
+    fn phase(&self, _: &str, _: u64) {}
+    fn advance(&self, _: u64) {}
+    fn finish(&self) {}
+}
+
+/// What a run produced.
+#[derive(Debug)]
+pub struct RunOutput {
+    pub sim: SimResult,
+    pub samples: u64,
+    pub batches: u64,
+    pub flush: FlushStats,
+    pub month: String,
+    pub invoices: Vec<Invoice>,
+    pub invoice_files: Vec<PathBuf>,
+    pub indicators: Vec<AccountIndicators>,
+    pub timings: Vec<(&'static str, Duration)>,
+    pub data_dir: PathBuf,
+}
+
+/// Runs the pipeline into `data_dir`.
+pub fn run(
+    config: &ClusterConfig,
+    spec: &DemoSpec,
+    options: SchedulerOptions,
+    data_dir: &Path,
+    progress: &dyn Progress,
+) -> anyhow::Result<RunOutput> {
+    let mut timings = Vec::new();
+    let started = Instant::now();
+    let jobs = spec.workload.generate();
+    let start_s = spec.workload.start_s();
+    let end_s = spec.workload.end_s();
+
+    progress.phase("scheduling", jobs.len() as u64);
+    let mut last = 0usize;
+    let sim = simulate(config, options, jobs, Some(end_s), &mut |done, _| {
+        progress.advance((done - last) as u64);
+        last = done;
+    });
+    progress.finish();
+    timings.push(("schedule", started.elapsed()));
+
+    let t = Instant::now();
+    let store = Arc::new(Store::open(data_dir, StoreOptions::default())?);
+    // Telemetry is replayed after the fact, so the aggregator's clock stands at the month's end.
+    let clock = Arc::new(ManualClock::new(end_s * 1000 + 60_000));
+    let known_nodes = config.nodes().iter().map(|n| n.id.to_string()).collect();
+    let ingestor = Ingestor::new(
+        Arc::clone(&store),
+        IngestorConfig {
+            known_nodes,
+            ..IngestorConfig::default()
+        },
+        clock,
+    );
+    ingestor.ingest_job_events(&sim.events)?;
+    let (samples, batches) =
+        ingest_telemetry(config, spec, &sim, &ingestor, start_s, end_s, progress)?;
+    let flush = store.flush()?;
+    timings.push(("telemetry + ingest + parquet", t.elapsed()));
+
+    let t = Instant::now();
+    let month = spec.workload.start.format("%Y-%m").to_string();
+    let runtime = tokio::runtime::Builder::new_current_thread().build()?;
+    let (usage, indicators) = runtime.block_on(async {
+        let q = Query::open(store.layout()).await?;
+        let usage = q.job_usage(start_s * 1000, end_s * 1000).await?;
+        let indicators = q.account_indicators(start_s * 1000, end_s * 1000).await?;
+        anyhow::Ok((usage, indicators))
+    })?;
+    let invoices = invoices_for(config, &month, &usage)?;
+    let invoice_files = write_invoices(&store.layout().invoices_dir(&month), &invoices)?;
+    timings.push(("query + billing", t.elapsed()));
+    timings.push(("total", started.elapsed()));
+    Ok(RunOutput {
+        sim,
+        samples,
+        batches,
+        flush,
+        month,
+        invoices,
+        invoice_files,
+        indicators,
+        timings,
+        data_dir: data_dir.to_path_buf(),
+    })
+}
+
+/// Per node, per GPU: the job segments the scheduler placed there.
+type Timelines = HashMap<String, Vec<Vec<Segment>>>;
+
+fn timelines(config: &ClusterConfig, spec: &DemoSpec, sim: &SimResult) -> Timelines {
+    let profiles: HashMap<&str, &TelemetryProfile> = spec
+        .telemetry
+        .iter()
+        .map(|p| (p.account.as_str(), p))
+        .collect();
+    let mut out: Timelines = config
+        .nodes()
+        .iter()
+        .map(|n| (n.id.to_string(), vec![Vec::new(); n.gpus as usize]))
+        .collect();
+    for rec in &sim.records {
+        let (Some(start), Some(alloc)) = (rec.start_s, &rec.allocation) else {
+            continue;
+        };
+        let end = rec.end_s.unwrap_or(sim.horizon_s).min(sim.horizon_s);
+        if end <= start {
+            continue;
+        }
+        let label = JobLabel {
+            job_id: rec.spec.id.to_string(),
+            account: rec.spec.account.to_string(),
+            project: rec.spec.project.as_ref().map(|p| p.to_string()),
+        };
+        let profile = profiles
+            .get(rec.spec.account.as_str())
+            .map(|p| (*p).clone())
+            .unwrap_or_else(|| TelemetryProfile::generic(rec.spec.account.clone()));
+        for held in &alloc.0 {
+            let Some(gpus) = out.get_mut(held.node.as_str()) else {
+                continue;
+            };
+            for &g in &held.gpus {
+                if let Some(segments) = gpus.get_mut(g as usize) {
+                    segments.push(Segment {
+                        start_ms: start * 1000,
+                        end_ms: end * 1000,
+                        label: label.clone(),
+                        profile: profile.clone(),
+                    });
+                }
+            }
+        }
+    }
+    for gpus in out.values_mut() {
+        for segments in gpus.iter_mut() {
+            segments.sort_by_key(|s| s.start_ms);
+        }
+    }
+    out
+}
+
+/// Synthesises every GPU's samples hour by hour and pushes each node-hour as one batch through
+/// the ingest path, on all cores (one UTC day per worker at a time).
+fn ingest_telemetry(
+    config: &ClusterConfig,
+    spec: &DemoSpec,
+    sim: &SimResult,
+    ingestor: &Ingestor,
+    start_s: i64,
+    end_s: i64,
+    progress: &dyn Progress,
+) -> anyhow::Result<(u64, u64)> {
+    let timelines = timelines(config, spec, sim);
+    let nodes: Vec<(String, Vec<GpuDevice>)> = config
+        .nodes()
+        .iter()
+        .map(|n| {
+            let id = n.id.to_string();
+            let devices = synthetic_devices(spec.workload.seed, &id, n.gpus as u16, n.gpu_model);
+            (id, devices)
+        })
+        .collect();
+    let hours = ((end_s - start_s) * 1000 + MS_PER_HOUR - 1)
+        .div_euclid(MS_PER_HOUR)
+        .max(0) as usize;
+    let days = hours.div_ceil(24);
+    progress.phase("telemetry", (hours * nodes.len()) as u64);
+    let next_day = AtomicUsize::new(0);
+    let samples = AtomicUsize::new(0);
+    let batches = AtomicUsize::new(0);
+    let workers = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    std::thread::scope(|scope| -> anyhow::Result<()> {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                scope.spawn(|| -> anyhow::Result<()> {
+                    loop {
+                        let day = next_day.fetch_add(1, Ordering::Relaxed);
+                        if day >= days {
+                            return Ok(());
+                        }
+                        for hour in day * 24..((day + 1) * 24).min(hours) {
+                            let from = start_s * 1000 + hour as i64 * MS_PER_HOUR;
+                            let to = (from + MS_PER_HOUR).min(end_s * 1000);
+                            for (node, devices) in &nodes {
+                                let batch = synthesize_node(
+                                    spec.workload.seed,
+                                    node,
+                                    devices,
+                                    &timelines[node],
+                                    from,
+                                    to,
+                                    spec.sample_interval_s,
+                                )?;
+                                match ingestor
+                                    .ingest_samples(node, hour as u64, &batch)
+                                    .with_context(|| format!("ingesting {node} hour {hour}"))?
+                                {
+                                    IngestOutcome::Accepted { rows } => {
+                                        samples.fetch_add(rows, Ordering::Relaxed);
+                                        batches.fetch_add(1, Ordering::Relaxed);
+                                    }
+                                    IngestOutcome::Duplicate => {
+                                        anyhow::bail!("node {node} hour {hour} was ingested twice")
+                                    }
+                                }
+                                progress.advance(1);
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join()
+                .map_err(|_| anyhow::anyhow!("a telemetry worker panicked"))??;
+        }
+        Ok(())
+    })?;
+    progress.finish();
+    Ok((
+        samples.load(Ordering::Relaxed) as u64,
+        batches.load(Ordering::Relaxed) as u64,
+    ))
+}

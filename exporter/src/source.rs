@@ -1,0 +1,106 @@
+//! The trait every GPU source implements, and how a reading becomes a sample row.
+
+use gpuledger_model::sample::SampleRef;
+use gpuledger_model::time::UnixMillis;
+use gpuledger_model::GpuModel;
+
+/// Why a source could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error(
+        "the NVIDIA driver's library {library} could not be loaded ({detail}); \
+         on a node without NVIDIA GPUs use `--source synthetic`, or `--source dcgm-exporter` to read an existing dcgm-exporter"
+    )]
+    DriverMissing {
+        library: &'static str,
+        detail: String,
+    },
+    #[error("NVML call {call} failed for GPU {gpu:?}: {detail}")]
+    Nvml {
+        call: &'static str,
+        gpu: Option<u32>,
+        detail: String,
+    },
+    #[error("GPU model `{0}` is not known to gpuledger (its peak FLOP/s are needed for MFU)")]
+    UnknownModel(String),
+}
+
+pub type Result<T, E = SourceError> = std::result::Result<T, E>;
+
+/// A GPU (or MIG instance) a source reports on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuDevice {
+    pub index: u16,
+    pub uuid: String,
+    pub model: GpuModel,
+    pub mig_instance: Option<String>,
+}
+
+/// One reading of one GPU. `None`: not measured by this source.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GpuReading {
+    pub index: u16,
+    pub gpu_util_pct: Option<f32>,
+    pub sm_active: Option<f32>,
+    pub tensor_active: Option<f32>,
+    pub dram_active: Option<f32>,
+    pub sm_clock_mhz: Option<u32>,
+    pub mem_used_bytes: Option<u64>,
+    pub mem_total_bytes: Option<u64>,
+    pub power_w: Option<f32>,
+    /// Energy used since the previous reading, in joules.
+    pub energy_j: Option<f64>,
+    pub temperature_c: Option<f32>,
+    pub xid: Option<u32>,
+}
+
+/// The job a GPU works for.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct JobLabel {
+    pub job_id: String,
+    pub account: String,
+    pub project: Option<String>,
+}
+
+/// A source of GPU readings. Sampling runs in its own loop; nothing here is called from a
+/// scrape.
+pub trait GpuSource: Send {
+    /// `nvml`, `synthetic`, ...
+    fn kind(&self) -> &'static str;
+    fn devices(&self) -> &[GpuDevice];
+    /// Reads every GPU once.
+    fn read(&mut self, now_ms: UnixMillis) -> Result<Vec<GpuReading>>;
+}
+
+/// A reading with its device, node, interval and job label, as a sample row.
+pub fn sample_ref<'a>(
+    node: &'a str,
+    device: &'a GpuDevice,
+    reading: &GpuReading,
+    label: Option<&'a JobLabel>,
+    time_ms: UnixMillis,
+    interval_s: u32,
+) -> SampleRef<'a> {
+    SampleRef {
+        time_ms,
+        interval_s,
+        node,
+        gpu_index: device.index,
+        gpu_uuid: &device.uuid,
+        gpu_model: device.model.key(),
+        mig_instance: device.mig_instance.as_deref(),
+        job_id: label.map(|l| l.job_id.as_str()),
+        account: label.map(|l| l.account.as_str()),
+        project: label.and_then(|l| l.project.as_deref()),
+        gpu_util_pct: reading.gpu_util_pct,
+        sm_active: reading.sm_active,
+        tensor_active: reading.tensor_active,
+        dram_active: reading.dram_active,
+        sm_clock_mhz: reading.sm_clock_mhz,
+        mem_used_bytes: reading.mem_used_bytes,
+        mem_total_bytes: reading.mem_total_bytes,
+        power_w: reading.power_w,
+        energy_j: reading.energy_j,
+        xid: reading.xid,
+    }
+}
