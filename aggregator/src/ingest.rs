@@ -44,16 +44,31 @@ pub enum IngestOutcome {
     Duplicate,
 }
 
-/// Sequence numbers seen from one node: all up to `contiguous`, and some above it.
+/// Sequence numbers stored from one node (all up to `contiguous`, and some above it) and
+/// those being stored right now.
 #[derive(Debug, Default)]
 struct SeqWindow {
     contiguous: Option<u64>,
     above: BTreeSet<u64>,
+    in_flight: BTreeSet<u64>,
 }
 
 impl SeqWindow {
     fn contains(&self, seq: u64) -> bool {
         self.contiguous.is_some_and(|c| seq <= c) || self.above.contains(&seq)
+    }
+
+    /// Claims `seq` for a write; false if it is stored or being stored.
+    fn claim(&mut self, seq: u64) -> bool {
+        !self.contains(seq) && self.in_flight.insert(seq)
+    }
+
+    /// Ends a claim: the batch was stored (`stored`) or refused.
+    fn settle(&mut self, seq: u64, stored: bool) {
+        self.in_flight.remove(&seq);
+        if stored {
+            self.insert(seq);
+        }
     }
 
     fn insert(&mut self, seq: u64) {
@@ -66,10 +81,6 @@ impl SeqWindow {
                 break;
             }
         }
-    }
-
-    fn remove(&mut self, seq: u64) {
-        self.above.remove(&seq);
     }
 }
 
@@ -110,23 +121,24 @@ impl Ingestor {
         seq: u64,
         batch: &RecordBatch,
     ) -> Result<IngestOutcome> {
+        // Claimed before the write so a concurrent re-send of the same batch is a duplicate.
+        if !self
+            .windows()
+            .entry(node.to_owned())
+            .or_default()
+            .claim(seq)
         {
-            let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-            let window = seen.entry(node.to_owned()).or_default();
-            if window.contains(seq) {
-                return Ok(IngestOutcome::Duplicate);
-            }
-            // Claimed before the write so a concurrent re-send of the same batch is a duplicate.
-            window.insert(seq);
+            return Ok(IngestOutcome::Duplicate);
         }
         let result = self.validate_and_store(node, batch);
-        if result.is_err() {
-            let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(window) = seen.get_mut(node) {
-                window.remove(seq);
-            }
+        if let Some(window) = self.windows().get_mut(node) {
+            window.settle(seq, result.is_ok());
         }
         result.map(|rows| IngestOutcome::Accepted { rows })
+    }
+
+    fn windows(&self) -> std::sync::MutexGuard<'_, HashMap<String, SeqWindow>> {
+        self.seen.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn validate_and_store(&self, node: &str, batch: &RecordBatch) -> Result<usize> {
@@ -157,9 +169,13 @@ mod tests {
     fn sequence_window_tracks_out_of_order_arrivals() {
         let mut w = SeqWindow::default();
         for s in [0, 1, 3, 2, 5] {
-            assert!(!w.contains(s));
-            w.insert(s);
+            assert!(w.claim(s));
+            assert!(!w.claim(s), "in flight");
+            w.settle(s, true);
         }
+        assert!(w.claim(4));
+        w.settle(4, false);
+        assert!(!w.contains(4), "a refused batch may be sent again");
         assert_eq!(w.contiguous, Some(3));
         assert!(w.contains(2) && w.contains(5) && !w.contains(4));
     }

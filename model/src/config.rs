@@ -95,8 +95,34 @@ pub struct PriceBookConfig {
     pub version: String,
     pub effective_from: NaiveDate,
     pub currency: Currency,
-    /// Price of one GPU-hour, per GPU model.
+    /// Price of one GPU-hour, per GPU model; written as strings, a TOML float is refused.
+    #[serde(deserialize_with = "decimals_from_strings")]
     pub gpu_hour: BTreeMap<GpuModel, Decimal>,
+}
+
+/// Reads a map of prices written as strings (`"10.00"`): a float would have lost exactness
+/// before gpuledger ever saw it, so it is refused.
+fn decimals_from_strings<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<GpuModel, Decimal>, D::Error> {
+    use serde::de::Error as _;
+    let raw: BTreeMap<GpuModel, String> = BTreeMap::deserialize(d).map_err(|e| {
+        D::Error::custom(format!(
+            "{e}; write prices as strings, e.g. h100-sxm = \"10.00\""
+        ))
+    })?;
+    raw.into_iter()
+        .map(|(model, text)| {
+            text.trim()
+                .parse::<Decimal>()
+                .map(|price| (model, price))
+                .map_err(|e| {
+                    D::Error::custom(format!(
+                        "price `{text}` for `{model}` is not a decimal number: {e}"
+                    ))
+                })
+        })
+        .collect()
 }
 
 /// One node of the cluster, as the config expands it.
