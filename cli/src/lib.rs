@@ -5,4 +5,5 @@
 pub mod billing_glue;
 pub mod defaults;
 pub mod pipeline;
+pub mod simulate;
 pub mod table;

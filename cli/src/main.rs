@@ -37,6 +37,9 @@ enum Command {
     /// Print the indicators per account (jobs, GPU-hours, MFU, utilization, queue wait,
     /// success rate) over a window of stored data.
     Report(ReportArgs),
+    /// Replay a job trace (the Philly format) through the scheduler in virtual time; write
+    /// jobs.csv and report.md to --out.
+    Simulate(SimulateArgs),
     /// Check a cluster config file and print what it defines.
     CheckConfig {
         /// The TOML file.
@@ -64,6 +67,28 @@ struct DemoArgs {
     /// Replace the workload's seed.
     #[arg(long)]
     seed: Option<u64>,
+}
+
+#[derive(clap::Args, Debug)]
+struct SimulateArgs {
+    /// Trace in the Philly format: timestamp,duration,num_gpus,gpu_time,cluster.
+    #[arg(long)]
+    trace: PathBuf,
+    /// VC sizes (`vc,node num`), used as fair-share weights.
+    #[arg(long)]
+    vc_nodes: PathBuf,
+    /// Nodes of 8 GPUs in the simulated cluster.
+    #[arg(long)]
+    nodes: u32,
+    /// fifo, fairshare, fifo+backfill or fairshare+backfill.
+    #[arg(long, default_value = "fairshare+backfill")]
+    policy: String,
+    /// Time limits from true run times: exact, hour (rounded up to the next hour) or double.
+    #[arg(long, default_value = "hour")]
+    limit_estimate: String,
+    /// Where jobs.csv and report.md go.
+    #[arg(long)]
+    out: PathBuf,
 }
 
 #[derive(clap::Args, Debug)]
@@ -105,6 +130,7 @@ fn main() -> anyhow::Result<()> {
         Command::Demo(args) => demo(args),
         Command::Invoice(args) => invoice(args),
         Command::Report(args) => report(args),
+        Command::Simulate(args) => simulate(args),
         Command::CheckConfig { file } => check_config(&file),
     }
 }
@@ -394,6 +420,51 @@ fn report(args: ReportArgs) -> anyhow::Result<()> {
                 })
                 .collect::<Vec<_>>()
         )
+    );
+    Ok(())
+}
+
+fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
+    use gpuledger_scheduler::trace::{parse_philly, parse_vc_nodes, LimitEstimate};
+    let options = SchedulerOptions::parse(&args.policy).with_context(|| {
+        format!(
+            "unknown --policy `{}`; use fifo, fairshare, fifo+backfill or fairshare+backfill",
+            args.policy
+        )
+    })?;
+    let estimate = LimitEstimate::parse(&args.limit_estimate).with_context(|| {
+        format!(
+            "unknown --limit-estimate `{}`; use exact, hour or double",
+            args.limit_estimate
+        )
+    })?;
+    let read =
+        |p: &Path| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()));
+    let jobs = parse_philly(
+        &read(&args.trace)?,
+        &args.trace.display().to_string(),
+        estimate,
+    )?;
+    let vc_nodes = parse_vc_nodes(&read(&args.vc_nodes)?, &args.vc_nodes.display().to_string())?;
+    let config = gpuledger::simulate::trace_cluster(args.nodes, &jobs, &vc_nodes)?;
+    let bar = ProgressBar::new(jobs.len() as u64);
+    bar.set_style(
+        ProgressStyle::with_template("simulating [{bar:40}] {pos}/{len} jobs ({eta} left)")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let started = std::time::Instant::now();
+    let result = gpuledger_scheduler::simulate(&config, options, jobs, None, &mut |done, _| {
+        bar.set_position(done as u64)
+    });
+    bar.finish_and_clear();
+    let elapsed = started.elapsed();
+    let md = gpuledger::simulate::write_outputs(&args.out, &config, &result)?;
+    print!("{md}");
+    println!(
+        "\nsimulated in {:.2} s; wrote {}/jobs.csv and {}/report.md",
+        elapsed.as_secs_f64(),
+        args.out.display(),
+        args.out.display()
     );
     Ok(())
 }

@@ -106,3 +106,74 @@ fn a_short_demo_writes_parquet_and_invoices_that_invoice_reproduces() {
     assert!(report.status.success());
     assert!(String::from_utf8_lossy(&report.stdout).contains("team-a"));
 }
+
+#[test]
+fn simulate_replays_a_philly_trace_and_writes_jobs_csv() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace.csv");
+    let vcs = dir.path().join("vc.csv");
+    std::fs::write(
+        &trace,
+        "timestamp,duration,num_gpus,gpu_time,cluster\n\
+         2017-09-04 10:00:00,100.0,8,800.0,aaa\n\
+         2017-09-04 10:00:01,99.5,8,796.0,bbb\n\
+         2017-09-04 10:00:02,50.0,16,800.0,aaa\n",
+    )
+    .unwrap();
+    std::fs::write(&vcs, "vc,node num\naaa,3\nbbb,1\n").unwrap();
+    let out = dir.path().join("out");
+    let run = gpuledger(&[
+        "simulate",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--vc-nodes",
+        vcs.to_str().unwrap(),
+        "--nodes",
+        "1",
+        "--policy",
+        "fifo",
+        "--limit-estimate",
+        "exact",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let jobs = std::fs::read_to_string(out.join("jobs.csv")).unwrap();
+    // One node: the second job waits for the first (99 s), the third is larger than the
+    // cluster and is refused at submission.
+    assert_eq!(
+        jobs,
+        "job_id,account,gpus,submit,start,end,wait_s,jct_s,outcome,backfilled\n\
+         p000001,vc-aaa,8,0,0,100,0,100,completed,false\n\
+         p000002,vc-bbb,8,1,100,200,99,199,completed,false\n\
+         p000003,vc-aaa,16,2,,,,,refused,false\n"
+    );
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(report.contains("| 3 | 1 | 50 |"), "{report}");
+    assert!(report.contains("| vc-aaa | 75.0% |"), "{report}");
+
+    let bad = dir.path().join("bad.csv");
+    std::fs::write(
+        &bad,
+        "timestamp,duration,num_gpus,gpu_time,cluster\n2017-09-04 10:00:00,abc,8,1,aaa\n",
+    )
+    .unwrap();
+    let run = gpuledger(&[
+        "simulate",
+        "--trace",
+        bad.to_str().unwrap(),
+        "--vc-nodes",
+        vcs.to_str().unwrap(),
+        "--nodes",
+        "1",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(!run.status.success());
+    assert!(String::from_utf8_lossy(&run.stderr)
+        .contains("bad.csv:2: `duration`: `abc` is not a number of seconds"));
+}

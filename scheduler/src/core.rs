@@ -364,6 +364,8 @@ impl Scheduler {
         let mut keep = Vec::with_capacity(self.pending.len());
         let mut reservation: Option<Reservation> = None;
         let mut blocked = false;
+        let mut free_now = self.cluster.free_gpus();
+        let mut failed_at: HashMap<AccountId, u32> = HashMap::new();
         let pending = std::mem::take(&mut self.pending);
         for mut job in pending {
             if blocked {
@@ -376,7 +378,22 @@ impl Scheduler {
                 keep.push(job);
                 continue;
             }
-            let Some(placement) = self.cluster.find(job.spec.gpus, &job.spec.account) else {
+            // Placement only gets harder within a cycle (jobs start, none end), and a larger
+            // job never fits where a smaller one of the same account did not.
+            let hopeless = job.spec.gpus > free_now
+                || failed_at
+                    .get(&job.spec.account)
+                    .is_some_and(|g| job.spec.gpus >= *g);
+            let found = if hopeless {
+                None
+            } else {
+                self.cluster.find(job.spec.gpus, &job.spec.account)
+            };
+            let Some(placement) = found else {
+                let floor = failed_at
+                    .entry(job.spec.account.clone())
+                    .or_insert(u32::MAX);
+                *floor = (*floor).min(job.spec.gpus);
                 if reservation.is_none() {
                     job.reason = PendingReason::Resources;
                     if self.options.backfill {
@@ -397,6 +414,7 @@ impl Scheduler {
                     continue;
                 }
             }
+            free_now -= placement.gpu_count();
             started.push(self.start(job, placement, now, backfilled));
         }
         self.pending = keep;

@@ -14,6 +14,7 @@ pub mod cluster;
 pub mod core;
 pub mod fairshare;
 pub mod sim;
+pub mod trace;
 pub mod workload;
 
 pub use crate::core::{

@@ -1,0 +1,262 @@
+//! `gpuledger simulate`: replays a job trace through the scheduler in virtual time and reports
+//! queueing, completion times, utilization and each tenant's share against its fair share.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::Context;
+use chrono::NaiveDate;
+use rust_decimal::Decimal;
+
+use gpuledger_model::config::{
+    ClusterSection, FairShareConfig, NodePool, Partition, PriceBookConfig,
+};
+use gpuledger_model::tenant::Account;
+use gpuledger_model::{ClusterConfig, Currency, DurationSpec, GpuModel, Quota};
+use gpuledger_scheduler::trace::vc_account;
+use gpuledger_scheduler::{SimJob, SimResult};
+
+/// A cluster of `nodes` x 8 GPUs with one partition and an account per tenant of the trace,
+/// weighted by its VC's nodes (1 where the VC has no row: no guaranteed share). Fair share
+/// counts usage against one day of the whole cluster (`usage_factor_gpu_hours`).
+pub fn trace_cluster(
+    nodes: u32,
+    jobs: &[SimJob],
+    vc_nodes: &BTreeMap<String, u32>,
+) -> anyhow::Result<ClusterConfig> {
+    let mut weights: BTreeMap<String, u32> = BTreeMap::new();
+    for job in jobs {
+        let vc = job
+            .spec
+            .account
+            .as_str()
+            .trim_start_matches("vc-")
+            .to_owned();
+        let w = vc_nodes.get(&vc).copied().unwrap_or(1).max(1);
+        weights.insert(vc, w);
+    }
+    let accounts = weights
+        .into_iter()
+        .map(|(vc, weight)| {
+            Ok(Account {
+                id: vc_account(&vc)?,
+                name: format!("Philly VC {vc}"),
+                weight,
+                quota: Quota::default(),
+                projects: Vec::new(),
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let config = ClusterConfig {
+        version: gpuledger_model::config::CONFIG_VERSION,
+        cluster: ClusterSection {
+            name: "trace".into(),
+        },
+        node_pools: vec![NodePool {
+            name: "gpu".into(),
+            prefix: "node".into(),
+            count: nodes,
+            gpus_per_node: 8,
+            gpu_model: GpuModel::A100,
+            dedicated_to: None,
+        }],
+        partitions: vec![Partition {
+            name: "default".into(),
+            priority_tier: 1,
+            max_time: None,
+            default: true,
+        }],
+        fair_share: FairShareConfig {
+            half_life: DurationSpec::from_secs(7 * 86_400),
+            usage_factor_gpu_hours: u64::from(nodes) * 8 * 24,
+        },
+        prices: PriceBookConfig {
+            version: "trace".into(),
+            effective_from: NaiveDate::from_ymd_opt(2017, 1, 1).context("date")?,
+            currency: Currency::Usd,
+            gpu_hour: [(GpuModel::A100, Decimal::ONE)].into(),
+        },
+        accounts,
+    };
+    let errors = config.validate();
+    anyhow::ensure!(errors.is_empty(), "trace cluster is invalid: {errors:?}");
+    Ok(config)
+}
+
+/// Nearest-rank percentile of sorted values.
+pub fn percentile(sorted: &[i64], p: f64) -> Option<i64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    Some(sorted[rank.clamp(1, sorted.len()) - 1])
+}
+
+/// Queueing and completion figures of a set of job records.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WaitStats {
+    pub jobs: usize,
+    pub started: usize,
+    pub mean_wait_s: f64,
+    pub p50_wait_s: i64,
+    pub p99_wait_s: i64,
+    pub mean_jct_s: f64,
+    pub gpu_seconds: i64,
+}
+
+pub fn wait_stats<'a>(
+    records: impl Iterator<Item = &'a gpuledger_scheduler::JobRecord>,
+    horizon_s: i64,
+) -> WaitStats {
+    let mut waits = Vec::new();
+    let mut jcts = Vec::new();
+    let mut stats = WaitStats::default();
+    for r in records {
+        stats.jobs += 1;
+        stats.gpu_seconds += r.gpu_seconds_until(horizon_s);
+        if let Some(w) = r.queue_wait_s() {
+            waits.push(w);
+        }
+        if let Some(end) = r.end_s {
+            jcts.push(end - r.spec.submit_s);
+        }
+    }
+    waits.sort_unstable();
+    stats.started = waits.len();
+    let mean = |v: &[i64]| {
+        if v.is_empty() {
+            0.0
+        } else {
+            v.iter().sum::<i64>() as f64 / v.len() as f64
+        }
+    };
+    stats.mean_wait_s = mean(&waits);
+    stats.p50_wait_s = percentile(&waits, 50.0).unwrap_or(0);
+    stats.p99_wait_s = percentile(&waits, 99.0).unwrap_or(0);
+    stats.mean_jct_s = mean(&jcts);
+    stats
+}
+
+/// Writes `jobs.csv` (times in seconds since the trace's first submission) and `report.md`.
+pub fn write_outputs(
+    out: &Path,
+    config: &ClusterConfig,
+    result: &SimResult,
+) -> anyhow::Result<String> {
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let t0 = result.start_s;
+    let refused: std::collections::HashSet<&str> = result
+        .refused
+        .iter()
+        .map(|(spec, _)| spec.id.as_str())
+        .collect();
+    let mut csv =
+        String::from("job_id,account,gpus,submit,start,end,wait_s,jct_s,outcome,backfilled\n");
+    for r in &result.records {
+        let opt = |x: Option<i64>| x.map(|v| (v - t0).to_string()).unwrap_or_default();
+        let _ = writeln!(
+            csv,
+            "{},{},{},{},{},{},{},{},{},{}",
+            r.spec.id,
+            r.spec.account,
+            r.spec.gpus,
+            r.spec.submit_s - t0,
+            opt(r.start_s),
+            opt(r.end_s),
+            r.queue_wait_s().map(|w| w.to_string()).unwrap_or_default(),
+            r.end_s
+                .map(|e| (e - r.spec.submit_s).to_string())
+                .unwrap_or_default(),
+            r.outcome
+                .map(|o| o.as_str())
+                .unwrap_or(if refused.contains(r.spec.id.as_str()) {
+                    "refused"
+                } else {
+                    ""
+                }),
+            r.backfilled
+        );
+    }
+    let jobs_path = out.join("jobs.csv");
+    std::fs::write(&jobs_path, csv).with_context(|| format!("writing {}", jobs_path.display()))?;
+
+    let all = wait_stats(result.records.iter(), result.horizon_s);
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "# Simulation: {} on {} nodes ({} GPUs)\n",
+        result.options.name(),
+        config.nodes().len(),
+        config.total_gpus()
+    );
+    let _ = writeln!(
+        md,
+        "| jobs | refused | mean wait s | p50 wait s | p99 wait s | mean JCT s | utilization |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|");
+    let _ = writeln!(
+        md,
+        "| {} | {} | {:.0} | {} | {} | {:.0} | {:.1}% |\n",
+        all.jobs,
+        result.refused.len(),
+        all.mean_wait_s,
+        all.p50_wait_s,
+        all.p99_wait_s,
+        all.mean_jct_s,
+        result.utilization() * 100.0
+    );
+    let total_weight: u64 = config.accounts.iter().map(|a| u64::from(a.weight)).sum();
+    let _ = writeln!(
+        md,
+        "| account | weight share | GPU-hours | received share | jobs | mean wait s | p99 wait s |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|");
+    let mut by_account: BTreeMap<&str, Vec<&gpuledger_scheduler::JobRecord>> = BTreeMap::new();
+    for r in &result.records {
+        by_account
+            .entry(r.spec.account.as_str())
+            .or_default()
+            .push(r);
+    }
+    for account in &config.accounts {
+        let records = by_account
+            .get(account.id.as_str())
+            .map(Vec::as_slice)
+            .unwrap_or(&[]);
+        let s = wait_stats(records.iter().copied(), result.horizon_s);
+        let _ = writeln!(
+            md,
+            "| {} | {:.1}% | {:.0} | {:.1}% | {} | {:.0} | {} |",
+            account.id,
+            f64::from(account.weight) * 100.0 / total_weight as f64,
+            s.gpu_seconds as f64 / 3600.0,
+            if all.gpu_seconds > 0 {
+                s.gpu_seconds as f64 * 100.0 / all.gpu_seconds as f64
+            } else {
+                0.0
+            },
+            s.jobs,
+            s.mean_wait_s,
+            s.p99_wait_s
+        );
+    }
+    let report_path = out.join("report.md");
+    std::fs::write(&report_path, &md)
+        .with_context(|| format!("writing {}", report_path.display()))?;
+    Ok(md)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let v: Vec<i64> = (1..=100).collect();
+        assert_eq!(percentile(&v, 50.0), Some(50));
+        assert_eq!(percentile(&v, 99.0), Some(99));
+        assert_eq!(percentile(&[7], 99.0), Some(7));
+        assert_eq!(percentile(&[], 50.0), None);
+    }
+}

@@ -1,0 +1,204 @@
+//! Job traces: the Philly format of `../shared/data` (`timestamp,duration,num_gpus,gpu_time,
+//! cluster`, the cluster column being the tenant) and its VC-size file (`vc,node num`). Parsing
+//! is pure: the caller reads the files. Every error names the line and the field.
+
+use std::collections::BTreeMap;
+
+use chrono::NaiveDateTime;
+
+use gpuledger_model::job::Outcome;
+use gpuledger_model::{AccountId, JobId};
+
+use crate::core::JobSpec;
+use crate::sim::SimJob;
+
+/// Why a trace line was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{origin}:{line}: `{field}`: {message}")]
+pub struct TraceError {
+    pub origin: String,
+    pub line: usize,
+    pub field: String,
+    pub message: String,
+}
+
+/// How a job's time limit is estimated from its true run time (traces have no limits, and
+/// backfill needs them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LimitEstimate {
+    /// The true run time: a perfect user.
+    Exact,
+    /// The run time rounded up to the next whole hour, as users ask for round limits.
+    NextHour,
+    /// Twice the run time, rounded up to the next hour: a careless user.
+    Double,
+}
+
+impl LimitEstimate {
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "exact" => Some(LimitEstimate::Exact),
+            "hour" => Some(LimitEstimate::NextHour),
+            "double" => Some(LimitEstimate::Double),
+            _ => None,
+        }
+    }
+
+    pub fn limit_s(self, run_time_s: u64) -> u64 {
+        match self {
+            LimitEstimate::Exact => run_time_s.max(1),
+            LimitEstimate::NextHour => crate::workload::round_up_to_hour(run_time_s),
+            LimitEstimate::Double => crate::workload::round_up_to_hour(run_time_s * 2),
+        }
+    }
+}
+
+fn header_index(origin: &str, header: &str, wanted: &[&str]) -> Result<Vec<usize>, TraceError> {
+    let cols: Vec<&str> = header.split(',').map(str::trim).collect();
+    wanted
+        .iter()
+        .map(|w| {
+            cols.iter().position(|c| c == w).ok_or_else(|| TraceError {
+                origin: origin.to_owned(),
+                line: 1,
+                field: (*w).to_owned(),
+                message: format!("column missing from the header `{header}`"),
+            })
+        })
+        .collect()
+}
+
+/// Tenant id of a Philly VC hash (`vc-7f04ca`).
+pub fn vc_account(vc: &str) -> Result<AccountId, gpuledger_model::IdError> {
+    AccountId::new(format!("vc-{vc}"))
+}
+
+/// Reads a Philly trace into jobs (all completing; the trace has no outcomes).
+pub fn parse_philly(
+    text: &str,
+    origin: &str,
+    estimate: LimitEstimate,
+) -> Result<Vec<SimJob>, TraceError> {
+    let mut lines = text.lines();
+    let header = lines.next().unwrap_or_default();
+    let idx = header_index(
+        origin,
+        header,
+        &["timestamp", "duration", "num_gpus", "cluster"],
+    )?;
+    let mut jobs = Vec::new();
+    for (n, line) in lines.enumerate() {
+        let line_no = n + 2;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let cells: Vec<&str> = line.split(',').map(str::trim).collect();
+        let err = |field: &str, message: String| TraceError {
+            origin: origin.to_owned(),
+            line: line_no,
+            field: field.to_owned(),
+            message,
+        };
+        let cell = |i: usize, field: &str| {
+            cells
+                .get(idx[i])
+                .copied()
+                .ok_or_else(|| err(field, "missing".into()))
+        };
+        let ts = cell(0, "timestamp")?;
+        let submit = NaiveDateTime::parse_from_str(ts, "%Y-%m-%d %H:%M:%S")
+            .map_err(|e| {
+                err(
+                    "timestamp",
+                    format!("`{ts}` is not YYYY-MM-DD HH:MM:SS: {e}"),
+                )
+            })?
+            .and_utc()
+            .timestamp();
+        let dur = cell(1, "duration")?;
+        let duration: f64 = dur
+            .parse()
+            .map_err(|_| err("duration", format!("`{dur}` is not a number of seconds")))?;
+        if !duration.is_finite() || duration < 0.0 {
+            return Err(err(
+                "duration",
+                format!("`{dur}` is not a non-negative number of seconds"),
+            ));
+        }
+        let g = cell(2, "num_gpus")?;
+        let gpus: u32 = g
+            .parse()
+            .map_err(|_| err("num_gpus", format!("`{g}` is not a whole number")))?;
+        let vc = cell(3, "cluster")?;
+        let account = vc_account(vc).map_err(|e| err("cluster", e.to_string()))?;
+        let run_time_s = (duration.ceil() as u64).max(1);
+        let id = JobId::new(format!("p{:06}", jobs.len() + 1))
+            .map_err(|e| err("timestamp", e.to_string()))?;
+        jobs.push(SimJob {
+            spec: JobSpec {
+                id,
+                account,
+                project: None,
+                partition: None,
+                gpus,
+                time_limit_s: estimate.limit_s(run_time_s),
+                submit_s: submit,
+            },
+            run_time_s,
+            outcome: Outcome::Completed,
+        });
+    }
+    Ok(jobs)
+}
+
+/// Reads the VC-size file: nodes per VC, used as fair-share weights.
+pub fn parse_vc_nodes(text: &str, origin: &str) -> Result<BTreeMap<String, u32>, TraceError> {
+    let mut lines = text.lines();
+    let header = lines.next().unwrap_or_default();
+    let idx = header_index(origin, header, &["vc", "node num"])?;
+    let mut out = BTreeMap::new();
+    for (n, line) in lines.enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let cells: Vec<&str> = line.split(',').map(str::trim).collect();
+        let vc = cells.get(idx[0]).copied().unwrap_or_default();
+        let nodes = cells.get(idx[1]).copied().unwrap_or_default();
+        let nodes: u32 = nodes.parse().map_err(|_| TraceError {
+            origin: origin.to_owned(),
+            line: n + 2,
+            field: "node num".into(),
+            message: format!("`{nodes}` is not a whole number"),
+        })?;
+        out.insert(vc.to_owned(), nodes);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_philly_lines() {
+        let text = "timestamp,duration,num_gpus,gpu_time,cluster\n2017-09-04 10:30:41,2240194.0,8,17921552.0,7f04ca\n";
+        let jobs = parse_philly(text, "t.csv", LimitEstimate::NextHour).unwrap();
+        assert_eq!(jobs.len(), 1);
+        assert_eq!(jobs[0].spec.account.as_str(), "vc-7f04ca");
+        assert_eq!(jobs[0].run_time_s, 2_240_194);
+        assert_eq!(jobs[0].spec.time_limit_s, 2_242_800);
+    }
+
+    #[test]
+    fn bad_lines_name_line_and_field() {
+        let text = "timestamp,duration,num_gpus,gpu_time,cluster\n2017-09-04 10:30:41,12,x,1,a\n";
+        let err = parse_philly(text, "t.csv", LimitEstimate::Exact).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "t.csv:2: `num_gpus`: `x` is not a whole number"
+        );
+        let err = parse_vc_nodes("vc,node num\nab,many\n", "vc.csv").unwrap_err();
+        assert_eq!(err.line, 2);
+        assert_eq!(err.field, "node num");
+    }
+}
