@@ -161,40 +161,48 @@ impl Query {
         );
         let mut by_account: std::collections::BTreeMap<String, AccountIndicators> =
             Default::default();
-        for b in self.sql(&usage_sql).await? {
-            for row in 0..b.num_rows() {
-                let Some(account) = str_at(b.column(0), row)? else {
-                    continue;
-                };
-                let e = by_account
-                    .entry(account.clone())
-                    .or_insert_with(|| AccountIndicators {
-                        account,
-                        ..Default::default()
-                    });
-                e.gpu_seconds = i64_at(b.column(1), row)?;
-                e.mean_mfu = f64_at(b.column(2), row)?;
-                e.mean_gpu_util_pct = f64_at(b.column(3), row)?;
-                e.mean_mem_util = f64_at(b.column(4), row)?;
-            }
-        }
-        for b in self.sql(&jobs_sql).await? {
-            for row in 0..b.num_rows() {
-                let Some(account) = str_at(b.column(0), row)? else {
-                    continue;
-                };
-                let e = by_account
-                    .entry(account.clone())
-                    .or_insert_with(|| AccountIndicators {
-                        account,
-                        ..Default::default()
-                    });
-                e.jobs = i64_at(b.column(1), row)?;
-                e.mean_queue_wait_s = f64_at(b.column(2), row)?;
-                e.max_queue_wait_s = f64_at(b.column(3), row)?;
-                e.success_rate = f64_at(b.column(4), row)?;
-            }
-        }
+        self.fill_per_account(&usage_sql, &mut by_account, |e, b, row| {
+            e.gpu_seconds = i64_at(b.column(1), row)?;
+            e.mean_mfu = f64_at(b.column(2), row)?;
+            e.mean_gpu_util_pct = f64_at(b.column(3), row)?;
+            e.mean_mem_util = f64_at(b.column(4), row)?;
+            Ok(())
+        })
+        .await?;
+        self.fill_per_account(&jobs_sql, &mut by_account, |e, b, row| {
+            e.jobs = i64_at(b.column(1), row)?;
+            e.mean_queue_wait_s = f64_at(b.column(2), row)?;
+            e.max_queue_wait_s = f64_at(b.column(3), row)?;
+            e.success_rate = f64_at(b.column(4), row)?;
+            Ok(())
+        })
+        .await?;
         Ok(by_account.into_values().collect())
+    }
+
+    /// Runs `sql`, whose first column is the account, and lets `fill` set each account's
+    /// figures from its row.
+    async fn fill_per_account(
+        &self,
+        sql: &str,
+        by_account: &mut std::collections::BTreeMap<String, AccountIndicators>,
+        fill: impl Fn(&mut AccountIndicators, &RecordBatch, usize) -> Result<()>,
+    ) -> Result<()> {
+        for b in self.sql(sql).await? {
+            for row in 0..b.num_rows() {
+                let Some(account) = str_at(b.column(0), row)? else {
+                    continue;
+                };
+                let entry =
+                    by_account
+                        .entry(account.clone())
+                        .or_insert_with(|| AccountIndicators {
+                            account,
+                            ..Default::default()
+                        });
+                fill(entry, &b, row)?;
+            }
+        }
+        Ok(())
     }
 }
