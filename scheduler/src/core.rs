@@ -607,12 +607,15 @@ impl Reservation {
         if !self.cluster_at_start.is_free(placement) {
             return false;
         }
-        let mut trial = self.cluster_at_start.clone();
-        trial.take(placement);
-        if trial.find(self.head_gpus, &self.head_account).is_none() {
+        self.cluster_at_start.take(placement);
+        if self
+            .cluster_at_start
+            .find(self.head_gpus, &self.head_account)
+            .is_none()
+        {
+            self.cluster_at_start.release(placement);
             return false;
         }
-        self.cluster_at_start = trial;
         true
     }
 }
