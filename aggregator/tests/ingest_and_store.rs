@@ -16,7 +16,7 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 const T0: i64 = 1_780_272_000_000; // 2026-06-01T00:00:00Z
 
 fn row(i: usize) -> SampleRow {
-    let busy = i % 3 != 0;
+    let busy = !i.is_multiple_of(3);
     SampleRow {
         time_ms: T0 + (i as i64 / 8) * 10_000,
         interval_s: 10,
@@ -24,13 +24,17 @@ fn row(i: usize) -> SampleRow {
         gpu_index: (i % 8) as u16,
         gpu_uuid: format!("GPU-{i:08x}"),
         gpu_model: "h100-sxm".into(),
-        mig_instance: (i % 5 == 0).then(|| "1g.10gb/7".to_owned()),
+        mig_instance: i.is_multiple_of(5).then(|| "1g.10gb/7".to_owned()),
         job_id: busy.then(|| format!("{}", 1000 + i % 4)),
         account: busy.then(|| "team-a".to_owned()),
-        project: (busy && i % 2 == 0).then(|| "pretrain".to_owned()),
+        project: (busy && i.is_multiple_of(2)).then(|| "pretrain".to_owned()),
         gpu_util_pct: Some((i % 101) as f32),
         sm_active: Some(0.5),
-        tensor_active: if i % 7 == 0 { None } else { Some(0.25) },
+        tensor_active: if i.is_multiple_of(7) {
+            None
+        } else {
+            Some(0.25)
+        },
         dram_active: Some(0.125),
         sm_clock_mhz: Some(1830),
         mem_used_bytes: Some(1 << 30),
