@@ -143,8 +143,8 @@ impl Ingestor {
 
     fn validate_and_store(&self, node: &str, batch: &RecordBatch) -> Result<usize> {
         let rules = Rules {
-            node: node.to_owned(),
-            known_nodes: self.config.known_nodes.clone(),
+            node,
+            known_nodes: &self.config.known_nodes,
             now_ms: self.clock.now_ms(),
             future_tolerance_ms: self.config.future_tolerance_ms,
             max_age_ms: i64::from(self.config.raw_retention_days) * 86_400_000,

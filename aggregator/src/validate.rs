@@ -38,11 +38,11 @@ impl fmt::Display for RowError {
 
 /// What a batch is checked against.
 #[derive(Clone, Debug)]
-pub struct Rules {
+pub struct Rules<'a> {
     /// The node that pushed the batch: every row must be its own.
-    pub node: String,
+    pub node: &'a str,
     /// Nodes the aggregator knows; empty means any.
-    pub known_nodes: HashSet<String>,
+    pub known_nodes: &'a HashSet<String>,
     pub now_ms: UnixMillis,
     /// How far in the future a sample may start (clock skew).
     pub future_tolerance_ms: i64,
@@ -88,7 +88,10 @@ fn check_unit_range(c: &mut Collector, batch: &RecordBatch, name: &str, max: f32
 }
 
 /// Checks a batch; `Err` holds the bad rows (at most [`MAX_REPORTED_ERRORS`]) and their count.
-pub fn validate_samples(batch: &RecordBatch, rules: &Rules) -> Result<(), (Vec<RowError>, usize)> {
+pub fn validate_samples(
+    batch: &RecordBatch,
+    rules: &Rules<'_>,
+) -> Result<(), (Vec<RowError>, usize)> {
     if !is_sample_schema(batch.schema_ref()) {
         let got: Vec<String> = batch
             .schema()
