@@ -2,7 +2,6 @@
 //! within priority tiers), node-granular placement and EASY backfill. Pure and synchronous:
 //! time is an argument, so the simulator and a live service run the same code.
 
-use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
@@ -133,6 +132,8 @@ impl fmt::Display for PendingReason {
 pub struct PendingJob {
     pub spec: JobSpec,
     pub tier: u32,
+    /// The account's fair-share priority at the last cycle (0 under FIFO).
+    pub priority: f64,
     pub reason: PendingReason,
 }
 
@@ -252,6 +253,7 @@ impl Scheduler {
         self.pending.push(PendingJob {
             spec,
             tier,
+            priority: 0.0,
             reason: PendingReason::None,
         });
         Ok(())
@@ -525,14 +527,15 @@ impl Scheduler {
                 })
                 .collect(),
         };
-        let fair = |spec: &JobSpec| priorities.get(&spec.account).copied().unwrap_or(0.0);
+        // Each job's fair-share priority is looked up once per cycle, not at every comparison;
+        // the queue is mostly in order already, which the stable sort exploits.
+        for job in &mut self.pending {
+            job.priority = priorities.get(&job.spec.account).copied().unwrap_or(0.0);
+        }
         self.pending.sort_by(|a, b| {
             b.tier
                 .cmp(&a.tier)
-                .then_with(|| match policy {
-                    Policy::Fifo => Ordering::Equal,
-                    Policy::FairShare => fair(&b.spec).total_cmp(&fair(&a.spec)),
-                })
+                .then_with(|| b.priority.total_cmp(&a.priority))
                 .then_with(|| a.spec.submit_s.cmp(&b.spec.submit_s))
                 .then_with(|| a.spec.id.cmp(&b.spec.id))
         });
