@@ -128,6 +128,26 @@ impl Query {
         Ok(out)
     }
 
+    /// Cluster utilization over `[from_ms, to_ms)`: GPU-seconds working for a job over all
+    /// GPU-seconds sampled (idle GPUs are sampled too). `None` when nothing was sampled.
+    pub async fn cluster_utilization(
+        &self,
+        from_ms: UnixMillis,
+        to_ms: UnixMillis,
+    ) -> Result<Option<f64>> {
+        let sql = format!(
+            "SELECT CAST(SUM(CASE WHEN job_id IS NOT NULL THEN gpu_seconds ELSE 0 END) AS DOUBLE) \
+               / NULLIF(CAST(SUM(gpu_seconds) AS DOUBLE), 0) \
+             FROM rollups_hourly \
+             WHERE CAST(hour AS BIGINT) >= {from_ms} AND CAST(hour AS BIGINT) < {to_ms}"
+        );
+        let batches = self.sql(&sql).await?;
+        match batches.iter().find(|b| b.num_rows() > 0) {
+            Some(b) => f64_at(b.column(0), 0),
+            None => Ok(None),
+        }
+    }
+
     /// The account indicators of `[from_ms, to_ms)`: usage and efficiency from the rollups,
     /// jobs, queue wait and success from the job events (jobs submitted in the window).
     pub async fn account_indicators(

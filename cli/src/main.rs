@@ -298,11 +298,11 @@ fn print_summary(out: &RunOutput) {
         .sum();
     println!();
     println!(
-        "cluster: {} jobs submitted, {} refused at submission, {} never started; utilization {:.1}% (target > 85%)",
+        "cluster: {} jobs submitted, {} refused at submission, {} never started; utilization {} measured from telemetry (target > 85%)",
         out.sim.records.len(),
         out.sim.refused.len(),
         out.sim.records.iter().filter(|r| r.start_s.is_none()).count(),
-        out.sim.utilization() * 100.0
+        pct(out.measured_utilization)
     );
     println!(
         "billing: {} GPU-hours billed, {} GPU-seconds allocated by the scheduler, {} billed ({}); total {total} {currency}",
@@ -402,11 +402,18 @@ fn report(args: ReportArgs) -> anyhow::Result<()> {
             .account_indicators(ms(args.from), ms(args.to))
             .await
     })?;
+    let utilization = runtime.block_on(async {
+        Query::open(&layout)
+            .await?
+            .cluster_utilization(ms(args.from), ms(args.to))
+            .await
+    })?;
     println!(
-        "{} to {} (UTC), from {}:",
+        "{} to {} (UTC), from {}: cluster utilization {} (target > 85%)",
         args.from,
         args.to,
-        args.data_dir.display()
+        args.data_dir.display(),
+        pct(utilization)
     );
     print!(
         "{}",

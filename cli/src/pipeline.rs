@@ -72,6 +72,8 @@ pub struct RunOutput {
     pub invoices: Vec<Invoice>,
     pub invoice_files: Vec<PathBuf>,
     pub indicators: Vec<AccountIndicators>,
+    /// Cluster utilization measured from the stored telemetry.
+    pub measured_utilization: Option<f64>,
     pub timings: Vec<(&'static str, Duration)>,
     pub data_dir: PathBuf,
 }
@@ -121,11 +123,13 @@ pub fn run(
     let t = Instant::now();
     let month = spec.workload.start.format("%Y-%m").to_string();
     let runtime = tokio::runtime::Builder::new_current_thread().build()?;
-    let (usage, indicators) = runtime.block_on(async {
+    let (usage, indicators, measured_utilization) = runtime.block_on(async {
         let q = Query::open(store.layout()).await?;
-        let usage = q.job_usage(start_s * 1000, end_s * 1000).await?;
-        let indicators = q.account_indicators(start_s * 1000, end_s * 1000).await?;
-        anyhow::Ok((usage, indicators))
+        let (from, to) = (start_s * 1000, end_s * 1000);
+        let usage = q.job_usage(from, to).await?;
+        let indicators = q.account_indicators(from, to).await?;
+        let utilization = q.cluster_utilization(from, to).await?;
+        anyhow::Ok((usage, indicators, utilization))
     })?;
     let invoices = invoices_for(config, &month, &usage)?;
     let invoice_files = write_invoices(&store.layout().invoices_dir(&month), &invoices)?;
@@ -140,6 +144,7 @@ pub fn run(
         invoices,
         invoice_files,
         indicators,
+        measured_utilization,
         timings,
         data_dir: data_dir.to_path_buf(),
     })

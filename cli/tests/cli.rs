@@ -104,7 +104,9 @@ fn a_short_demo_writes_parquet_and_invoices_that_invoice_reproduces() {
         data,
     ]);
     assert!(report.status.success());
-    assert!(String::from_utf8_lossy(&report.stdout).contains("team-a"));
+    let report = String::from_utf8_lossy(&report.stdout);
+    assert!(report.contains("team-a"), "{report}");
+    assert!(report.contains("cluster utilization "), "{report}");
 }
 
 #[test]

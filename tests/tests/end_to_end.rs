@@ -64,6 +64,14 @@ fn invoice_bills_exactly_the_gpu_seconds_the_scheduler_allocated() -> Result<()>
     );
     // Every GPU is sampled for the whole day, idle or not: at least 16 GPUs x 8,640 intervals.
     assert!(out.samples >= 16 * 8_640, "{} samples", out.samples);
+    // Utilization measured from telemetry is exactly the scheduler's allocations over the
+    // cluster's GPU-seconds for the day (2 nodes x 8 GPUs x 86,400 s).
+    let allocated_total: i64 = allocated.values().sum();
+    let measured = out.measured_utilization.expect("telemetry was stored");
+    assert!(
+        (measured - allocated_total as f64 / (16.0 * 86_400.0)).abs() < 1e-12,
+        "{measured}"
+    );
     let sampled: i64 = out.indicators.iter().map(|i| i.gpu_seconds).sum();
     assert_eq!(
         sampled,
