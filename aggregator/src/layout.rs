@@ -58,8 +58,4 @@ impl Layout {
     pub fn invoices_dir(&self, month: &str) -> PathBuf {
         self.root.join("invoices").join(month)
     }
-
-    pub fn wal_dir(&self) -> PathBuf {
-        self.root.join("wal")
-    }
 }
