@@ -1,17 +1,24 @@
-//! The one ingest path: the HTTP endpoint and the demo both call [`Ingestor`]. A batch is
-//! validated whole, de-duplicated on (node, sequence number), then stored.
+//! The one ingest path: the HTTP endpoints and the demo both call [`Ingestor`]. A batch is
+//! validated whole, de-duplicated on (source, sequence number), written to the write-ahead
+//! log (when there is one) and applied to the store; it is acknowledged once the log is
+//! fsync'd. [`Ingestor::flush`] persists the store to Parquet and checkpoints the log.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::fs;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use arrow::record_batch::RecordBatch;
+use serde::{Deserialize, Serialize};
 
-use gpuledger_model::job::JobEvent;
+use gpuledger_model::job::{job_events_from_batch, job_events_to_batch, JobEvent};
 use gpuledger_model::time::Clock;
 
-use crate::store::Store;
+use crate::store::{FlushStats, Store};
 use crate::validate::{validate_samples, RowError, Rules};
-use crate::{Error, Result};
+use crate::wal::{sync_dir, RecordKind, Wal};
+use crate::{io_err, Error, Result};
 
 /// Ingest rules.
 #[derive(Clone, Debug)]
@@ -40,16 +47,18 @@ pub enum IngestOutcome {
     Accepted {
         rows: usize,
     },
-    /// This (node, sequence) was already stored; nothing was written.
+    /// This (source, sequence) was already stored; nothing was written.
     Duplicate,
 }
 
 /// Sequence numbers stored from one node (all up to `contiguous`, and some above it) and
 /// those being stored right now.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 struct SeqWindow {
     contiguous: Option<u64>,
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     above: BTreeSet<u64>,
+    #[serde(skip)]
     in_flight: BTreeSet<u64>,
 }
 
@@ -84,34 +93,134 @@ impl SeqWindow {
     }
 }
 
-/// Validates, de-duplicates and stores batches.
+type WindowKey = (RecordKind, String);
+
+/// The log's checkpoint: the last segment persisted to Parquet and the sequence numbers
+/// stored up to it.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Checkpoint {
+    through_segment: Option<u64>,
+    samples: HashMap<String, SeqWindow>,
+    job_events: HashMap<String, SeqWindow>,
+}
+
+/// What opening a durable ingestor found in its log.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    pub replayed_batches: usize,
+    pub replayed_rows: usize,
+    pub truncated_bytes: u64,
+    pub removed_files: usize,
+}
+
+/// Validates, de-duplicates, logs and stores batches.
 pub struct Ingestor {
     store: Arc<Store>,
     config: IngestorConfig,
     clock: Arc<dyn Clock>,
-    seen: Mutex<HashMap<String, SeqWindow>>,
+    seen: Mutex<HashMap<WindowKey, SeqWindow>>,
+    wal: Option<Wal>,
+    /// Appends (log and store together) share it; a flush takes it alone for the instant it
+    /// rotates the log and detaches the store, so both cut at the same record.
+    gate: RwLock<()>,
+    flushing: Mutex<()>,
+    /// Set when the log and the store may disagree (a failed write after logging): from
+    /// then on every batch is refused until a restart recovers from the log.
+    failed: AtomicBool,
 }
 
 impl std::fmt::Debug for Ingestor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Ingestor")
             .field("store", &self.store)
+            .field("wal", &self.wal)
             .finish()
     }
 }
 
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 impl Ingestor {
+    /// An ingestor without a log, for batch jobs that can be re-run (the demo).
     pub fn new(store: Arc<Store>, config: IngestorConfig, clock: Arc<dyn Clock>) -> Self {
         Ingestor {
             store,
             config,
             clock,
             seen: Mutex::new(HashMap::new()),
+            wal: None,
+            gate: RwLock::new(()),
+            flushing: Mutex::new(()),
+            failed: AtomicBool::new(false),
         }
+    }
+
+    /// An ingestor with a write-ahead log under `<data dir>/wal`: removes files of a flush
+    /// that did not finish, replays the log into the store, and flushes it.
+    pub fn open_durable(
+        store: Arc<Store>,
+        config: IngestorConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<(Self, RecoveryReport)> {
+        let wal_dir = store.layout().root().join("wal");
+        fs::create_dir_all(&wal_dir).map_err(io_err(&wal_dir))?;
+        let checkpoint = read_checkpoint(&wal_dir.join(CHECKPOINT))?;
+        let removed_files = store.remove_unchecked_files(checkpoint.through_segment)?;
+        let (wal, recovered) = Wal::open(&wal_dir, checkpoint.through_segment)?;
+        let mut seen: HashMap<WindowKey, SeqWindow> = HashMap::new();
+        for (kind, windows) in [
+            (RecordKind::Samples, checkpoint.samples),
+            (RecordKind::JobEvents, checkpoint.job_events),
+        ] {
+            seen.extend(windows.into_iter().map(|(source, w)| ((kind, source), w)));
+        }
+        let mut report = RecoveryReport {
+            truncated_bytes: recovered.truncated_bytes,
+            removed_files,
+            ..RecoveryReport::default()
+        };
+        for record in recovered.records {
+            match record.kind {
+                RecordKind::Samples => store.append_samples(&record.batch)?,
+                RecordKind::JobEvents => {
+                    let events = job_events_from_batch(&record.batch)
+                        .map_err(|e| Error::Corrupt(format!("job events in the log: {e}")))?;
+                    store.append_job_events(&events);
+                }
+            }
+            report.replayed_batches += 1;
+            report.replayed_rows += record.batch.num_rows();
+            seen.entry((record.kind, record.source))
+                .or_default()
+                .insert(record.seq);
+        }
+        let ingestor = Ingestor {
+            seen: Mutex::new(seen),
+            wal: Some(wal),
+            ..Ingestor::new(store, config, clock)
+        };
+        ingestor.flush()?;
+        Ok((ingestor, report))
     }
 
     pub fn store(&self) -> &Arc<Store> {
         &self.store
+    }
+
+    pub fn config(&self) -> &IngestorConfig {
+        &self.config
+    }
+
+    /// The log, when this ingestor has one.
+    pub fn wal(&self) -> Option<&Wal> {
+        self.wal.as_ref()
+    }
+
+    /// Whether a failed write stopped ingest until restart.
+    pub fn has_failed(&self) -> bool {
+        self.failed.load(Ordering::Relaxed)
     }
 
     /// Ingests one batch of samples pushed by `node` with sequence number `seq`.
@@ -121,27 +230,6 @@ impl Ingestor {
         seq: u64,
         batch: &RecordBatch,
     ) -> Result<IngestOutcome> {
-        // Claimed before the write so a concurrent re-send of the same batch is a duplicate.
-        if !self
-            .windows()
-            .entry(node.to_owned())
-            .or_default()
-            .claim(seq)
-        {
-            return Ok(IngestOutcome::Duplicate);
-        }
-        let result = self.validate_and_store(node, batch);
-        if let Some(window) = self.windows().get_mut(node) {
-            window.settle(seq, result.is_ok());
-        }
-        result.map(|rows| IngestOutcome::Accepted { rows })
-    }
-
-    fn windows(&self) -> std::sync::MutexGuard<'_, HashMap<String, SeqWindow>> {
-        self.seen.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn validate_and_store(&self, node: &str, batch: &RecordBatch) -> Result<usize> {
         let rules = Rules {
             node,
             known_nodes: &self.config.known_nodes,
@@ -149,16 +237,163 @@ impl Ingestor {
             future_tolerance_ms: self.config.future_tolerance_ms,
             max_age_ms: i64::from(self.config.raw_retention_days) * 86_400_000,
         };
-        validate_samples(batch, &rules)
-            .map_err(|(errors, _total): (Vec<RowError>, usize)| Error::Invalid(errors))?;
-        self.store.append_samples(batch)?;
-        Ok(batch.num_rows())
+        self.ingest(RecordKind::Samples, node, Some(seq), batch, |batch| {
+            validate_samples(batch, &rules)
+                .map_err(|(errors, _total): (Vec<RowError>, usize)| Error::Invalid(errors))
+        })
     }
 
-    /// Ingests job lifecycle events.
-    pub fn ingest_job_events(&self, events: &[JobEvent]) -> Result<()> {
-        self.store.append_job_events(events)
+    /// Ingests job lifecycle events sent by `source`; with a sequence number, a re-sent
+    /// batch is recognised and stored once.
+    pub fn ingest_job_events(
+        &self,
+        source: &str,
+        seq: Option<u64>,
+        events: &[JobEvent],
+    ) -> Result<IngestOutcome> {
+        if events.is_empty() {
+            return Ok(IngestOutcome::Accepted { rows: 0 });
+        }
+        let batch = job_events_to_batch(events)?;
+        self.ingest(RecordKind::JobEvents, source, seq, &batch, |_| Ok(()))
     }
+
+    fn ingest(
+        &self,
+        kind: RecordKind,
+        source: &str,
+        seq: Option<u64>,
+        batch: &RecordBatch,
+        validate: impl FnOnce(&RecordBatch) -> Result<()>,
+    ) -> Result<IngestOutcome> {
+        if self.has_failed() {
+            return Err(Error::Unavailable(
+                "an earlier write failed; restart the aggregator to recover from its log".into(),
+            ));
+        }
+        let key = (kind, source.to_owned());
+        if let Some(seq) = seq {
+            // Claimed before the write so a concurrent re-send of the same batch is a duplicate.
+            if !lock(&self.seen).entry(key.clone()).or_default().claim(seq) {
+                // The first copy may still be on its way to disk; answer once it is there.
+                if let Some(wal) = &self.wal {
+                    wal.sync_all()?;
+                }
+                return Ok(IngestOutcome::Duplicate);
+            }
+        }
+        let settle = |stored: bool| {
+            if let (Some(seq), Some(window)) = (seq, lock(&self.seen).get_mut(&key)) {
+                window.settle(seq, stored);
+            }
+        };
+        if let Err(e) = validate(batch) {
+            settle(false);
+            return Err(e);
+        }
+        let position = {
+            let _gate = self.gate.read().unwrap_or_else(|p| p.into_inner());
+            let position = match &self.wal {
+                Some(wal) => match wal.append(kind, source, seq.unwrap_or(0), batch) {
+                    Ok(p) => Some(p),
+                    Err(e) => {
+                        settle(false);
+                        return Err(e);
+                    }
+                },
+                None => None,
+            };
+            if let Err(e) = self.apply(kind, batch) {
+                self.fail(&e);
+                return Err(e);
+            }
+            // Marked stored inside the gate, so a flush's checkpoint always lists the
+            // sequence numbers of the records it trims from the log.
+            settle(true);
+            position
+        };
+        if let (Some(wal), Some(position)) = (&self.wal, position) {
+            wal.sync(position).inspect_err(|e| self.fail(e))?;
+        }
+        Ok(IngestOutcome::Accepted {
+            rows: batch.num_rows(),
+        })
+    }
+
+    fn apply(&self, kind: RecordKind, batch: &RecordBatch) -> Result<()> {
+        match kind {
+            RecordKind::Samples => self.store.append_samples(batch),
+            RecordKind::JobEvents => {
+                let events = job_events_from_batch(batch)
+                    .map_err(|e| Error::Corrupt(format!("job events: {e}")))?;
+                self.store.append_job_events(&events);
+                Ok(())
+            }
+        }
+    }
+
+    fn fail(&self, error: &Error) {
+        tracing::error!(%error, "write failed; refusing batches until restart");
+        self.failed.store(true, Ordering::Relaxed);
+    }
+
+    /// Persists everything stored so far to Parquet; with a log, checkpoints and trims it.
+    pub fn flush(&self) -> Result<FlushStats> {
+        let _one_at_a_time = lock(&self.flushing);
+        let (detached, segment, checkpoint) = {
+            let _gate = self.gate.write().unwrap_or_else(|p| p.into_inner());
+            let segment = self.wal.as_ref().map(Wal::rotate).transpose()?;
+            let checkpoint = self.checkpoint(segment);
+            (self.store.detach(segment), segment, checkpoint)
+        };
+        let stats = detached.write().inspect_err(|e| self.fail(e))?;
+        if let (Some(wal), Some(segment)) = (&self.wal, segment) {
+            write_checkpoint(&wal.dir().join(CHECKPOINT), &checkpoint)
+                .inspect_err(|e| self.fail(e))?;
+            wal.trim(segment)?;
+        }
+        Ok(stats)
+    }
+
+    fn checkpoint(&self, through_segment: Option<u64>) -> Checkpoint {
+        let mut checkpoint = Checkpoint {
+            through_segment,
+            ..Checkpoint::default()
+        };
+        for ((kind, source), window) in lock(&self.seen).iter() {
+            let target = match kind {
+                RecordKind::Samples => &mut checkpoint.samples,
+                RecordKind::JobEvents => &mut checkpoint.job_events,
+            };
+            target.insert(source.clone(), window.clone());
+        }
+        checkpoint
+    }
+}
+
+const CHECKPOINT: &str = "checkpoint.json";
+
+fn read_checkpoint(path: &std::path::Path) -> Result<Checkpoint> {
+    match fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map_err(|e| Error::Corrupt(format!("{}: {e}", path.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Checkpoint::default()),
+        Err(e) => Err(io_err(path)(e)),
+    }
+}
+
+fn write_checkpoint(path: &std::path::Path, checkpoint: &Checkpoint) -> Result<()> {
+    let tmp: PathBuf = path.with_extension("json.tmp");
+    let bytes =
+        serde_json::to_vec(checkpoint).map_err(|e| Error::Corrupt(format!("checkpoint: {e}")))?;
+    let write = || -> std::io::Result<()> {
+        let mut f = fs::File::create(&tmp)?;
+        std::io::Write::write_all(&mut f, &bytes)?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)
+    };
+    write().map_err(io_err(path))?;
+    sync_dir(path.parent().unwrap_or(std::path::Path::new(".")))
 }
 
 #[cfg(test)]

@@ -6,18 +6,25 @@
 //!
 //! - [`validate`]: per-row checks of a sample batch, naming row and field;
 //! - [`ingest`]: the one ingest path (HTTP and the demo alike): validate, de-duplicate, store;
+//! - [`wal`]: the write-ahead log that makes an acknowledged batch durable;
 //! - [`store`]: Parquet writers (temporary name, then rename) for samples, rollups, job events;
 //! - [`rollup`]: per job x GPU x hour sums, exact in GPU-seconds;
-//! - [`query`]: DataFusion tables and the indicator queries.
+//! - [`query`]: DataFusion tables and the indicator queries;
+//! - [`http`]: the axum API over all of it, [`metrics`] its `/metrics`, [`events`] job-event
+//!   parsing.
 
+pub mod events;
+pub mod http;
 pub mod ingest;
 pub mod layout;
+pub mod metrics;
 pub mod query;
 pub mod rollup;
 pub mod store;
 pub mod validate;
+pub mod wal;
 
-pub use ingest::{IngestOutcome, Ingestor, IngestorConfig};
+pub use ingest::{IngestOutcome, Ingestor, IngestorConfig, RecoveryReport};
 pub use store::Store;
 
 /// Aggregator errors.
@@ -37,6 +44,8 @@ pub enum Error {
     Query(#[from] datafusion::error::DataFusionError),
     #[error("batch refused: {} bad row(s); first: {}", .0.len(), .0.first().map(|e| e.to_string()).unwrap_or_default())]
     Invalid(Vec<validate::RowError>),
+    #[error("unavailable: {0}")]
+    Unavailable(String),
     #[error("stored data is not as expected: {0}")]
     Corrupt(String),
 }

@@ -14,6 +14,7 @@ use serde::Serialize;
 
 use gpuledger_model::job::job_event_schema;
 use gpuledger_model::sample::sample_schema;
+use gpuledger_model::stats::percentile;
 use gpuledger_model::time::UnixMillis;
 
 use crate::layout::{Layout, Table};
@@ -52,10 +53,85 @@ pub struct AccountIndicators {
     pub mean_mfu: Option<f64>,
     pub mean_gpu_util_pct: Option<f64>,
     pub mean_mem_util: Option<f64>,
+    /// Queue wait of the jobs submitted in the window that started (nearest-rank
+    /// percentiles).
     pub mean_queue_wait_s: Option<f64>,
+    pub p50_queue_wait_s: Option<f64>,
+    pub p95_queue_wait_s: Option<f64>,
     pub max_queue_wait_s: Option<f64>,
     /// Completed over finished.
     pub success_rate: Option<f64>,
+}
+
+/// One job's queue wait and outcome.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobOutcome {
+    pub wait_ms: Option<i64>,
+    pub outcome: Option<String>,
+}
+
+/// Sets the job counts, queue-wait figures and success rate of an account from its jobs.
+pub fn fill_job_figures(entry: &mut AccountIndicators, jobs: &[JobOutcome]) {
+    entry.jobs = jobs.len() as i64;
+    let mut waits: Vec<i64> = jobs.iter().filter_map(|j| j.wait_ms).collect();
+    waits.sort_unstable();
+    let secs = |ms: Option<i64>| ms.map(|ms| ms as f64 / 1000.0);
+    entry.mean_queue_wait_s = (!waits.is_empty())
+        .then(|| waits.iter().map(|w| *w as f64).sum::<f64>() / waits.len() as f64 / 1000.0);
+    entry.p50_queue_wait_s = secs(percentile(&waits, 50.0));
+    entry.p95_queue_wait_s = secs(percentile(&waits, 95.0));
+    entry.max_queue_wait_s = secs(waits.last().copied());
+    let finished = jobs.iter().filter(|j| j.outcome.is_some()).count();
+    let completed = jobs
+        .iter()
+        .filter(|j| j.outcome.as_deref() == Some("completed"))
+        .count();
+    entry.success_rate = (finished > 0).then(|| completed as f64 / finished as f64);
+}
+
+/// Rows of a batch as JSON objects.
+pub fn batch_to_json_rows(batch: &RecordBatch) -> Result<Vec<serde_json::Value>> {
+    let mut buf = Vec::new();
+    let mut writer = arrow_json::ArrayWriter::new(&mut buf);
+    writer.write(batch)?;
+    writer.finish()?;
+    drop(writer);
+    if buf.is_empty() {
+        return Ok(Vec::new());
+    }
+    let value: serde_json::Value = serde_json::from_slice(&buf)
+        .map_err(|e| Error::Corrupt(format!("JSON of a result: {e}")))?;
+    Ok(match value {
+        serde_json::Value::Array(rows) => rows,
+        _ => Vec::new(),
+    })
+}
+
+/// GPU-seconds of one account and project in one hour, for the usage feed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HourlyUsage {
+    pub account: String,
+    pub project: Option<String>,
+    pub hour_ms: UnixMillis,
+    pub gpu_seconds: i64,
+}
+
+/// What the tables say about one job.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct JobDetail {
+    pub job_id: String,
+    pub account: Option<String>,
+    pub project: Option<String>,
+    /// Each event: kind, time (ms), and the fields it carries.
+    pub events: Vec<serde_json::Value>,
+    pub gpu_seconds: i64,
+    /// GPU-seconds per GPU model.
+    pub gpu_seconds_by_model: std::collections::BTreeMap<String, i64>,
+    pub mean_gpu_util_pct: Option<f64>,
+    pub mean_mem_util: Option<f64>,
+    pub mfu: Option<f64>,
+    /// `reported` (job-reported FLOP/s over the GPUs' peak) or `tensor_active_proxy`.
+    pub mfu_source: Option<&'static str>,
 }
 
 fn f64_at(col: &ArrayRef, row: usize) -> Result<Option<f64>> {
@@ -100,6 +176,21 @@ impl Query {
     /// Runs SQL over the tables.
     pub async fn sql(&self, sql: &str) -> Result<Vec<RecordBatch>> {
         Ok(self.ctx.sql(sql).await?.collect().await?)
+    }
+
+    /// Runs an operator's SQL: queries only, no DDL (which could read any file), no DML, no
+    /// `SET`.
+    pub async fn sql_read_only(&self, sql: &str) -> Result<Vec<RecordBatch>> {
+        let options = datafusion::execution::context::SQLOptions::new()
+            .with_allow_ddl(false)
+            .with_allow_dml(false)
+            .with_allow_statements(false);
+        Ok(self
+            .ctx
+            .sql_with_options(sql, options)
+            .await?
+            .collect()
+            .await?)
     }
 
     /// Per job and GPU model, the GPU-seconds of `[from_ms, to_ms)`, from the hourly rollups.
@@ -164,21 +255,6 @@ impl Query {
              WHERE account IS NOT NULL AND CAST(hour AS BIGINT) >= {from_ms} AND CAST(hour AS BIGINT) < {to_ms} \
              GROUP BY account"
         );
-        let jobs_sql = format!(
-            "WITH j AS ( \
-               SELECT job_id, account, \
-                 MIN(CASE WHEN kind = 'submitted' THEN CAST(time AS BIGINT) END) AS submitted_ms, \
-                 MIN(CASE WHEN kind = 'started' THEN CAST(time AS BIGINT) END) AS started_ms, \
-                 MAX(CASE WHEN kind = 'finished' THEN outcome END) AS outcome \
-               FROM jobs GROUP BY job_id, account) \
-             SELECT account, COUNT(*) AS jobs, \
-               AVG(started_ms - submitted_ms) / 1000.0 AS mean_wait_s, \
-               MAX(started_ms - submitted_ms) / 1000.0 AS max_wait_s, \
-               CAST(SUM(CASE WHEN outcome = 'completed' THEN 1 ELSE 0 END) AS DOUBLE) \
-                 / NULLIF(CAST(SUM(CASE WHEN outcome IS NOT NULL THEN 1 ELSE 0 END) AS DOUBLE), 0) AS success \
-             FROM j WHERE submitted_ms >= {from_ms} AND submitted_ms < {to_ms} \
-             GROUP BY account"
-        );
         let mut by_account: std::collections::BTreeMap<String, AccountIndicators> =
             Default::default();
         self.fill_per_account(&usage_sql, &mut by_account, |e, b, row| {
@@ -189,15 +265,150 @@ impl Query {
             Ok(())
         })
         .await?;
-        self.fill_per_account(&jobs_sql, &mut by_account, |e, b, row| {
-            e.jobs = i64_at(b.column(1), row)?;
-            e.mean_queue_wait_s = f64_at(b.column(2), row)?;
-            e.max_queue_wait_s = f64_at(b.column(3), row)?;
-            e.success_rate = f64_at(b.column(4), row)?;
-            Ok(())
-        })
-        .await?;
+        for (account, jobs) in self.job_outcomes(from_ms, to_ms).await? {
+            let entry = by_account
+                .entry(account.clone())
+                .or_insert_with(|| AccountIndicators {
+                    account,
+                    ..Default::default()
+                });
+            fill_job_figures(entry, &jobs);
+        }
         Ok(by_account.into_values().collect())
+    }
+
+    /// Per account, the jobs submitted in `[from_ms, to_ms)`: queue wait (when started) and
+    /// outcome (when finished).
+    pub async fn job_outcomes(
+        &self,
+        from_ms: UnixMillis,
+        to_ms: UnixMillis,
+    ) -> Result<std::collections::BTreeMap<String, Vec<JobOutcome>>> {
+        let sql = format!(
+            "WITH j AS ( \
+               SELECT job_id, account, \
+                 MIN(CASE WHEN kind = 'submitted' THEN CAST(time AS BIGINT) END) AS submitted_ms, \
+                 MIN(CASE WHEN kind = 'started' THEN CAST(time AS BIGINT) END) AS started_ms, \
+                 MAX(CASE WHEN kind = 'finished' THEN outcome END) AS outcome \
+               FROM jobs GROUP BY job_id, account) \
+             SELECT account, started_ms - submitted_ms AS wait_ms, outcome \
+             FROM j WHERE submitted_ms >= {from_ms} AND submitted_ms < {to_ms}"
+        );
+        let mut out: std::collections::BTreeMap<String, Vec<JobOutcome>> = Default::default();
+        for b in self.sql(&sql).await? {
+            for row in 0..b.num_rows() {
+                let Some(account) = str_at(b.column(0), row)? else {
+                    continue;
+                };
+                let wait = b.column(1);
+                out.entry(account).or_default().push(JobOutcome {
+                    wait_ms: wait.is_valid(row).then(|| i64_at(wait, row)).transpose()?,
+                    outcome: str_at(b.column(2), row)?,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Per account, project and hour, the GPU-seconds of hours starting before `to_ms`.
+    pub async fn hourly_usage(&self, to_ms: UnixMillis) -> Result<Vec<HourlyUsage>> {
+        let sql = format!(
+            "SELECT account, project, CAST(hour AS BIGINT) AS hour_ms, SUM(gpu_seconds) \
+             FROM rollups_hourly \
+             WHERE account IS NOT NULL AND CAST(hour AS BIGINT) < {to_ms} \
+             GROUP BY account, project, CAST(hour AS BIGINT)"
+        );
+        let mut out = Vec::new();
+        for b in self.sql(&sql).await? {
+            for row in 0..b.num_rows() {
+                out.push(HourlyUsage {
+                    account: str_at(b.column(0), row)?.unwrap_or_default(),
+                    project: str_at(b.column(1), row)?,
+                    hour_ms: i64_at(b.column(2), row)?,
+                    gpu_seconds: i64_at(b.column(3), row)?,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Everything stored about one job; `None` when nothing is.
+    pub async fn job_detail(&self, job_id: &str) -> Result<Option<JobDetail>> {
+        let id = job_id.replace('\'', "''");
+        let events_sql = format!(
+            "SELECT CAST(time AS BIGINT) AS time_ms, kind, account, project, partition, gpus, \
+               allocation, time_limit_s, outcome, exit_code, achieved_flops \
+             FROM jobs WHERE job_id = '{id}' ORDER BY time_ms, kind"
+        );
+        let usage_sql = format!(
+            "SELECT gpu_model, account, project, SUM(gpu_seconds), SUM(util_pct_sum), SUM(util_seconds), \
+               SUM(mfu_proxy_sum), SUM(mfu_seconds), \
+               CAST(SUM(mem_used_byte_seconds) AS DOUBLE), CAST(SUM(mem_total_byte_seconds) AS DOUBLE) \
+             FROM rollups_hourly WHERE job_id = '{id}' GROUP BY gpu_model, account, project ORDER BY gpu_model"
+        );
+        let mut detail = JobDetail {
+            job_id: job_id.to_owned(),
+            ..JobDetail::default()
+        };
+        let mut reported_flops: Option<f64> = None;
+        let mut gpus: Option<i64> = None;
+        for b in self.sql(&events_sql).await? {
+            let json = batch_to_json_rows(&b)?;
+            for (row, value) in json.into_iter().enumerate() {
+                detail.account = detail.account.or(str_at(b.column(2), row)?);
+                detail.project = detail.project.or(str_at(b.column(3), row)?);
+                let kind = str_at(b.column(1), row)?.unwrap_or_default();
+                if kind == "started" {
+                    gpus = gpus.or(Some(i64_at(b.column(5), row)?));
+                }
+                if kind == "flops_reported" {
+                    reported_flops = f64_at(b.column(10), row)?.or(reported_flops);
+                }
+                detail.events.push(value);
+            }
+        }
+        let (mut util, mut util_s, mut mfu, mut mfu_s, mut used, mut total) =
+            (0.0, 0i64, 0.0, 0i64, 0.0, 0.0);
+        let mut peak_flops = 0.0;
+        for b in self.sql(&usage_sql).await? {
+            for row in 0..b.num_rows() {
+                let model = str_at(b.column(0), row)?.unwrap_or_default();
+                let secs = i64_at(b.column(3), row)?;
+                detail.account = detail.account.or(str_at(b.column(1), row)?);
+                detail.project = detail.project.or(str_at(b.column(2), row)?);
+                detail.gpu_seconds += secs;
+                *detail
+                    .gpu_seconds_by_model
+                    .entry(model.clone())
+                    .or_default() += secs;
+                if let Ok(m) = model.parse::<gpuledger_model::GpuModel>() {
+                    peak_flops = m.peak_dense_bf16_flops();
+                }
+                util += f64_at(b.column(4), row)?.unwrap_or(0.0);
+                util_s += i64_at(b.column(5), row)?;
+                mfu += f64_at(b.column(6), row)?.unwrap_or(0.0);
+                mfu_s += i64_at(b.column(7), row)?;
+                used += f64_at(b.column(8), row)?.unwrap_or(0.0);
+                total += f64_at(b.column(9), row)?.unwrap_or(0.0);
+            }
+        }
+        if detail.events.is_empty() && detail.gpu_seconds == 0 {
+            return Ok(None);
+        }
+        let ratio = |a: f64, b: f64| (b > 0.0).then(|| a / b);
+        detail.mean_gpu_util_pct = ratio(util, util_s as f64);
+        detail.mean_mem_util = ratio(used, total);
+        match (reported_flops, gpus) {
+            (Some(flops), Some(g)) if g > 0 && peak_flops > 0.0 => {
+                detail.mfu = Some(flops / (g as f64 * peak_flops));
+                detail.mfu_source = Some("reported");
+            }
+            _ => {
+                detail.mfu = ratio(mfu, mfu_s as f64);
+                detail.mfu_source = detail.mfu.map(|_| "tensor_active_proxy");
+            }
+        }
+        Ok(Some(detail))
     }
 
     /// Runs `sql`, whose first column is the account, and lets `fill` set each account's

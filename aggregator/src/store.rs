@@ -25,13 +25,18 @@ use crate::layout::{Layout, Table};
 use crate::rollup::{rollup_schema, RollupAccumulator};
 use crate::{io_err, Error, Result};
 
+/// Marks a file name's log-segment tag.
+const SEGMENT_TAG: &str = "s";
+
 /// How the store writes.
 #[derive(Clone, Debug)]
 pub struct StoreOptions {
     /// Names this writer's files, so several aggregators can share a directory.
     pub writer_id: String,
-    /// A samples file is closed and a new one opened past this many rows.
-    pub max_rows_per_file: usize,
+    /// A samples file is closed and a new one opened past this many rows. `None` keeps files
+    /// open until the next flush: with a write-ahead log, a file must not become visible
+    /// before the checkpoint that trims its records from the log.
+    pub max_rows_per_file: Option<usize>,
     pub row_group_rows: usize,
 }
 
@@ -39,7 +44,7 @@ impl Default for StoreOptions {
     fn default() -> Self {
         StoreOptions {
             writer_id: "agg0".into(),
-            max_rows_per_file: 8 << 20,
+            max_rows_per_file: Some(8 << 20),
             row_group_rows: 1 << 20,
         }
     }
@@ -47,8 +52,9 @@ impl Default for StoreOptions {
 
 struct OpenFile {
     writer: ArrowWriter<File>,
+    dir: PathBuf,
+    seq: u64,
     tmp: PathBuf,
-    path: PathBuf,
     rows: usize,
 }
 
@@ -58,6 +64,7 @@ pub struct FlushStats {
     pub sample_files: usize,
     pub rollup_files: usize,
     pub rollup_rows: usize,
+    pub job_event_files: usize,
 }
 
 /// The writer side of the data directory.
@@ -68,7 +75,29 @@ pub struct Store {
     file_seq: AtomicU64,
     samples: Mutex<HashMap<NaiveDate, Arc<Mutex<Option<OpenFile>>>>>,
     rollups: Mutex<RollupAccumulator>,
+    job_events: Mutex<Vec<JobEvent>>,
     closed_sample_files: AtomicU64,
+    pending_rows: AtomicU64,
+}
+
+/// What a flush takes out of the store at one instant; written by [`Detached::write`].
+#[must_use]
+pub struct Detached<'a> {
+    store: &'a Store,
+    segment: Option<u64>,
+    files: Vec<OpenFile>,
+    closed_sample_files: usize,
+    rollups: RollupAccumulator,
+    job_events: Vec<JobEvent>,
+}
+
+impl std::fmt::Debug for Detached<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Detached")
+            .field("files", &self.files.len())
+            .field("job_events", &self.job_events.len())
+            .finish()
+    }
 }
 
 impl std::fmt::Debug for Store {
@@ -106,7 +135,9 @@ impl Store {
             file_seq: AtomicU64::new(0),
             samples: Mutex::new(HashMap::new()),
             rollups: Mutex::new(RollupAccumulator::default()),
+            job_events: Mutex::new(Vec::new()),
             closed_sample_files: AtomicU64::new(0),
+            pending_rows: AtomicU64::new(0),
         })
     }
 
@@ -118,12 +149,10 @@ impl Store {
         let dir = self.layout.partition_dir(table, date);
         fs::create_dir_all(&dir).map_err(io_err(&dir))?;
         let seq = self.file_seq.fetch_add(1, Ordering::Relaxed);
-        let name = format!(
-            "part-{}-{}-{seq:05}.parquet",
+        let tmp = dir.join(format!(
+            ".part-{}-{}-{seq:05}.parquet.tmp",
             self.options.writer_id, self.run_tag
-        );
-        let path = dir.join(&name);
-        let tmp = dir.join(format!(".{name}.tmp"));
+        ));
         let file = File::create(&tmp).map_err(io_err(&tmp))?;
         let writer = ArrowWriter::try_new(
             file,
@@ -132,16 +161,77 @@ impl Store {
         )?;
         Ok(OpenFile {
             writer,
+            dir,
+            seq,
             tmp,
-            path,
             rows: 0,
         })
     }
 
-    fn close_file(file: OpenFile) -> Result<()> {
+    /// Finishes a file and renames it into place. `segment` names the last write-ahead-log
+    /// segment whose rows it may hold, so recovery can tell files of an unfinished flush.
+    fn close_file(&self, file: OpenFile, segment: Option<u64>) -> Result<()> {
+        let tag = match segment {
+            Some(s) => format!("{SEGMENT_TAG}{s:020}"),
+            None => self.run_tag.clone(),
+        };
+        let path = file.dir.join(format!(
+            "part-{}-{tag}-{:05}.parquet",
+            self.options.writer_id, file.seq
+        ));
         let f = file.writer.into_inner()?;
         f.sync_all().map_err(io_err(&file.tmp))?;
-        fs::rename(&file.tmp, &file.path).map_err(io_err(&file.path))?;
+        fs::rename(&file.tmp, &path).map_err(io_err(&path))?;
+        crate::wal::sync_dir(&file.dir)
+    }
+
+    /// The log segment a file of this writer was flushed for, if it was.
+    fn file_segment(&self, name: &str) -> Option<u64> {
+        let prefix = format!("part-{}-{SEGMENT_TAG}", self.options.writer_id);
+        name.strip_prefix(&prefix)?.get(..20)?.parse().ok()
+    }
+
+    /// Deletes this writer's files flushed for log segments after `checkpointed` (all of them
+    /// when nothing was checkpointed): a flush wrote them but died before its checkpoint, so
+    /// their rows are still in the log and will be replayed.
+    pub fn remove_unchecked_files(&self, checkpointed: Option<u64>) -> Result<usize> {
+        let mut removed = 0;
+        self.walk_files(&mut |path| {
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default();
+            let unchecked = self
+                .file_segment(name)
+                .is_some_and(|s| checkpointed.is_none_or(|c| s > c));
+            let temporary = name.ends_with(".tmp");
+            if unchecked || temporary {
+                fs::remove_file(path).map_err(io_err(path))?;
+                removed += 1;
+            }
+            Ok(())
+        })?;
+        Ok(removed)
+    }
+
+    fn walk_files(&self, visit: &mut dyn FnMut(&std::path::Path) -> Result<()>) -> Result<()> {
+        fn walk(
+            dir: &std::path::Path,
+            visit: &mut dyn FnMut(&std::path::Path) -> Result<()>,
+        ) -> Result<()> {
+            for entry in fs::read_dir(dir).map_err(io_err(dir))? {
+                let path = entry.map_err(io_err(dir))?.path();
+                if path.is_dir() {
+                    walk(&path, visit)?;
+                } else {
+                    visit(&path)?;
+                }
+            }
+            Ok(())
+        }
+        for table in [Table::Samples, Table::RollupsHourly, Table::Jobs] {
+            walk(&self.layout.table_dir(table), visit)?;
+        }
         Ok(())
     }
 
@@ -161,58 +251,119 @@ impl Store {
             let Some(open) = slot.as_mut() else { continue };
             open.writer.write(&part)?;
             open.rows += part.num_rows();
-            if open.rows >= self.options.max_rows_per_file {
+            if self
+                .options
+                .max_rows_per_file
+                .is_some_and(|max| open.rows >= max)
+            {
                 if let Some(full) = slot.take() {
-                    Self::close_file(full)?;
+                    self.close_file(full, None)?;
                     self.closed_sample_files.fetch_add(1, Ordering::Relaxed);
                 }
             }
         }
         lock(&self.rollups).absorb(local);
+        self.pending_rows
+            .fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
         Ok(())
     }
 
-    /// Writes job events, one file per UTC day they fall on.
-    pub fn append_job_events(&self, events: &[JobEvent]) -> Result<()> {
+    /// Sample rows appended since the last flush.
+    pub fn pending_rows(&self) -> u64 {
+        self.pending_rows.load(Ordering::Relaxed)
+    }
+
+    /// Buffers job events; the next flush writes them, one file per UTC day.
+    pub fn append_job_events(&self, events: &[JobEvent]) {
+        lock(&self.job_events).extend_from_slice(events);
+    }
+
+    /// Closes every open samples file, writes the accumulated rollups and job events.
+    pub fn flush(&self) -> Result<FlushStats> {
+        self.detach(None).write()
+    }
+
+    /// Takes out, at one instant, everything appended so far; appends after this go to new
+    /// files. Cheap: the writing happens in [`Detached::write`].
+    pub fn detach(&self, segment: Option<u64>) -> Detached<'_> {
+        let slots: Vec<_> = lock(&self.samples).drain().map(|(_, s)| s).collect();
+        let files = slots.iter().filter_map(|slot| lock(slot).take()).collect();
+        self.pending_rows.store(0, Ordering::Relaxed);
+        Detached {
+            store: self,
+            segment,
+            files,
+            closed_sample_files: self.closed_sample_files.swap(0, Ordering::Relaxed) as usize,
+            rollups: std::mem::take(&mut *lock(&self.rollups)),
+            job_events: std::mem::take(&mut *lock(&self.job_events)),
+        }
+    }
+
+    fn write_job_events(&self, events: Vec<JobEvent>, segment: Option<u64>) -> Result<usize> {
         let mut by_date: HashMap<NaiveDate, Vec<JobEvent>> = HashMap::new();
         for e in events {
-            by_date
-                .entry(date_of_ms(e.time_ms))
-                .or_default()
-                .push(e.clone());
+            by_date.entry(date_of_ms(e.time_ms)).or_default().push(e);
         }
         let mut dates: Vec<_> = by_date.into_iter().collect();
         dates.sort_by_key(|(d, _)| *d);
+        let files = dates.len();
         for (date, events) in dates {
             let batch = job_events_to_batch(&events)?;
             let mut file = self.new_file(Table::Jobs, date, batch.schema())?;
             file.writer.write(&batch)?;
-            Self::close_file(file)?;
+            self.close_file(file, segment)?;
         }
-        Ok(())
+        Ok(files)
     }
 
-    /// Closes every open samples file and writes the accumulated rollups.
-    pub fn flush(&self) -> Result<FlushStats> {
-        let slots: Vec<_> = lock(&self.samples).drain().map(|(_, s)| s).collect();
-        let mut stats = FlushStats {
-            sample_files: self.closed_sample_files.swap(0, Ordering::Relaxed) as usize,
-            ..FlushStats::default()
-        };
-        for slot in slots {
-            if let Some(open) = lock(&slot).take() {
-                Self::close_file(open)?;
-                stats.sample_files += 1;
+    /// Deletes raw-sample partitions of days before `keep_from` (rollups are kept). Returns
+    /// the days deleted.
+    pub fn apply_retention(&self, keep_from: NaiveDate) -> Result<Vec<NaiveDate>> {
+        let dir = self.layout.table_dir(Table::Samples);
+        let mut deleted = Vec::new();
+        for entry in fs::read_dir(&dir).map_err(io_err(&dir))? {
+            let entry = entry.map_err(io_err(&dir))?;
+            let name = entry.file_name();
+            let Some(date) = name
+                .to_str()
+                .and_then(|n| n.strip_prefix("date="))
+                .and_then(|d| NaiveDate::parse_from_str(d, "%Y-%m-%d").ok())
+            else {
+                continue;
+            };
+            if date < keep_from {
+                fs::remove_dir_all(entry.path()).map_err(io_err(entry.path()))?;
+                deleted.push(date);
             }
         }
-        let drained = lock(&self.rollups).drain_by_date()?;
-        for (date, batch) in drained {
+        deleted.sort();
+        Ok(deleted)
+    }
+}
+
+impl Detached<'_> {
+    /// Writes what was detached: closes the samples files (renaming them into place), writes
+    /// rollups and job events, each file synced before its rename.
+    pub fn write(self) -> Result<FlushStats> {
+        let mut stats = FlushStats {
+            sample_files: self.closed_sample_files,
+            ..FlushStats::default()
+        };
+        for open in self.files {
+            self.store.close_file(open, self.segment)?;
+            stats.sample_files += 1;
+        }
+        let mut rollups = self.rollups;
+        for (date, batch) in rollups.drain_by_date()? {
             stats.rollup_rows += batch.num_rows();
-            let mut file = self.new_file(Table::RollupsHourly, date, rollup_schema())?;
+            let mut file = self
+                .store
+                .new_file(Table::RollupsHourly, date, rollup_schema())?;
             file.writer.write(&batch)?;
-            Self::close_file(file)?;
+            self.store.close_file(file, self.segment)?;
             stats.rollup_files += 1;
         }
+        stats.job_event_files = self.store.write_job_events(self.job_events, self.segment)?;
         Ok(stats)
     }
 }

@@ -5,5 +5,6 @@
 pub mod billing_glue;
 pub mod defaults;
 pub mod pipeline;
+pub mod serve;
 pub mod simulate;
 pub mod table;

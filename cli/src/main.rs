@@ -40,6 +40,9 @@ enum Command {
     /// Replay a job trace (the Philly format) through the scheduler in virtual time; write
     /// jobs.csv and report.md to --out.
     Simulate(SimulateArgs),
+    /// Run the aggregator service: HTTP ingest with a write-ahead log, Parquet store,
+    /// indicators, the fair-share usage feed and /metrics.
+    Aggregator(gpuledger::serve::AggregatorArgs),
     /// Check a cluster config file and print what it defines.
     CheckConfig {
         /// The TOML file.
@@ -131,6 +134,7 @@ fn main() -> anyhow::Result<()> {
         Command::Invoice(args) => invoice(args),
         Command::Report(args) => report(args),
         Command::Simulate(args) => simulate(args),
+        Command::Aggregator(args) => gpuledger::serve::run(args),
         Command::CheckConfig { file } => check_config(&file),
     }
 }

@@ -114,7 +114,7 @@ pub fn run(
         },
         clock,
     );
-    ingestor.ingest_job_events(&sim.events)?;
+    ingestor.ingest_job_events("scheduler", None, &sim.events)?;
     let (samples, batches) =
         ingest_telemetry(config, spec, &sim, &ingestor, start_s, end_s, progress)?;
     let flush = store.flush()?;

@@ -84,14 +84,7 @@ pub fn trace_cluster(
     Ok(config)
 }
 
-/// Nearest-rank percentile of sorted values.
-pub fn percentile(sorted: &[i64], p: f64) -> Option<i64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    Some(sorted[rank.clamp(1, sorted.len()) - 1])
-}
+pub use gpuledger_model::stats::percentile;
 
 /// Queueing and completion figures of a set of job records.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -245,18 +238,4 @@ pub fn write_outputs(
     std::fs::write(&report_path, &md)
         .with_context(|| format!("writing {}", report_path.display()))?;
     Ok(md)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn nearest_rank_percentiles() {
-        let v: Vec<i64> = (1..=100).collect();
-        assert_eq!(percentile(&v, 50.0), Some(50));
-        assert_eq!(percentile(&v, 99.0), Some(99));
-        assert_eq!(percentile(&[7], 99.0), Some(7));
-        assert_eq!(percentile(&[], 50.0), None);
-    }
 }

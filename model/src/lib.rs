@@ -15,6 +15,7 @@ pub mod money;
 pub mod quota;
 pub mod rng;
 pub mod sample;
+pub mod stats;
 pub mod tenant;
 pub mod time;
 pub mod units;

@@ -100,3 +100,44 @@ dram_active = 0.4
 memory_fraction = 0.9
 power_fraction = 0.8
 "#;
+
+/// Sample `i` of a node's batch: eight GPUs every 10 s from `t0_ms`; two GPUs in three work
+/// for one of four jobs of `alpha` (every other one in project `train`), the rest idle.
+pub fn sample_row(i: usize, t0_ms: i64, node: &str) -> gpuledger_model::sample::SampleRow {
+    let busy = !i.is_multiple_of(3);
+    gpuledger_model::sample::SampleRow {
+        time_ms: t0_ms + (i as i64 / 8) * 10_000,
+        interval_s: 10,
+        node: node.into(),
+        gpu_index: (i % 8) as u16,
+        gpu_uuid: format!("GPU-{node}-{:04}", i % 8),
+        gpu_model: "h100-sxm".into(),
+        mig_instance: None,
+        job_id: busy.then(|| format!("{}", 1000 + i % 4)),
+        account: busy.then(|| "alpha".to_owned()),
+        project: (busy && i.is_multiple_of(2)).then(|| "train".to_owned()),
+        gpu_util_pct: Some((i % 101) as f32),
+        sm_active: Some(0.5),
+        tensor_active: Some(0.25),
+        dram_active: Some(0.125),
+        sm_clock_mhz: Some(1830),
+        mem_used_bytes: Some(1 << 30),
+        mem_total_bytes: Some(80 << 30),
+        power_w: Some(512.5),
+        energy_j: Some(5125.0),
+        xid: None,
+    }
+}
+
+/// A batch of the rows `range` of [`sample_row`].
+pub fn sample_batch(
+    range: std::ops::Range<usize>,
+    t0_ms: i64,
+    node: &str,
+) -> arrow::record_batch::RecordBatch {
+    let mut b = gpuledger_model::sample::SampleBatchBuilder::with_capacity(range.len());
+    for i in range {
+        b.push(&sample_row(i, t0_ms, node));
+    }
+    b.finish().expect("fixture rows fit the schema")
+}

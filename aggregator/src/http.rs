@@ -1,0 +1,520 @@
+//! The aggregator's HTTP API. [`router`] builds it over a [`Service`]; errors become responses
+//! in one place ([`ApiError`]): a refused batch is a 4xx whose JSON body names each bad row and
+//! field, and nothing else is touched.
+//!
+//! | route | what |
+//! |---|---|
+//! | `POST /api/v1/ingest` | Arrow IPC stream of samples; headers `x-gpuledger-node`, `x-gpuledger-seq` |
+//! | `POST /api/v1/events` | job lifecycle events as JSON `{source, seq, events: [...]}` |
+//! | `GET /metrics` | Prometheus text format |
+//! | `GET /api/v1/usage?at=&half_life=` | decayed GPU-hours per account and project (fair-share feed) |
+//! | `GET /api/v1/accounts/{account}/summary?from=&to=` | the account's indicators |
+//! | `GET /api/v1/jobs/{id}` | a job's events, usage, utilization and MFU |
+//! | `POST /api/v1/query` | `{sql}`: read-only SQL over the tables |
+//! | `GET /healthz` | liveness; 503 once a write failed |
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, Query as QueryParams, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use gpuledger_model::config::ClusterConfig;
+use gpuledger_model::job::JobEvent;
+use gpuledger_model::time::{Clock, UnixMillis};
+use gpuledger_model::units::DurationSpec;
+use gpuledger_model::{AccountId, JobId};
+
+use crate::events::parse_events;
+use crate::ingest::{IngestOutcome, Ingestor};
+use crate::metrics::Metrics;
+use crate::query::{fill_job_figures, AccountIndicators, Query};
+use crate::validate::RowError;
+use crate::wal::decode_ipc;
+use crate::Error;
+
+/// Header naming the node that pushed a batch.
+pub const NODE_HEADER: &str = "x-gpuledger-node";
+/// Header carrying the node's batch sequence number.
+pub const SEQ_HEADER: &str = "x-gpuledger-seq";
+/// Largest request body accepted.
+pub const MAX_BODY_BYTES: usize = 64 << 20;
+
+/// What the routes share.
+pub struct Service {
+    pub ingestor: Arc<Ingestor>,
+    pub query: Query,
+    pub metrics: Metrics,
+    pub config: ClusterConfig,
+    pub clock: Arc<dyn Clock>,
+}
+
+impl std::fmt::Debug for Service {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Service")
+            .field("ingestor", &self.ingestor)
+            .finish()
+    }
+}
+
+/// The API's routes over `service`.
+pub fn router(service: Arc<Service>) -> Router {
+    Router::new()
+        .route("/api/v1/ingest", post(ingest))
+        .route("/api/v1/events", post(events))
+        .route("/api/v1/usage", get(usage))
+        .route("/api/v1/accounts/{account}/summary", get(account_summary))
+        .route("/api/v1/jobs/{id}", get(job))
+        .route("/api/v1/query", post(query))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(service)
+}
+
+/// An error as the client sees it.
+#[derive(Debug)]
+pub enum ApiError {
+    /// 400: the request itself is malformed (headers, body encoding, parameters).
+    BadRequest {
+        field: String,
+        message: String,
+    },
+    /// 422: well-formed, but rows are invalid; nothing was stored.
+    Invalid {
+        errors: Vec<RowError>,
+        total: usize,
+    },
+    NotFound(String),
+    Unavailable(String),
+    Internal(String),
+}
+
+impl ApiError {
+    fn bad(field: &str, message: impl Into<String>) -> Self {
+        ApiError::BadRequest {
+            field: field.to_owned(),
+            message: message.into(),
+        }
+    }
+}
+
+impl From<Error> for ApiError {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Invalid(errors) => ApiError::Invalid {
+                total: errors.len(),
+                errors,
+            },
+            Error::Unavailable(m) => ApiError::Unavailable(m),
+            other => ApiError::Internal(other.to_string()),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, body) = match self {
+            ApiError::BadRequest { field, message } => (
+                StatusCode::BAD_REQUEST,
+                json!({"error": format!("`{field}`: {message}"), "errors": [{"row": null, "field": field, "message": message}]}),
+            ),
+            ApiError::Invalid { errors, total } => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                json!({
+                    "error": format!("batch refused: {total} bad value(s); nothing was stored"),
+                    "errors": errors,
+                }),
+            ),
+            ApiError::NotFound(m) => (StatusCode::NOT_FOUND, json!({"error": m})),
+            ApiError::Unavailable(m) => (StatusCode::SERVICE_UNAVAILABLE, json!({"error": m})),
+            ApiError::Internal(m) => {
+                tracing::error!(error = %m, "request failed");
+                (StatusCode::INTERNAL_SERVER_ERROR, json!({"error": m}))
+            }
+        };
+        (status, Json(body)).into_response()
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+fn header_text<'a>(headers: &'a HeaderMap, name: &str) -> ApiResult<&'a str> {
+    headers
+        .get(name)
+        .ok_or_else(|| ApiError::bad(name, "missing header"))?
+        .to_str()
+        .map_err(|_| ApiError::bad(name, "not ASCII text"))
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> ApiResult<T> + Send + 'static,
+) -> ApiResult<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::Internal(format!("worker: {e}")))?
+}
+
+#[derive(Debug, Serialize)]
+struct IngestReply {
+    status: &'static str,
+    rows: usize,
+}
+
+impl From<IngestOutcome> for IngestReply {
+    fn from(o: IngestOutcome) -> Self {
+        match o {
+            IngestOutcome::Accepted { rows } => IngestReply {
+                status: "accepted",
+                rows,
+            },
+            IngestOutcome::Duplicate => IngestReply {
+                status: "duplicate",
+                rows: 0,
+            },
+        }
+    }
+}
+
+async fn ingest(
+    State(s): State<Arc<Service>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Json<IngestReply>> {
+    let result = ingest_batch(&s, &headers, body).await;
+    match &result {
+        Ok((_, reply)) if reply.status == "duplicate" => s.metrics.count_duplicate(),
+        other => s.metrics.count_ingest(other),
+    }
+    result.map(|(_, reply)| Json(reply))
+}
+
+async fn ingest_batch(
+    s: &Arc<Service>,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> ApiResult<(usize, IngestReply)> {
+    let node = header_text(headers, NODE_HEADER)?.to_owned();
+    let seq: u64 = header_text(headers, SEQ_HEADER)?
+        .parse()
+        .map_err(|_| ApiError::bad(SEQ_HEADER, "not an unsigned integer"))?;
+    let bytes = body.len();
+    let service = Arc::clone(s);
+    blocking(move || {
+        let batch = decode_ipc(&body)
+            .map_err(|e| ApiError::bad("body", format!("not an Arrow IPC stream: {e}")))?;
+        let outcome = service.ingestor.ingest_samples(&node, seq, &batch)?;
+        if matches!(outcome, IngestOutcome::Accepted { .. }) {
+            service.metrics.count_usage(&batch);
+        }
+        Ok((bytes, outcome.into()))
+    })
+    .await
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EventsRequest {
+    source: String,
+    #[serde(default)]
+    seq: Option<u64>,
+    events: Vec<Value>,
+}
+
+async fn events(State(s): State<Arc<Service>>, body: Bytes) -> ApiResult<Json<IngestReply>> {
+    let request: EventsRequest = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad("body", format!("not an events request: {e}")))?;
+    let parsed = parse_events(&request.events).map_err(|errors| ApiError::Invalid {
+        total: errors.len(),
+        errors,
+    });
+    let events: Vec<JobEvent> = match parsed {
+        Ok(events) => events,
+        Err(e) => {
+            s.metrics.count_refused_events();
+            return Err(e);
+        }
+    };
+    let service = Arc::clone(&s);
+    let outcome = blocking(move || {
+        let outcome = service
+            .ingestor
+            .ingest_job_events(&request.source, request.seq, &events)?;
+        if matches!(outcome, IngestOutcome::Accepted { .. }) {
+            service.metrics.observe_events(&events);
+        }
+        Ok(outcome)
+    })
+    .await?;
+    Ok(Json(outcome.into()))
+}
+
+async fn metrics(State(s): State<Arc<Service>>) -> Response {
+    if let Some(wal) = s.ingestor.wal() {
+        s.metrics.set_wal_bytes(wal.size_bytes());
+    }
+    s.metrics
+        .set_pending_rows(s.ingestor.store().pending_rows());
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        s.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn healthz(State(s): State<Arc<Service>>) -> ApiResult<&'static str> {
+    if s.ingestor.has_failed() {
+        return Err(ApiError::Unavailable(
+            "a write failed; restart to recover from the log".into(),
+        ));
+    }
+    Ok("ok\n")
+}
+
+/// A point in time: RFC 3339, a date (midnight UTC) or Unix milliseconds.
+pub fn parse_time(field: &str, text: &str) -> ApiResult<UnixMillis> {
+    if let Ok(ms) = text.parse::<i64>() {
+        return Ok(ms);
+    }
+    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(text) {
+        return Ok(t.timestamp_millis());
+    }
+    if let Ok(d) = chrono::NaiveDate::parse_from_str(text, "%Y-%m-%d") {
+        return Ok(gpuledger_model::time::day_start_ms(d));
+    }
+    Err(ApiError::bad(
+        field,
+        format!("`{text}` is not RFC 3339, YYYY-MM-DD or Unix milliseconds"),
+    ))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UsageParams {
+    at: Option<String>,
+    half_life: Option<String>,
+}
+
+/// The fair-share feed.
+#[derive(Debug, Serialize)]
+struct UsageReply {
+    at_ms: UnixMillis,
+    half_life_s: u64,
+    /// Decayed GPU-hours per account, and per project below it.
+    accounts: BTreeMap<String, AccountUsage>,
+}
+
+#[derive(Debug, Default, Serialize)]
+struct AccountUsage {
+    decayed_gpu_hours: f64,
+    projects: BTreeMap<String, f64>,
+}
+
+async fn usage(
+    State(s): State<Arc<Service>>,
+    QueryParams(p): QueryParams<UsageParams>,
+) -> ApiResult<Json<UsageReply>> {
+    let at_ms = match &p.at {
+        Some(t) => parse_time("at", t)?,
+        None => s.clock.now_ms(),
+    };
+    let half_life = match &p.half_life {
+        Some(h) => h
+            .parse::<DurationSpec>()
+            .map_err(|e| ApiError::bad("half_life", e.to_string()))?,
+        None => s.config.fair_share.half_life,
+    };
+    if half_life.as_secs() == 0 {
+        return Err(ApiError::bad("half_life", "must be longer than 0 s"));
+    }
+    let rows = s.query.hourly_usage(at_ms).await?;
+    Ok(Json(UsageReply {
+        at_ms,
+        half_life_s: half_life.as_secs(),
+        accounts: decayed_usage(&rows, at_ms, half_life.as_secs()),
+    }))
+}
+
+/// Decays each hour's GPU-seconds from the middle of the hour (its end, when `at` falls inside
+/// it, counted as elapsed 0) to `at_ms`, in GPU-hours.
+fn decayed_usage(
+    rows: &[crate::query::HourlyUsage],
+    at_ms: UnixMillis,
+    half_life_s: u64,
+) -> BTreeMap<String, AccountUsage> {
+    let mut out: BTreeMap<String, AccountUsage> = BTreeMap::new();
+    for r in rows {
+        let mid_ms = (r.hour_ms + 1_800_000).min(at_ms);
+        let elapsed_s = (at_ms - mid_ms) as f64 / 1000.0;
+        let hours = r.gpu_seconds as f64 / 3600.0 * (-elapsed_s / half_life_s as f64).exp2();
+        let account = out.entry(r.account.clone()).or_default();
+        account.decayed_gpu_hours += hours;
+        if let Some(project) = &r.project {
+            *account.projects.entry(project.clone()).or_default() += hours;
+        }
+    }
+    out
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WindowParams {
+    from: Option<String>,
+    to: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct AccountSummary {
+    from_ms: UnixMillis,
+    to_ms: UnixMillis,
+    #[serde(flatten)]
+    indicators: AccountIndicators,
+    gpu_hours: f64,
+    /// The account's quota in GPU-hours per day and per week, and the window's use against
+    /// them (GPU-hours used per day or week of the window).
+    quota_gpu_hours_per_day: Option<u64>,
+    quota_gpu_hours_per_week: Option<u64>,
+    daily_quota_utilization: Option<f64>,
+    weekly_quota_utilization: Option<f64>,
+}
+
+async fn account_summary(
+    State(s): State<Arc<Service>>,
+    Path(account): Path<String>,
+    QueryParams(p): QueryParams<WindowParams>,
+) -> ApiResult<Json<AccountSummary>> {
+    let id: AccountId = account
+        .parse()
+        .map_err(|e: gpuledger_model::ids::IdError| ApiError::bad("account", e.to_string()))?;
+    let Some(config) = s.config.accounts.iter().find(|a| a.id == id) else {
+        return Err(ApiError::NotFound(format!("no account `{id}`")));
+    };
+    let to_ms = match &p.to {
+        Some(t) => parse_time("to", t)?,
+        None => s.clock.now_ms(),
+    };
+    let from_ms = match &p.from {
+        Some(t) => parse_time("from", t)?,
+        None => to_ms - 30 * 86_400_000,
+    };
+    if from_ms >= to_ms {
+        return Err(ApiError::bad("from", "must be before `to`"));
+    }
+    let indicators = s
+        .query
+        .account_indicators(from_ms, to_ms)
+        .await?
+        .into_iter()
+        .find(|i| i.account == id.as_str());
+    let mut indicators = indicators.unwrap_or_else(|| AccountIndicators {
+        account: id.to_string(),
+        ..Default::default()
+    });
+    if indicators.jobs == 0 {
+        fill_job_figures(&mut indicators, &[]);
+    }
+    let gpu_hours = indicators.gpu_seconds as f64 / 3600.0;
+    let days = (to_ms - from_ms) as f64 / 86_400_000.0;
+    let per = |quota: Option<u64>, period_days: f64| {
+        quota
+            .filter(|q| *q > 0)
+            .map(|q| gpu_hours / (days / period_days) / q as f64)
+    };
+    Ok(Json(AccountSummary {
+        from_ms,
+        to_ms,
+        gpu_hours,
+        quota_gpu_hours_per_day: config.quota.gpu_hours_per_day,
+        quota_gpu_hours_per_week: config.quota.gpu_hours_per_week,
+        daily_quota_utilization: per(config.quota.gpu_hours_per_day, 1.0),
+        weekly_quota_utilization: per(config.quota.gpu_hours_per_week, 7.0),
+        indicators,
+    }))
+}
+
+async fn job(
+    State(s): State<Arc<Service>>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<crate::query::JobDetail>> {
+    let id: JobId = id
+        .parse()
+        .map_err(|e: gpuledger_model::ids::IdError| ApiError::bad("id", e.to_string()))?;
+    match s.query.job_detail(id.as_str()).await? {
+        Some(detail) => Ok(Json(detail)),
+        None => Err(ApiError::NotFound(format!(
+            "no job `{id}` in the stored data"
+        ))),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SqlRequest {
+    sql: String,
+}
+
+async fn query(State(s): State<Arc<Service>>, body: Bytes) -> ApiResult<Json<Value>> {
+    let request: SqlRequest = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad("body", format!("expected {{\"sql\": \"...\"}}: {e}")))?;
+    let batches = s
+        .query
+        .sql_read_only(&request.sql)
+        .await
+        .map_err(|e| match e {
+            Error::Query(q) => ApiError::bad("sql", q.to_string()),
+            other => other.into(),
+        })?;
+    let mut rows = Vec::new();
+    let mut columns: Vec<String> = Vec::new();
+    for b in &batches {
+        if columns.is_empty() {
+            columns = b
+                .schema()
+                .fields()
+                .iter()
+                .map(|f| f.name().clone())
+                .collect();
+        }
+        rows.extend(crate::query::batch_to_json_rows(b)?);
+    }
+    Ok(Json(json!({"columns": columns, "rows": rows})))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_parse_in_three_forms() {
+        assert_eq!(parse_time("at", "0").unwrap(), 0);
+        assert_eq!(parse_time("at", "1970-01-02").unwrap(), 86_400_000);
+        assert_eq!(parse_time("at", "1970-01-01T00:00:01Z").unwrap(), 1000);
+        assert!(matches!(
+            parse_time("at", "yesterday"),
+            Err(ApiError::BadRequest { .. })
+        ));
+    }
+
+    #[test]
+    fn usage_halves_after_one_half_life() {
+        let rows = [crate::query::HourlyUsage {
+            account: "a".into(),
+            project: Some("p".into()),
+            hour_ms: 0,
+            gpu_seconds: 7200,
+        }];
+        let at = 1_800_000 + 3_600_000;
+        let u = decayed_usage(&rows, at, 3600);
+        assert!((u["a"].decayed_gpu_hours - 1.0).abs() < 1e-12);
+        assert!((u["a"].projects["p"] - 1.0).abs() < 1e-12);
+    }
+}

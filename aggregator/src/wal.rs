@@ -1,0 +1,416 @@
+//! The write-ahead log: an acknowledged batch is in this log, fsync'd, before the answer goes
+//! out. The log is a run of segment files; a flush rotates to a new segment, persists what the
+//! older ones hold to Parquet, writes a checkpoint naming the last segment it covers, and only
+//! then deletes those segments. Recovery replays the segments after the checkpoint.
+//!
+//! A record is `[len u32][crc32 u32][payload]`, little-endian; the payload is
+//! `[kind u8][seq u64][source len u16][source][Arrow IPC stream]`. A torn record at the end of
+//! the last segment (a crash mid-write, never acknowledged) is cut off on recovery.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+
+use arrow::ipc::reader::StreamReader;
+use arrow::ipc::writer::StreamWriter;
+use arrow::record_batch::RecordBatch;
+
+use crate::{io_err, Error, Result};
+
+const HEADER: usize = 8;
+/// A record larger than this is corrupt (the HTTP body limit is far below it).
+const MAX_RECORD: usize = 1 << 30;
+
+/// What a record holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RecordKind {
+    Samples = 1,
+    JobEvents = 2,
+}
+
+impl RecordKind {
+    fn from_u8(v: u8) -> Option<Self> {
+        match v {
+            1 => Some(RecordKind::Samples),
+            2 => Some(RecordKind::JobEvents),
+            _ => None,
+        }
+    }
+}
+
+/// One logged batch.
+#[derive(Clone, Debug)]
+pub struct WalRecord {
+    pub kind: RecordKind,
+    /// The pushing node (samples) or event source (job events).
+    pub source: String,
+    pub seq: u64,
+    pub batch: RecordBatch,
+}
+
+/// Encodes a batch as an Arrow IPC stream.
+pub fn encode_ipc(batch: &RecordBatch) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(batch.get_array_memory_size() / 2 + 1024);
+    let mut w = StreamWriter::try_new(&mut out, &batch.schema())?;
+    w.write(batch)?;
+    w.finish()?;
+    drop(w);
+    Ok(out)
+}
+
+/// Decodes an Arrow IPC stream into one batch (several are concatenated).
+pub fn decode_ipc(bytes: &[u8]) -> Result<RecordBatch> {
+    let reader = StreamReader::try_new(bytes, None)?;
+    let schema = reader.schema();
+    let batches = reader.collect::<Result<Vec<_>, _>>()?;
+    Ok(arrow::compute::concat_batches(&schema, &batches)?)
+}
+
+fn encode_record(kind: RecordKind, source: &str, seq: u64, ipc: &[u8]) -> Result<Vec<u8>> {
+    let source_len = u16::try_from(source.len())
+        .map_err(|_| Error::Corrupt(format!("source name of {} bytes", source.len())))?;
+    let mut payload = Vec::with_capacity(1 + 8 + 2 + source.len() + ipc.len());
+    payload.push(kind as u8);
+    payload.extend_from_slice(&seq.to_le_bytes());
+    payload.extend_from_slice(&source_len.to_le_bytes());
+    payload.extend_from_slice(source.as_bytes());
+    payload.extend_from_slice(ipc);
+    let mut out = Vec::with_capacity(HEADER + payload.len());
+    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    out.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+    out.extend_from_slice(&payload);
+    Ok(out)
+}
+
+/// Parses the records of a segment; returns them and the length of the valid prefix.
+fn parse_segment(bytes: &[u8]) -> (Vec<(RecordKind, String, u64, &[u8])>, usize) {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while bytes.len() - at >= HEADER {
+        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap_or_default()) as usize;
+        let crc = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().unwrap_or_default());
+        if len > MAX_RECORD || bytes.len() - at - HEADER < len {
+            break;
+        }
+        let payload = &bytes[at + HEADER..at + HEADER + len];
+        if crc32fast::hash(payload) != crc || payload.len() < 11 {
+            break;
+        }
+        let Some(kind) = RecordKind::from_u8(payload[0]) else {
+            break;
+        };
+        let seq = u64::from_le_bytes(payload[1..9].try_into().unwrap_or_default());
+        let source_len = u16::from_le_bytes([payload[9], payload[10]]) as usize;
+        if payload.len() < 11 + source_len {
+            break;
+        }
+        let Ok(source) = std::str::from_utf8(&payload[11..11 + source_len]) else {
+            break;
+        };
+        out.push((kind, source.to_owned(), seq, &payload[11 + source_len..]));
+        at += HEADER + len;
+    }
+    (out, at)
+}
+
+struct Active {
+    id: u64,
+    file: File,
+    written: u64,
+}
+
+/// The log of one aggregator.
+pub struct Wal {
+    dir: PathBuf,
+    active: Mutex<Active>,
+    /// Bytes known to be on disk, counted over the aggregator's life; a sync covers all
+    /// bytes written before it started.
+    synced: Mutex<u64>,
+}
+
+impl std::fmt::Debug for Wal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Wal").field("dir", &self.dir).finish()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn segment_name(id: u64) -> String {
+    format!("{id:020}.wal")
+}
+
+/// Segment ids in `dir`, ascending.
+fn segment_ids(dir: &Path) -> Result<Vec<u64>> {
+    let mut ids = Vec::new();
+    for entry in fs::read_dir(dir).map_err(io_err(dir))? {
+        let entry = entry.map_err(io_err(dir))?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if let Some(id) = name.strip_suffix(".wal").and_then(|s| s.parse().ok()) {
+            ids.push(id);
+        }
+    }
+    ids.sort_unstable();
+    Ok(ids)
+}
+
+/// Makes a rename or a new file in `dir` durable.
+pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err(dir))
+}
+
+/// What recovery found.
+#[derive(Debug, Default)]
+pub struct Recovered {
+    pub records: Vec<WalRecord>,
+    /// Bytes of torn records cut off the end of the last segment.
+    pub truncated_bytes: u64,
+}
+
+impl Wal {
+    /// Opens the log in `dir`, returning the records of the segments after
+    /// `checkpointed_through` (earlier ones are deleted), and starts a fresh segment.
+    pub fn open(
+        dir: impl Into<PathBuf>,
+        checkpointed_through: Option<u64>,
+    ) -> Result<(Self, Recovered)> {
+        let dir = dir.into();
+        fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        let ids = segment_ids(&dir)?;
+        let mut recovered = Recovered::default();
+        for (i, &id) in ids.iter().enumerate() {
+            let path = dir.join(segment_name(id));
+            if checkpointed_through.is_some_and(|c| id <= c) {
+                fs::remove_file(&path).map_err(io_err(&path))?;
+                continue;
+            }
+            let mut bytes = Vec::new();
+            File::open(&path)
+                .and_then(|mut f| f.read_to_end(&mut bytes))
+                .map_err(io_err(&path))?;
+            let (records, valid) = parse_segment(&bytes);
+            if valid < bytes.len() {
+                if i + 1 != ids.len() {
+                    return Err(Error::Corrupt(format!(
+                        "{}: bad record at byte {valid} in a segment that is not the last",
+                        path.display()
+                    )));
+                }
+                recovered.truncated_bytes = (bytes.len() - valid) as u64;
+                tracing::warn!(path = %path.display(), valid_bytes = valid, cut_bytes = recovered.truncated_bytes, "cutting a torn record off the log");
+                let f = OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .map_err(io_err(&path))?;
+                f.set_len(valid as u64)
+                    .and_then(|()| f.sync_all())
+                    .map_err(io_err(&path))?;
+            }
+            for (kind, source, seq, ipc) in records {
+                recovered.records.push(WalRecord {
+                    kind,
+                    source,
+                    seq,
+                    batch: decode_ipc(ipc)?,
+                });
+            }
+        }
+        let next = ids
+            .last()
+            .map_or(0, |l| l + 1)
+            .max(checkpointed_through.map_or(0, |c| c + 1));
+        let file = Self::create_segment(&dir, next)?;
+        let wal = Wal {
+            dir,
+            active: Mutex::new(Active {
+                id: next,
+                file,
+                written: 0,
+            }),
+            synced: Mutex::new(0),
+        };
+        Ok((wal, recovered))
+    }
+
+    fn create_segment(dir: &Path, id: u64) -> Result<File> {
+        let path = dir.join(segment_name(id));
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(io_err(&path))?;
+        sync_dir(dir)?;
+        Ok(file)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Appends a record (not yet durable); returns the log position to [`Wal::sync`] to.
+    pub fn append(
+        &self,
+        kind: RecordKind,
+        source: &str,
+        seq: u64,
+        batch: &RecordBatch,
+    ) -> Result<u64> {
+        let record = encode_record(kind, source, seq, &encode_ipc(batch)?)?;
+        let mut active = lock(&self.active);
+        let path = self.dir.join(segment_name(active.id));
+        active.file.write_all(&record).map_err(io_err(&path))?;
+        active.written += record.len() as u64;
+        Ok(self.position(&active))
+    }
+
+    fn position(&self, active: &Active) -> u64 {
+        // Positions grow across segments: the segment id in the high bits.
+        (active.id << 40) | active.written
+    }
+
+    /// Makes everything up to `position` durable. Concurrent callers share one fsync
+    /// (group commit): whoever syncs covers all that was written before it started.
+    pub fn sync(&self, position: u64) -> Result<()> {
+        let mut synced = lock(&self.synced);
+        if *synced >= position {
+            return Ok(());
+        }
+        let (file, upto, id) = {
+            let active = lock(&self.active);
+            let file = active.file.try_clone();
+            (file, self.position(&active), active.id)
+        };
+        let path = self.dir.join(segment_name(id));
+        file.and_then(|f| f.sync_data()).map_err(io_err(&path))?;
+        *synced = upto;
+        Ok(())
+    }
+
+    /// Makes everything written so far durable.
+    pub fn sync_all(&self) -> Result<()> {
+        let upto = self.position(&lock(&self.active));
+        self.sync(upto)
+    }
+
+    /// Starts a new segment; returns the id of the one closed, which holds (with those before
+    /// it) every record appended so far.
+    pub fn rotate(&self) -> Result<u64> {
+        let mut active = lock(&self.active);
+        let closed = active.id;
+        let path = self.dir.join(segment_name(closed));
+        active.file.sync_data().map_err(io_err(&path))?;
+        let next = closed + 1;
+        active.file = Self::create_segment(&self.dir, next)?;
+        active.id = next;
+        active.written = 0;
+        *lock(&self.synced) = next << 40;
+        Ok(closed)
+    }
+
+    /// Deletes the segments up to and including `through` (their data is in Parquet).
+    pub fn trim(&self, through: u64) -> Result<()> {
+        for id in segment_ids(&self.dir)? {
+            if id <= through {
+                let path = self.dir.join(segment_name(id));
+                fs::remove_file(&path).map_err(io_err(&path))?;
+            }
+        }
+        sync_dir(&self.dir)
+    }
+
+    /// Bytes in the log's segments now.
+    pub fn size_bytes(&self) -> u64 {
+        segment_ids(&self.dir)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|id| fs::metadata(self.dir.join(segment_name(id))).ok())
+            .map(|m| m.len())
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuledger_model::job::{job_events_to_batch, JobEvent, JobEventKind};
+
+    fn events_batch(n: usize) -> RecordBatch {
+        let events: Vec<JobEvent> = (0..n)
+            .map(|i| {
+                JobEvent::new(
+                    i as i64 * 1000,
+                    format!("j{i}").parse().unwrap(),
+                    "team-a".parse().unwrap(),
+                    None,
+                    JobEventKind::Submitted,
+                )
+            })
+            .collect();
+        job_events_to_batch(&events).unwrap()
+    }
+
+    #[test]
+    fn records_survive_reopen_and_a_torn_tail_is_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let (wal, rec) = Wal::open(dir.path(), None).unwrap();
+        assert!(rec.records.is_empty());
+        for seq in 0..3 {
+            let pos = wal
+                .append(RecordKind::JobEvents, "sched", seq, &events_batch(2))
+                .unwrap();
+            wal.sync(pos).unwrap();
+        }
+        let active = dir.path().join(segment_name(0));
+        drop(wal);
+        // A crash in the middle of a fourth record.
+        let mut f = OpenOptions::new().append(true).open(&active).unwrap();
+        f.write_all(&[200, 0, 0, 0, 1, 2, 3]).unwrap();
+        drop(f);
+        let (_wal, rec) = Wal::open(dir.path(), None).unwrap();
+        assert_eq!(rec.records.len(), 3);
+        assert_eq!(rec.truncated_bytes, 7);
+        assert_eq!(
+            rec.records.iter().map(|r| r.seq).collect::<Vec<_>>(),
+            vec![0, 1, 2]
+        );
+        assert_eq!(rec.records[2].batch, events_batch(2));
+    }
+
+    #[test]
+    fn checkpointed_segments_are_not_replayed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (wal, _) = Wal::open(dir.path(), None).unwrap();
+        wal.append(RecordKind::JobEvents, "s", 0, &events_batch(1))
+            .unwrap();
+        let closed = wal.rotate().unwrap();
+        let pos = wal
+            .append(RecordKind::JobEvents, "s", 1, &events_batch(1))
+            .unwrap();
+        wal.sync(pos).unwrap();
+        drop(wal);
+        let (_wal, rec) = Wal::open(dir.path(), Some(closed)).unwrap();
+        assert_eq!(
+            rec.records.iter().map(|r| r.seq).collect::<Vec<_>>(),
+            vec![1]
+        );
+        assert!(!dir.path().join(segment_name(closed)).exists());
+    }
+
+    #[test]
+    fn a_flipped_bit_stops_replay_there() {
+        let payload = encode_record(RecordKind::Samples, "n1", 7, b"xyz").unwrap();
+        let mut bytes = payload.clone();
+        bytes.extend_from_slice(&payload);
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        let (records, valid) = parse_segment(&bytes);
+        assert_eq!(records.len(), 1);
+        assert_eq!(valid, payload.len());
+    }
+}

@@ -1,0 +1,216 @@
+//! `gpuledger aggregator`: the aggregator service. Opens the data directory, recovers the
+//! write-ahead log, serves the HTTP API, flushes to Parquet on a row count or a timer, applies
+//! raw-sample retention, and on SIGTERM or Ctrl-C stops accepting, flushes and exits.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use gpuledger_aggregator::http::{router, Service};
+use gpuledger_aggregator::layout::Layout;
+use gpuledger_aggregator::metrics::Metrics;
+use gpuledger_aggregator::query::Query;
+use gpuledger_aggregator::store::{Store, StoreOptions};
+use gpuledger_aggregator::{Ingestor, IngestorConfig};
+use gpuledger_model::time::{date_of_ms, Clock, SystemClock};
+use gpuledger_model::units::DurationSpec;
+
+use crate::defaults::{load_cluster, DEFAULT_DATA_DIR};
+
+/// Options of `gpuledger aggregator`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct AggregatorArgs {
+    /// Address to listen on (`127.0.0.1:0` picks a free port; the chosen address is printed).
+    #[arg(long, default_value = "127.0.0.1:9400", env = "GPULEDGER_LISTEN")]
+    pub listen: SocketAddr,
+    /// Data directory: a path or a `file://` URL.
+    #[arg(long, default_value = DEFAULT_DATA_DIR, env = "GPULEDGER_DATA_DIR")]
+    pub data_dir: String,
+    /// Cluster config: accounts, projects, prices, fair-share half-life (default: the embedded
+    /// seed cluster, examples/seed-cluster.toml).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Names this aggregator's files, so several can write one data directory.
+    #[arg(long, default_value = "agg0")]
+    pub writer_id: String,
+    /// Flush to Parquet at least this often (e.g. `60s`, `5m`).
+    #[arg(long, default_value = "60s")]
+    pub flush_interval: DurationSpec,
+    /// Flush once this many sample rows are waiting.
+    #[arg(long, default_value_t = 8 << 20)]
+    pub flush_rows: u64,
+    /// Days of raw samples kept (and accepted); rollups are kept for good.
+    #[arg(long, default_value_t = 90)]
+    pub raw_retention_days: u32,
+    /// How far in the future a sample may start (clock skew between nodes), e.g. `5m`.
+    #[arg(long, default_value = "5m")]
+    pub future_tolerance: DurationSpec,
+    /// Accept batches only from these nodes (repeat, or comma-separated); default any.
+    #[arg(long, value_delimiter = ',')]
+    pub node: Vec<String>,
+}
+
+/// A data directory given as a path or a URL. Only local paths are implemented so far.
+pub fn data_dir_path(text: &str) -> anyhow::Result<PathBuf> {
+    if let Some(path) = text.strip_prefix("file://") {
+        return Ok(PathBuf::from(path));
+    }
+    if let Some((scheme, _)) = text.split_once("://") {
+        bail!("data directory `{text}`: `{scheme}://` object stores are not supported yet; use a local path or file://");
+    }
+    Ok(PathBuf::from(text))
+}
+
+/// Runs the service until SIGTERM or Ctrl-C.
+pub fn run(args: AggregatorArgs) -> anyhow::Result<()> {
+    let config = load_cluster(args.config.as_deref())?;
+    let root = data_dir_path(&args.data_dir)?;
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let store = Arc::new(
+        Store::open(
+            &root,
+            StoreOptions {
+                writer_id: args.writer_id.clone(),
+                max_rows_per_file: None,
+                ..StoreOptions::default()
+            },
+        )
+        .with_context(|| format!("opening data directory {}", root.display()))?,
+    );
+    let ingest_config = IngestorConfig {
+        known_nodes: args.node.iter().cloned().collect(),
+        future_tolerance_ms: i64::try_from(args.future_tolerance.as_secs() * 1000)?,
+        raw_retention_days: args.raw_retention_days,
+    };
+    let started = Instant::now();
+    let (ingestor, recovery) = Ingestor::open_durable(store, ingest_config, Arc::clone(&clock))
+        .context("recovering the write-ahead log")?;
+    tracing::info!(
+        replayed_batches = recovery.replayed_batches,
+        replayed_rows = recovery.replayed_rows,
+        truncated_bytes = recovery.truncated_bytes,
+        removed_files = recovery.removed_files,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "recovered"
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(serve(args, config, Arc::new(ingestor), clock, root))
+}
+
+async fn serve(
+    args: AggregatorArgs,
+    config: gpuledger_model::ClusterConfig,
+    ingestor: Arc<Ingestor>,
+    clock: Arc<dyn Clock>,
+    root: PathBuf,
+) -> anyhow::Result<()> {
+    let query = Query::open(&Layout::new(&root)).await?;
+    let service = Arc::new(Service {
+        ingestor: Arc::clone(&ingestor),
+        query,
+        metrics: Metrics::new(&config),
+        config,
+        clock: Arc::clone(&clock),
+    });
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("listening on {}", args.listen))?;
+    let addr = listener.local_addr()?;
+    // Tests and scripts read this line to find the port.
+    println!(
+        "gpuledger aggregator listening on http://{addr} data-dir {}",
+        root.display()
+    );
+    let flusher = tokio::spawn(flush_loop(Arc::clone(&service), args.clone()));
+    axum::serve(listener, router(Arc::clone(&service)))
+        .with_graceful_shutdown(shutdown_signal())
+        .await?;
+    flusher.abort();
+    let stats = tokio::task::spawn_blocking(move || ingestor.flush()).await??;
+    service.metrics.count_flush(clock.now_ms());
+    tracing::info!(
+        sample_files = stats.sample_files,
+        rollup_rows = stats.rollup_rows,
+        "flushed at shutdown"
+    );
+    println!("gpuledger aggregator stopped; all acknowledged data flushed");
+    Ok(())
+}
+
+async fn flush_loop(service: Arc<Service>, args: AggregatorArgs) {
+    let interval = Duration::from_secs(args.flush_interval.as_secs().max(1));
+    let mut last = Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tick.tick().await;
+        let due = last.elapsed() >= interval
+            || service.ingestor.store().pending_rows() >= args.flush_rows;
+        if !due {
+            continue;
+        }
+        last = Instant::now();
+        let s = Arc::clone(&service);
+        let retention_days = i64::from(args.raw_retention_days);
+        let result = tokio::task::spawn_blocking(move || {
+            let stats = s.ingestor.flush()?;
+            let keep_from = date_of_ms(s.clock.now_ms() - retention_days * 86_400_000);
+            let deleted = s.ingestor.store().apply_retention(keep_from)?;
+            s.metrics.count_flush(s.clock.now_ms());
+            Ok::<_, gpuledger_aggregator::Error>((stats, deleted))
+        })
+        .await;
+        match result {
+            Ok(Ok((stats, deleted))) => tracing::debug!(
+                sample_files = stats.sample_files,
+                rollup_rows = stats.rollup_rows,
+                job_event_files = stats.job_event_files,
+                retention_deleted_days = deleted.len(),
+                "flushed"
+            ),
+            Ok(Err(error)) => tracing::error!(%error, "flush failed"),
+            Err(error) => tracing::error!(%error, "flush task failed"),
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(error) => {
+                    tracing::error!(%error, "cannot listen for SIGTERM");
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_dir_accepts_paths_and_file_urls() {
+        assert_eq!(data_dir_path("/tmp/x").unwrap(), PathBuf::from("/tmp/x"));
+        assert_eq!(
+            data_dir_path("file:///tmp/x").unwrap(),
+            PathBuf::from("/tmp/x")
+        );
+        let err = data_dir_path("s3://bucket/prefix").unwrap_err().to_string();
+        assert!(err.contains("s3://"), "{err}");
+    }
+}

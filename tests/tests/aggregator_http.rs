@@ -1,0 +1,380 @@
+//! The aggregator's HTTP API, driven through its router (`tower::ServiceExt::oneshot`) over a
+//! real data directory: every bad input gets its 4xx and leaves the stored data unchanged; a
+//! re-sent batch is stored once; the indicators, the usage feed and /metrics read back what
+//! was sent.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use gpuledger_aggregator::http::{router, Service, NODE_HEADER, SEQ_HEADER};
+use gpuledger_aggregator::layout::Layout;
+use gpuledger_aggregator::metrics::Metrics;
+use gpuledger_aggregator::query::Query;
+use gpuledger_aggregator::store::{Store, StoreOptions};
+use gpuledger_aggregator::wal::encode_ipc;
+use gpuledger_aggregator::{Ingestor, IngestorConfig};
+use gpuledger_model::time::ManualClock;
+use gpuledger_model::ClusterConfig;
+use gpuledger_tests::{sample_batch, small_cluster_toml};
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+const T0: i64 = 1_780_272_000_000; // 2026-06-01T00:00:00Z
+
+struct Api {
+    app: axum::Router,
+    service: Arc<Service>,
+    _dir: tempfile::TempDir,
+}
+
+async fn api() -> Api {
+    let dir = tempfile::tempdir().unwrap();
+    let config = ClusterConfig::from_toml_str(&small_cluster_toml(2), "small.toml").unwrap();
+    let store = Arc::new(
+        Store::open(
+            dir.path(),
+            StoreOptions {
+                max_rows_per_file: None,
+                ..StoreOptions::default()
+            },
+        )
+        .unwrap(),
+    );
+    let clock = Arc::new(ManualClock::new(T0 + 2 * 3_600_000));
+    let config_nodes = IngestorConfig {
+        known_nodes: ["node001", "node002"].map(String::from).into(),
+        ..IngestorConfig::default()
+    };
+    let (ingestor, _) = Ingestor::open_durable(store, config_nodes, clock.clone()).unwrap();
+    let service = Arc::new(Service {
+        ingestor: Arc::new(ingestor),
+        query: Query::open(&Layout::new(dir.path())).await.unwrap(),
+        metrics: Metrics::new(&config),
+        config,
+        clock,
+    });
+    Api {
+        app: router(Arc::clone(&service)),
+        service,
+        _dir: dir,
+    }
+}
+
+impl Api {
+    async fn call(&self, request: Request<Body>) -> (StatusCode, Value, String) {
+        let response = self.app.clone().oneshot(request).await.unwrap();
+        let status = response.status();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        let json = serde_json::from_str(&text).unwrap_or(Value::Null);
+        (status, json, text)
+    }
+
+    async fn ingest(&self, node: &str, seq: u64, body: Vec<u8>) -> (StatusCode, Value) {
+        let request = Request::post("/api/v1/ingest")
+            .header(NODE_HEADER, node)
+            .header(SEQ_HEADER, seq.to_string())
+            .body(Body::from(body))
+            .unwrap();
+        let (status, json, _) = self.call(request).await;
+        (status, json)
+    }
+
+    async fn get(&self, uri: &str) -> (StatusCode, Value, String) {
+        self.call(Request::get(uri).body(Body::empty()).unwrap())
+            .await
+    }
+
+    async fn post_json(&self, uri: &str, body: Value) -> (StatusCode, Value) {
+        let request = Request::post(uri)
+            .header("content-type", "application/json")
+            .body(Body::from(body.to_string()))
+            .unwrap();
+        let (status, json, _) = self.call(request).await;
+        (status, json)
+    }
+
+    /// Flushes and returns (rows, GPU-seconds) in the stored samples.
+    async fn stored(&self) -> (i64, i64) {
+        let ingestor = Arc::clone(&self.service.ingestor);
+        tokio::task::spawn_blocking(move || ingestor.flush().unwrap())
+            .await
+            .unwrap();
+        let (status, json) = self
+            .post_json(
+                "/api/v1/query",
+                json!({"sql": "SELECT COUNT(*) AS n, COALESCE(SUM(interval_s), 0) AS s FROM samples"}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{json}");
+        let row = &json["rows"][0];
+        (row["n"].as_i64().unwrap(), row["s"].as_i64().unwrap())
+    }
+}
+
+fn ipc(range: std::ops::Range<usize>, node: &str) -> Vec<u8> {
+    encode_ipc(&sample_batch(range, T0, node)).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_is_stored_once_however_often_it_is_sent() {
+    let api = api().await;
+    let (status, reply) = api.ingest("node001", 0, ipc(0..80, "node001")).await;
+    assert_eq!(
+        (status, reply["status"].as_str()),
+        (StatusCode::OK, Some("accepted"))
+    );
+    assert_eq!(reply["rows"], 80);
+    let (status, reply) = api.ingest("node001", 0, ipc(0..80, "node001")).await;
+    assert_eq!(
+        (status, reply["status"].as_str()),
+        (StatusCode::OK, Some("duplicate"))
+    );
+    let (status, _) = api.ingest("node001", 1, ipc(80..160, "node001")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(api.stored().await, (160, 1600));
+    // After a flush the sequence numbers are still known.
+    let (_, reply) = api.ingest("node001", 1, ipc(80..160, "node001")).await;
+    assert_eq!(reply["status"], "duplicate");
+    assert_eq!(api.stored().await, (160, 1600));
+    let (_, _, metrics) = api.get("/metrics").await;
+    assert!(
+        metrics.contains("gpuledger_ingest_batches_total{outcome=\"accepted\"} 2"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("gpuledger_ingest_batches_total{outcome=\"duplicate\"} 2"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("gpuledger_ingest_samples_total 160"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_bad_input_gets_its_4xx_and_changes_nothing() {
+    let api = api().await;
+    api.ingest("node001", 0, ipc(0..80, "node001")).await;
+    let before = api.stored().await;
+    assert_eq!(before, (80, 800));
+
+    // Rows out of range, NaN, negative memory is unrepresentable (unsigned): use the others.
+    let mut bad = sample_batch(0..16, T0, "node001");
+    let mut rows: Vec<_> = (0..16)
+        .map(|i| gpuledger_tests::sample_row(i, T0, "node001"))
+        .collect();
+    rows[3].gpu_util_pct = Some(140.0);
+    rows[5].tensor_active = Some(f32::NAN);
+    rows[7].time_ms = T0 + 10 * 86_400_000; // far in the future
+    rows[9].time_ms = T0 - 400 * 86_400_000; // older than retention
+    let mut builder = gpuledger_model::sample::SampleBatchBuilder::with_capacity(16);
+    for r in &rows {
+        builder.push(r);
+    }
+    bad = builder.finish().unwrap_or(bad);
+    let (status, reply) = api.ingest("node001", 1, encode_ipc(&bad).unwrap()).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{reply}");
+    let named: Vec<(i64, String)> = reply["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["row"].as_i64().unwrap(),
+                e["field"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    for expected in [
+        (3, "gpu_util_pct"),
+        (5, "tensor_active"),
+        (7, "time"),
+        (9, "time"),
+    ] {
+        assert!(
+            named.contains(&(expected.0, expected.1.to_owned())),
+            "{expected:?} not in {named:?}"
+        );
+    }
+
+    // A node the aggregator does not know, and a batch claiming another node's rows.
+    let (status, reply) = api.ingest("node999", 0, ipc(0..8, "node999")).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{reply}");
+    assert_eq!(reply["errors"][0]["field"], "node");
+    let (status, _) = api.ingest("node002", 0, ipc(0..8, "node001")).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+
+    // Wrong schema: job events sent as samples.
+    let events = gpuledger_model::job::job_events_to_batch(&[gpuledger_model::job::JobEvent::new(
+        T0,
+        "1".parse().unwrap(),
+        "alpha".parse().unwrap(),
+        None,
+        gpuledger_model::job::JobEventKind::Submitted,
+    )])
+    .unwrap();
+    let (status, reply) = api.ingest("node001", 2, encode_ipc(&events).unwrap()).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{reply}");
+    assert!(reply["errors"][0]["row"].is_null());
+
+    // Not Arrow at all, a truncated stream, missing and malformed headers.
+    let (status, reply) = api.ingest("node001", 3, b"hello".to_vec()).await;
+    assert_eq!(
+        (status, reply["errors"][0]["field"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("body"))
+    );
+    let mut truncated = ipc(0..80, "node001");
+    truncated.truncate(truncated.len() / 2);
+    let (status, _) = api.ingest("node001", 4, truncated).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let request = Request::post("/api/v1/ingest")
+        .header(SEQ_HEADER, "x")
+        .header(NODE_HEADER, "node001")
+        .body(Body::from(ipc(0..8, "node001")))
+        .unwrap();
+    let (status, reply, _) = api.call(request).await;
+    assert_eq!(
+        (status, reply["errors"][0]["field"].as_str()),
+        (StatusCode::BAD_REQUEST, Some(SEQ_HEADER))
+    );
+
+    // Bad events: each row and field named, nothing stored.
+    let (status, reply) = api
+        .post_json(
+            "/api/v1/events",
+            json!({"source": "sched", "seq": 0, "events": [
+                {"time_ms": T0, "job_id": "1", "account": "alpha", "kind": "submitted"},
+                {"time_ms": T0, "job_id": "1", "account": "alpha", "kind": "finished"},
+            ]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        (
+            reply["errors"][0]["row"].as_i64(),
+            reply["errors"][0]["field"].as_str()
+        ),
+        (Some(1), Some("outcome"))
+    );
+
+    // DDL through the query endpoint would read any file: refused.
+    let (status, _) = api
+        .post_json(
+            "/api/v1/query",
+            json!({"sql": "CREATE EXTERNAL TABLE x STORED AS CSV LOCATION '/etc/passwd'"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+
+    assert_eq!(
+        api.stored().await,
+        before,
+        "refusals left the data unchanged"
+    );
+    let (status, reply) = api
+        .post_json(
+            "/api/v1/query",
+            json!({"sql": "SELECT COUNT(*) AS n FROM jobs"}),
+        )
+        .await;
+    assert_eq!(
+        (status, reply["rows"][0]["n"].as_i64()),
+        (StatusCode::OK, Some(0))
+    );
+    let (_, _, metrics) = api.get("/metrics").await;
+    for line in [
+        "gpuledger_ingest_refused_batches_total{reason=\"invalid_rows\"} 3",
+        "gpuledger_ingest_refused_batches_total{reason=\"schema\"} 1",
+        "gpuledger_ingest_refused_batches_total{reason=\"decode\"} 2",
+        "gpuledger_ingest_refused_batches_total{reason=\"header\"} 1",
+        "gpuledger_ingest_refused_batches_total{reason=\"invalid_events\"} 1",
+        "gpuledger_ingest_refused_values_total{field=\"gpu_util_pct\"} 1",
+    ] {
+        assert!(metrics.contains(line), "missing {line} in\n{metrics}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn indicators_usage_feed_and_job_detail_read_back_what_was_sent() {
+    let api = api().await;
+    // 360 steps of 8 GPUs = one hour at 10 s.
+    api.ingest("node001", 0, ipc(0..2880, "node001")).await;
+    let events = json!({"source": "sched", "seq": 0, "events": [
+        {"time_ms": T0 - 60_000, "job_id": "1000", "account": "alpha", "project": "train", "kind": "submitted", "gpus": 2},
+        {"time_ms": T0, "job_id": "1000", "account": "alpha", "project": "train", "kind": "started", "gpus": 2, "allocation": "node001:0,4"},
+        {"time_ms": T0 + 1000, "job_id": "1000", "account": "alpha", "kind": "flops_reported", "achieved_flops": 7.9e14},
+        {"time_ms": T0 + 3_600_000, "job_id": "1000", "account": "alpha", "kind": "finished", "outcome": "completed"},
+        {"time_ms": T0, "job_id": "1001", "account": "alpha", "kind": "submitted", "gpus": 2},
+        {"time_ms": T0 + 600_000, "job_id": "1001", "account": "alpha", "kind": "started", "gpus": 2},
+        {"time_ms": T0 + 3_600_000, "job_id": "1001", "account": "alpha", "kind": "finished", "outcome": "failed"},
+    ]});
+    let (status, reply) = api.post_json("/api/v1/events", events.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    let (_, reply) = api.post_json("/api/v1/events", events).await;
+    assert_eq!(reply["status"], "duplicate");
+    api.stored().await;
+
+    // Two GPUs in three busy for an hour: 2/3 of 8 GPU-hours.
+    let busy_gpu_seconds = (0..2880).filter(|i| i % 3 != 0).count() as i64 * 10;
+    let (status, s, _) = api
+        .get("/api/v1/accounts/alpha/summary?from=2026-06-01&to=2026-06-02")
+        .await;
+    assert_eq!(status, StatusCode::OK, "{s}");
+    assert_eq!(s["gpu_seconds"].as_i64(), Some(busy_gpu_seconds));
+    assert_eq!(s["jobs"], 1, "only 1001 was submitted inside the window");
+    assert_eq!(s["max_queue_wait_s"], 600.0);
+    assert_eq!(s["success_rate"], 0.0);
+
+    // Usage feed at the end of the hour with a one-hour half-life: the hour's midpoint is
+    // half an hour back, so the decay is 2^-0.5.
+    let (status, u, _) = api
+        .get(&format!("/api/v1/usage?at={}&half_life=1h", T0 + 3_600_000))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{u}");
+    let expected = busy_gpu_seconds as f64 / 3600.0 * 0.5f64.sqrt();
+    let got = u["accounts"]["alpha"]["decayed_gpu_hours"]
+        .as_f64()
+        .unwrap();
+    assert!((got - expected).abs() < 1e-9, "{got} vs {expected}");
+
+    let (status, j, _) = api.get("/api/v1/jobs/1000").await;
+    assert_eq!(status, StatusCode::OK, "{j}");
+    assert_eq!(j["mfu_source"], "reported");
+    let mfu = j["mfu"].as_f64().unwrap();
+    assert!((mfu - 7.9e14 / (2.0 * 989e12)).abs() < 1e-9, "{mfu}");
+    assert_eq!(j["events"].as_array().unwrap().len(), 4);
+    let (status, j, _) = api.get("/api/v1/jobs/1001").await;
+    assert_eq!(
+        (status, j["mfu_source"].as_str()),
+        (StatusCode::OK, Some("tensor_active_proxy"))
+    );
+    assert_eq!(api.get("/api/v1/jobs/4242").await.0, StatusCode::NOT_FOUND);
+    assert_eq!(
+        api.get("/api/v1/accounts/nobody/summary").await.0,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        api.get("/api/v1/usage?at=someday").await.0,
+        StatusCode::BAD_REQUEST
+    );
+
+    let (_, _, metrics) = api.get("/metrics").await;
+    assert!(metrics.contains(&format!(
+        "gpuledger_account_gpu_seconds_total{{account=\"alpha\",gpu_model=\"h100-sxm\",project=\"train\"}}"
+    )), "{metrics}");
+    assert!(
+        metrics.contains("gpuledger_queue_wait_seconds_count{account=\"alpha\"} 2"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("gpuledger_jobs_finished_total{account=\"alpha\",outcome=\"failed\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("gpuledger_jobs_running{account=\"alpha\"} 0"),
+        "{metrics}"
+    );
+}
