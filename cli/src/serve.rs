@@ -137,8 +137,16 @@ async fn serve(
         rollup_rows = stats.rollup_rows,
         "flushed at shutdown"
     );
-    println!("gpuledger aggregator stopped; all acknowledged data flushed");
+    announce("gpuledger aggregator stopped; all acknowledged data flushed");
     Ok(())
+}
+
+/// A line on stdout for whoever started the service; a closed stdout is not an error for a
+/// daemon (a supervisor may have stopped reading), so failures are ignored.
+pub fn announce(line: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
 }
 
 async fn flush_loop(service: Arc<Service>, args: AggregatorArgs) {

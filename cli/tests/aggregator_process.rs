@@ -1,0 +1,206 @@
+//! The aggregator as a real process over real HTTP on loopback: `kill -9` while nodes push,
+//! restart, nodes re-send every batch they sent: every acknowledged batch comes back as a
+//! duplicate, and after a clean shutdown (SIGTERM) the stored samples are exactly the ones
+//! sent, none twice.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::array::AsArray;
+use arrow::datatypes::Int64Type;
+use gpuledger_aggregator::layout::Layout;
+use gpuledger_aggregator::query::Query;
+use gpuledger_aggregator::wal::encode_ipc;
+use gpuledger_model::sample::{SampleBatchBuilder, SampleRow};
+
+const NODES: usize = 4;
+const BATCHES: u64 = 40;
+const ROWS: usize = 64;
+
+struct Aggregator {
+    child: Child,
+    url: String,
+}
+
+fn start(data_dir: &std::path::Path) -> Aggregator {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuledger"))
+        .args([
+            "aggregator",
+            "--listen",
+            "127.0.0.1:0",
+            "--flush-interval",
+            "1h",
+        ])
+        .arg("--data-dir")
+        .arg(data_dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("starts");
+    let stdout = child.stdout.take().expect("piped");
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).expect("reads");
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_owned();
+    Aggregator { child, url }
+}
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(20)))
+        .build()
+        .into()
+}
+
+fn batch(node: &str, seq: u64, t0_ms: i64) -> Vec<u8> {
+    let mut b = SampleBatchBuilder::with_capacity(ROWS);
+    for i in 0..ROWS {
+        let step = seq as i64 * (ROWS / 8) as i64 + (i / 8) as i64;
+        b.push(&SampleRow {
+            time_ms: t0_ms + step * 1000,
+            interval_s: 1,
+            node: node.into(),
+            gpu_index: (i % 8) as u16,
+            gpu_uuid: format!("GPU-{node}-{i}"),
+            gpu_model: "h100-sxm".into(),
+            mig_instance: None,
+            job_id: Some(format!("{}", 100 + i % 8)),
+            account: Some("team-a".into()),
+            project: None,
+            gpu_util_pct: Some(90.0),
+            sm_active: None,
+            tensor_active: Some(0.4),
+            dram_active: None,
+            sm_clock_mhz: None,
+            mem_used_bytes: Some(1 << 30),
+            mem_total_bytes: Some(80 << 30),
+            power_w: Some(600.0),
+            energy_j: None,
+            xid: None,
+        });
+    }
+    encode_ipc(&b.finish().unwrap()).unwrap()
+}
+
+/// Pushes one batch; `Some(status)` of the reply ("accepted" or "duplicate"), `None` when
+/// the aggregator did not answer.
+fn push(agent: &ureq::Agent, url: &str, node: &str, seq: u64, body: &[u8]) -> Option<String> {
+    let mut response = agent
+        .post(format!("{url}/api/v1/ingest"))
+        .header("x-gpuledger-node", node)
+        .header("x-gpuledger-seq", seq.to_string())
+        .send(body)
+        .ok()?;
+    let text = response.body_mut().read_to_string().ok()?;
+    assert_eq!(response.status().as_u16(), 200, "{text}");
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    Some(json["status"].as_str().unwrap().to_owned())
+}
+
+async fn scalar(query: &Query, sql: &str) -> i64 {
+    let batches = query.sql(sql).await.unwrap();
+    let b = batches.iter().find(|b| b.num_rows() > 0).unwrap();
+    let col = arrow::compute::cast(b.column(0), &arrow::datatypes::DataType::Int64).unwrap();
+    col.as_primitive::<Int64Type>().value(0)
+}
+
+#[test]
+fn kill_9_during_ingest_loses_nothing_acknowledged_and_stores_nothing_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let now_ms = chrono::Utc::now().timestamp_millis();
+    let t0_ms = now_ms - now_ms.rem_euclid(1000) - 3_600_000;
+    let mut aggregator = start(dir.path());
+    let acked = Arc::new(AtomicUsize::new(0));
+    let senders: Vec<_> = (0..NODES)
+        .map(|n| {
+            let (url, acked) = (aggregator.url.clone(), Arc::clone(&acked));
+            std::thread::spawn(move || {
+                let node = format!("node{n:03}");
+                let agent = agent();
+                let mut acknowledged = Vec::new();
+                for seq in 0..BATCHES {
+                    match push(&agent, &url, &node, seq, &batch(&node, seq, t0_ms)) {
+                        Some(_) => {
+                            acknowledged.push(seq);
+                            acked.fetch_add(1, Ordering::SeqCst);
+                        }
+                        None => break,
+                    }
+                }
+                acknowledged
+            })
+        })
+        .collect();
+    while acked.load(Ordering::SeqCst) < (NODES as u64 * BATCHES / 2) as usize {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    aggregator.child.kill().expect("SIGKILL");
+    aggregator.child.wait().unwrap();
+    let acknowledged: Vec<Vec<u64>> = senders.into_iter().map(|s| s.join().unwrap()).collect();
+    let total_acked: usize = acknowledged.iter().map(Vec::len).sum();
+    assert!(
+        total_acked < NODES * BATCHES as usize,
+        "the kill came before the end"
+    );
+
+    let mut aggregator = start(dir.path());
+    let agent = agent();
+    for (n, acked) in acknowledged.iter().enumerate() {
+        let node = format!("node{n:03}");
+        for seq in 0..BATCHES {
+            let status = push(
+                &agent,
+                &aggregator.url,
+                &node,
+                seq,
+                &batch(&node, seq, t0_ms),
+            )
+            .expect("the restarted aggregator answers");
+            if acked.contains(&seq) {
+                assert_eq!(
+                    status, "duplicate",
+                    "{node} batch {seq} was acknowledged before the kill"
+                );
+            }
+        }
+    }
+    let pid = aggregator.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let exit = aggregator.child.wait().unwrap();
+    assert!(exit.success(), "clean shutdown: {exit:?}");
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let query = Query::open(&Layout::new(dir.path())).await.unwrap();
+        let sent = (NODES * BATCHES as usize * ROWS) as i64;
+        assert_eq!(scalar(&query, "SELECT COUNT(*) FROM samples").await, sent);
+        assert_eq!(
+            scalar(
+                &query,
+                "SELECT COUNT(*) FROM (SELECT node, gpu_index, time FROM samples \
+                 GROUP BY node, gpu_index, time HAVING COUNT(*) > 1)"
+            )
+            .await,
+            0,
+            "no sample stored twice"
+        );
+        assert_eq!(
+            scalar(&query, "SELECT SUM(gpu_seconds) FROM rollups_hourly").await,
+            sent,
+            "rollups hold exactly the samples' GPU-seconds (1 s each)"
+        );
+    });
+}
