@@ -4,6 +4,7 @@
 
 pub mod billing_glue;
 pub mod defaults;
+pub mod exporter_cmd;
 pub mod pipeline;
 pub mod serve;
 pub mod simulate;

@@ -40,6 +40,10 @@ enum Command {
     /// Replay a job trace (the Philly format) through the scheduler in virtual time; write
     /// jobs.csv and report.md to --out.
     Simulate(SimulateArgs),
+    /// Run the per-node exporter: read GPUs (synthetic or NVML), label them with their jobs,
+    /// serve /metrics in dcgm-exporter's names, and push batches to the aggregator through a
+    /// durable spool.
+    Exporter(gpuledger::exporter_cmd::ExporterArgs),
     /// Run the aggregator service: HTTP ingest with a write-ahead log, Parquet store,
     /// indicators, the fair-share usage feed and /metrics.
     Aggregator(gpuledger::serve::AggregatorArgs),
@@ -135,6 +139,7 @@ fn main() -> anyhow::Result<()> {
         Command::Report(args) => report(args),
         Command::Simulate(args) => simulate(args),
         Command::Aggregator(args) => gpuledger::serve::run(args),
+        Command::Exporter(args) => gpuledger::exporter_cmd::run(args),
         Command::CheckConfig { file } => check_config(&file),
     }
 }

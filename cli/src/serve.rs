@@ -185,7 +185,8 @@ async fn flush_loop(service: Arc<Service>, args: AggregatorArgs) {
     }
 }
 
-async fn shutdown_signal() {
+/// Resolves on SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {

@@ -70,6 +70,9 @@ pub trait GpuSource: Send {
     fn devices(&self) -> &[GpuDevice];
     /// Reads every GPU once.
     fn read(&mut self, now_ms: UnixMillis) -> Result<Vec<GpuReading>>;
+    /// Tells the source which job each GPU works for (by position in `devices`). Real GPUs
+    /// do not care; synthetic ones look busy when they have a job.
+    fn set_jobs(&mut self, _labels: &[Option<JobLabel>]) {}
 }
 
 /// A reading with its device, node, interval and job label, as a sample row.

@@ -185,6 +185,19 @@ impl GpuSource for SyntheticSource {
         &self.devices
     }
 
+    fn set_jobs(&mut self, labels: &[Option<JobLabel>]) {
+        for (slot, label) in self.running.iter_mut().zip(labels) {
+            let account = label
+                .as_ref()
+                .and_then(|l| l.account.parse::<AccountId>().ok());
+            match (account, slot.as_ref()) {
+                (Some(a), Some(p)) if p.account == a => {}
+                (Some(a), _) => *slot = Some(TelemetryProfile::generic(a)),
+                (None, _) => *slot = None,
+            }
+        }
+    }
+
     fn read(&mut self, now_ms: UnixMillis) -> Result<Vec<GpuReading>> {
         let interval_s = self
             .last_read_ms

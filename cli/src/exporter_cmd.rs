@@ -1,0 +1,205 @@
+//! `gpuledger exporter`: the per-node agent. Wires a GPU source, the sampling and push loops
+//! of `gpuledger_exporter::agent`, and `/metrics` over HTTP; on SIGTERM or Ctrl-C it spools what
+//! it collected, tries one last push, and exits (anything unsent stays in the spool).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use axum::extract::State;
+use axum::http::{header, HeaderMap};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use gpuledger_exporter::agent::{run_pusher, run_sampler, AgentConfig, Shared};
+use gpuledger_exporter::exposition::{render, Format, Snapshot};
+use gpuledger_exporter::nvml::NvmlSource;
+use gpuledger_exporter::spool::Spool;
+use gpuledger_exporter::synthetic::SyntheticSource;
+use gpuledger_exporter::GpuSource;
+use gpuledger_model::time::{Clock, SystemClock};
+use gpuledger_model::GpuModel;
+
+use crate::serve::announce;
+
+/// Where GPU readings come from.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SourceKind {
+    /// GPUs whose readings follow the jobs mapped to them; deterministic from --seed.
+    Synthetic,
+    /// The NVIDIA driver through NVML (libnvidia-ml.so.1).
+    Nvml,
+}
+
+/// Options of `gpuledger exporter`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ExporterArgs {
+    /// This node's name, as the aggregator knows it.
+    #[arg(long, env = "GPULEDGER_NODE")]
+    pub node: String,
+    /// Source of GPU readings.
+    #[arg(long, value_enum, default_value = "synthetic")]
+    pub source: SourceKind,
+    /// Synthetic source: number of GPUs.
+    #[arg(long, default_value_t = 8)]
+    pub gpus: u16,
+    /// Synthetic source: GPU model (a100, h100-sxm, h100-pcie, h200).
+    #[arg(long, default_value = "h100-sxm")]
+    pub gpu_model: GpuModel,
+    /// Synthetic source: seed of the readings.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// How often every GPU is read (e.g. `1s`, `250ms`).
+    #[arg(long, default_value = "1s", value_parser = parse_interval)]
+    pub sample_interval: Duration,
+    /// How often collected samples are spooled and pushed as one batch.
+    #[arg(long, default_value = "10s", value_parser = parse_interval)]
+    pub push_interval: Duration,
+    /// The aggregator's base URL (e.g. http://aggregator:9400); without it batches stay in the
+    /// spool.
+    #[arg(long, env = "GPULEDGER_AGGREGATOR_URL")]
+    pub aggregator_url: Option<String>,
+    /// Durable outbox of batches not yet acknowledged.
+    #[arg(long, default_value = "./gpuledger-spool")]
+    pub spool_dir: PathBuf,
+    /// Bound of the spool in bytes; past it the oldest batches are dropped and counted.
+    #[arg(long, default_value_t = 1 << 30)]
+    pub spool_max_bytes: u64,
+    /// Job-mapping directory: a file per GPU index holding `job_id account [project]`.
+    #[arg(long)]
+    pub job_mapping_dir: Option<PathBuf>,
+    /// Address of /metrics (`127.0.0.1:0` picks a free port; the address is printed).
+    #[arg(long, default_value = "0.0.0.0:9401")]
+    pub listen: SocketAddr,
+}
+
+/// `250ms`, `1s`, `2m`.
+pub fn parse_interval(text: &str) -> Result<Duration, String> {
+    let (number, unit) = text
+        .find(|c: char| !c.is_ascii_digit())
+        .map(|i| text.split_at(i))
+        .unwrap_or((text, "s"));
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("`{text}`: expected a number and a unit, like 250ms, 1s or 2m"))?;
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n * 60),
+        _ => return Err(format!("`{text}`: unit must be ms, s or m")),
+    };
+    if d.is_zero() {
+        return Err(format!("`{text}`: must be longer than 0"));
+    }
+    Ok(d)
+}
+
+fn open_source(args: &ExporterArgs) -> anyhow::Result<Box<dyn GpuSource>> {
+    Ok(match args.source {
+        SourceKind::Synthetic => Box::new(SyntheticSource::new(
+            args.seed,
+            &args.node,
+            args.gpus,
+            args.gpu_model,
+        )),
+        SourceKind::Nvml => Box::new(NvmlSource::open().context("opening the NVML source")?),
+    })
+}
+
+/// Runs the exporter until SIGTERM or Ctrl-C.
+pub fn run(args: ExporterArgs) -> anyhow::Result<()> {
+    if args.sample_interval.subsec_nanos() != 0 {
+        // Samples carry their interval in whole seconds: that is what is billed.
+        bail!("--sample-interval must be a whole number of seconds (1s, 2s, ...)");
+    }
+    if args.push_interval < args.sample_interval {
+        bail!("--push-interval must not be shorter than --sample-interval");
+    }
+    let source = open_source(&args)?;
+    let spool = Spool::open(&args.spool_dir, args.spool_max_bytes)
+        .with_context(|| format!("opening the spool {}", args.spool_dir.display()))?;
+    let devices = source.devices().to_vec();
+    let snapshot = Snapshot {
+        node: args.node.clone(),
+        source: source.kind(),
+        readings: vec![None; devices.len()],
+        labels: vec![None; devices.len()],
+        energy_joules_total: vec![0.0; devices.len()],
+        devices,
+        ..Snapshot::default()
+    };
+    let shared = Shared::new(snapshot, spool);
+    let config = AgentConfig {
+        node: args.node.clone(),
+        sample_interval: args.sample_interval,
+        push_interval: args.push_interval,
+        aggregator_url: args.aggregator_url.clone(),
+        job_mapping_dir: args.job_mapping_dir.clone(),
+        max_backoff: Duration::from_secs(30),
+    };
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let sampler = {
+        let (shared, config, clock) = (Arc::clone(&shared), config.clone(), Arc::clone(&clock));
+        std::thread::Builder::new()
+            .name("sampler".into())
+            .spawn(move || run_sampler(source, &config, clock.as_ref(), &shared))?
+    };
+    let pusher = {
+        let (shared, config, clock) = (Arc::clone(&shared), config.clone(), Arc::clone(&clock));
+        std::thread::Builder::new()
+            .name("pusher".into())
+            .spawn(move || run_pusher(&config, clock.as_ref(), &shared))?
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(serve_metrics(args.listen, Arc::clone(&shared)))?;
+    shared.stop();
+    let _ = sampler.join();
+    let _ = pusher.join();
+    announce("gpuledger exporter stopped");
+    Ok(())
+}
+
+async fn serve_metrics(listen: SocketAddr, shared: Arc<Shared>) -> anyhow::Result<()> {
+    let app = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .with_state(shared);
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("listening on {listen}"))?;
+    announce(&format!(
+        "gpuledger exporter listening on http://{}",
+        listener.local_addr()?
+    ));
+    axum::serve(listener, app)
+        .with_graceful_shutdown(crate::serve::shutdown_signal())
+        .await?;
+    Ok(())
+}
+
+async fn metrics(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> impl IntoResponse {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let format = Format::from_accept(accept);
+    let body = render(&shared.snapshot(), format);
+    ([(header::CONTENT_TYPE, format.content_type())], body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_interval;
+    use std::time::Duration;
+
+    #[test]
+    fn intervals_parse_with_units() {
+        assert_eq!(parse_interval("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_interval("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_interval("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_interval("3"), Ok(Duration::from_secs(3)));
+        assert!(parse_interval("0s").is_err());
+        assert!(parse_interval("1h").is_err());
+    }
+}

@@ -1,0 +1,203 @@
+//! Exporter and aggregator as real processes on loopback: the aggregator is down while the
+//! exporter samples, the exporter is killed with `kill -9` while it holds spooled batches and
+//! restarted, then the aggregator comes up: every batch arrives exactly once, in sequence, and
+//! nothing is stored twice.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use arrow::array::AsArray;
+use arrow::datatypes::Int64Type;
+use gpuledger_aggregator::layout::Layout;
+use gpuledger_aggregator::query::Query;
+
+struct Process {
+    child: Child,
+    url: String,
+}
+
+fn spawn(args: &[&str]) -> Process {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuledger"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_owned();
+    Process { child, url }
+}
+
+fn terminate(mut p: Process) {
+    let pid = p.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let status = p.child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+}
+
+fn metric(url: &str, name: &str) -> f64 {
+    let text = ureq::get(format!("{url}/metrics"))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap();
+    text.lines()
+        .find(|l| l.starts_with(name) && !l.starts_with('#'))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+}
+
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn scalar(query: &Query, rt: &tokio::runtime::Runtime, sql: &str) -> i64 {
+    let batches = rt.block_on(query.sql(sql)).unwrap();
+    let b = batches.iter().find(|b| b.num_rows() > 0).unwrap();
+    let col = arrow::compute::cast(b.column(0), &arrow::datatypes::DataType::Int64).unwrap();
+    col.as_primitive::<Int64Type>().value(0)
+}
+
+#[test]
+fn batches_spooled_across_an_outage_and_a_kill_9_arrive_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (spool, data, mapping) = (
+        dir.path().join("spool"),
+        dir.path().join("data"),
+        dir.path().join("jobs"),
+    );
+    std::fs::create_dir_all(&mapping).unwrap();
+    for gpu in 0..4 {
+        std::fs::write(mapping.join(gpu.to_string()), "7 team-a research\n").unwrap();
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let aggregator_url = format!("http://127.0.0.1:{port}");
+    let exporter_args = [
+        "exporter",
+        "--node",
+        "node001",
+        "--gpus",
+        "8",
+        "--sample-interval",
+        "1s",
+        "--push-interval",
+        "1s",
+        "--listen",
+        "127.0.0.1:0",
+        "--aggregator-url",
+        &aggregator_url,
+        "--spool-dir",
+        spool.to_str().unwrap(),
+        "--job-mapping-dir",
+        mapping.to_str().unwrap(),
+    ];
+
+    // The aggregator is down: batches pile up in the spool.
+    let mut exporter = spawn(&exporter_args);
+    wait_for("spooled batches", || {
+        metric(&exporter.url, "gpuledger_exporter_spool_batches") >= 3.0
+    });
+    assert!(metric(&exporter.url, "gpuledger_exporter_pushes_failed_total") >= 1.0);
+    let page = ureq::get(format!("{}/metrics", exporter.url))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap();
+    assert!(page.contains("DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",Hostname=\"node001\",job=\"7\",account=\"team-a\",project=\"research\"}"), "{page}");
+    assert!(
+        page.contains("DCGM_FI_DEV_GPU_UTIL{gpu=\"5\",Hostname=\"node001\",job=\"\"}"),
+        "idle GPUs are labelled idle, not dropped"
+    );
+    exporter.child.kill().unwrap();
+    exporter.child.wait().unwrap();
+
+    // Restarted, the exporter keeps its spool and its sequence; then the aggregator comes up.
+    let exporter = spawn(&exporter_args);
+    let aggregator = spawn(&[
+        "aggregator",
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--data-dir",
+        data.to_str().unwrap(),
+    ]);
+    wait_for("the spool to drain", || {
+        metric(&exporter.url, "gpuledger_exporter_pushes_total") >= 4.0
+            && metric(&exporter.url, "gpuledger_exporter_spool_batches") == 0.0
+    });
+    terminate(exporter);
+    let next_seq: u64 = std::fs::read_to_string(spool.join("next-seq"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let left = std::fs::read_dir(&spool)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .ends_with(".arrows")
+        })
+        .count();
+    assert_eq!(left, 0, "everything was pushed before the exporter stopped");
+    terminate(aggregator);
+
+    // The aggregator stored sequence numbers 0..next_seq, each once.
+    let checkpoint: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(data.join("wal/checkpoint.json")).unwrap()).unwrap();
+    assert_eq!(
+        checkpoint["samples"]["node001"]["contiguous"].as_u64(),
+        Some(next_seq - 1),
+        "{checkpoint}"
+    );
+    assert!(
+        checkpoint["samples"]["node001"].get("above").is_none(),
+        "no gaps: {checkpoint}"
+    );
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let query = rt.block_on(Query::open(&Layout::new(&data))).unwrap();
+    let rows = scalar(&query, &rt, "SELECT COUNT(*) FROM samples");
+    let instants = scalar(&query, &rt, "SELECT COUNT(DISTINCT time) FROM samples");
+    assert!(rows > 0);
+    assert_eq!(
+        rows,
+        8 * instants,
+        "every instant has its eight GPUs, none twice"
+    );
+    assert_eq!(
+        scalar(
+            &query,
+            &rt,
+            "SELECT COUNT(*) FROM samples WHERE account = 'team-a' AND job_id = '7'"
+        ),
+        rows / 2,
+        "GPUs 0-3 labelled with their job, 4-7 idle"
+    );
+}

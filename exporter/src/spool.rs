@@ -1,0 +1,215 @@
+//! The on-disk outbox of sample batches. Every batch is written here (fsync'd) before it is
+//! pushed and deleted once the aggregator acknowledged it, so a batch survives both an
+//! unreachable aggregator and a `kill -9` of the exporter. Batches are files named by their
+//! sequence number, replayed oldest first. The spool is bounded: past the bound the oldest
+//! batches are dropped, counted and logged loudly. The next sequence number is kept in a
+//! file of its own, so it survives a restart even with an empty spool.
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Spool errors.
+#[derive(Debug, thiserror::Error)]
+pub enum SpoolError {
+    #[error("spool I/O on {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("spool state {path} is not a sequence number: {text:?}")]
+    BadState { path: PathBuf, text: String },
+}
+
+pub type Result<T, E = SpoolError> = std::result::Result<T, E>;
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> SpoolError + '_ {
+    move |source| SpoolError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+const NEXT_SEQ: &str = "next-seq";
+const SUFFIX: &str = ".arrows";
+
+/// The spool directory.
+#[derive(Debug)]
+pub struct Spool {
+    dir: PathBuf,
+    max_bytes: u64,
+    next_seq: u64,
+    /// Sequence numbers and sizes of the spooled batches, oldest first.
+    queued: std::collections::VecDeque<(u64, u64)>,
+    dropped: u64,
+}
+
+fn write_durably(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
+    let path = dir.join(name);
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let mut f = File::create(&tmp).map_err(io(&tmp))?;
+    f.write_all(bytes)
+        .and_then(|()| f.sync_all())
+        .map_err(io(&tmp))?;
+    fs::rename(&tmp, &path).map_err(io(&path))?;
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
+}
+
+impl Spool {
+    /// Opens (creating) the spool in `dir`, bounded to `max_bytes` of batches.
+    pub fn open(dir: impl Into<PathBuf>, max_bytes: u64) -> Result<Self> {
+        let dir = dir.into();
+        fs::create_dir_all(&dir).map_err(io(&dir))?;
+        let mut queued = Vec::new();
+        for entry in fs::read_dir(&dir).map_err(io(&dir))? {
+            let entry = entry.map_err(io(&dir))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.ends_with(".tmp") {
+                // A batch half-written when the exporter died: never pushed, never acknowledged.
+                fs::remove_file(entry.path()).map_err(io(&entry.path()))?;
+            } else if let Some(seq) = name.strip_suffix(SUFFIX).and_then(|s| s.parse().ok()) {
+                let size = entry.metadata().map_err(io(&entry.path()))?.len();
+                queued.push((seq, size));
+            }
+        }
+        queued.sort_unstable();
+        let state = dir.join(NEXT_SEQ);
+        let stored = match fs::read_to_string(&state) {
+            Ok(text) => text
+                .trim()
+                .parse::<u64>()
+                .map_err(|_| SpoolError::BadState {
+                    path: state.clone(),
+                    text,
+                })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+            Err(e) => return Err(io(&state)(e)),
+        };
+        let after_queued = queued.last().map_or(0, |(s, _)| s + 1);
+        Ok(Spool {
+            dir,
+            max_bytes,
+            next_seq: stored.max(after_queued),
+            queued: queued.into(),
+            dropped: 0,
+        })
+    }
+
+    /// Spools a batch (Arrow IPC stream bytes) under the next sequence number, durably;
+    /// returns that number. Drops the oldest batches when the bound is passed.
+    pub fn push(&mut self, ipc: &[u8]) -> Result<u64> {
+        let seq = self.next_seq;
+        write_durably(&self.dir, NEXT_SEQ, (seq + 1).to_string().as_bytes())?;
+        self.next_seq = seq + 1;
+        write_durably(&self.dir, &Self::name(seq), ipc)?;
+        self.queued.push_back((seq, ipc.len() as u64));
+        while self.bytes() > self.max_bytes && self.queued.len() > 1 {
+            let Some((old, size)) = self.queued.front().copied() else {
+                break;
+            };
+            self.remove(old)?;
+            self.dropped += 1;
+            tracing::error!(
+                seq = old,
+                bytes = size,
+                spool_max_bytes = self.max_bytes,
+                "spool full: dropped the oldest batch; these samples are lost"
+            );
+        }
+        Ok(seq)
+    }
+
+    fn name(seq: u64) -> String {
+        format!("{seq:020}{SUFFIX}")
+    }
+
+    /// The oldest spooled batch: its sequence number and bytes.
+    pub fn oldest(&self) -> Result<Option<(u64, Vec<u8>)>> {
+        let Some((seq, _)) = self.queued.front().copied() else {
+            return Ok(None);
+        };
+        let path = self.dir.join(Self::name(seq));
+        let bytes = fs::read(&path).map_err(io(&path))?;
+        Ok(Some((seq, bytes)))
+    }
+
+    /// Deletes a batch (acknowledged, or dropped).
+    pub fn remove(&mut self, seq: u64) -> Result<()> {
+        let path = self.dir.join(Self::name(seq));
+        match fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(&path)(e)),
+        }
+        self.queued.retain(|(s, _)| *s != seq);
+        Ok(())
+    }
+
+    /// Moves a batch the aggregator refused for good aside (`rejected/`), for an operator.
+    pub fn reject(&mut self, seq: u64) -> Result<()> {
+        let rejected = self.dir.join("rejected");
+        fs::create_dir_all(&rejected).map_err(io(&rejected))?;
+        let from = self.dir.join(Self::name(seq));
+        let to = rejected.join(Self::name(seq));
+        fs::rename(&from, &to).map_err(io(&to))?;
+        self.queued.retain(|(s, _)| *s != seq);
+        Ok(())
+    }
+
+    pub fn len(&self) -> usize {
+        self.queued.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.queued.is_empty()
+    }
+
+    /// Bytes of spooled batches.
+    pub fn bytes(&self) -> u64 {
+        self.queued.iter().map(|(_, b)| b).sum()
+    }
+
+    /// Batches dropped because the spool was full, since it was opened.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_and_the_sequence_survive_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spool = Spool::open(dir.path(), 1 << 20).unwrap();
+        assert_eq!(spool.push(b"a").unwrap(), 0);
+        assert_eq!(spool.push(b"bb").unwrap(), 1);
+        spool.remove(0).unwrap();
+        drop(spool);
+        let mut spool = Spool::open(dir.path(), 1 << 20).unwrap();
+        assert_eq!(spool.oldest().unwrap(), Some((1, b"bb".to_vec())));
+        spool.remove(1).unwrap();
+        drop(spool);
+        let mut spool = Spool::open(dir.path(), 1 << 20).unwrap();
+        assert!(spool.is_empty());
+        assert_eq!(spool.push(b"c").unwrap(), 2, "numbers are never reused");
+    }
+
+    #[test]
+    fn past_the_bound_the_oldest_are_dropped_and_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spool = Spool::open(dir.path(), 10).unwrap();
+        for _ in 0..5 {
+            spool.push(b"1234").unwrap();
+        }
+        assert_eq!(spool.len(), 2);
+        assert_eq!(spool.dropped(), 3);
+        assert_eq!(spool.oldest().unwrap().unwrap().0, 3);
+    }
+}
