@@ -14,6 +14,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use gpuledger_exporter::agent::{run_pusher, run_sampler, AgentConfig, Shared};
+use gpuledger_exporter::dcgm::DcgmExporterSource;
 use gpuledger_exporter::exposition::{render, Format, Snapshot};
 use gpuledger_exporter::nvml::NvmlSource;
 use gpuledger_exporter::spool::Spool;
@@ -31,6 +32,9 @@ pub enum SourceKind {
     Synthetic,
     /// The NVIDIA driver through NVML (libnvidia-ml.so.1).
     Nvml,
+    /// An existing dcgm-exporter's page (--dcgm-url), profiling fields and job labels
+    /// included.
+    DcgmExporter,
 }
 
 /// Options of `gpuledger exporter`.
@@ -51,6 +55,9 @@ pub struct ExporterArgs {
     /// Synthetic source: seed of the readings.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// dcgm-exporter source: the page to read.
+    #[arg(long, default_value = "http://127.0.0.1:9400/metrics")]
+    pub dcgm_url: String,
     /// How often every GPU is read (e.g. `1s`, `250ms`).
     #[arg(long, default_value = "1s", value_parser = parse_interval)]
     pub sample_interval: Duration,
@@ -105,6 +112,9 @@ fn open_source(args: &ExporterArgs) -> anyhow::Result<Box<dyn GpuSource>> {
             args.gpu_model,
         )),
         SourceKind::Nvml => Box::new(NvmlSource::open().context("opening the NVML source")?),
+        SourceKind::DcgmExporter => Box::new(
+            DcgmExporterSource::open(&args.dcgm_url).context("opening the dcgm-exporter source")?,
+        ),
     })
 }
 

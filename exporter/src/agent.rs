@@ -16,7 +16,7 @@ use gpuledger_model::sample::SampleBatchBuilder;
 use gpuledger_model::time::Clock;
 
 use crate::exposition::Snapshot;
-use crate::source::{sample_ref, GpuSource, JobLabel};
+use crate::source::{sample_ref, GpuDevice, GpuSource, JobLabel};
 use crate::spool::Spool;
 
 /// How the agent runs.
@@ -87,9 +87,12 @@ impl Shared {
 }
 
 /// Reads the job-mapping directory: file `<gpu index>` holds `job_id account [project]`.
-pub fn read_job_mapping(dir: &std::path::Path, gpus: usize) -> Vec<Option<JobLabel>> {
-    (0..gpus)
-        .map(|i| {
+/// Returns a label per device, by position (MIG instances of a GPU share its file).
+pub fn read_job_mapping(dir: &std::path::Path, devices: &[GpuDevice]) -> Vec<Option<JobLabel>> {
+    devices
+        .iter()
+        .map(|d| {
+            let i = d.index;
             let text = std::fs::read_to_string(dir.join(i.to_string())).ok()?;
             let mut words = text.split_whitespace();
             let job_id = words.next()?.to_owned();
@@ -123,12 +126,17 @@ pub fn run_sampler(
     while !shared.stopping() {
         let started = Instant::now();
         let now_ms = clock.now_ms();
-        let labels = match &config.job_mapping_dir {
-            Some(dir) => read_job_mapping(dir, devices.len()),
+        let mut labels = match &config.job_mapping_dir {
+            Some(dir) => read_job_mapping(dir, &devices),
             None => vec![None; devices.len()],
         };
         source.set_jobs(&labels);
         let result = source.read(now_ms);
+        if config.job_mapping_dir.is_none() {
+            if let Some(known) = source.job_labels() {
+                labels = known;
+            }
+        }
         let elapsed = started.elapsed().as_secs_f64();
         match result {
             Ok(readings) => {
@@ -343,7 +351,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("0"), "4242 team-a llm\n").unwrap();
         std::fs::write(dir.path().join("2"), "77\n").unwrap();
-        let labels = read_job_mapping(dir.path(), 3);
+        let devices =
+            crate::synthetic::synthetic_devices(1, "n", 3, gpuledger_model::GpuModel::H100Sxm);
+        let labels = read_job_mapping(dir.path(), &devices);
         assert_eq!(labels[0].as_ref().unwrap().project.as_deref(), Some("llm"));
         assert!(labels[1].is_none(), "no file: idle");
         assert!(labels[2].is_none(), "job without account: idle, warned");

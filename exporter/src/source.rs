@@ -21,6 +21,8 @@ pub enum SourceError {
         gpu: Option<u32>,
         detail: String,
     },
+    #[error("scraping {url}: {message}")]
+    Scrape { url: String, message: String },
     #[error("GPU model `{0}` is not known to gpuledger (its peak FLOP/s are needed for MFU)")]
     UnknownModel(String),
 }
@@ -73,6 +75,11 @@ pub trait GpuSource: Send {
     /// Tells the source which job each GPU works for (by position in `devices`). Real GPUs
     /// do not care; synthetic ones look busy when they have a job.
     fn set_jobs(&mut self, _labels: &[Option<JobLabel>]) {}
+    /// Job labels the source itself knows (dcgm-exporter's `hpc_job`, `pod`, `namespace`),
+    /// by position in `devices`; `None`: it knows none.
+    fn job_labels(&self) -> Option<Vec<Option<JobLabel>>> {
+        None
+    }
 }
 
 /// A reading with its device, node, interval and job label, as a sample row.
