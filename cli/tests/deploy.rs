@@ -1,0 +1,58 @@
+//! The deployment files pass arguments the binary accepts: a renamed flag breaks this test,
+//! not a node at install time.
+
+use clap::Args;
+use gpuledger::exporter_cmd::ExporterArgs;
+use gpuledger::serve::AggregatorArgs;
+
+fn exec_start_args(unit: &str) -> Vec<String> {
+    let line = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("ExecStart="))
+        .expect("an ExecStart line");
+    line.split_whitespace().skip(2).map(str::to_owned).collect()
+}
+
+fn daemonset_args(yaml: &str) -> Vec<String> {
+    let mut lines = yaml.lines().skip_while(|l| l.trim() != "args:").skip(1);
+    let mut out = Vec::new();
+    for l in lines.by_ref() {
+        let Some(item) = l.trim().strip_prefix("- ") else {
+            break;
+        };
+        out.push(item.trim_matches('"').to_owned());
+    }
+    out
+}
+
+fn accepts<A: Args>(name: &'static str, args: &[String]) {
+    let command = A::augment_args(clap::Command::new(name).no_binary_name(true));
+    if let Err(e) = command.try_get_matches_from(args) {
+        panic!("{name} refuses {args:?}: {e}");
+    }
+}
+
+#[test]
+fn systemd_units_pass_accepted_arguments() {
+    let mut exporter = exec_start_args(include_str!(
+        "../../deploy/systemd/gpuledger-exporter.service"
+    ));
+    assert_eq!(exporter.first().map(String::as_str), Some("--source"));
+    exporter.extend(["--node".into(), "gpu001".into()]);
+    accepts::<ExporterArgs>("exporter", &exporter);
+    let aggregator = exec_start_args(include_str!(
+        "../../deploy/systemd/gpuledger-aggregator.service"
+    ));
+    accepts::<AggregatorArgs>("aggregator", &aggregator);
+}
+
+#[test]
+fn the_daemonset_passes_accepted_arguments() {
+    let mut args = daemonset_args(include_str!(
+        "../../deploy/kubernetes/exporter-daemonset.yaml"
+    ));
+    assert_eq!(args.remove(0), "exporter");
+    assert!(args.len() > 10, "{args:?}");
+    args.extend(["--node".into(), "gpu001".into()]);
+    accepts::<ExporterArgs>("exporter", &args);
+}
