@@ -355,6 +355,16 @@ impl Ingestor {
         Ok(stats)
     }
 
+    /// Compacts small files (see [`Store::compact_all`]), never while a flush writes.
+    pub fn compact(
+        &self,
+        today: chrono::NaiveDate,
+        today_min_files: usize,
+    ) -> Result<Vec<crate::store::CompactStats>> {
+        let _no_flush_meanwhile = lock(&self.flushing);
+        self.store.compact_all(today, today_min_files)
+    }
+
     fn checkpoint(&self, through_segment: Option<u64>) -> Checkpoint {
         let mut checkpoint = Checkpoint {
             through_segment,

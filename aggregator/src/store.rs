@@ -13,6 +13,7 @@ use arrow::compute::filter_record_batch;
 use arrow::datatypes::{SchemaRef, TimestampMillisecondType};
 use arrow::record_batch::RecordBatch;
 use chrono::NaiveDate;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
@@ -24,6 +25,46 @@ use gpuledger_model::time::{date_of_ms, MS_PER_DAY};
 use crate::layout::{Layout, Table};
 use crate::rollup::{rollup_schema, RollupAccumulator};
 use crate::{io_err, Error, Result};
+
+/// What a compaction merged.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CompactStats {
+    pub inputs: usize,
+    pub rows: usize,
+}
+
+const JOURNAL_PREFIX: &str = ".compaction-";
+
+/// A compaction whose output may be in place: delete its inputs, then the journal.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct CompactionJournal {
+    output: String,
+    inputs: Vec<String>,
+}
+
+/// Finishes the compaction a journal describes: when its output is in place the inputs are
+/// deleted; when it is not, nothing was changed. Returns the files deleted.
+fn finish_compaction(journal: &std::path::Path) -> Result<usize> {
+    let dir = journal.parent().unwrap_or(std::path::Path::new("."));
+    let bytes = fs::read(journal).map_err(io_err(journal))?;
+    let record: CompactionJournal = serde_json::from_slice(&bytes)
+        .map_err(|e| Error::Corrupt(format!("{}: {e}", journal.display())))?;
+    let mut removed = 0;
+    if dir.join(&record.output).exists() {
+        for input in &record.inputs {
+            let path = dir.join(input);
+            match fs::remove_file(&path) {
+                Ok(()) => removed += 1,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_err(&path)(e)),
+            }
+        }
+        crate::wal::sync_dir(dir)?;
+    }
+    fs::remove_file(journal).map_err(io_err(journal))?;
+    crate::wal::sync_dir(dir)?;
+    Ok(removed)
+}
 
 /// Marks a file name's log-segment tag.
 const SEGMENT_TAG: &str = "s";
@@ -171,14 +212,25 @@ impl Store {
     /// Finishes a file and renames it into place. `segment` names the last write-ahead-log
     /// segment whose rows it may hold, so recovery can tell files of an unfinished flush.
     fn close_file(&self, file: OpenFile, segment: Option<u64>) -> Result<()> {
+        let name = self.final_name(&file, segment);
+        self.close_file_as(file, &name)
+    }
+
+    /// `part-<writer>-s<segment>-<run>-<n>.parquet`, or without the segment for files written
+    /// without a log. The run tag keeps names from two runs of the aggregator apart.
+    fn final_name(&self, file: &OpenFile, segment: Option<u64>) -> String {
         let tag = match segment {
-            Some(s) => format!("{SEGMENT_TAG}{s:020}"),
+            Some(s) => format!("{SEGMENT_TAG}{s:020}-{}", self.run_tag),
             None => self.run_tag.clone(),
         };
-        let path = file.dir.join(format!(
+        format!(
             "part-{}-{tag}-{:05}.parquet",
             self.options.writer_id, file.seq
-        ));
+        )
+    }
+
+    fn close_file_as(&self, file: OpenFile, name: &str) -> Result<()> {
+        let path = file.dir.join(name);
         let f = file.writer.into_inner()?;
         f.sync_all().map_err(io_err(&file.tmp))?;
         fs::rename(&file.tmp, &path).map_err(io_err(&path))?;
@@ -197,6 +249,16 @@ impl Store {
     pub fn remove_unchecked_files(&self, checkpointed: Option<u64>) -> Result<usize> {
         let mut removed = 0;
         self.walk_files(&mut |path| {
+            let is_journal = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(JOURNAL_PREFIX));
+            if is_journal {
+                removed += finish_compaction(path)?;
+            }
+            Ok(())
+        })?;
+        self.walk_files(&mut |path| {
             let name = path
                 .file_name()
                 .and_then(|n| n.to_str())
@@ -212,6 +274,118 @@ impl Store {
             Ok(())
         })?;
         Ok(removed)
+    }
+
+    /// This writer's finished files of one partition, by name.
+    fn partition_files(&self, dir: &std::path::Path) -> Result<Vec<PathBuf>> {
+        let prefix = format!("part-{}-", self.options.writer_id);
+        let mut files = Vec::new();
+        match fs::read_dir(dir) {
+            Ok(entries) => {
+                for entry in entries {
+                    let path = entry.map_err(io_err(dir))?.path();
+                    let name = path
+                        .file_name()
+                        .and_then(|n| n.to_str())
+                        .unwrap_or_default();
+                    if name.starts_with(&prefix) && name.ends_with(".parquet") {
+                        files.push(path);
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err(dir)(e)),
+        }
+        files.sort();
+        Ok(files)
+    }
+
+    /// Merges this writer's files of one table partition into one when there are at least
+    /// `min_files`. Crash-safe: a journal naming the output and the inputs is written before
+    /// the output is renamed into place and removed after the inputs are deleted; recovery
+    /// ([`Store::remove_unchecked_files`]) finishes or forgets a compaction it finds. Must not
+    /// run while a flush writes (the ingestor holds its flush lock around it).
+    pub fn compact_partition(
+        &self,
+        table: Table,
+        date: NaiveDate,
+        min_files: usize,
+    ) -> Result<Option<CompactStats>> {
+        let dir = self.layout.partition_dir(table, date);
+        let inputs = self.partition_files(&dir)?;
+        if inputs.len() < min_files.max(2) {
+            return Ok(None);
+        }
+        let names: Vec<String> = inputs
+            .iter()
+            .filter_map(|p| p.file_name()?.to_str().map(str::to_owned))
+            .collect();
+        let segment = names.iter().filter_map(|n| self.file_segment(n)).max();
+        let mut out: Option<OpenFile> = None;
+        let mut rows = 0;
+        for input in &inputs {
+            let file = File::open(input).map_err(io_err(input))?;
+            let reader = ParquetRecordBatchReaderBuilder::try_new(file)?.build()?;
+            for batch in reader {
+                let batch = batch?;
+                if out.is_none() {
+                    out = Some(self.new_file(table, date, batch.schema())?);
+                }
+                if let Some(out) = out.as_mut() {
+                    out.writer.write(&batch)?;
+                }
+                rows += batch.num_rows();
+            }
+        }
+        let Some(out) = out else {
+            return Ok(None);
+        };
+        let output = self.final_name(&out, segment);
+        let journal = dir.join(format!("{JOURNAL_PREFIX}{output}.json"));
+        let record = serde_json::to_vec(&CompactionJournal {
+            output: output.clone(),
+            inputs: names.clone(),
+        })
+        .map_err(|e| Error::Corrupt(format!("compaction journal: {e}")))?;
+        let write = || -> std::io::Result<()> {
+            let mut f = File::create(&journal)?;
+            std::io::Write::write_all(&mut f, &record)?;
+            f.sync_all()
+        };
+        write().map_err(io_err(&journal))?;
+        crate::wal::sync_dir(&dir)?;
+        self.close_file_as(out, &output)?;
+        finish_compaction(&journal)?;
+        Ok(Some(CompactStats {
+            inputs: names.len(),
+            rows,
+        }))
+    }
+
+    /// Compacts every partition of every table: days before `today` down to one file per
+    /// writer, `today` once it has `today_min_files`.
+    pub fn compact_all(
+        &self,
+        today: NaiveDate,
+        today_min_files: usize,
+    ) -> Result<Vec<CompactStats>> {
+        let mut done = Vec::new();
+        for table in [Table::Samples, Table::RollupsHourly, Table::Jobs] {
+            let dir = self.layout.table_dir(table);
+            for entry in fs::read_dir(&dir).map_err(io_err(&dir))? {
+                let name = entry.map_err(io_err(&dir))?.file_name();
+                let Some(date) = name
+                    .to_str()
+                    .and_then(|n| n.strip_prefix("date="))
+                    .and_then(|d| NaiveDate::parse_from_str(d, "%Y-%m-%d").ok())
+                else {
+                    continue;
+                };
+                let min = if date < today { 2 } else { today_min_files };
+                done.extend(self.compact_partition(table, date, min)?);
+            }
+        }
+        Ok(done)
     }
 
     fn walk_files(&self, visit: &mut dyn FnMut(&std::path::Path) -> Result<()>) -> Result<()> {
@@ -391,4 +565,137 @@ fn split_by_date(batch: &RecordBatch) -> Result<Vec<(NaiveDate, RecordBatch)>> {
             ))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuledger_model::sample::{SampleBatchBuilder, SampleRow};
+
+    const T0: i64 = 1_780_272_000_000; // 2026-06-01T00:00:00Z
+
+    fn batch(from: usize, rows: usize) -> RecordBatch {
+        let mut b = SampleBatchBuilder::with_capacity(rows);
+        for i in from..from + rows {
+            b.push(&SampleRow {
+                time_ms: T0 + i as i64 * 1000,
+                interval_s: 1,
+                node: "n1".into(),
+                gpu_index: 0,
+                gpu_uuid: "GPU-0".into(),
+                gpu_model: "h100-sxm".into(),
+                mig_instance: None,
+                job_id: Some("1".into()),
+                account: Some("a".into()),
+                project: None,
+                gpu_util_pct: Some(50.0),
+                sm_active: None,
+                tensor_active: None,
+                dram_active: None,
+                sm_clock_mhz: None,
+                mem_used_bytes: None,
+                mem_total_bytes: None,
+                power_w: None,
+                energy_j: None,
+                xid: None,
+            });
+        }
+        b.finish().unwrap()
+    }
+
+    fn rows_in(store: &Store, table: Table) -> (usize, usize) {
+        let dir = store.layout.partition_dir(table, date_of_ms(T0));
+        let files = store.partition_files(&dir).unwrap();
+        let rows = files
+            .iter()
+            .map(|f| {
+                ParquetRecordBatchReaderBuilder::try_new(File::open(f).unwrap())
+                    .unwrap()
+                    .build()
+                    .unwrap()
+                    .map(|b| b.unwrap().num_rows())
+                    .sum::<usize>()
+            })
+            .sum();
+        (files.len(), rows)
+    }
+
+    fn three_flushes(dir: &std::path::Path) -> Store {
+        let store = Store::open(
+            dir,
+            StoreOptions {
+                max_rows_per_file: None,
+                ..StoreOptions::default()
+            },
+        )
+        .unwrap();
+        for (segment, from) in [(0, 0), (1, 100), (2, 200)] {
+            store.append_samples(&batch(from, 100)).unwrap();
+            store.detach(Some(segment)).write().unwrap();
+        }
+        store
+    }
+
+    #[test]
+    fn compaction_merges_a_partition_into_one_file_with_the_same_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = three_flushes(dir.path());
+        assert_eq!(rows_in(&store, Table::Samples), (3, 300));
+        let stats = store
+            .compact_partition(Table::Samples, date_of_ms(T0), 2)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            stats,
+            CompactStats {
+                inputs: 3,
+                rows: 300
+            }
+        );
+        assert_eq!(rows_in(&store, Table::Samples), (1, 300));
+        assert_eq!(
+            store.remove_unchecked_files(Some(2)).unwrap(),
+            0,
+            "the output keeps a checkpointed segment tag"
+        );
+        assert_eq!(rows_in(&store, Table::Samples), (1, 300));
+    }
+
+    #[test]
+    fn a_compaction_cut_short_is_finished_or_forgotten_on_recovery() {
+        for output_in_place in [true, false] {
+            let dir = tempfile::tempdir().unwrap();
+            let store = three_flushes(dir.path());
+            let part = store.layout.partition_dir(Table::Samples, date_of_ms(T0));
+            let inputs = store.partition_files(&part).unwrap();
+            let saved: Vec<(PathBuf, Vec<u8>)> = inputs
+                .iter()
+                .map(|p| (p.clone(), fs::read(p).unwrap()))
+                .collect();
+            store
+                .compact_partition(Table::Samples, date_of_ms(T0), 2)
+                .unwrap();
+            let output = store.partition_files(&part).unwrap().remove(0);
+            // The crash: inputs still there, journal still there.
+            for (path, bytes) in &saved {
+                fs::write(path, bytes).unwrap();
+            }
+            let journal = CompactionJournal {
+                output: output.file_name().unwrap().to_str().unwrap().to_owned(),
+                inputs: saved
+                    .iter()
+                    .map(|(p, _)| p.file_name().unwrap().to_str().unwrap().to_owned())
+                    .collect(),
+            };
+            let journal_path = part.join(format!("{JOURNAL_PREFIX}{}.json", journal.output));
+            fs::write(&journal_path, serde_json::to_vec(&journal).unwrap()).unwrap();
+            if !output_in_place {
+                fs::remove_file(&output).unwrap();
+            }
+            store.remove_unchecked_files(Some(2)).unwrap();
+            let expected_files = if output_in_place { 1 } else { 3 };
+            assert_eq!(rows_in(&store, Table::Samples), (expected_files, 300));
+            assert!(!journal_path.exists());
+        }
+    }
 }

@@ -2,6 +2,7 @@
 //! errors; `anyhow` lives only here and in tests). [`pipeline`] is the whole path from a
 //! workload to invoices that `gpuledger demo` runs and the end-to-end tests call.
 
+pub mod bench;
 pub mod billing_glue;
 pub mod defaults;
 pub mod exporter_cmd;

@@ -44,6 +44,10 @@ enum Command {
     /// serve /metrics in dcgm-exporter's names, and push batches to the aggregator through a
     /// durable spool.
     Exporter(gpuledger::exporter_cmd::ExporterArgs),
+    /// Measure: ingest throughput over loopback, /metrics render time, the exporter's CPU
+    /// and memory (figures for docs/benchmarks.md).
+    #[command(subcommand)]
+    Bench(gpuledger::bench::BenchCommand),
     /// Run the aggregator service: HTTP ingest with a write-ahead log, Parquet store,
     /// indicators, the fair-share usage feed and /metrics.
     Aggregator(gpuledger::serve::AggregatorArgs),
@@ -140,6 +144,7 @@ fn main() -> anyhow::Result<()> {
         Command::Simulate(args) => simulate(args),
         Command::Aggregator(args) => gpuledger::serve::run(args),
         Command::Exporter(args) => gpuledger::exporter_cmd::run(args),
+        Command::Bench(command) => gpuledger::bench::run(command),
         Command::CheckConfig { file } => check_config(&file),
     }
 }

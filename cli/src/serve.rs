@@ -41,6 +41,10 @@ pub struct AggregatorArgs {
     /// Flush once this many sample rows are waiting.
     #[arg(long, default_value_t = 8 << 20)]
     pub flush_rows: u64,
+    /// Merge small Parquet files this often: past days to one file per table, today's once it
+    /// has 32.
+    #[arg(long, default_value = "1h")]
+    pub compact_interval: DurationSpec,
     /// Days of raw samples kept (and accepted); rollups are kept for good.
     #[arg(long, default_value_t = 90)]
     pub raw_retention_days: u32,
@@ -152,9 +156,28 @@ pub fn announce(line: &str) {
 async fn flush_loop(service: Arc<Service>, args: AggregatorArgs) {
     let interval = Duration::from_secs(args.flush_interval.as_secs().max(1));
     let mut last = Instant::now();
+    let mut last_compaction = Instant::now();
+    let compact_every = Duration::from_secs(args.compact_interval.as_secs().max(1));
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     loop {
         tick.tick().await;
+        if last_compaction.elapsed() >= compact_every {
+            last_compaction = Instant::now();
+            let s = Arc::clone(&service);
+            let result = tokio::task::spawn_blocking(move || {
+                s.ingestor.compact(date_of_ms(s.clock.now_ms()), 32)
+            })
+            .await;
+            match result {
+                Ok(Ok(done)) => tracing::info!(
+                    partitions = done.len(),
+                    files_merged = done.iter().map(|c| c.inputs).sum::<usize>(),
+                    "compacted"
+                ),
+                Ok(Err(error)) => tracing::error!(%error, "compaction failed"),
+                Err(error) => tracing::error!(%error, "compaction task failed"),
+            }
+        }
         let due = last.elapsed() >= interval
             || service.ingestor.store().pending_rows() >= args.flush_rows;
         if !due {

@@ -1,0 +1,362 @@
+//! `gpuledger bench`: measurements that are not tests (docs/benchmarks.md records them).
+//!
+//! - `ingest`: a real aggregator process on loopback, N node threads pushing pre-encoded
+//!   batches concurrently; samples acknowledged per second and the aggregator's peak RSS.
+//! - `render`: `/metrics` render time of the exporter for a number of GPUs (p50, p99).
+//! - `exporter`: a real exporter process sampling synthetic GPUs every second for a while;
+//!   its CPU time per sample and its resident memory.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use gpuledger_aggregator::wal::encode_ipc;
+use gpuledger_exporter::exposition::{render, Format, Health, Snapshot};
+use gpuledger_exporter::source::JobLabel;
+use gpuledger_exporter::synthetic::{synthetic_devices, synthetic_reading, TelemetryProfile};
+use gpuledger_model::sample::{SampleBatchBuilder, SampleRow};
+use gpuledger_model::GpuModel;
+
+use crate::simulate::percentile;
+
+/// Which measurement.
+#[derive(clap::Subcommand, Debug, Clone)]
+pub enum BenchCommand {
+    /// Ingest over loopback HTTP from many concurrent nodes into a real aggregator process.
+    Ingest {
+        #[arg(long, default_value_t = 100)]
+        nodes: usize,
+        /// Batches each node sends.
+        #[arg(long, default_value_t = 20)]
+        batches: u64,
+        /// Rows per batch (8 GPUs x samples per push).
+        #[arg(long, default_value_t = 800)]
+        rows: usize,
+    },
+    /// `/metrics` render time of the exporter's page.
+    Render {
+        #[arg(long, default_value_t = 8)]
+        gpus: u16,
+        #[arg(long, default_value_t = 2000)]
+        iterations: usize,
+    },
+    /// A real exporter process sampling 8 synthetic GPUs every second: CPU and memory.
+    Exporter {
+        #[arg(long, default_value_t = 30)]
+        seconds: u64,
+        #[arg(long, default_value_t = 8)]
+        gpus: u16,
+    },
+}
+
+/// Runs a measurement and prints its figures.
+pub fn run(command: BenchCommand) -> anyhow::Result<()> {
+    match command {
+        BenchCommand::Ingest {
+            nodes,
+            batches,
+            rows,
+        } => ingest(nodes, batches, rows),
+        BenchCommand::Render { gpus, iterations } => render_bench(gpus, iterations),
+        BenchCommand::Exporter { seconds, gpus } => exporter(seconds, gpus),
+    }
+}
+
+struct Service {
+    child: Child,
+    url: String,
+}
+
+fn spawn_self(args: &[&str]) -> anyhow::Result<Service> {
+    let exe = std::env::current_exe()?;
+    let mut child = Command::new(exe)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let stdout = child.stdout.take().context("child stdout")?;
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line)?;
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .with_context(|| format!("no address in {line:?}"))?
+        .to_owned();
+    Ok(Service { child, url })
+}
+
+/// Peak and current resident memory of a process, in bytes (Linux `/proc`).
+fn memory_of(pid: u32) -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            .map(|k| k * 1024)
+    };
+    Some((kib("VmHWM:")?, kib("VmRSS:")?))
+}
+
+/// User + system CPU seconds of a process (Linux `/proc`).
+fn cpu_seconds_of(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(ticks as f64 / 100.0)
+}
+
+fn stop(mut service: Service) -> anyhow::Result<()> {
+    let status = Command::new("kill")
+        .args(["-TERM", &service.child.id().to_string()])
+        .status()?;
+    if !status.success() {
+        bail!("could not signal pid {}", service.child.id());
+    }
+    service.child.wait()?;
+    Ok(())
+}
+
+fn node_batches(node: &str, batches: u64, rows: usize, t0_ms: i64) -> anyhow::Result<Vec<Vec<u8>>> {
+    let gpus = 8;
+    let devices = synthetic_devices(1, node, gpus, GpuModel::H100Sxm);
+    let profile = TelemetryProfile::generic("team-a".parse()?);
+    (0..batches)
+        .map(|b| {
+            let mut builder = SampleBatchBuilder::with_capacity(rows);
+            for r in 0..rows {
+                let step = b as i64 * (rows / gpus as usize) as i64 + (r / gpus as usize) as i64;
+                let device = &devices[r % gpus as usize];
+                let time_ms = t0_ms + step * 1000;
+                let reading = synthetic_reading(1, r as u64, device, Some(&profile), time_ms, 1);
+                builder.push(&SampleRow {
+                    time_ms,
+                    interval_s: 1,
+                    node: node.into(),
+                    gpu_index: device.index,
+                    gpu_uuid: device.uuid.clone(),
+                    gpu_model: device.model.key().into(),
+                    mig_instance: None,
+                    job_id: Some(format!("{node}-job")),
+                    account: Some("team-a".into()),
+                    project: None,
+                    gpu_util_pct: reading.gpu_util_pct,
+                    sm_active: reading.sm_active,
+                    tensor_active: reading.tensor_active,
+                    dram_active: reading.dram_active,
+                    sm_clock_mhz: reading.sm_clock_mhz,
+                    mem_used_bytes: reading.mem_used_bytes,
+                    mem_total_bytes: reading.mem_total_bytes,
+                    power_w: reading.power_w,
+                    energy_j: reading.energy_j,
+                    xid: None,
+                });
+            }
+            Ok(encode_ipc(&builder.finish()?)?)
+        })
+        .collect()
+}
+
+fn ingest(nodes: usize, batches: u64, rows: usize) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let now_ms = chrono::Utc::now().timestamp_millis();
+    let span_s = batches as i64 * (rows / 8) as i64;
+    let t0_ms = now_ms - now_ms.rem_euclid(1000) - (span_s + 60) * 1000;
+    eprintln!("encoding {nodes} x {batches} batches of {rows} rows ...");
+    let payloads: Vec<Arc<Vec<Vec<u8>>>> = (0..nodes)
+        .map(|n| node_batches(&format!("node{n:04}"), batches, rows, t0_ms).map(Arc::new))
+        .collect::<anyhow::Result<_>>()?;
+    let bytes: usize = payloads.iter().flat_map(|p| p.iter()).map(Vec::len).sum();
+    let data_dir = dir.path().join("data");
+    let aggregator = spawn_self(&[
+        "aggregator",
+        "--listen",
+        "127.0.0.1:0",
+        "--flush-interval",
+        "10s",
+        "--data-dir",
+        data_dir.to_str().context("temporary path")?,
+    ])?;
+    let pid = aggregator.child.id();
+    let started = Instant::now();
+    let threads: Vec<_> = payloads
+        .into_iter()
+        .enumerate()
+        .map(|(n, batches)| {
+            let url = format!("{}/api/v1/ingest", aggregator.url);
+            std::thread::spawn(move || -> anyhow::Result<()> {
+                let agent: ureq::Agent = ureq::Agent::config_builder()
+                    .http_status_as_error(false)
+                    .build()
+                    .into();
+                let node = format!("node{n:04}");
+                for (seq, body) in batches.iter().enumerate() {
+                    let mut r = agent
+                        .post(&url)
+                        .header("x-gpuledger-node", &node)
+                        .header("x-gpuledger-seq", seq.to_string())
+                        .send(&body[..])?;
+                    if r.status() != 200 {
+                        bail!("{node} batch {seq}: {}", r.body_mut().read_to_string()?);
+                    }
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join()
+            .map_err(|_| anyhow::anyhow!("a node thread panicked"))??;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let (peak, rss) = memory_of(pid).unwrap_or_default();
+    let server_cpu = cpu_seconds_of(pid).unwrap_or_default();
+    let flush_started = Instant::now();
+    stop(aggregator)?;
+    let flush_s = flush_started.elapsed().as_secs_f64();
+    let samples = nodes as f64 * batches as f64 * rows as f64;
+    println!("ingest: {nodes} nodes x {batches} batches x {rows} rows = {samples} samples, {:.1} MiB of Arrow IPC", bytes as f64 / 1048576.0);
+    println!(
+        "  acknowledged in {elapsed:.2} s: {:.0} samples/s, {:.0} batches/s",
+        samples / elapsed,
+        nodes as f64 * batches as f64 / elapsed
+    );
+    println!("  aggregator CPU {server_cpu:.1} s; peak RSS {:.0} MiB (now {:.0} MiB); shutdown flush {flush_s:.2} s", peak as f64 / 1048576.0, rss as f64 / 1048576.0);
+    println!(
+        "  Parquet written: {:.1} MiB",
+        dir_bytes(&data_dir) as f64 / 1048576.0
+    );
+    Ok(())
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| {
+                    let p = e.path();
+                    if p.is_dir() {
+                        dir_bytes(&p)
+                    } else {
+                        e.metadata().map(|m| m.len()).unwrap_or(0)
+                    }
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+fn render_bench(gpus: u16, iterations: usize) -> anyhow::Result<()> {
+    let devices = synthetic_devices(1, "node001", gpus, GpuModel::H100Sxm);
+    let profile = TelemetryProfile::generic("team-a".parse()?);
+    let readings = devices
+        .iter()
+        .map(|d| {
+            Some(synthetic_reading(
+                1,
+                u64::from(d.index),
+                d,
+                Some(&profile),
+                0,
+                1,
+            ))
+        })
+        .collect();
+    let labels = devices
+        .iter()
+        .map(|d| {
+            Some(JobLabel {
+                job_id: format!("{}", 1000 + d.index / 8),
+                account: "team-a".into(),
+                project: Some("llm".into()),
+            })
+        })
+        .collect();
+    let snapshot = Snapshot {
+        node: "node001".into(),
+        source: "synthetic",
+        energy_joules_total: vec![1234.5; devices.len()],
+        devices,
+        readings,
+        labels,
+        health: Health::default(),
+        ..Snapshot::default()
+    };
+    let mut times_ns = Vec::with_capacity(iterations);
+    let mut bytes = 0;
+    for _ in 0..iterations {
+        let t = Instant::now();
+        let page = render(&snapshot, Format::Prometheus);
+        times_ns.push(t.elapsed().as_nanos() as i64);
+        bytes = page.len();
+    }
+    times_ns.sort_unstable();
+    let us = |p| percentile(&times_ns, p).unwrap_or(0) as f64 / 1000.0;
+    println!("render: {gpus} GPUs, {bytes} bytes a page, {iterations} renders: p50 {:.1} us, p99 {:.1} us, max {:.1} us", us(50.0), us(99.0), us(100.0));
+    Ok(())
+}
+
+fn exporter(seconds: u64, gpus: u16) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let data_dir = dir.path().join("data");
+    let aggregator = spawn_self(&[
+        "aggregator",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        data_dir.to_str().context("path")?,
+    ])?;
+    let spool = dir.path().join("spool");
+    let gpus_text = gpus.to_string();
+    let exporter = spawn_self(&[
+        "exporter",
+        "--node",
+        "node001",
+        "--gpus",
+        &gpus_text,
+        "--sample-interval",
+        "1s",
+        "--push-interval",
+        "10s",
+        "--listen",
+        "127.0.0.1:0",
+        "--aggregator-url",
+        &aggregator.url,
+        "--spool-dir",
+        spool.to_str().context("path")?,
+    ])?;
+    let pid = exporter.child.id();
+    // Let it settle, then measure a window.
+    std::thread::sleep(Duration::from_secs(2));
+    let cpu0 = cpu_seconds_of(pid).unwrap_or_default();
+    let t0 = Instant::now();
+    let scraper = ureq::Agent::new_with_defaults();
+    while t0.elapsed() < Duration::from_secs(seconds) {
+        // A scrape every 5 s, as Prometheus would.
+        let _ = scraper.get(format!("{}/metrics", exporter.url)).call();
+        std::thread::sleep(Duration::from_secs(5));
+    }
+    let cpu = cpu_seconds_of(pid).unwrap_or_default() - cpu0;
+    let window = t0.elapsed().as_secs_f64();
+    let (peak, rss) = memory_of(pid).unwrap_or_default();
+    stop(exporter)?;
+    stop(aggregator)?;
+    let samples = window * f64::from(gpus);
+    println!("exporter: {gpus} GPUs sampled every 1 s, pushed every 10 s, scraped every 5 s, for {window:.0} s");
+    println!(
+        "  CPU {cpu:.2} s = {:.3}% of one core; {:.1} us of CPU per GPU sample",
+        cpu / window * 100.0,
+        cpu / samples * 1e6
+    );
+    println!(
+        "  resident memory {:.1} MiB (peak {:.1} MiB)",
+        rss as f64 / 1048576.0,
+        peak as f64 / 1048576.0
+    );
+    Ok(())
+}
