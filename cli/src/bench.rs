@@ -43,6 +43,14 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 2000)]
         iterations: usize,
     },
+    /// The monthly per-account report over a data directory: raw samples (bench/report.sql,
+    /// the SQL bench/duckdb_report.py runs too) and the indicators from rollups.
+    Report {
+        #[arg(long)]
+        data_dir: std::path::PathBuf,
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+    },
     /// A real exporter process sampling 8 synthetic GPUs every second: CPU and memory.
     Exporter {
         #[arg(long, default_value_t = 30)]
@@ -62,6 +70,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         } => ingest(nodes, batches, rows),
         BenchCommand::Render { gpus, iterations } => render_bench(gpus, iterations),
         BenchCommand::Exporter { seconds, gpus } => exporter(seconds, gpus),
+        BenchCommand::Report { data_dir, runs } => report(&data_dir, runs),
     }
 }
 
@@ -249,6 +258,46 @@ fn dir_bytes(dir: &Path) -> u64 {
                 .sum()
         })
         .unwrap_or(0)
+}
+
+/// The SQL both engines run.
+pub const REPORT_SQL: &str = include_str!("../../bench/report.sql");
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn report(data_dir: &Path, runs: usize) -> anyhow::Result<()> {
+    use gpuledger_aggregator::layout::Layout;
+    use gpuledger_aggregator::query::Query;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let query = Query::open(&Layout::new(data_dir)).await?;
+        let mut raw = Vec::new();
+        let mut accounts = 0;
+        for _ in 0..runs.max(1) {
+            let t = Instant::now();
+            let batches = query.sql(REPORT_SQL).await?;
+            raw.push(t.elapsed().as_secs_f64());
+            accounts = batches.iter().map(|b| b.num_rows()).sum();
+        }
+        let mut rollups = Vec::new();
+        for _ in 0..5 {
+            let t = Instant::now();
+            let rows = query.account_indicators(i64::MIN / 2, i64::MAX / 2).await?;
+            rollups.push(t.elapsed().as_secs_f64());
+            accounts = accounts.max(rows.len());
+        }
+        let (peak, _) = memory_of(std::process::id()).unwrap_or_default();
+        println!("datafusion: raw samples report ({accounts} accounts): median {:.2} s over {} runs (min {:.2}, max {:.2})",
+            median(raw.clone()), raw.len(), raw.iter().copied().fold(f64::INFINITY, f64::min), raw.iter().copied().fold(0.0, f64::max));
+        println!("datafusion: all indicators from rollups: median {:.1} ms over 5 runs", median(rollups) * 1000.0);
+        println!("peak RSS {:.0} MiB", peak as f64 / 1048576.0);
+        Ok(())
+    })
 }
 
 fn render_bench(gpus: u16, iterations: usize) -> anyhow::Result<()> {

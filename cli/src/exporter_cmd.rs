@@ -40,6 +40,10 @@ pub enum SourceKind {
 /// Options of `gpuledger exporter`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ExporterArgs {
+    /// A TOML file of these options (keys are the option names with `_`, e.g.
+    /// `sample_interval = "1s"`); options given on the command line win over it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
     /// This node's name, as the aggregator knows it.
     #[arg(long, env = "GPULEDGER_NODE")]
     pub node: String,
@@ -80,6 +84,98 @@ pub struct ExporterArgs {
     /// Address of /metrics (`127.0.0.1:0` picks a free port; the address is printed).
     #[arg(long, default_value = "0.0.0.0:9401")]
     pub listen: SocketAddr,
+}
+
+/// The exporter's TOML file: the command-line options, typed, nothing else.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExporterFile {
+    pub node: Option<String>,
+    pub source: Option<String>,
+    pub gpus: Option<u16>,
+    pub gpu_model: Option<GpuModel>,
+    pub seed: Option<u64>,
+    pub dcgm_url: Option<String>,
+    pub sample_interval: Option<String>,
+    pub push_interval: Option<String>,
+    pub aggregator_url: Option<String>,
+    pub spool_dir: Option<PathBuf>,
+    pub spool_max_bytes: Option<u64>,
+    pub job_mapping_dir: Option<PathBuf>,
+    pub listen: Option<SocketAddr>,
+}
+
+impl ExporterFile {
+    /// Reads and checks a file; errors name the file, line and key.
+    pub fn load(path: &std::path::Path) -> anyhow::Result<Self> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let file: ExporterFile =
+            gpuledger_model::config::parse_toml(&text, &path.display().to_string())?;
+        for (key, value) in [
+            ("sample_interval", &file.sample_interval),
+            ("push_interval", &file.push_interval),
+        ] {
+            if let Some(v) = value {
+                parse_interval(v)
+                    .map_err(|e| anyhow::anyhow!("{}: `{key}`: {e}", path.display()))?;
+            }
+        }
+        Ok(file)
+    }
+
+    /// The file as command-line options, to go before the ones typed.
+    pub fn to_args(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut put = |flag: &str, value: Option<String>| {
+            if let Some(v) = value {
+                out.push(format!("--{flag}"));
+                out.push(v);
+            }
+        };
+        let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
+        put("node", self.node.clone());
+        put("source", self.source.clone());
+        put("gpus", self.gpus.map(|g| g.to_string()));
+        put("gpu-model", self.gpu_model.map(|m| m.key().to_owned()));
+        put("seed", self.seed.map(|s| s.to_string()));
+        put("dcgm-url", self.dcgm_url.clone());
+        put("sample-interval", self.sample_interval.clone());
+        put("push-interval", self.push_interval.clone());
+        put("aggregator-url", self.aggregator_url.clone());
+        put("spool-dir", path(&self.spool_dir));
+        put(
+            "spool-max-bytes",
+            self.spool_max_bytes.map(|b| b.to_string()),
+        );
+        put("job-mapping-dir", path(&self.job_mapping_dir));
+        put("listen", self.listen.map(|l| l.to_string()));
+        out
+    }
+}
+
+/// Expands `gpuledger exporter --config FILE ...` into the file's options followed by the
+/// typed ones (which, parsed later, win). Other command lines pass through unchanged.
+pub fn expand_config_file(args: Vec<String>) -> anyhow::Result<Vec<String>> {
+    let Some(sub) = args.iter().position(|a| a == "exporter") else {
+        return Ok(args);
+    };
+    let mut file = None;
+    for (i, a) in args.iter().enumerate().skip(sub + 1) {
+        if a == "--config" {
+            file = args.get(i + 1).cloned();
+        } else if let Some(v) = a.strip_prefix("--config=") {
+            file = Some(v.to_owned());
+        }
+    }
+    let Some(file) = file else {
+        return Ok(args);
+    };
+    let extra = ExporterFile::load(std::path::Path::new(&file))?.to_args();
+    let mut out = args[..=sub].to_vec();
+    out.extend(extra);
+    out.extend_from_slice(&args[sub + 1..]);
+    Ok(out)
 }
 
 /// `250ms`, `1s`, `2m`.
@@ -202,6 +298,52 @@ async fn metrics(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> impl 
 mod tests {
     use super::parse_interval;
     use std::time::Duration;
+
+    #[test]
+    fn the_example_config_file_expands_and_flags_win() {
+        use super::expand_config_file;
+        let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/exporter.toml");
+        let args: Vec<String> = [
+            "gpuledger",
+            "exporter",
+            "--config",
+            example,
+            "--node",
+            "gpu999",
+        ]
+        .map(String::from)
+        .into();
+        let expanded = expand_config_file(args).unwrap();
+        let node_flags: Vec<&String> = expanded
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i > 0 && expanded[i - 1] == "--node")
+            .map(|(_, v)| v)
+            .collect();
+        assert_eq!(
+            node_flags,
+            ["gpu001", "gpu999"],
+            "file first, typed last (wins)"
+        );
+        assert!(expanded
+            .windows(2)
+            .any(|w| w[0] == "--push-interval" && w[1] == "10s"));
+    }
+
+    #[test]
+    fn a_bad_config_file_names_file_line_and_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("exporter.toml");
+        std::fs::write(&path, "node = \"n1\"\nsample_intervall = \"1s\"\n").unwrap();
+        let err = format!("{:#}", super::ExporterFile::load(&path).unwrap_err());
+        assert!(
+            err.contains("exporter.toml:2:") && err.contains("sample_intervall"),
+            "{err}"
+        );
+        std::fs::write(&path, "push_interval = \"10h\"\n").unwrap();
+        let err = format!("{:#}", super::ExporterFile::load(&path).unwrap_err());
+        assert!(err.contains("push_interval"), "{err}");
+    }
 
     #[test]
     fn intervals_parse_with_units() {

@@ -20,6 +20,7 @@ use gpuledger_scheduler::SchedulerOptions;
 #[command(
     name = "gpuledger",
     version,
+    args_override_self = true,
     about = "GPU cluster telemetry, fair-share scheduling and chargeback"
 )]
 struct Cli {
@@ -137,7 +138,8 @@ fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    match Cli::parse().command {
+    let args = gpuledger::exporter_cmd::expand_config_file(std::env::args().collect())?;
+    match Cli::parse_from(args).command {
         Command::Demo(args) => demo(args),
         Command::Invoice(args) => invoice(args),
         Command::Report(args) => report(args),
