@@ -1,6 +1,7 @@
-"""Runs bench/report.sql with DuckDB over a gpuledger data directory; prints the median time.
+"""Runs bench/report.sql (or SQL_FILE) with DuckDB over a gpuledger data directory; prints
+the median time.
 
-    python3 bench/duckdb_report.py DATA_DIR [RUNS]
+    python3 bench/duckdb_report.py DATA_DIR [RUNS [SQL_FILE]]
 """
 import os
 import resource
@@ -12,7 +13,8 @@ import duckdb
 
 data = sys.argv[1]
 runs = int(sys.argv[2]) if len(sys.argv) > 2 else 3
-sql = open(os.path.join(os.path.dirname(__file__), "report.sql")).read()
+sql_file = sys.argv[3] if len(sys.argv) > 3 else os.path.join(os.path.dirname(__file__), "report.sql")
+sql = open(sql_file).read()
 con = duckdb.connect()
 con.execute(
     f"CREATE VIEW samples AS SELECT * FROM read_parquet('{data}/samples/*/*.parquet', hive_partitioning = true)"

@@ -50,6 +50,9 @@ pub enum BenchCommand {
         data_dir: std::path::PathBuf,
         #[arg(long, default_value_t = 3)]
         runs: usize,
+        /// Run this SQL file instead of bench/report.sql.
+        #[arg(long)]
+        sql: Option<std::path::PathBuf>,
     },
     /// A real exporter process sampling 8 synthetic GPUs every second: CPU and memory.
     Exporter {
@@ -70,7 +73,18 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         } => ingest(nodes, batches, rows),
         BenchCommand::Render { gpus, iterations } => render_bench(gpus, iterations),
         BenchCommand::Exporter { seconds, gpus } => exporter(seconds, gpus),
-        BenchCommand::Report { data_dir, runs } => report(&data_dir, runs),
+        BenchCommand::Report {
+            data_dir,
+            runs,
+            sql,
+        } => {
+            let text = match sql {
+                Some(path) => std::fs::read_to_string(&path)
+                    .with_context(|| format!("reading {}", path.display()))?,
+                None => REPORT_SQL.to_owned(),
+            };
+            report(&data_dir, runs, &text)
+        }
     }
 }
 
@@ -268,7 +282,7 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn report(data_dir: &Path, runs: usize) -> anyhow::Result<()> {
+fn report(data_dir: &Path, runs: usize, sql: &str) -> anyhow::Result<()> {
     use gpuledger_aggregator::layout::Layout;
     use gpuledger_aggregator::query::Query;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -280,7 +294,7 @@ fn report(data_dir: &Path, runs: usize) -> anyhow::Result<()> {
         let mut accounts = 0;
         for _ in 0..runs.max(1) {
             let t = Instant::now();
-            let batches = query.sql(REPORT_SQL).await?;
+            let batches = query.sql(sql).await?;
             raw.push(t.elapsed().as_secs_f64());
             accounts = batches.iter().map(|b| b.num_rows()).sum();
         }
