@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use gpuledger_aggregator::wal::encode_ipc;
 use gpuledger_exporter::exposition::{render, Format, Health, Snapshot};
-use gpuledger_exporter::source::JobLabel;
+use gpuledger_exporter::source::{sample_ref, JobLabel};
 use gpuledger_exporter::synthetic::{synthetic_devices, synthetic_reading, TelemetryProfile};
-use gpuledger_model::sample::{SampleBatchBuilder, SampleRow};
+use gpuledger_model::sample::SampleBatchBuilder;
 use gpuledger_model::GpuModel;
 
 use crate::simulate::percentile;
@@ -148,6 +148,11 @@ fn node_batches(node: &str, batches: u64, rows: usize, t0_ms: i64) -> anyhow::Re
     let gpus = 8;
     let devices = synthetic_devices(1, node, gpus, GpuModel::H100Sxm);
     let profile = TelemetryProfile::generic("team-a".parse()?);
+    let label = JobLabel {
+        job_id: format!("{node}-job"),
+        account: "team-a".into(),
+        project: None,
+    };
     (0..batches)
         .map(|b| {
             let mut builder = SampleBatchBuilder::with_capacity(rows);
@@ -156,28 +161,14 @@ fn node_batches(node: &str, batches: u64, rows: usize, t0_ms: i64) -> anyhow::Re
                 let device = &devices[r % gpus as usize];
                 let time_ms = t0_ms + step * 1000;
                 let reading = synthetic_reading(1, r as u64, device, Some(&profile), time_ms, 1);
-                builder.push(&SampleRow {
+                builder.push_ref(&sample_ref(
+                    node,
+                    device,
+                    &reading,
+                    Some(&label),
                     time_ms,
-                    interval_s: 1,
-                    node: node.into(),
-                    gpu_index: device.index,
-                    gpu_uuid: device.uuid.clone(),
-                    gpu_model: device.model.key().into(),
-                    mig_instance: None,
-                    job_id: Some(format!("{node}-job")),
-                    account: Some("team-a".into()),
-                    project: None,
-                    gpu_util_pct: reading.gpu_util_pct,
-                    sm_active: reading.sm_active,
-                    tensor_active: reading.tensor_active,
-                    dram_active: reading.dram_active,
-                    sm_clock_mhz: reading.sm_clock_mhz,
-                    mem_used_bytes: reading.mem_used_bytes,
-                    mem_total_bytes: reading.mem_total_bytes,
-                    power_w: reading.power_w,
-                    energy_j: reading.energy_j,
-                    xid: None,
-                });
+                    1,
+                ));
             }
             Ok(encode_ipc(&builder.finish()?)?)
         })

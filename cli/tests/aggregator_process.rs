@@ -3,52 +3,38 @@
 //! duplicate, and after a clean shutdown (SIGTERM) the stored samples are exactly the ones
 //! sent, none twice.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+mod common;
+
+use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use arrow::array::AsArray;
-use arrow::datatypes::Int64Type;
 use gpuledger_aggregator::layout::Layout;
 use gpuledger_aggregator::query::Query;
 use gpuledger_aggregator::wal::encode_ipc;
 use gpuledger_model::sample::{SampleBatchBuilder, SampleRow};
 
+use common::{scalar, spawn, terminate, Process};
+
 const NODES: usize = 4;
 const BATCHES: u64 = 40;
 const ROWS: usize = 64;
 
-struct Aggregator {
-    child: Child,
-    url: String,
-}
-
-fn start(data_dir: &std::path::Path) -> Aggregator {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuledger"))
-        .args([
+fn start(data_dir: &std::path::Path) -> Process {
+    let dir = data_dir.to_str().unwrap();
+    spawn(
+        &[
             "aggregator",
             "--listen",
             "127.0.0.1:0",
             "--flush-interval",
             "1h",
-        ])
-        .arg("--data-dir")
-        .arg(data_dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("starts");
-    let stdout = child.stdout.take().expect("piped");
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).expect("reads");
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_owned();
-    Aggregator { child, url }
+            "--data-dir",
+            dir,
+        ],
+        Stdio::inherit(),
+    )
 }
 
 fn agent() -> ureq::Agent {
@@ -104,13 +90,6 @@ fn push(agent: &ureq::Agent, url: &str, node: &str, seq: u64, body: &[u8]) -> Op
     Some(json["status"].as_str().unwrap().to_owned())
 }
 
-async fn scalar(query: &Query, sql: &str) -> i64 {
-    let batches = query.sql(sql).await.unwrap();
-    let b = batches.iter().find(|b| b.num_rows() > 0).unwrap();
-    let col = arrow::compute::cast(b.column(0), &arrow::datatypes::DataType::Int64).unwrap();
-    col.as_primitive::<Int64Type>().value(0)
-}
-
 #[test]
 fn kill_9_during_ingest_loses_nothing_acknowledged_and_stores_nothing_twice() {
     let dir = tempfile::tempdir().unwrap();
@@ -150,7 +129,7 @@ fn kill_9_during_ingest_loses_nothing_acknowledged_and_stores_nothing_twice() {
         "the kill came before the end"
     );
 
-    let mut aggregator = start(dir.path());
+    let aggregator = start(dir.path());
     let agent = agent();
     for (n, acked) in acknowledged.iter().enumerate() {
         let node = format!("node{n:03}");
@@ -171,14 +150,7 @@ fn kill_9_during_ingest_loses_nothing_acknowledged_and_stores_nothing_twice() {
             }
         }
     }
-    let pid = aggregator.child.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap()
-        .success());
-    let exit = aggregator.child.wait().unwrap();
-    assert!(exit.success(), "clean shutdown: {exit:?}");
+    terminate(aggregator);
 
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()

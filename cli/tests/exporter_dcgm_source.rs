@@ -2,9 +2,11 @@
 //! the same names; a truncated page makes the source unhealthy in /metrics (GPUs `up` 0) while
 //! the exporter keeps serving, and it recovers when the page does.
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod common;
+
+use std::io::{Read, Write};
 use std::net::TcpListener;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -59,8 +61,9 @@ fn dcgm_fields_come_through_and_a_truncated_page_marks_the_source_unhealthy() {
     let page = Arc::new(Mutex::new(PAGE.to_owned()));
     let dcgm_url = serve(Arc::clone(&page));
     let spool = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuledger"))
-        .args([
+    let spool_dir = spool.path().to_str().unwrap();
+    let exporter = common::spawn(
+        &[
             "exporter",
             "--node",
             "gpu017",
@@ -68,22 +71,14 @@ fn dcgm_fields_come_through_and_a_truncated_page_marks_the_source_unhealthy() {
             "dcgm-exporter",
             "--dcgm-url",
             &dcgm_url,
-        ])
-        .args(["--listen", "127.0.0.1:0", "--spool-dir"])
-        .arg(spool.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap()
-        .to_owned();
+            "--listen",
+            "127.0.0.1:0",
+            "--spool-dir",
+            spool_dir,
+        ],
+        Stdio::null(),
+    );
+    let url = exporter.url.clone();
 
     let healthy = wait_until(&url, "a first collection", |p| {
         p.contains("gpuledger_exporter_source_up{source=\"dcgm-exporter\"} 1")
@@ -121,6 +116,5 @@ fn dcgm_fields_come_through_and_a_truncated_page_marks_the_source_unhealthy() {
         p.contains("gpuledger_exporter_source_up{source=\"dcgm-exporter\"} 1")
             && p.contains("gpuledger_gpu_up{gpu=\"0\",Hostname=\"gpu017\"} 1")
     });
-    child.kill().unwrap();
-    child.wait().unwrap();
+    common::terminate(exporter);
 }

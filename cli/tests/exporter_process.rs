@@ -3,48 +3,18 @@
 //! restarted, then the aggregator comes up: every batch arrives exactly once, in sequence, and
 //! nothing is stored twice.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+mod common;
+
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use arrow::array::AsArray;
-use arrow::datatypes::Int64Type;
 use gpuledger_aggregator::layout::Layout;
 use gpuledger_aggregator::query::Query;
 
-struct Process {
-    child: Child,
-    url: String,
-}
+use common::{terminate, Process};
 
 fn spawn(args: &[&str]) -> Process {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuledger"))
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("starts");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_owned();
-    Process { child, url }
-}
-
-fn terminate(mut p: Process) {
-    let pid = p.child.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap()
-        .success());
-    let status = p.child.wait().unwrap();
-    assert!(status.success(), "{status:?}");
+    common::spawn(args, Stdio::null())
 }
 
 fn metric(url: &str, name: &str) -> f64 {
@@ -69,11 +39,8 @@ fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
-fn scalar(query: &Query, rt: &tokio::runtime::Runtime, sql: &str) -> i64 {
-    let batches = rt.block_on(query.sql(sql)).unwrap();
-    let b = batches.iter().find(|b| b.num_rows() > 0).unwrap();
-    let col = arrow::compute::cast(b.column(0), &arrow::datatypes::DataType::Int64).unwrap();
-    col.as_primitive::<Int64Type>().value(0)
+fn scalar_of(query: &Query, rt: &tokio::runtime::Runtime, sql: &str) -> i64 {
+    rt.block_on(common::scalar(query, sql))
 }
 
 #[test]
@@ -183,8 +150,8 @@ fn batches_spooled_across_an_outage_and_a_kill_9_arrive_exactly_once() {
         .build()
         .unwrap();
     let query = rt.block_on(Query::open(&Layout::new(&data))).unwrap();
-    let rows = scalar(&query, &rt, "SELECT COUNT(*) FROM samples");
-    let instants = scalar(&query, &rt, "SELECT COUNT(DISTINCT time) FROM samples");
+    let rows = scalar_of(&query, &rt, "SELECT COUNT(*) FROM samples");
+    let instants = scalar_of(&query, &rt, "SELECT COUNT(DISTINCT time) FROM samples");
     assert!(rows > 0);
     assert_eq!(
         rows,
@@ -192,7 +159,7 @@ fn batches_spooled_across_an_outage_and_a_kill_9_arrive_exactly_once() {
         "every instant has its eight GPUs, none twice"
     );
     assert_eq!(
-        scalar(
+        scalar_of(
             &query,
             &rt,
             "SELECT COUNT(*) FROM samples WHERE account = 'team-a' AND job_id = '7'"

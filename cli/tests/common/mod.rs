@@ -1,0 +1,57 @@
+//! Helpers the process tests share: start the binary and read the address it prints, stop it
+//! with SIGTERM, read one number back with SQL.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+use arrow::array::AsArray;
+use arrow::datatypes::Int64Type;
+use gpuledger_aggregator::query::Query;
+
+/// A running `gpuledger` service and the URL it announced.
+pub struct Process {
+    pub child: Child,
+    pub url: String,
+}
+
+/// Starts `gpuledger ARGS` and waits for its "listening on http://..." line.
+pub fn spawn(args: &[&str], stderr: Stdio) -> Process {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuledger"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .expect("starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("piped"))
+        .read_line(&mut line)
+        .expect("reads");
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_owned();
+    Process { child, url }
+}
+
+/// SIGTERM, then a clean exit.
+pub fn terminate(mut p: Process) {
+    let pid = p.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let status = p.child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+}
+
+/// The first value of the first row of `sql`, as an integer.
+pub async fn scalar(query: &Query, sql: &str) -> i64 {
+    let batches = query.sql(sql).await.unwrap();
+    let b = batches.iter().find(|b| b.num_rows() > 0).unwrap();
+    let col = arrow::compute::cast(b.column(0), &arrow::datatypes::DataType::Int64).unwrap();
+    col.as_primitive::<Int64Type>().value(0)
+}
