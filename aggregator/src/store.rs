@@ -371,16 +371,7 @@ impl Store {
     ) -> Result<Vec<CompactStats>> {
         let mut done = Vec::new();
         for table in [Table::Samples, Table::RollupsHourly, Table::Jobs] {
-            let dir = self.layout.table_dir(table);
-            for entry in fs::read_dir(&dir).map_err(io_err(&dir))? {
-                let name = entry.map_err(io_err(&dir))?.file_name();
-                let Some(date) = name
-                    .to_str()
-                    .and_then(|n| n.strip_prefix("date="))
-                    .and_then(|d| NaiveDate::parse_from_str(d, "%Y-%m-%d").ok())
-                else {
-                    continue;
-                };
+            for (date, _) in self.partitions(table)? {
                 let min = if date < today { 2 } else { today_min_files };
                 done.extend(self.compact_partition(table, date, min)?);
             }
@@ -490,23 +481,31 @@ impl Store {
         Ok(files)
     }
 
+    /// The `date=` partitions of a table and their directories.
+    fn partitions(&self, table: Table) -> Result<Vec<(NaiveDate, PathBuf)>> {
+        let dir = self.layout.table_dir(table);
+        let mut out = Vec::new();
+        for entry in fs::read_dir(&dir).map_err(io_err(&dir))? {
+            let entry = entry.map_err(io_err(&dir))?;
+            let date = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.strip_prefix("date="))
+                .and_then(|d| NaiveDate::parse_from_str(d, "%Y-%m-%d").ok());
+            if let Some(date) = date {
+                out.push((date, entry.path()));
+            }
+        }
+        Ok(out)
+    }
+
     /// Deletes raw-sample partitions of days before `keep_from` (rollups are kept). Returns
     /// the days deleted.
     pub fn apply_retention(&self, keep_from: NaiveDate) -> Result<Vec<NaiveDate>> {
-        let dir = self.layout.table_dir(Table::Samples);
         let mut deleted = Vec::new();
-        for entry in fs::read_dir(&dir).map_err(io_err(&dir))? {
-            let entry = entry.map_err(io_err(&dir))?;
-            let name = entry.file_name();
-            let Some(date) = name
-                .to_str()
-                .and_then(|n| n.strip_prefix("date="))
-                .and_then(|d| NaiveDate::parse_from_str(d, "%Y-%m-%d").ok())
-            else {
-                continue;
-            };
+        for (date, path) in self.partitions(Table::Samples)? {
             if date < keep_from {
-                fs::remove_dir_all(entry.path()).map_err(io_err(entry.path()))?;
+                fs::remove_dir_all(&path).map_err(io_err(&path))?;
                 deleted.push(date);
             }
         }
@@ -659,6 +658,23 @@ mod tests {
             "the output keeps a checkpointed segment tag"
         );
         assert_eq!(rows_in(&store, Table::Samples), (1, 300));
+    }
+
+    #[test]
+    fn retention_deletes_raw_days_before_the_bound_and_keeps_rollups() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = three_flushes(dir.path());
+        let day = date_of_ms(T0);
+        assert!(store.apply_retention(day).unwrap().is_empty());
+        assert_eq!(rows_in(&store, Table::Samples), (3, 300));
+        let next = day.succ_opt().unwrap();
+        assert_eq!(store.apply_retention(next).unwrap(), vec![day]);
+        assert_eq!(rows_in(&store, Table::Samples), (0, 0));
+        assert_eq!(
+            rows_in(&store, Table::RollupsHourly).0,
+            3,
+            "rollups are kept"
+        );
     }
 
     #[test]
