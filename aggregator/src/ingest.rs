@@ -157,14 +157,15 @@ impl Ingestor {
         }
     }
 
-    /// An ingestor with a write-ahead log under `<data dir>/wal`: removes files of a flush
+    /// An ingestor with a write-ahead log under `<data dir>/wal/<writer id>`: removes files of a flush
     /// that did not finish, replays the log into the store, and flushes it.
     pub fn open_durable(
         store: Arc<Store>,
         config: IngestorConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<(Self, RecoveryReport)> {
-        let wal_dir = store.layout().root().join("wal");
+        // Each writer has its own log, so several aggregators can share one data directory.
+        let wal_dir = store.layout().root().join("wal").join(store.writer_id());
         fs::create_dir_all(&wal_dir).map_err(io_err(&wal_dir))?;
         let checkpoint = read_checkpoint(&wal_dir.join(CHECKPOINT))?;
         let removed_files = store.remove_unchecked_files(checkpoint.through_segment)?;

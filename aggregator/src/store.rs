@@ -182,6 +182,11 @@ impl Store {
         })
     }
 
+    /// The name this store's files carry (`--writer-id`).
+    pub fn writer_id(&self) -> &str {
+        &self.options.writer_id
+    }
+
     pub fn layout(&self) -> &Layout {
         &self.layout
     }
@@ -248,11 +253,13 @@ impl Store {
     /// their rows are still in the log and will be replayed.
     pub fn remove_unchecked_files(&self, checkpointed: Option<u64>) -> Result<usize> {
         let mut removed = 0;
+        let own_tmp = format!(".part-{}-", self.options.writer_id);
+        let own_journal = format!("{JOURNAL_PREFIX}part-{}-", self.options.writer_id);
         self.walk_files(&mut |path| {
             let is_journal = path
                 .file_name()
                 .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(JOURNAL_PREFIX));
+                .is_some_and(|n| n.starts_with(&own_journal));
             if is_journal {
                 removed += finish_compaction(path)?;
             }
@@ -266,7 +273,8 @@ impl Store {
             let unchecked = self
                 .file_segment(name)
                 .is_some_and(|s| checkpointed.is_none_or(|c| s > c));
-            let temporary = name.ends_with(".tmp");
+            // Only this writer's: another aggregator may be writing its own right now.
+            let temporary = name.starts_with(&own_tmp) && name.ends_with(".tmp");
             if unchecked || temporary {
                 fs::remove_file(path).map_err(io_err(path))?;
                 removed += 1;

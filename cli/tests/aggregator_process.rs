@@ -176,3 +176,76 @@ fn kill_9_during_ingest_loses_nothing_acknowledged_and_stores_nothing_twice() {
         );
     });
 }
+
+#[test]
+fn two_aggregators_share_one_data_directory_and_reports_read_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap();
+    let now_ms = chrono::Utc::now().timestamp_millis();
+    let t0_ms = now_ms - now_ms.rem_euclid(1000) - 3_600_000;
+    let start_writer = |id: &str, nodes: &str| {
+        spawn(
+            &[
+                "aggregator",
+                "--listen",
+                "127.0.0.1:0",
+                "--data-dir",
+                data,
+                "--writer-id",
+                id,
+                "--node",
+                nodes,
+            ],
+            Stdio::inherit(),
+        )
+    };
+    let a = start_writer("agg-a", "node000,node001");
+    let b = start_writer("agg-b", "node002,node003");
+    let agent = agent();
+    for n in 0..4 {
+        let node = format!("node{n:03}");
+        let (own, other) = if n < 2 { (&a, &b) } else { (&b, &a) };
+        for seq in 0..3 {
+            let body = batch(&node, seq, t0_ms);
+            assert_eq!(
+                push(&agent, &own.url, &node, seq, &body).as_deref(),
+                Some("accepted")
+            );
+        }
+        // The other aggregator does not own this node: refused, nothing stored there.
+        let refused = agent
+            .post(format!("{}/api/v1/ingest", other.url))
+            .header("x-gpuledger-node", &node)
+            .header("x-gpuledger-seq", "99")
+            .send(&batch(&node, 99, t0_ms)[..])
+            .unwrap();
+        assert_eq!(refused.status().as_u16(), 422);
+    }
+    terminate(a);
+    // A restart of one writer recovers its own log and leaves the other's files alone.
+    let a = start_writer("agg-a", "node000,node001");
+    terminate(a);
+    terminate(b);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let query = Query::open(&Layout::new(dir.path())).await.unwrap();
+        assert_eq!(
+            scalar(&query, "SELECT COUNT(*) FROM samples").await,
+            (4 * 3 * ROWS) as i64
+        );
+        assert_eq!(
+            scalar(&query, "SELECT COUNT(DISTINCT node) FROM samples").await,
+            4
+        );
+    });
+    for writer in ["agg-a", "agg-b"] {
+        assert!(dir
+            .path()
+            .join("wal")
+            .join(writer)
+            .join("checkpoint.json")
+            .exists());
+    }
+}

@@ -135,7 +135,8 @@ fn batches_spooled_across_an_outage_and_a_kill_9_arrive_exactly_once() {
 
     // The aggregator stored sequence numbers 0..next_seq, each once.
     let checkpoint: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(data.join("wal/checkpoint.json")).unwrap()).unwrap();
+        serde_json::from_slice(&std::fs::read(data.join("wal/agg0/checkpoint.json")).unwrap())
+            .unwrap();
     assert_eq!(
         checkpoint["samples"]["node001"]["contiguous"].as_u64(),
         Some(next_seq - 1),
