@@ -250,7 +250,7 @@ impl Query {
             "SELECT account, SUM(gpu_seconds) AS gpu_seconds, \
                SUM(mfu_proxy_sum) / NULLIF(SUM(mfu_seconds), 0) AS mfu, \
                SUM(util_pct_sum) / NULLIF(SUM(util_seconds), 0) AS util, \
-               CAST(SUM(mem_used_byte_seconds) AS DOUBLE) / NULLIF(CAST(SUM(mem_total_byte_seconds) AS DOUBLE), 0) AS mem \
+               SUM(CAST(mem_used_byte_seconds AS DOUBLE)) / NULLIF(SUM(CAST(mem_total_byte_seconds AS DOUBLE)), 0) AS mem \
              FROM rollups_hourly \
              WHERE account IS NOT NULL AND CAST(hour AS BIGINT) >= {from_ms} AND CAST(hour AS BIGINT) < {to_ms} \
              GROUP BY account"
@@ -343,7 +343,7 @@ impl Query {
         let usage_sql = format!(
             "SELECT gpu_model, account, project, SUM(gpu_seconds), SUM(util_pct_sum), SUM(util_seconds), \
                SUM(mfu_proxy_sum), SUM(mfu_seconds), \
-               CAST(SUM(mem_used_byte_seconds) AS DOUBLE), CAST(SUM(mem_total_byte_seconds) AS DOUBLE) \
+               SUM(CAST(mem_used_byte_seconds AS DOUBLE)), SUM(CAST(mem_total_byte_seconds AS DOUBLE)) \
              FROM rollups_hourly WHERE job_id = '{id}' GROUP BY gpu_model, account, project ORDER BY gpu_model"
         );
         let mut detail = JobDetail {

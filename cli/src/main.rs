@@ -260,7 +260,12 @@ fn indicator_rows(
                 i.mean_gpu_util_pct
                     .map(|u| format!("{u:.1}%"))
                     .unwrap_or_else(|| "-".into()),
+                i.mean_mem_util
+                    .map(|m| format!("{:.1}%", m * 100.0))
+                    .unwrap_or_else(|| "-".into()),
                 wait_h(i.mean_queue_wait_s),
+                wait_h(i.p50_queue_wait_s),
+                wait_h(i.p95_queue_wait_s),
                 wait_h(i.max_queue_wait_s),
                 pct(i.success_rate),
                 cost(&i.account)
@@ -271,13 +276,16 @@ fn indicator_rows(
         .collect()
 }
 
-const INDICATOR_HEADER: [&str; 9] = [
+const INDICATOR_HEADER: [&str; 12] = [
     "account",
     "jobs",
     "GPU-hours",
     "mean MFU",
     "GPU util",
+    "mem util",
     "wait mean h",
+    "wait p50 h",
+    "wait p95 h",
     "wait max h",
     "success",
     "cost",
@@ -434,7 +442,7 @@ fn report(args: ReportArgs) -> anyhow::Result<()> {
     print!(
         "{}",
         table::render(
-            &INDICATOR_HEADER[..8],
+            &INDICATOR_HEADER[..INDICATOR_HEADER.len() - 1],
             &indicator_rows(&indicators, |_| None)
                 .into_iter()
                 .map(|mut r| {

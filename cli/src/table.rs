@@ -14,14 +14,15 @@ pub fn render(header: &[&str], rows: &[Vec<String>]) -> String {
         |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_digit() || ".-%,".contains(c));
     let mut out = String::new();
     let line = |cells: Vec<&str>, out: &mut String| {
+        // Cells beyond the header have no column: they are dropped, not a panic.
         let parts: Vec<String> = cells
             .iter()
-            .enumerate()
-            .map(|(i, c)| {
+            .zip(&widths)
+            .map(|(c, &w)| {
                 if numeric(c) {
-                    format!("{c:>w$}", w = widths[i])
+                    format!("{c:>w$}")
                 } else {
-                    format!("{c:<w$}", w = widths[i])
+                    format!("{c:<w$}")
                 }
             })
             .collect();

@@ -238,3 +238,59 @@ proptest! {
         }
     }
 }
+
+/// A month of a big cluster has more memory byte-seconds than an i64 holds: the ratio must be
+/// summed in floating point, not overflow (it once printed 299.9%).
+#[test]
+fn memory_utilization_does_not_overflow_over_a_big_month() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(Store::open(dir.path(), StoreOptions::default()).unwrap());
+    let ingestor = Ingestor::new(
+        store,
+        IngestorConfig::default(),
+        Arc::new(ManualClock::new(T0 + 40 * 86_400_000)),
+    );
+    let hours = 520;
+    for gpu in 0..64u16 {
+        let mut b = SampleBatchBuilder::with_capacity(hours);
+        for h in 0..hours {
+            b.push(&SampleRow {
+                time_ms: T0 + h as i64 * 3_600_000,
+                interval_s: 3600,
+                node: "node000".into(),
+                gpu_index: gpu,
+                gpu_uuid: format!("GPU-{gpu}"),
+                gpu_model: "h100-sxm".into(),
+                mig_instance: None,
+                job_id: Some("j1".into()),
+                account: Some("alpha".into()),
+                project: None,
+                gpu_util_pct: Some(100.0),
+                sm_active: None,
+                tensor_active: None,
+                dram_active: None,
+                sm_clock_mhz: None,
+                mem_used_bytes: Some(60 << 30),
+                mem_total_bytes: Some(80 << 30),
+                power_w: None,
+                energy_j: None,
+                xid: None,
+            });
+        }
+        ingestor
+            .ingest_samples("node000", u64::from(gpu), &b.finish().unwrap())
+            .unwrap();
+    }
+    ingestor.flush().unwrap();
+    let total: f64 = 64.0 * hours as f64 * 3600.0 * (80u64 << 30) as f64;
+    assert!(total > i64::MAX as f64, "the test must pass i64's range");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let query = rt.block_on(Query::open(&Layout::new(dir.path()))).unwrap();
+    let got = rt
+        .block_on(query.account_indicators(T0, T0 + 40 * 86_400_000))
+        .unwrap();
+    let mem = got[0].mean_mem_util.unwrap();
+    assert!((mem - 0.75).abs() < 1e-12, "{mem}");
+}
