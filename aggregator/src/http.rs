@@ -4,7 +4,7 @@
 //!
 //! | route | what |
 //! |---|---|
-//! | `POST /api/v1/ingest` | Arrow IPC stream of samples; headers `x-gpuledger-node`, `x-gpuledger-seq` |
+//! | `POST /api/v1/ingest` | Arrow IPC stream of samples; headers `x-gpuledger-node`, `x-gpuledger-seq`, optional `x-gpuledger-low-seq` |
 //! | `POST /api/v1/events` | job lifecycle events as JSON `{source, seq, events: [...]}` |
 //! | `GET /metrics` | Prometheus text format |
 //! | `GET /api/v1/usage?at=&half_life=` | decayed GPU-hours per account and project (fair-share feed) |
@@ -43,6 +43,8 @@ use crate::Error;
 pub const NODE_HEADER: &str = "x-gpuledger-node";
 /// Header carrying the node's batch sequence number.
 pub const SEQ_HEADER: &str = "x-gpuledger-seq";
+/// Optional header: the node will never send a sequence number below this again.
+pub const LOW_SEQ_HEADER: &str = "x-gpuledger-low-seq";
 /// Largest request body accepted.
 pub const MAX_BODY_BYTES: usize = 64 << 20;
 
@@ -204,12 +206,28 @@ async fn ingest_batch(
     let seq: u64 = header_text(headers, SEQ_HEADER)?
         .parse()
         .map_err(|_| ApiError::bad(SEQ_HEADER, "not an unsigned integer"))?;
+    let low: Option<u64> = match headers.get(LOW_SEQ_HEADER) {
+        None => None,
+        Some(_) => Some(
+            header_text(headers, LOW_SEQ_HEADER)?
+                .parse()
+                .map_err(|_| ApiError::bad(LOW_SEQ_HEADER, "not an unsigned integer"))?,
+        ),
+    };
+    if low.is_some_and(|l| l > seq) {
+        return Err(ApiError::bad(
+            LOW_SEQ_HEADER,
+            format!("must not be above the batch's own sequence number {seq}"),
+        ));
+    }
     let bytes = body.len();
     let service = Arc::clone(s);
     blocking(move || {
         let batch = decode_ipc(&body)
             .map_err(|e| ApiError::bad("body", format!("not an Arrow IPC stream: {e}")))?;
-        let outcome = service.ingestor.ingest_samples(&node, seq, &batch)?;
+        let outcome = service
+            .ingestor
+            .ingest_samples_from(&node, seq, low, &batch)?;
         if matches!(outcome, IngestOutcome::Accepted { .. }) {
             service.metrics.count_usage(&batch);
         }

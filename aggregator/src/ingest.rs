@@ -80,8 +80,26 @@ impl SeqWindow {
         }
     }
 
+    /// The sender promises never to send a number below `low` again (each was acknowledged
+    /// or dropped from its spool): the gap below closes, so a spool overflow does not leave
+    /// every later number in `above` for good.
+    fn advance_to(&mut self, low: u64) {
+        let Some(floor) = low.checked_sub(1) else {
+            return;
+        };
+        if self.contiguous.is_none_or(|c| c < floor) {
+            self.contiguous = Some(floor);
+        }
+        self.above.retain(|s| *s > floor);
+        self.extend_contiguous();
+    }
+
     fn insert(&mut self, seq: u64) {
         self.above.insert(seq);
+        self.extend_contiguous();
+    }
+
+    fn extend_contiguous(&mut self) {
         loop {
             let next = self.contiguous.map(|c| c + 1).unwrap_or(0);
             if self.above.remove(&next) {
@@ -226,6 +244,34 @@ impl Ingestor {
 
     /// Ingests one batch of samples pushed by `node` with sequence number `seq`.
     pub fn ingest_samples(
+        &self,
+        node: &str,
+        seq: u64,
+        batch: &RecordBatch,
+    ) -> Result<IngestOutcome> {
+        self.ingest_samples_from(node, seq, None, batch)
+    }
+
+    /// [`Ingestor::ingest_samples`] with the sender's low watermark: it will never send a
+    /// number below `low` again (at most `seq`).
+    pub fn ingest_samples_from(
+        &self,
+        node: &str,
+        seq: u64,
+        low: Option<u64>,
+        batch: &RecordBatch,
+    ) -> Result<IngestOutcome> {
+        let outcome = self.ingest_samples_once(node, seq, batch)?;
+        if let Some(low) = low {
+            if let Some(window) = lock(&self.seen).get_mut(&(RecordKind::Samples, node.to_owned()))
+            {
+                window.advance_to(low.min(seq));
+            }
+        }
+        Ok(outcome)
+    }
+
+    fn ingest_samples_once(
         &self,
         node: &str,
         seq: u64,
@@ -424,5 +470,25 @@ mod tests {
         assert!(!w.contains(4), "a refused batch may be sent again");
         assert_eq!(w.contiguous, Some(3));
         assert!(w.contains(2) && w.contains(5) && !w.contains(4));
+    }
+
+    #[test]
+    fn a_low_watermark_closes_gaps_the_sender_gave_up() {
+        let mut w = SeqWindow::default();
+        for s in [0, 1, 5, 6, 9] {
+            assert!(w.claim(s));
+            w.settle(s, true);
+        }
+        assert_eq!(w.above.len(), 3);
+        w.advance_to(6);
+        assert_eq!(
+            (w.contiguous, w.above.len()),
+            (Some(6), 1),
+            "5 and 6 folded in, 9 kept"
+        );
+        assert!(w.contains(3), "given up: never sent again");
+        assert!(!w.contains(7) && !w.contains(8) && w.contains(9));
+        w.advance_to(0);
+        assert_eq!(w.contiguous, Some(6), "a watermark never moves back");
     }
 }

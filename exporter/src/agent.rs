@@ -241,6 +241,9 @@ fn push_once(agent: &ureq::Agent, url: &str, node: &str, seq: u64, body: &[u8]) 
         .header("content-type", "application/vnd.apache.arrow.stream")
         .header("x-gpuledger-node", node)
         .header("x-gpuledger-seq", seq.to_string())
+        // Batches go oldest first: nothing below this one will ever be sent again (each was
+        // acknowledged, refused, or dropped from a full spool).
+        .header("x-gpuledger-low-seq", seq.to_string())
         .send(body);
     match response {
         Ok(mut r) => {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use gpuledger_aggregator::http::{router, Service, NODE_HEADER, SEQ_HEADER};
+use gpuledger_aggregator::http::{router, Service, LOW_SEQ_HEADER, NODE_HEADER, SEQ_HEADER};
 use gpuledger_aggregator::layout::Layout;
 use gpuledger_aggregator::metrics::Metrics;
 use gpuledger_aggregator::query::Query;
@@ -377,4 +377,51 @@ async fn indicators_usage_feed_and_job_detail_read_back_what_was_sent() {
         metrics.contains("gpuledger_jobs_running{account=\"alpha\"} 0"),
         "{metrics}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_low_watermark_closes_gaps_and_must_not_pass_the_batch() {
+    let api = api().await;
+    let send = |seq: u64, low: Option<u64>| {
+        let mut request = Request::post("/api/v1/ingest")
+            .header(NODE_HEADER, "node001")
+            .header(SEQ_HEADER, seq.to_string());
+        if let Some(low) = low {
+            request = request.header(LOW_SEQ_HEADER, low.to_string());
+        }
+        request
+            .body(Body::from(ipc(
+                seq as usize * 8..seq as usize * 8 + 8,
+                "node001",
+            )))
+            .unwrap()
+    };
+    let (status, reply, _) = api.call(send(0, Some(0))).await;
+    assert_eq!(
+        (status, reply["status"].as_str()),
+        (StatusCode::OK, Some("accepted"))
+    );
+    // Batches 1-4 were dropped from the node's full spool; 5 comes with that promise.
+    let (status, _, _) = api.call(send(5, Some(5))).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, reply, _) = api.call(send(7, Some(8))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{reply}");
+    assert_eq!(reply["errors"][0]["field"], LOW_SEQ_HEADER);
+    let ingestor = Arc::clone(&api.service.ingestor);
+    tokio::task::spawn_blocking(move || ingestor.flush().unwrap())
+        .await
+        .unwrap();
+    let checkpoint: Value = serde_json::from_slice(
+        &std::fs::read(api._dir.path().join("wal/agg0/checkpoint.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        checkpoint["samples"]["node001"]["contiguous"], 5,
+        "{checkpoint}"
+    );
+    assert!(
+        checkpoint["samples"]["node001"].get("above").is_none(),
+        "{checkpoint}"
+    );
+    assert_eq!(api.stored().await.0, 16, "batches 0 and 5, 8 rows each");
 }
