@@ -274,6 +274,7 @@ async fn serve_metrics(listen: SocketAddr, shared: Arc<Shared>) -> anyhow::Resul
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .with_state(shared);
+    let shutdown = crate::serve::shutdown_signal()?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("listening on {listen}"))?;
@@ -282,7 +283,7 @@ async fn serve_metrics(listen: SocketAddr, shared: Arc<Shared>) -> anyhow::Resul
         listener.local_addr()?
     ));
     axum::serve(listener, app)
-        .with_graceful_shutdown(crate::serve::shutdown_signal())
+        .with_graceful_shutdown(shutdown)
         .await?;
     Ok(())
 }

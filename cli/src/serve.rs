@@ -120,6 +120,7 @@ async fn serve(
         config,
         clock: Arc::clone(&clock),
     });
+    let shutdown = shutdown_signal()?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
@@ -131,7 +132,7 @@ async fn serve(
     );
     let flusher = tokio::spawn(flush_loop(Arc::clone(&service), args.clone()));
     axum::serve(listener, router(Arc::clone(&service)))
-        .with_graceful_shutdown(shutdown_signal())
+        .with_graceful_shutdown(shutdown)
         .await?;
     flusher.abort();
     let stats = tokio::task::spawn_blocking(move || ingestor.flush()).await??;
@@ -208,27 +209,27 @@ async fn flush_loop(service: Arc<Service>, args: AggregatorArgs) {
     }
 }
 
-/// Resolves on SIGTERM or Ctrl-C.
-pub async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// Installs the SIGTERM and SIGINT handlers now and returns a future that resolves on
+/// either. Installing before the service announces itself matters: a signal that arrived
+/// in between would otherwise take the default action and kill the process unflushed.
+/// Must be called inside the runtime.
+pub fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     #[cfg(unix)]
     {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(error) => {
-                    tracing::error!(%error, "cannot listen for SIGTERM");
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {},
-            _ = term.recv() => {},
-        }
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
+        let mut int = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
+        Ok(async move {
+            tokio::select! {
+                _ = term.recv() => {},
+                _ = int.recv() => {},
+            }
+        })
     }
     #[cfg(not(unix))]
-    let _ = ctrl_c.await;
+    Ok(async move {
+        let _ = tokio::signal::ctrl_c().await;
+    })
 }
 
 #[cfg(test)]
