@@ -94,8 +94,11 @@ struct Service {
 }
 
 fn spawn_self(args: &[&str]) -> anyhow::Result<Service> {
-    let exe = std::env::current_exe()?;
-    let mut child = Command::new(exe)
+    spawn(&std::env::current_exe()?, args)
+}
+
+fn spawn(binary: &Path, args: &[&str]) -> anyhow::Result<Service> {
+    let mut child = Command::new(binary)
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -131,6 +134,17 @@ fn cpu_seconds_of(pid: u32) -> Option<f64> {
     let fields: Vec<&str> = after.split_whitespace().collect();
     let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
     Some(ticks as f64 / 100.0)
+}
+
+fn spawn_exporter(alone: Option<&Path>, args: &[&str]) -> anyhow::Result<Service> {
+    match alone {
+        Some(binary) => spawn(binary, args),
+        None => {
+            let mut with_sub = vec!["exporter"];
+            with_sub.extend_from_slice(args);
+            spawn_self(&with_sub)
+        }
+    }
 }
 
 fn stop(mut service: Service) -> anyhow::Result<()> {
@@ -367,23 +381,28 @@ fn exporter(seconds: u64, gpus: u16) -> anyhow::Result<()> {
     ])?;
     let spool = dir.path().join("spool");
     let gpus_text = gpus.to_string();
-    let exporter = spawn_self(&[
-        "exporter",
-        "--node",
-        "node001",
-        "--gpus",
-        &gpus_text,
-        "--sample-interval",
-        "1s",
-        "--push-interval",
-        "10s",
-        "--listen",
-        "127.0.0.1:0",
-        "--aggregator-url",
-        &aggregator.url,
-        "--spool-dir",
-        spool.to_str().context("path")?,
-    ])?;
+    // The exporter alone when it is built next to this binary (what nodes run), else
+    // `gpuledger exporter`.
+    let alone = std::env::current_exe()?.with_file_name("gpuledger-exporter");
+    let exporter = spawn_exporter(
+        alone.exists().then_some(alone.as_path()),
+        &[
+            "--node",
+            "node001",
+            "--gpus",
+            &gpus_text,
+            "--sample-interval",
+            "1s",
+            "--push-interval",
+            "10s",
+            "--listen",
+            "127.0.0.1:0",
+            "--aggregator-url",
+            &aggregator.url,
+            "--spool-dir",
+            spool.to_str().context("path")?,
+        ],
+    )?;
     let pid = exporter.child.id();
     // Let it settle, then measure a window.
     std::thread::sleep(Duration::from_secs(2));
@@ -401,7 +420,12 @@ fn exporter(seconds: u64, gpus: u16) -> anyhow::Result<()> {
     stop(exporter)?;
     stop(aggregator)?;
     let samples = window * f64::from(gpus);
-    println!("exporter: {gpus} GPUs sampled every 1 s, pushed every 10 s, scraped every 5 s, for {window:.0} s");
+    let which = if alone.exists() {
+        "gpuledger-exporter"
+    } else {
+        "gpuledger exporter"
+    };
+    println!("exporter ({which}): {gpus} GPUs sampled every 1 s, pushed every 10 s, scraped every 5 s, for {window:.0} s");
     println!(
         "  CPU {cpu:.2} s = {:.3}% of one core; {:.1} us of CPU per GPU sample",
         cpu / window * 100.0,

@@ -5,12 +5,16 @@ use clap::Args;
 use gpuledger::exporter_cmd::ExporterArgs;
 use gpuledger::serve::AggregatorArgs;
 
+/// The ExecStart line's arguments after the binary and, for `gpuledger`, its subcommand.
 fn exec_start_args(unit: &str) -> Vec<String> {
     let line = unit
         .lines()
         .find_map(|l| l.strip_prefix("ExecStart="))
         .expect("an ExecStart line");
-    line.split_whitespace().skip(2).map(str::to_owned).collect()
+    let mut words = line.split_whitespace();
+    let binary = words.next().expect("a binary");
+    let skip = usize::from(binary.ends_with("/gpuledger"));
+    words.skip(skip).map(str::to_owned).collect()
 }
 
 fn daemonset_args(yaml: &str) -> Vec<String> {
@@ -48,10 +52,9 @@ fn systemd_units_pass_accepted_arguments() {
 
 #[test]
 fn the_daemonset_passes_accepted_arguments() {
-    let mut args = daemonset_args(include_str!(
-        "../../deploy/kubernetes/exporter-daemonset.yaml"
-    ));
-    assert_eq!(args.remove(0), "exporter");
+    let yaml = include_str!("../../deploy/kubernetes/exporter-daemonset.yaml");
+    assert!(yaml.contains("- /usr/local/bin/gpuledger-exporter"));
+    let mut args = daemonset_args(yaml);
     assert!(args.len() > 10, "{args:?}");
     args.extend(["--node".into(), "gpu001".into()]);
     accepts::<ExporterArgs>("exporter", &args);

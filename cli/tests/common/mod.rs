@@ -18,7 +18,12 @@ pub struct Process {
 
 /// Starts `gpuledger ARGS` and waits for its "listening on http://..." line.
 pub fn spawn(args: &[&str], stderr: Stdio) -> Process {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuledger"))
+    spawn_binary(env!("CARGO_BIN_EXE_gpuledger"), args, stderr)
+}
+
+/// Starts `BINARY ARGS` and waits for its "listening on http://..." line.
+pub fn spawn_binary(binary: &str, args: &[&str], stderr: Stdio) -> Process {
+    let mut child = Command::new(binary)
         .args(args)
         .stdout(Stdio::piped())
         .stderr(stderr)
