@@ -126,7 +126,7 @@ impl Metrics {
             flushes: register(&r, IntCounter::new("gpuledger_flushes_total", "Flushes of the store to Parquet.").expect("valid metric")),
             last_flush: register(&r, Gauge::new("gpuledger_last_flush_timestamp_seconds", "When the last flush finished (Unix time).").expect("valid metric")),
             gpu_seconds: counter_vec(&r, "gpuledger_account_gpu_seconds_total", "GPU-seconds used by jobs, per account, project and GPU model.", &["account", "project", "gpu_model"]),
-            cost: register(&r, CounterVec::new(Opts::new("gpuledger_account_cost_total", "List-price cost of the GPU-seconds above, per account and project (invoices are authoritative).").into(), &["account", "project", "currency"]).expect("valid metric")),
+            cost: register(&r, CounterVec::new(Opts::new("gpuledger_account_cost_total", "List-price cost of the GPU-seconds above, per account and project (invoices are authoritative)."), &["account", "project", "currency"]).expect("valid metric")),
             queue_wait: register(&r, HistogramVec::new(HistogramOpts::new("gpuledger_queue_wait_seconds", "Time from submission to start, per account.").buckets(WAIT_BUCKETS.to_vec()), &["account"]).expect("valid metric")),
             jobs_running: gauge_vec(&r, "gpuledger_jobs_running", "Jobs running now, per account.", &["account"]),
             gpus_allocated: gauge_vec(&r, "gpuledger_gpus_allocated", "GPUs held by running jobs, per account.", &["account"]),

@@ -83,8 +83,11 @@ fn encode_record(kind: RecordKind, source: &str, seq: u64, ipc: &[u8]) -> Result
     Ok(out)
 }
 
+/// A record as it lies in a segment: kind, source, sequence number, Arrow IPC bytes.
+type RawRecord<'a> = (RecordKind, String, u64, &'a [u8]);
+
 /// Parses the records of a segment; returns them and the length of the valid prefix.
-fn parse_segment(bytes: &[u8]) -> (Vec<(RecordKind, String, u64, &[u8])>, usize) {
+fn parse_segment(bytes: &[u8]) -> (Vec<RawRecord<'_>>, usize) {
     let mut out = Vec::new();
     let mut at = 0;
     while bytes.len() - at >= HEADER {

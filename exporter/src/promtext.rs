@@ -106,8 +106,10 @@ fn short(text: &str) -> String {
     text.chars().take(60).collect()
 }
 
+type Labels = Vec<(String, String)>;
+
 /// Parses `k="v",k2="v2"}` and returns the labels and what follows the `}`.
-fn parse_labels(mut s: &str) -> Result<(Vec<(String, String)>, &str), String> {
+fn parse_labels(mut s: &str) -> Result<(Labels, &str), String> {
     let mut labels = Vec::new();
     loop {
         s = s.trim_start();

@@ -362,9 +362,10 @@ async fn indicators_usage_feed_and_job_detail_read_back_what_was_sent() {
     );
 
     let (_, _, metrics) = api.get("/metrics").await;
-    assert!(metrics.contains(&format!(
-        "gpuledger_account_gpu_seconds_total{{account=\"alpha\",gpu_model=\"h100-sxm\",project=\"train\"}}"
-    )), "{metrics}");
+    assert!(
+        metrics.contains(
+            "gpuledger_account_gpu_seconds_total{account=\"alpha\",gpu_model=\"h100-sxm\",project=\"train\"}"
+        ), "{metrics}");
     assert!(
         metrics.contains("gpuledger_queue_wait_seconds_count{account=\"alpha\"} 2"),
         "{metrics}"
