@@ -1,10 +1,17 @@
 //! The NVML source: reads real NVIDIA GPUs through nvml-wrapper, which loads
 //! `libnvidia-ml.so.1` at run time. Where no driver is installed it fails at start with a message
-//! that names the library and the other sources, never a panic.
+//! that names the library and the other sources, never a panic. XID errors arrive as NVML
+//! events, drained without waiting at each reading.
+//!
+//! Not yet read (no GPU on the machines this was written on): running processes, MIG
+//! instances and the Hopper GPM metrics; `scripts/nvml-on-device.sh` is ready for a machine
+//! with GPUs.
 
+use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
+use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
-use nvml_wrapper::Nvml;
+use nvml_wrapper::{Device, EventSet, Nvml};
 
 use gpuledger_model::time::UnixMillis;
 use gpuledger_model::GpuModel;
@@ -16,7 +23,10 @@ pub const NVML_LIBRARY: &str = "libnvidia-ml.so.1";
 
 /// Reads every GPU NVML sees.
 pub struct NvmlSource {
-    nvml: Nvml,
+    /// Loaded once for the life of the process (handles and event sets borrow it).
+    handles: Vec<Device<'static>>,
+    /// XID events of every GPU that supports them; `None` when none does.
+    xid_events: Option<EventSet<'static>>,
     devices: Vec<GpuDevice>,
     /// Last energy counter per GPU (mJ), to report energy per interval.
     last_energy_mj: Vec<Option<u64>>,
@@ -41,7 +51,7 @@ fn nvml_err(call: &'static str, gpu: Option<u32>) -> impl FnOnce(NvmlError) -> S
 impl NvmlSource {
     /// Loads NVML and lists the GPUs.
     pub fn open() -> Result<Self> {
-        let nvml = Nvml::init().map_err(|e| match e {
+        let nvml: &'static Nvml = Box::leak(Box::new(Nvml::init().map_err(|e| match e {
             NvmlError::LibloadingError(detail) => SourceError::DriverMissing {
                 library: NVML_LIBRARY,
                 detail: detail.to_string(),
@@ -51,11 +61,12 @@ impl NvmlSource {
                 detail: e.to_string(),
             },
             other => nvml_err("nvmlInit", None)(other),
-        })?;
+        })?));
         let count = nvml
             .device_count()
             .map_err(nvml_err("nvmlDeviceGetCount", None))?;
         let mut devices = Vec::new();
+        let mut handles = Vec::new();
         for i in 0..count {
             let device = nvml
                 .device_by_index(i)
@@ -73,20 +84,37 @@ impl NvmlSource {
                 model,
                 mig_instance: None,
             });
+            handles.push(device);
         }
         let last_energy_mj = vec![None; devices.len()];
+        let xid_events = xid_event_set(nvml, &handles);
         Ok(NvmlSource {
-            nvml,
+            handles,
+            xid_events,
             devices,
             last_energy_mj,
         })
     }
 
+    /// The last XID per GPU index among the events waiting now.
+    fn drain_xids(&self) -> std::collections::HashMap<u32, u32> {
+        let mut last = std::collections::HashMap::new();
+        let Some(set) = &self.xid_events else {
+            return last;
+        };
+        // A timeout of 0 returns at once; `Timeout` means nothing is waiting.
+        while let Ok(event) = set.wait(0) {
+            if let (Ok(index), Some(XidError::Value(xid))) =
+                (event.device.index(), event.event_data)
+            {
+                last.insert(index, u32::try_from(xid).unwrap_or(u32::MAX));
+            }
+        }
+        last
+    }
+
     fn read_one(&mut self, i: u32) -> Result<GpuReading> {
-        let device = self
-            .nvml
-            .device_by_index(i)
-            .map_err(nvml_err("nvmlDeviceGetHandleByIndex", Some(i)))?;
+        let device = &self.handles[i as usize];
         let util = device
             .utilization_rates()
             .map_err(nvml_err("nvmlDeviceGetUtilizationRates", Some(i)))?;
@@ -122,6 +150,39 @@ impl NvmlSource {
     }
 }
 
+/// One event set with every GPU registered for critical XID errors. A GPU that does not
+/// support the events is left out; if registering fails the set is gone (NVML frees it) and
+/// XIDs are not read, which is logged.
+fn xid_event_set(nvml: &'static Nvml, handles: &[Device<'static>]) -> Option<EventSet<'static>> {
+    let mut set = match nvml.create_event_set() {
+        Ok(set) => set,
+        Err(error) => {
+            tracing::warn!(%error, "NVML event sets unavailable: XID errors will not be read");
+            return None;
+        }
+    };
+    let mut registered = 0;
+    for (i, device) in handles.iter().enumerate() {
+        let supported = device
+            .supported_event_types()
+            .is_ok_and(|t| t.contains(EventTypes::CRITICAL_XID_ERROR));
+        if !supported {
+            continue;
+        }
+        match device.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
+            Ok(s) => {
+                set = s;
+                registered += 1;
+            }
+            Err(error) => {
+                tracing::warn!(gpu = i, error = %error.error, "registering for XID events failed: XID errors will not be read");
+                return None;
+            }
+        }
+    }
+    (registered > 0).then_some(set)
+}
+
 impl GpuSource for NvmlSource {
     fn kind(&self) -> &'static str {
         "nvml"
@@ -132,8 +193,13 @@ impl GpuSource for NvmlSource {
     }
 
     fn read(&mut self, _now_ms: UnixMillis) -> Result<Vec<GpuReading>> {
+        let xids = self.drain_xids();
         (0..self.devices.len() as u32)
-            .map(|i| self.read_one(i))
+            .map(|i| {
+                let mut reading = self.read_one(i)?;
+                reading.xid = xids.get(&i).copied();
+                Ok(reading)
+            })
             .collect()
     }
 }
