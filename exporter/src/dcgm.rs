@@ -128,6 +128,9 @@ fn reading_from(gpu: u16, f: &BTreeMap<&str, f64>) -> GpuReading {
         xid: field(f, "DCGM_FI_DEV_XID_ERRORS")
             .filter(|v| *v > 0.0)
             .map(|v| v as u32),
+        // dcgm-exporter's default counters do not list processes.
+        processes: None,
+        process_memory_bytes: None,
     }
 }
 

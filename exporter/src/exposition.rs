@@ -130,8 +130,8 @@ type Field = (
     fn(&GpuReading) -> Option<f64>,
 );
 
-/// The per-GPU gauges, dcgm-exporter's names and units.
-const GPU_GAUGES: [Field; 10] = [
+/// The per-GPU gauges, dcgm-exporter's names and units (the last two are gpuledger's).
+const GPU_GAUGES: [Field; 12] = [
     (
         "DCGM_FI_DEV_GPU_UTIL",
         "gauge",
@@ -194,6 +194,18 @@ const GPU_GAUGES: [Field; 10] = [
         "gauge",
         "Value of the last XID error encountered.",
         |r| r.xid.map(f64::from),
+    ),
+    (
+        "gpuledger_gpu_processes",
+        "gauge",
+        "Compute processes running on the GPU.",
+        |r| r.processes.map(f64::from),
+    ),
+    (
+        "gpuledger_gpu_process_memory_bytes",
+        "gauge",
+        "Device memory held by the GPU's compute processes (bytes).",
+        |r| r.process_memory_bytes.map(|b| b as f64),
     ),
 ];
 
@@ -411,6 +423,7 @@ mod tests {
                     mem_used_bytes: Some(3 << 30),
                     mem_total_bytes: Some(80 << 30),
                     xid: Some(79),
+                    processes: Some(2),
                     ..GpuReading::default()
                 }),
                 None,
@@ -437,6 +450,10 @@ mod tests {
             "DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",Hostname=\"node001\",job=\"42\",account=\"team-a\",project=\"llm \\\"big\\\"\"} 97\n"
         ), "{text}");
         assert!(text.contains("DCGM_FI_DEV_FB_FREE{gpu=\"0\""), "{text}");
+        assert!(
+            text.contains("gpuledger_gpu_processes{gpu=\"0\",Hostname=\"node001\",job=\"42\""),
+            "{text}"
+        );
         assert!(
             text.contains("gpuledger_gpu_up{gpu=\"1\",Hostname=\"node001\"} 0\n"),
             "{text}"

@@ -3,8 +3,8 @@
 //! that names the library and the other sources, never a panic. XID errors arrive as NVML
 //! events, drained without waiting at each reading.
 //!
-//! Not yet read (no GPU on the machines this was written on): running processes, MIG
-//! instances and the Hopper GPM metrics; `scripts/nvml-on-device.sh` is ready for a machine
+//! Not yet read (no GPU on the machines this was written on): MIG instances and the Hopper
+//! GPM metrics; `scripts/nvml-on-device.sh` is ready for a machine
 //! with GPUs.
 
 use nvml_wrapper::bitmasks::event::EventTypes;
@@ -124,6 +124,7 @@ impl NvmlSource {
         // Optional figures: a GPU that does not support one reports it as not measured.
         let power_w = device.power_usage().ok().map(|mw| mw as f32 / 1000.0);
         let energy_mj = device.total_energy_consumption().ok();
+        let processes = device.running_compute_processes().ok();
         let slot = &mut self.last_energy_mj[i as usize];
         let energy_j = match (energy_mj, *slot) {
             (Some(now), Some(before)) if now >= before => Some((now - before) as f64 / 1000.0),
@@ -146,6 +147,15 @@ impl NvmlSource {
                 .ok()
                 .map(|t| t as f32),
             xid: None,
+            process_memory_bytes: processes.as_ref().map(|ps| {
+                ps.iter()
+                    .map(|p| match p.used_gpu_memory {
+                        nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => b,
+                        nvml_wrapper::enums::device::UsedGpuMemory::Unavailable => 0,
+                    })
+                    .sum()
+            }),
+            processes: processes.map(|ps| u32::try_from(ps.len()).unwrap_or(u32::MAX)),
         })
     }
 }

@@ -54,6 +54,10 @@ pub struct GpuReading {
     pub energy_j: Option<f64>,
     pub temperature_c: Option<f32>,
     pub xid: Option<u32>,
+    /// Compute processes running on the GPU and the device memory they hold (for /metrics;
+    /// not part of the sample record).
+    pub processes: Option<u32>,
+    pub process_memory_bytes: Option<u64>,
 }
 
 /// The job a GPU works for.

@@ -138,6 +138,8 @@ pub fn synthetic_reading(
         energy_j: Some(f64::from(power_w) * f64::from(interval_s)),
         temperature_c: Some(30.0 + 45.0 * power),
         xid: None,
+        processes: None,
+        process_memory_bytes: None,
     }
 }
 
