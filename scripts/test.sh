@@ -22,3 +22,6 @@ if rustfmt --version >/dev/null 2>&1; then
   cargo fmt --all -- --check
 fi
 cargo test --workspace --locked
+# The README's first command is `cargo run --release -- demo`: `cargo run` must pick the main
+# binary (there are two). Checked in the dev profile, already built by the tests.
+cargo run --locked --quiet -- --version
