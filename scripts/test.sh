@@ -23,5 +23,8 @@ if rustfmt --version >/dev/null 2>&1; then
 fi
 cargo test --workspace --locked
 # The README's first command is `cargo run --release -- demo`: `cargo run` must pick the main
-# binary (there are two). Checked in the dev profile, already built by the tests.
-cargo run --locked --quiet -- --version
+# binary (there are two). Checked from the manifest, without another build.
+if ! cargo metadata --locked --no-deps --format-version 1 | grep -q '"default_run":"gpuledger"'; then
+  echo "cli/Cargo.toml must keep default-run = \"gpuledger\" (README: cargo run --release -- demo)" >&2
+  exit 1
+fi
