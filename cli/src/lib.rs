@@ -10,3 +10,14 @@ pub mod pipeline;
 pub mod serve;
 pub mod simulate;
 pub mod table;
+
+/// Logs to stderr, filtered by `GPULEDGER_LOG` (default `warn`); both binaries call it.
+pub fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("GPULEDGER_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}

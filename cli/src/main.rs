@@ -131,13 +131,7 @@ struct ReportArgs {
 }
 
 fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("GPULEDGER_LOG")
-                .unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    gpuledger::init_logging();
     let args = gpuledger::exporter_cmd::expand_config_file(std::env::args().collect())?;
     match Cli::parse_from(args).command {
         Command::Demo(args) => demo(args),

@@ -4,6 +4,8 @@
 
 mod common;
 
+use common::scrape;
+
 use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::process::Stdio;
@@ -30,15 +32,6 @@ fn serve(page: Arc<Mutex<String>>) -> String {
         }
     });
     url
-}
-
-fn scrape(url: &str) -> String {
-    ureq::get(format!("{url}/metrics"))
-        .call()
-        .unwrap()
-        .body_mut()
-        .read_to_string()
-        .unwrap()
 }
 
 fn wait_until(url: &str, what: &str, done: impl Fn(&str) -> bool) -> String {

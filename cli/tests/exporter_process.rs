@@ -11,19 +11,14 @@ use std::time::{Duration, Instant};
 use gpuledger_aggregator::layout::Layout;
 use gpuledger_aggregator::query::Query;
 
-use common::{terminate, Process};
+use common::{scrape, terminate, Process};
 
 fn spawn(args: &[&str]) -> Process {
     common::spawn(args, Stdio::null())
 }
 
 fn metric(url: &str, name: &str) -> f64 {
-    let text = ureq::get(format!("{url}/metrics"))
-        .call()
-        .unwrap()
-        .body_mut()
-        .read_to_string()
-        .unwrap();
+    let text = scrape(url);
     text.lines()
         .find(|l| l.starts_with(name) && !l.starts_with('#'))
         .and_then(|l| l.rsplit(' ').next())
@@ -87,12 +82,7 @@ fn batches_spooled_across_an_outage_and_a_kill_9_arrive_exactly_once() {
         metric(&exporter.url, "gpuledger_exporter_spool_batches") >= 3.0
     });
     assert!(metric(&exporter.url, "gpuledger_exporter_pushes_failed_total") >= 1.0);
-    let page = ureq::get(format!("{}/metrics", exporter.url))
-        .call()
-        .unwrap()
-        .body_mut()
-        .read_to_string()
-        .unwrap();
+    let page = scrape(&exporter.url);
     assert!(page.contains("DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",Hostname=\"node001\",job=\"7\",account=\"team-a\",project=\"research\"}"), "{page}");
     assert!(
         page.contains("DCGM_FI_DEV_GPU_UTIL{gpu=\"5\",Hostname=\"node001\",job=\"\"}"),
@@ -191,12 +181,7 @@ fn the_exporter_alone_samples_serves_and_stops_cleanly() {
     wait_for("a collection", || {
         metric(&exporter.url, "gpuledger_exporter_samples_total") >= 2.0
     });
-    let page = ureq::get(format!("{}/metrics", exporter.url))
-        .call()
-        .unwrap()
-        .body_mut()
-        .read_to_string()
-        .unwrap();
+    let page = scrape(&exporter.url);
     assert!(
         page.contains("gpuledger_gpu_up{gpu=\"1\",Hostname=\"gpu042\"} 1"),
         "{page}"

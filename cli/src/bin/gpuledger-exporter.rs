@@ -17,13 +17,7 @@ struct Cli {
 }
 
 fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("GPULEDGER_LOG")
-                .unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    gpuledger::init_logging();
     // `--config FILE` expands the same way as under `gpuledger exporter`.
     let mut argv: Vec<String> = std::env::args().collect();
     argv.insert(1, "exporter".into());

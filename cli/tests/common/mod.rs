@@ -41,6 +41,16 @@ pub fn spawn_binary(binary: &str, args: &[&str], stderr: Stdio) -> Process {
     Process { child, url }
 }
 
+/// The `/metrics` page of a service.
+pub fn scrape(url: &str) -> String {
+    ureq::get(format!("{url}/metrics"))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap()
+}
+
 /// SIGTERM, then a clean exit.
 pub fn terminate(mut p: Process) {
     let pid = p.child.id().to_string();
