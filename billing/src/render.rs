@@ -1,0 +1,558 @@
+//! The invoice files: CSV (a line per project x charge type x GPU model x band), JSON (the
+//! canonical record, read back to make the next revision), a printable HTML page with a usage
+//! chart, the FinOps FOCUS 1.2 export for finance, and the comparison of billing models.
+//! Everything is a pure function of the invoices: the same invoices give the same bytes.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use chrono::NaiveDate;
+use rust_decimal::Decimal;
+
+use crate::engine::{ChargeType, Invoice, InvoiceLine, JobPart, FACTOR_ONE};
+use crate::pricebook::BillingModel;
+
+const CSV_HEADER: &str = "invoice_id,period,account,billing_model,line_revision,correction,project,charge_type,gpu_model,band,reservation,jobs,gpu_seconds,byte_seconds,quantity,unit,mfu_factor,list_unit_price,unit_price,amount,currency,price_book_version";
+
+/// Quotes a CSV field when it needs it (RFC 4180).
+pub fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_owned()
+    }
+}
+
+fn opt<T: ToString>(v: &Option<T>) -> String {
+    v.as_ref().map(T::to_string).unwrap_or_default()
+}
+
+/// The invoice as CSV: its lines, then a total line.
+pub fn invoice_csv(inv: &Invoice) -> String {
+    let mut out = format!("{CSV_HEADER}\n");
+    for l in &inv.lines {
+        let fields = [
+            inv.invoice_id.clone(),
+            inv.period.clone(),
+            inv.account.to_string(),
+            inv.billing_model.to_string(),
+            l.revision.to_string(),
+            l.correction.to_string(),
+            opt(&l.key.project),
+            l.key.charge_type.as_str().to_owned(),
+            opt(&l.key.gpu_model),
+            l.key.band.clone(),
+            opt(&l.key.reservation),
+            l.jobs
+                .iter()
+                .filter(|j| j.job_id.is_some())
+                .count()
+                .to_string(),
+            l.gpu_seconds.to_string(),
+            l.byte_seconds.to_string(),
+            l.quantity.to_string(),
+            l.unit.clone(),
+            opt(&l.mfu_factor),
+            l.list_unit_price.to_string(),
+            l.unit_price.to_string(),
+            l.amount.to_string(),
+            inv.currency.to_string(),
+            l.key.price_book_version.clone(),
+        ];
+        let row: Vec<String> = fields.iter().map(|f| csv_field(f)).collect();
+        let _ = writeln!(out, "{}", row.join(","));
+    }
+    let _ = writeln!(
+        out,
+        "{},{},{},{},,,,total,,,,,{},,,,,,,{},{},",
+        inv.invoice_id,
+        inv.period,
+        inv.account,
+        inv.billing_model,
+        inv.gpu_seconds(),
+        inv.total(),
+        inv.currency
+    );
+    out
+}
+
+/// The canonical JSON record of an invoice.
+pub fn invoice_json(inv: &Invoice) -> String {
+    let mut s = serde_json::to_string_pretty(inv).expect("invoices serialise");
+    s.push('\n');
+    s
+}
+
+/// Reads back an invoice written by [`invoice_json`].
+pub fn invoice_from_json(text: &str) -> serde_json::Result<Invoice> {
+    serde_json::from_str(text)
+}
+
+fn html_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// GPU-hours per day of the period as an inline SVG bar chart.
+fn usage_chart(inv: &Invoice) -> String {
+    let first = chrono::DateTime::from_timestamp(inv.period_start, 0)
+        .unwrap_or_default()
+        .date_naive();
+    let last = chrono::DateTime::from_timestamp(inv.period_end - 1, 0)
+        .unwrap_or_default()
+        .date_naive();
+    let days: Vec<NaiveDate> = first.iter_days().take_while(|d| *d <= last).collect();
+    let by_day: BTreeMap<NaiveDate, i64> = inv.daily_gpu_seconds.iter().copied().collect();
+    let max = by_day.values().copied().max().unwrap_or(0).max(1);
+    let (w, h, pad) = (620.0, 140.0, 20.0);
+    let bar = (w - 2.0 * pad) / days.len().max(1) as f64;
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" role=\"img\" aria-label=\"GPU-hours per day\">\n"
+    );
+    for (i, d) in days.iter().enumerate() {
+        let secs = by_day.get(d).copied().unwrap_or(0);
+        let bh = (h - 2.0 * pad) * secs as f64 / max as f64;
+        let _ = writeln!(
+            svg,
+            "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"#3b6ea5\"><title>{d}: {} GPU-hours</title></rect>",
+            pad + i as f64 * bar + 1.0,
+            h - pad - bh,
+            (bar - 2.0).max(1.0),
+            bh,
+            hours(secs)
+        );
+    }
+    let _ = writeln!(
+        svg,
+        "<text x=\"{pad}\" y=\"14\" font-size=\"11\">peak {} GPU-hours/day</text>\n<text x=\"{pad}\" y=\"{}\" font-size=\"11\">{first}</text>\n<text x=\"{}\" y=\"{}\" font-size=\"11\" text-anchor=\"end\">{last}</text>\n</svg>",
+        hours(max),
+        h - 4.0,
+        w - pad,
+        h - 4.0
+    );
+    svg
+}
+
+fn hours(secs: i64) -> String {
+    (Decimal::from(secs) / Decimal::from(3600))
+        .round_dp(2)
+        .normalize()
+        .to_string()
+}
+
+/// A printable HTML invoice with a usage chart.
+pub fn invoice_html(inv: &Invoice) -> String {
+    let mut rows = String::new();
+    for l in &inv.lines {
+        let _ = writeln!(
+            rows,
+            "<tr{}><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"n\">{}</td><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td></tr>",
+            if l.correction { " class=\"correction\"" } else { "" },
+            html_escape(&opt(&l.key.project)),
+            html_escape(&charge_label(l)),
+            html_escape(&opt(&l.key.gpu_model)),
+            html_escape(&l.key.band),
+            l.quantity,
+            html_escape(&l.unit),
+            l.unit_price,
+            l.amount,
+            html_escape(&l.key.price_book_version),
+        );
+    }
+    format!(
+        r#"<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{id}</title>
+<style>
+body {{ font-family: sans-serif; margin: 2em; color: #222; }}
+table {{ border-collapse: collapse; width: 100%; }}
+th, td {{ border-bottom: 1px solid #ccc; padding: 4px 8px; text-align: left; }}
+td.n, th.n {{ text-align: right; font-variant-numeric: tabular-nums; }}
+tr.correction td {{ font-style: italic; color: #8a4b00; }}
+tfoot td {{ font-weight: bold; border-top: 2px solid #222; }}
+@media print {{ body {{ margin: 0; }} }}
+</style></head>
+<body>
+<h1>Invoice {id}</h1>
+<p>Account <strong>{account}</strong> &middot; period {period} (UTC) &middot; billing model {model} &middot; revision {revision}</p>
+<h2>GPU-hours per day</h2>
+{chart}
+<h2>Charges</h2>
+<table>
+<thead><tr><th>project</th><th>charge</th><th>GPU model</th><th>band</th><th class="n">quantity</th><th>unit</th><th class="n">unit price</th><th class="n">amount ({currency})</th><th>price book</th></tr></thead>
+<tbody>
+{rows}</tbody>
+<tfoot><tr><td colspan="7">Total</td><td class="n" id="total">{total}</td><td>{currency}</td></tr></tfoot>
+</table>
+<p>Each line is rounded once, half to even, to the currency's minor unit; the total is the sum of the lines.
+Usage is measured in GPU-seconds; {gpu_hours} GPU-hours of compute are billed here.</p>
+</body></html>
+"#,
+        id = html_escape(&inv.invoice_id),
+        account = html_escape(inv.account.as_str()),
+        period = html_escape(&inv.period),
+        model = inv.billing_model,
+        revision = inv.revision,
+        chart = usage_chart(inv),
+        rows = rows,
+        total = inv.total(),
+        currency = inv.currency,
+        gpu_hours = hours(inv.gpu_seconds()),
+    )
+}
+
+fn charge_label(l: &InvoiceLine) -> String {
+    let mut s = l.key.charge_type.as_str().to_owned();
+    if let Some(r) = &l.key.reservation {
+        s.push_str(&format!(" ({r})"));
+    }
+    if let Some(f) = l.mfu_factor {
+        s.push_str(&format!(" x MFU {f}"));
+    }
+    if l.correction {
+        s.push_str(&format!(" correction r{}", l.revision));
+    }
+    s
+}
+
+/// The FOCUS 1.2 mandatory columns, in the spec's (alphabetical) order.
+pub const FOCUS_MANDATORY: [&str; 21] = [
+    "BilledCost",
+    "BillingAccountId",
+    "BillingAccountName",
+    "BillingCurrency",
+    "BillingPeriodEnd",
+    "BillingPeriodStart",
+    "ChargeCategory",
+    "ChargeClass",
+    "ChargeDescription",
+    "ChargePeriodEnd",
+    "ChargePeriodStart",
+    "ContractedCost",
+    "EffectiveCost",
+    "InvoiceIssuerName",
+    "ListCost",
+    "PricingQuantity",
+    "PricingUnit",
+    "ProviderName",
+    "PublisherName",
+    "ServiceCategory",
+    "ServiceName",
+];
+
+/// Conditional FOCUS columns that apply to GPU usage, then gpuledger's `x_` columns.
+pub const FOCUS_OPTIONAL: [&str; 22] = [
+    "CapacityReservationId",
+    "CapacityReservationStatus",
+    "ChargeFrequency",
+    "ConsumedQuantity",
+    "ConsumedUnit",
+    "ContractedUnitPrice",
+    "InvoiceId",
+    "ListUnitPrice",
+    "PricingCategory",
+    "ResourceId",
+    "ResourceType",
+    "SkuId",
+    "SkuPriceId",
+    "SubAccountId",
+    "SubAccountName",
+    "x_BillingModel",
+    "x_GpuModel",
+    "x_GpuSeconds",
+    "x_JobId",
+    "x_Mfu",
+    "x_PriceBookVersion",
+    "x_TimeOfUseBand",
+];
+
+fn iso(secs: i64) -> String {
+    chrono::DateTime::from_timestamp(secs, 0)
+        .map(|t| t.format("%Y-%m-%dT%H:%M:%SZ").to_string())
+        .unwrap_or_default()
+}
+
+fn pricing_quantity(weighted: i128, charge_type: ChargeType) -> Decimal {
+    let den: i128 = match charge_type {
+        ChargeType::Storage => 1_000_000_000_000 * 86_400,
+        _ => 3_600 * FACTOR_ONE,
+    };
+    (Decimal::from_i128_with_scale(weighted, 0) / Decimal::from_i128_with_scale(den, 0))
+        .round_dp(9)
+        .normalize()
+}
+
+/// One FOCUS CSV for the month: a row per job part of every line (a row per correction line),
+/// `PricingQuantity x ListUnitPrice = ListCost` and `x ContractedUnitPrice = ContractedCost`
+/// exactly on every row; `BilledCost` is the rounded amount, and sums to the invoices' totals.
+pub fn focus_csv(invoices: &[Invoice], issuer: &str) -> String {
+    let mut out = String::new();
+    let header: Vec<&str> = FOCUS_MANDATORY
+        .iter()
+        .chain(FOCUS_OPTIONAL.iter())
+        .copied()
+        .collect();
+    let _ = writeln!(out, "{}", header.join(","));
+    for inv in invoices {
+        for l in &inv.lines {
+            let parts: Vec<JobPart> = if l.jobs.is_empty() {
+                vec![JobPart {
+                    job_id: None,
+                    gpu_seconds: l.gpu_seconds,
+                    weighted: l.weighted,
+                    amount: l.amount,
+                }]
+            } else {
+                l.jobs.clone()
+            };
+            for part in &parts {
+                let row = focus_row(inv, l, part, issuer, &header);
+                let _ = writeln!(out, "{}", row.join(","));
+            }
+        }
+    }
+    out
+}
+
+fn focus_row(
+    inv: &Invoice,
+    l: &InvoiceLine,
+    part: &JobPart,
+    issuer: &str,
+    header: &[&str],
+) -> Vec<String> {
+    let ct = l.key.charge_type;
+    let qty = pricing_quantity(part.weighted, ct);
+    let storage = ct == ChargeType::Storage;
+    let consumed = if storage {
+        qty
+    } else {
+        (Decimal::from(part.gpu_seconds) / Decimal::from(3600))
+            .round_dp(9)
+            .normalize()
+    };
+    let model = opt(&l.key.gpu_model);
+    let sku = format!(
+        "{}:{}",
+        ct.as_str(),
+        if storage { "tb-day" } else { model.as_str() }
+    );
+    let mut v: BTreeMap<&str, String> = BTreeMap::new();
+    v.insert("BilledCost", part.amount.to_string());
+    v.insert("BillingAccountId", inv.account.to_string());
+    v.insert("BillingAccountName", inv.account.to_string());
+    v.insert("BillingCurrency", inv.currency.to_string());
+    v.insert("BillingPeriodEnd", iso(inv.period_end));
+    v.insert("BillingPeriodStart", iso(inv.period_start));
+    v.insert("ChargeCategory", "Usage".into());
+    v.insert(
+        "ChargeClass",
+        if l.correction {
+            "Correction".into()
+        } else {
+            String::new()
+        },
+    );
+    v.insert(
+        "ChargeDescription",
+        format!(
+            "{} {} {} band {}",
+            ct.unit(),
+            ct.as_str(),
+            model,
+            l.key.band
+        )
+        .trim()
+        .to_owned(),
+    );
+    v.insert("ChargePeriodEnd", iso(inv.period_end));
+    v.insert("ChargePeriodStart", iso(inv.period_start));
+    v.insert(
+        "ContractedCost",
+        (qty * l.unit_price).normalize().to_string(),
+    );
+    v.insert("EffectiveCost", part.amount.to_string());
+    v.insert("InvoiceIssuerName", issuer.to_owned());
+    v.insert(
+        "ListCost",
+        (qty * l.list_unit_price).normalize().to_string(),
+    );
+    v.insert("PricingQuantity", qty.to_string());
+    v.insert(
+        "PricingUnit",
+        match ct {
+            ChargeType::Storage => "TB-Days",
+            ChargeType::MfuWeightedGpuHours => "MFU-Weighted GPU-Hours",
+            _ => "GPU-Hours",
+        }
+        .into(),
+    );
+    v.insert("ProviderName", issuer.to_owned());
+    v.insert("PublisherName", issuer.to_owned());
+    v.insert(
+        "ServiceCategory",
+        if storage {
+            "Storage".into()
+        } else {
+            "AI and Machine Learning".into()
+        },
+    );
+    v.insert(
+        "ServiceName",
+        if storage {
+            "gpuledger storage".into()
+        } else {
+            "gpuledger GPU compute".into()
+        },
+    );
+    v.insert("CapacityReservationId", opt(&l.key.reservation));
+    v.insert(
+        "CapacityReservationStatus",
+        if l.key.reservation.is_some() {
+            "Unused".into()
+        } else {
+            String::new()
+        },
+    );
+    v.insert("ChargeFrequency", "Usage-Based".into());
+    v.insert("ConsumedQuantity", consumed.to_string());
+    v.insert(
+        "ConsumedUnit",
+        if storage {
+            "TB-Days".into()
+        } else {
+            "GPU-Hours".into()
+        },
+    );
+    v.insert("ContractedUnitPrice", l.unit_price.to_string());
+    v.insert("InvoiceId", inv.invoice_id.clone());
+    v.insert("ListUnitPrice", l.list_unit_price.to_string());
+    v.insert("PricingCategory", "Standard".into());
+    v.insert(
+        "ResourceId",
+        part.job_id
+            .as_ref()
+            .map(|j| format!("job/{j}"))
+            .unwrap_or_default(),
+    );
+    v.insert(
+        "ResourceType",
+        if part.job_id.is_some() {
+            "Job".into()
+        } else {
+            String::new()
+        },
+    );
+    v.insert("SkuId", sku.clone());
+    v.insert(
+        "SkuPriceId",
+        format!("{}:{sku}:{}", l.key.price_book_version, l.key.band),
+    );
+    v.insert("SubAccountId", opt(&l.key.project));
+    v.insert("SubAccountName", opt(&l.key.project));
+    v.insert("x_BillingModel", inv.billing_model.to_string());
+    v.insert("x_GpuModel", model.clone());
+    v.insert("x_GpuSeconds", part.gpu_seconds.to_string());
+    v.insert("x_JobId", opt(&part.job_id));
+    v.insert(
+        "x_Mfu",
+        (ct == ChargeType::MfuWeightedGpuHours && part.gpu_seconds > 0)
+            .then(|| {
+                (Decimal::from_i128_with_scale(part.weighted, 0)
+                    / Decimal::from_i128_with_scale(i128::from(part.gpu_seconds) * FACTOR_ONE, 0))
+                .round_dp(4)
+                .to_string()
+            })
+            .unwrap_or_default(),
+    );
+    v.insert("x_PriceBookVersion", l.key.price_book_version.clone());
+    v.insert("x_TimeOfUseBand", l.key.band.clone());
+    header
+        .iter()
+        .map(|h| csv_field(v.get(h).map(String::as_str).unwrap_or("")))
+        .collect()
+}
+
+/// What every account would pay under each billing model, and the one it is on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Comparison {
+    pub period: String,
+    pub currency: gpuledger_model::Currency,
+    /// account -> (selected model, total per model in [`BillingModel::ALL`] order)
+    pub rows: BTreeMap<String, (BillingModel, [Decimal; 3])>,
+}
+
+impl Comparison {
+    /// Builds the comparison from `selected` (the invoices as billed) and one invoice set per
+    /// model, in [`BillingModel::ALL`] order.
+    pub fn new(selected: &[Invoice], per_model: [&[Invoice]; 3]) -> Comparison {
+        let mut rows: BTreeMap<String, (BillingModel, [Decimal; 3])> = BTreeMap::new();
+        for inv in selected {
+            rows.entry(inv.account.to_string())
+                .or_insert((inv.billing_model, [Decimal::ZERO; 3]))
+                .0 = inv.billing_model;
+        }
+        for (i, invoices) in per_model.iter().enumerate() {
+            for inv in invoices.iter() {
+                rows.entry(inv.account.to_string())
+                    .or_insert((inv.billing_model, [Decimal::ZERO; 3]))
+                    .1[i] = inv.total();
+            }
+        }
+        Comparison {
+            period: selected
+                .first()
+                .or(per_model[0].first())
+                .map(|i| i.period.clone())
+                .unwrap_or_default(),
+            currency: selected
+                .first()
+                .or(per_model[0].first())
+                .map(|i| i.currency)
+                .unwrap_or(gpuledger_model::Currency::Cny),
+            rows,
+        }
+    }
+
+    pub fn csv(&self) -> String {
+        let mut out = String::from(
+            "period,account,selected_model,gpu_hours,mfu_weighted,compute_and_storage,currency\n",
+        );
+        for (account, (model, totals)) in &self.rows {
+            let _ = writeln!(
+                out,
+                "{},{account},{model},{},{},{},{}",
+                self.period, totals[0], totals[1], totals[2], self.currency
+            );
+        }
+        out
+    }
+
+    pub fn markdown(&self) -> String {
+        let mut out = format!(
+            "# Billing models compared, {}\n\nWhat each account would pay ({}) under each of the three models; `*` marks the model it is billed under.\n\n| account | gpu_hours | mfu_weighted | compute_and_storage |\n|---|---:|---:|---:|\n",
+            self.period, self.currency
+        );
+        for (account, (model, totals)) in &self.rows {
+            let cell = |i: usize| {
+                let mark = if BillingModel::ALL[i] == *model {
+                    " *"
+                } else {
+                    ""
+                };
+                format!("{}{mark}", totals[i])
+            };
+            let _ = writeln!(
+                out,
+                "| {account} | {} | {} | {} |",
+                cell(0),
+                cell(1),
+                cell(2)
+            );
+        }
+        let sum = |i: usize| self.rows.values().map(|(_, t)| t[i]).sum::<Decimal>();
+        let _ = writeln!(out, "| **all** | {} | {} | {} |", sum(0), sum(1), sum(2));
+        out
+    }
+}
