@@ -42,6 +42,38 @@ pub struct UsageRow {
     pub gpu_seconds: i64,
 }
 
+/// GPU-seconds of one job (or an account's unattributed use, `job_id` `None`) on one node and
+/// GPU model in one hour, with the MFU proxy's sums: what billing prices.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BillableHour {
+    pub account: String,
+    pub project: Option<String>,
+    pub job_id: Option<String>,
+    pub node: String,
+    pub gpu_model: String,
+    pub hour_ms: UnixMillis,
+    pub gpu_seconds: i64,
+    pub mfu_proxy_sum: f64,
+    pub mfu_seconds: i64,
+}
+
+/// GPU-seconds sampled on GPUs that ran no job, per node, model and hour.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct IdleHourRow {
+    pub node: String,
+    pub gpu_model: String,
+    pub hour_ms: UnixMillis,
+    pub gpu_seconds: i64,
+}
+
+/// A job's MFU from its own FLOP/s report: achieved FLOP/s over its GPUs' peak.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ReportedMfu {
+    pub job_id: String,
+    pub achieved_flops: f64,
+    pub gpus: i64,
+}
+
 /// The seed's indicators for one account over a window.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct AccountIndicators {
@@ -213,6 +245,128 @@ impl Query {
                     job_id: text(2)?.unwrap_or_default(),
                     gpu_model: text(3)?.unwrap_or_default(),
                     gpu_seconds: i64_at(b.column(4), row)?,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Per account, project, job, node, GPU model and hour, the GPU-seconds of
+    /// `[from_ms, to_ms)` from the hourly rollups (GPUs labelled with an account).
+    pub async fn billable_hours(
+        &self,
+        from_ms: UnixMillis,
+        to_ms: UnixMillis,
+    ) -> Result<Vec<BillableHour>> {
+        let sql = format!(
+            "SELECT account, project, job_id, node, gpu_model, CAST(hour AS BIGINT) AS hour_ms, \
+               SUM(gpu_seconds), CAST(SUM(mfu_proxy_sum) AS DOUBLE), SUM(mfu_seconds) \
+             FROM rollups_hourly \
+             WHERE account IS NOT NULL AND CAST(hour AS BIGINT) >= {from_ms} AND CAST(hour AS BIGINT) < {to_ms} \
+             GROUP BY account, project, job_id, node, gpu_model, CAST(hour AS BIGINT) \
+             ORDER BY account, project, job_id, node, gpu_model, hour_ms"
+        );
+        let mut out = Vec::new();
+        for b in self.sql(&sql).await? {
+            let text = |i: usize| cast(b.column(i), &DataType::Utf8);
+            let int = |i: usize| cast(b.column(i), &DataType::Int64);
+            let (account, project, job, node, model) =
+                (text(0)?, text(1)?, text(2)?, text(3)?, text(4)?);
+            let (hour, secs, mfu_s) = (int(5)?, int(6)?, int(8)?);
+            let mfu = cast(b.column(7), &DataType::Float64)?;
+            let (account, project, job, node, model) = (
+                account.as_string::<i32>(),
+                project.as_string::<i32>(),
+                job.as_string::<i32>(),
+                node.as_string::<i32>(),
+                model.as_string::<i32>(),
+            );
+            let (hour, secs, mfu_s) = (
+                hour.as_primitive::<Int64Type>(),
+                secs.as_primitive::<Int64Type>(),
+                mfu_s.as_primitive::<Int64Type>(),
+            );
+            let mfu = mfu.as_primitive::<Float64Type>();
+            let opt = |a: &arrow::array::StringArray, row: usize| {
+                a.is_valid(row).then(|| a.value(row).to_owned())
+            };
+            for row in 0..b.num_rows() {
+                out.push(BillableHour {
+                    account: account.value(row).to_owned(),
+                    project: opt(project, row),
+                    job_id: opt(job, row),
+                    node: node.value(row).to_owned(),
+                    gpu_model: model.value(row).to_owned(),
+                    hour_ms: hour.value(row),
+                    gpu_seconds: secs.value(row),
+                    mfu_proxy_sum: if mfu.is_valid(row) {
+                        mfu.value(row)
+                    } else {
+                        0.0
+                    },
+                    mfu_seconds: if mfu_s.is_valid(row) {
+                        mfu_s.value(row)
+                    } else {
+                        0
+                    },
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// GPU-seconds of GPUs that ran no job, per node, model and hour of `[from_ms, to_ms)`.
+    pub async fn idle_hours(
+        &self,
+        from_ms: UnixMillis,
+        to_ms: UnixMillis,
+    ) -> Result<Vec<IdleHourRow>> {
+        let sql = format!(
+            "SELECT node, gpu_model, CAST(hour AS BIGINT) AS hour_ms, SUM(gpu_seconds) \
+             FROM rollups_hourly \
+             WHERE job_id IS NULL AND account IS NULL AND CAST(hour AS BIGINT) >= {from_ms} AND CAST(hour AS BIGINT) < {to_ms} \
+             GROUP BY node, gpu_model, CAST(hour AS BIGINT) ORDER BY node, gpu_model, hour_ms"
+        );
+        let mut out = Vec::new();
+        for b in self.sql(&sql).await? {
+            let (node, model) = (
+                cast(b.column(0), &DataType::Utf8)?,
+                cast(b.column(1), &DataType::Utf8)?,
+            );
+            let (hour, secs) = (
+                cast(b.column(2), &DataType::Int64)?,
+                cast(b.column(3), &DataType::Int64)?,
+            );
+            let (node, model) = (node.as_string::<i32>(), model.as_string::<i32>());
+            let (hour, secs) = (
+                hour.as_primitive::<Int64Type>(),
+                secs.as_primitive::<Int64Type>(),
+            );
+            for row in 0..b.num_rows() {
+                out.push(IdleHourRow {
+                    node: node.value(row).to_owned(),
+                    gpu_model: model.value(row).to_owned(),
+                    hour_ms: hour.value(row),
+                    gpu_seconds: secs.value(row),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Jobs that reported their achieved FLOP/s, with the GPUs they started on.
+    pub async fn reported_mfu(&self) -> Result<Vec<ReportedMfu>> {
+        let sql = "SELECT job_id, MAX(CASE WHEN kind = 'flops_reported' THEN achieved_flops END), \
+               MAX(CASE WHEN kind = 'started' THEN gpus END) \
+             FROM jobs GROUP BY job_id \
+             HAVING MAX(CASE WHEN kind = 'flops_reported' THEN achieved_flops END) IS NOT NULL";
+        let mut out = Vec::new();
+        for b in self.sql(sql).await? {
+            for row in 0..b.num_rows() {
+                out.push(ReportedMfu {
+                    job_id: str_at(b.column(0), row)?.unwrap_or_default(),
+                    achieved_flops: f64_at(b.column(1), row)?.unwrap_or(0.0),
+                    gpus: i64_at(b.column(2), row)?,
                 });
             }
         }

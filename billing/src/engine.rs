@@ -543,6 +543,14 @@ fn charge_reservations(
     Ok(unused_by_hour)
 }
 
+/// Idle GPU-seconds of one GPU model, band and price-book version.
+struct IdleBucket {
+    seconds: i64,
+    base: Decimal,
+    unit_price: Decimal,
+    policy: IdlePolicy,
+}
+
 /// Idle capacity: on the platform's invoice, or each bucket's amount (model x band x version)
 /// split over the accounts by their GPU-seconds on that model.
 fn charge_idle(
@@ -561,9 +569,7 @@ fn charge_idle(
     {
         *idle_by_hour.entry((i.gpu_model, i.hour_start)).or_default() += i.gpu_seconds;
     }
-    // (model, band, version) -> (seconds, base price, unit price, policy)
-    let mut buckets: BTreeMap<(GpuModel, String, String), (i64, Decimal, Decimal, IdlePolicy)> =
-        BTreeMap::new();
+    let mut buckets: BTreeMap<(GpuModel, String, String), IdleBucket> = BTreeMap::new();
     for ((model, hour), seconds) in idle_by_hour {
         let idle = (seconds - reserved_unused.get(&(model, hour)).copied().unwrap_or(0)).max(0);
         let pieces = pieces_of_hour(book, hour)?;
@@ -575,13 +581,27 @@ fn charge_idle(
             let base = price_of(piece.version, model)?;
             let b = buckets
                 .entry((model, piece.band.to_owned(), piece.version.version.clone()))
-                .or_insert((0, base, base * piece.multiplier, policy));
-            b.0 += seconds;
+                .or_insert(IdleBucket {
+                    seconds: 0,
+                    base,
+                    unit_price: base * piece.multiplier,
+                    policy,
+                });
+            b.seconds += seconds;
         }
     }
     let currency = book.currency();
     let platform = AccountId::new(PLATFORM_ACCOUNT).expect("valid id");
-    for ((model, band, version), (seconds, base, unit_price, policy)) in buckets {
+    for (
+        (model, band, version),
+        IdleBucket {
+            seconds,
+            base,
+            unit_price,
+            policy,
+        },
+    ) in buckets
+    {
         let sharers: Vec<(&AccountId, i64)> = model_seconds
             .iter()
             .filter(|((m, _), s)| *m == model && **s > 0)
@@ -710,10 +730,20 @@ fn from_minor_units(units: i128, currency: Currency) -> Decimal {
     Decimal::from_i128_with_scale(units, currency.minor_units())
 }
 
-fn quantity(weighted: i128, charge_type: ChargeType) -> Decimal {
+/// A priced quantity in its charge type's unit, to 9 decimal places.
+pub fn quantity(weighted: i128, charge_type: ChargeType) -> Decimal {
     let num = Decimal::from_i128_with_scale(weighted, 0);
     let den = Decimal::from_i128_with_scale(charge_type.denominator(), 0);
     (num / den).round_dp(9).normalize()
+}
+
+/// The mean MFU factor of weighted GPU-seconds, to 4 decimal places.
+pub fn mean_factor(weighted: i128, gpu_seconds: i64) -> Option<Decimal> {
+    (gpu_seconds > 0).then(|| {
+        (Decimal::from_i128_with_scale(weighted, 0)
+            / Decimal::from_i128_with_scale(i128::from(gpu_seconds) * FACTOR_ONE, 0))
+        .round_dp(4)
+    })
 }
 
 fn finish(
@@ -770,12 +800,11 @@ fn priced_line(key: LineKey, acc: LineAcc, currency: Currency) -> Result<Invoice
             amount: from_minor_units(minor, currency),
         })
         .collect();
-    let mfu_factor =
-        (charge_type == ChargeType::MfuWeightedGpuHours && acc.gpu_seconds > 0).then(|| {
-            (Decimal::from_i128_with_scale(acc.weighted, 0)
-                / Decimal::from_i128_with_scale(i128::from(acc.gpu_seconds) * FACTOR_ONE, 0))
-            .round_dp(4)
-        });
+    let mfu_factor = if charge_type == ChargeType::MfuWeightedGpuHours {
+        mean_factor(acc.weighted, acc.gpu_seconds)
+    } else {
+        None
+    };
     let tidy = |p: Decimal| {
         let mut p = p.normalize();
         if p.scale() < currency.minor_units() {

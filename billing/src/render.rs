@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 use chrono::NaiveDate;
 use rust_decimal::Decimal;
 
-use crate::engine::{ChargeType, Invoice, InvoiceLine, JobPart, FACTOR_ONE};
+use crate::engine::{mean_factor, quantity, ChargeType, Invoice, InvoiceLine, JobPart};
 use crate::pricebook::BillingModel;
 
 const CSV_HEADER: &str = "invoice_id,period,account,billing_model,line_revision,correction,project,charge_type,gpu_model,band,reservation,jobs,gpu_seconds,byte_seconds,quantity,unit,mfu_factor,list_unit_price,unit_price,amount,currency,price_book_version";
@@ -273,16 +273,6 @@ fn iso(secs: i64) -> String {
         .unwrap_or_default()
 }
 
-fn pricing_quantity(weighted: i128, charge_type: ChargeType) -> Decimal {
-    let den: i128 = match charge_type {
-        ChargeType::Storage => 1_000_000_000_000 * 86_400,
-        _ => 3_600 * FACTOR_ONE,
-    };
-    (Decimal::from_i128_with_scale(weighted, 0) / Decimal::from_i128_with_scale(den, 0))
-        .round_dp(9)
-        .normalize()
-}
-
 /// One FOCUS CSV for the month: a row per job part of every line (a row per correction line),
 /// `PricingQuantity x ListUnitPrice = ListCost` and `x ContractedUnitPrice = ContractedCost`
 /// exactly on every row; `BilledCost` is the rounded amount, and sums to the invoices' totals.
@@ -323,7 +313,7 @@ fn focus_row(
     header: &[&str],
 ) -> Vec<String> {
     let ct = l.key.charge_type;
-    let qty = pricing_quantity(part.weighted, ct);
+    let qty = quantity(part.weighted, ct);
     let storage = ct == ChargeType::Storage;
     let consumed = if storage {
         qty
@@ -455,17 +445,12 @@ fn focus_row(
     v.insert("x_GpuModel", model.clone());
     v.insert("x_GpuSeconds", part.gpu_seconds.to_string());
     v.insert("x_JobId", opt(&part.job_id));
-    v.insert(
-        "x_Mfu",
-        (ct == ChargeType::MfuWeightedGpuHours && part.gpu_seconds > 0)
-            .then(|| {
-                (Decimal::from_i128_with_scale(part.weighted, 0)
-                    / Decimal::from_i128_with_scale(i128::from(part.gpu_seconds) * FACTOR_ONE, 0))
-                .round_dp(4)
-                .to_string()
-            })
-            .unwrap_or_default(),
-    );
+    let mfu = if ct == ChargeType::MfuWeightedGpuHours {
+        mean_factor(part.weighted, part.gpu_seconds)
+    } else {
+        None
+    };
+    v.insert("x_Mfu", opt(&mfu));
     v.insert("x_PriceBookVersion", l.key.price_book_version.clone());
     v.insert("x_TimeOfUseBand", l.key.band.clone());
     header

@@ -158,7 +158,7 @@ fn a_64_node_reservation_for_7_days_locks_86016_gpu_hours() {
     assert_eq!(line.amount, dec!(860160.00));
 
     // Used hours inside the reservation are billed as usage, the rest as unused: 86,016 in all.
-    let mut used = busy("team-e", "e1", 512, (48..58).map(|h| h));
+    let mut used = busy("team-e", "e1", 512, 48..58);
     used.extend(busy("team-x", "x1", 8, 48..50)); // another account's use does not count
     let input = BillingInput {
         usage: used,

@@ -42,3 +42,23 @@ pub fn load_demo(path: Option<&std::path::Path>) -> anyhow::Result<DemoSpec> {
         }
     }
 }
+
+pub const SEED_PRICES_TOML: &str = include_str!("../../examples/seed-prices.toml");
+
+/// Loads a price book from a file, or the embedded seed price book.
+pub fn load_price_book(
+    path: Option<&std::path::Path>,
+) -> anyhow::Result<gpuledger_billing::PriceBook> {
+    use gpuledger_billing::PriceBook;
+    match path {
+        None => Ok(PriceBook::from_toml_str(
+            SEED_PRICES_TOML,
+            "examples/seed-prices.toml",
+        )?),
+        Some(p) => {
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            Ok(PriceBook::from_toml_str(&text, &p.display().to_string())?)
+        }
+    }
+}

@@ -6,6 +6,7 @@ pub mod bench;
 pub mod billing_glue;
 pub mod defaults;
 pub mod exporter_cmd;
+pub mod invoice_cmd;
 pub mod pipeline;
 pub mod serve;
 pub mod simulate;

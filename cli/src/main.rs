@@ -8,8 +8,7 @@ use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use rust_decimal::Decimal;
 
-use gpuledger::billing_glue::{invoices_for, write_invoices};
-use gpuledger::defaults::{load_cluster, load_demo, DEFAULT_DATA_DIR};
+use gpuledger::defaults::{load_cluster, load_demo, load_price_book, DEFAULT_DATA_DIR};
 use gpuledger::pipeline::{self, Progress, RunOutput};
 use gpuledger::table;
 use gpuledger_aggregator::layout::Layout;
@@ -33,8 +32,12 @@ enum Command {
     /// Run the seed scenario end to end over a simulated month: workload, scheduler, per-GPU
     /// telemetry through the aggregator into Parquet, billing, and a summary per account.
     Demo(DemoArgs),
-    /// Price a month of stored usage and write one CSV invoice per account.
-    Invoice(InvoiceArgs),
+    /// Price a month of stored usage under the price book: per account an invoice revision
+    /// (CSV, JSON, HTML), one FOCUS 1.2 CSV for finance, and the billing models compared.
+    Invoice(gpuledger::invoice_cmd::InvoiceArgs),
+    /// Walk the per-tenant directories and record bytes per account and project, billed in
+    /// TB-days under the compute_and_storage model.
+    StorageScan(gpuledger::invoice_cmd::StorageScanArgs),
     /// Print the indicators per account (jobs, GPU-hours, MFU, utilization, queue wait,
     /// success rate) over a window of stored data.
     Report(ReportArgs),
@@ -79,6 +82,9 @@ struct DemoArgs {
     /// Replace the workload's seed.
     #[arg(long)]
     seed: Option<u64>,
+    /// Price book (default: the embedded seed price book, examples/seed-prices.toml).
+    #[arg(long)]
+    price_book: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -104,21 +110,6 @@ struct SimulateArgs {
 }
 
 #[derive(clap::Args, Debug)]
-struct InvoiceArgs {
-    /// The month, YYYY-MM (UTC).
-    #[arg(long)]
-    month: String,
-    /// Only this account.
-    #[arg(long)]
-    account: Option<String>,
-    #[arg(long, default_value = DEFAULT_DATA_DIR, env = "GPULEDGER_DATA_DIR")]
-    data_dir: PathBuf,
-    /// Cluster config with the price book (default: the embedded seed cluster).
-    #[arg(long)]
-    config: Option<PathBuf>,
-}
-
-#[derive(clap::Args, Debug)]
 struct ReportArgs {
     /// Start of the window, YYYY-MM-DD (UTC, inclusive).
     #[arg(long)]
@@ -135,7 +126,8 @@ fn main() -> anyhow::Result<()> {
     let args = gpuledger::exporter_cmd::expand_config_file(std::env::args().collect())?;
     match Cli::parse_from(args).command {
         Command::Demo(args) => demo(args),
-        Command::Invoice(args) => invoice(args),
+        Command::Invoice(args) => gpuledger::invoice_cmd::invoice(args),
+        Command::StorageScan(args) => gpuledger::invoice_cmd::storage_scan(args),
         Command::Report(args) => report(args),
         Command::Simulate(args) => simulate(args),
         Command::Aggregator(args) => gpuledger::serve::run(args),
@@ -167,7 +159,7 @@ fn clear_demo_outputs(dir: &Path) -> anyhow::Result<()> {
     if !dir.exists() {
         return Ok(());
     }
-    const OURS: [&str; 5] = ["samples", "rollups", "jobs", "invoices", "wal"];
+    const OURS: [&str; 6] = ["samples", "rollups", "jobs", "invoices", "wal", "storage"];
     for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
         let name = entry?.file_name();
         if !OURS.contains(&name.to_string_lossy().as_ref()) {
@@ -202,6 +194,7 @@ fn demo(args: DemoArgs) -> anyhow::Result<()> {
             args.policy
         )
     })?;
+    let prices = load_price_book(args.price_book.as_deref())?;
     clear_demo_outputs(&args.data_dir)?;
     println!(
         "gpuledger demo: cluster `{}` ({} nodes, {} GPUs), {} days from {}, policy {}, samples every {} s",
@@ -220,7 +213,7 @@ fn demo(args: DemoArgs) -> anyhow::Result<()> {
             .progress_chars("=> "),
     );
     bar.enable_steady_tick(Duration::from_millis(200));
-    let out = pipeline::run(&config, &spec, options, &args.data_dir, &Bar(bar))?;
+    let out = pipeline::run(&config, &spec, options, &prices, &args.data_dir, &Bar(bar))?;
     print_summary(&out);
     Ok(())
 }
@@ -299,14 +292,14 @@ fn print_summary(out: &RunOutput) {
     };
     println!();
     println!(
-        "Per account, {} (cost in {currency}, GPU-hour model):",
+        "Per account, {} (cost in {currency} under each account's billing model):",
         out.month
     );
     print!(
         "{}",
         table::render(&INDICATOR_HEADER, &indicator_rows(&out.indicators, cost))
     );
-    let billed: i64 = out.invoices.iter().map(|i| i.gpu_seconds().0).sum();
+    let billed: i64 = out.invoices.iter().map(|i| i.gpu_seconds()).sum();
     let total: Decimal = out.invoices.iter().map(|i| i.total()).sum();
     let allocated: i64 = out
         .sim
@@ -344,8 +337,18 @@ fn print_summary(out: &RunOutput) {
     println!("  samples/date=YYYY-MM-DD/*.parquet         one row per GPU per sample interval");
     println!("  rollups/hourly/date=YYYY-MM-DD/*.parquet  per job x GPU x hour");
     println!("  jobs/date=YYYY-MM-DD/*.parquet            job lifecycle events");
-    for f in &out.invoice_files {
-        println!("  {}", f.display());
+    let invoice_dir = out.data_dir.join("invoices").join(&out.month);
+    println!(
+        "  invoices/{}/<account>/rN.{{csv,json,html}}  {} invoices (revision N; late data adds N+1)",
+        out.month,
+        out.invoices.len()
+    );
+    for f in out
+        .invoice_files
+        .iter()
+        .filter(|f| f.parent() == Some(invoice_dir.as_path()))
+    {
+        println!("  {}", f.strip_prefix(&out.data_dir).unwrap_or(f).display());
     }
     let times: Vec<String> = out
         .timings
@@ -353,61 +356,6 @@ fn print_summary(out: &RunOutput) {
         .map(|(n, d)| format!("{n} {:.1}s", d.as_secs_f64()))
         .collect();
     println!("time: {}", times.join(", "));
-}
-
-fn month_window(month: &str) -> anyhow::Result<(i64, i64)> {
-    let start = chrono::NaiveDate::parse_from_str(&format!("{month}-01"), "%Y-%m-%d")
-        .with_context(|| format!("--month `{month}` is not YYYY-MM"))?;
-    let end = start
-        .checked_add_months(chrono::Months::new(1))
-        .context("month out of range")?;
-    let ms = |d: chrono::NaiveDate| gpuledger_model::time::day_start_ms(d);
-    Ok((ms(start), ms(end)))
-}
-
-fn invoice(args: InvoiceArgs) -> anyhow::Result<()> {
-    let config = load_cluster(args.config.as_deref())?;
-    let (from, to) = month_window(&args.month)?;
-    let layout = Layout::new(&args.data_dir);
-    let runtime = tokio::runtime::Builder::new_current_thread().build()?;
-    let mut usage =
-        runtime.block_on(async { Query::open(&layout).await?.job_usage(from, to).await })?;
-    if let Some(account) = &args.account {
-        usage.retain(|u| &u.account == account);
-    }
-    let invoices = invoices_for(&config, &args.month, &usage)?;
-    if invoices.is_empty() {
-        println!(
-            "no usage in {} under {}",
-            args.month,
-            args.data_dir.display()
-        );
-        return Ok(());
-    }
-    let files = write_invoices(&layout.invoices_dir(&args.month), &invoices)?;
-    let rows: Vec<Vec<String>> = invoices
-        .iter()
-        .map(|i| {
-            vec![
-                i.invoice_id.clone(),
-                i.account.to_string(),
-                hours(i.gpu_seconds().0),
-                i.total().to_string(),
-                i.currency.to_string(),
-            ]
-        })
-        .collect();
-    print!(
-        "{}",
-        table::render(
-            &["invoice", "account", "GPU-hours", "total", "currency"],
-            &rows
-        )
-    );
-    for f in files {
-        println!("wrote {}", f.display());
-    }
-    Ok(())
 }
 
 fn report(args: ReportArgs) -> anyhow::Result<()> {

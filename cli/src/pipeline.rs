@@ -16,7 +16,7 @@ use serde::Deserialize;
 use gpuledger_aggregator::query::{AccountIndicators, Query};
 use gpuledger_aggregator::store::{FlushStats, StoreOptions};
 use gpuledger_aggregator::{IngestOutcome, Ingestor, IngestorConfig, Store};
-use gpuledger_billing::Invoice;
+use gpuledger_billing::{Invoice, Period, PriceBook};
 use gpuledger_exporter::synthetic::{
     synthesize_node, synthetic_devices, Segment, TelemetryProfile,
 };
@@ -26,7 +26,7 @@ use gpuledger_model::ClusterConfig;
 use gpuledger_scheduler::workload::WorkloadSpec;
 use gpuledger_scheduler::{simulate, SchedulerOptions, SimResult};
 
-use crate::billing_glue::{invoices_for, write_invoices};
+use crate::billing_glue::{bill_month, billing_input};
 
 /// A demo month: the workload and how each team uses its GPUs.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -83,6 +83,7 @@ pub fn run(
     config: &ClusterConfig,
     spec: &DemoSpec,
     options: SchedulerOptions,
+    prices: &PriceBook,
     data_dir: &Path,
     progress: &dyn Progress,
 ) -> anyhow::Result<RunOutput> {
@@ -123,16 +124,24 @@ pub fn run(
     let t = Instant::now();
     let month = spec.workload.start.format("%Y-%m").to_string();
     let runtime = tokio::runtime::Builder::new_current_thread().build()?;
-    let (usage, indicators, measured_utilization) = runtime.block_on(async {
+    let period = Period::month(&month)?;
+    let (input, indicators, measured_utilization) = runtime.block_on(async {
         let q = Query::open(store.layout()).await?;
         let (from, to) = (start_s * 1000, end_s * 1000);
-        let usage = q.job_usage(from, to).await?;
+        let input = billing_input(&q, store.layout(), &period, Vec::new()).await?;
         let indicators = q.account_indicators(from, to).await?;
         let utilization = q.cluster_utilization(from, to).await?;
-        anyhow::Ok((usage, indicators, utilization))
+        anyhow::Ok((input, indicators, utilization))
     })?;
-    let invoices = invoices_for(config, &month, &usage)?;
-    let invoice_files = write_invoices(&store.layout().invoices_dir(&month), &invoices)?;
+    let billed = bill_month(
+        store.layout(),
+        &period,
+        &input,
+        prices,
+        None,
+        &config.cluster.name,
+    )?;
+    let (invoices, invoice_files) = (billed.invoices, billed.files);
     timings.push(("query + billing", t.elapsed()));
     timings.push(("total", started.elapsed()));
     Ok(RunOutput {

@@ -63,7 +63,11 @@ fn invoice_refuses_a_malformed_month() {
         dir.path().to_str().unwrap(),
     ]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--month `2026-13` is not YYYY-MM"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--month") && stderr.contains("`2026-13` is not a month; write YYYY-MM"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -82,18 +86,65 @@ fn a_short_demo_writes_parquet_and_invoices_that_invoice_reproduces() {
         stdout.contains("(equal)"),
         "allocated and billed GPU-seconds agree: {stdout}"
     );
-    let team_a =
-        std::fs::read_to_string(dir.path().join("data/invoices/2026-06/team-a.csv")).unwrap();
-    // `invoice` re-prices the stored month and must write the same bytes.
+    let month = dir.path().join("data/invoices/2026-06");
+    let read = |p: &str| std::fs::read(month.join(p)).unwrap();
+    let (team_a, focus) = (read("team-a/r1.csv"), read("focus-2026-06.csv"));
+    // `invoice` re-prices the stored month: unchanged data, the same bytes and no new revision.
     let out = gpuledger(&["invoice", "--month", "2026-06", "--data-dir", data]);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let again =
-        std::fs::read_to_string(dir.path().join("data/invoices/2026-06/team-a.csv")).unwrap();
-    assert_eq!(team_a, again);
+    assert_eq!(team_a, read("team-a/r1.csv"));
+    assert_eq!(focus, read("focus-2026-06.csv"));
+    assert!(!month.join("team-a/r2.csv").exists());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("| team-d |"),
+        "the comparison covers every account: {stdout}"
+    );
+
+    // Storage that arrives late: team-d (billed compute and storage) gets revision 2 with a
+    // correction line; nobody else's invoice changes.
+    let tenants = dir.path().join("tenants");
+    std::fs::create_dir_all(tenants.join("team-d/ckpt")).unwrap();
+    std::fs::write(tenants.join("team-d/ckpt/model.bin"), vec![7u8; 2_000_000]).unwrap();
+    std::fs::create_dir_all(tenants.join("not-a-team")).unwrap();
+    let scan = gpuledger(&[
+        "storage-scan",
+        "--root",
+        tenants.to_str().unwrap(),
+        "--data-dir",
+        data,
+        "--at",
+        "2026-06-01T00:00:00Z",
+    ]);
+    let scan_out = String::from_utf8_lossy(&scan.stdout);
+    assert!(
+        scan.status.success(),
+        "{}",
+        String::from_utf8_lossy(&scan.stderr)
+    );
+    assert!(
+        scan_out.contains("skipped (not accounts): not-a-team"),
+        "{scan_out}"
+    );
+    let out = gpuledger(&["invoice", "--month", "2026-06", "--data-dir", data]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r2 = String::from_utf8_lossy(&read("team-d/r2.csv")).into_owned();
+    // 2 MB for one day (max_hold) = 0.000002 TB-days.
+    assert!(
+        r2.lines()
+            .any(|l| l.contains(",2,true,ckpt,storage,") && l.contains(",0.000002,TB-day,")),
+        "{r2}"
+    );
+    assert!(!month.join("team-a/r2.csv").exists());
+    assert_eq!(team_a, read("team-a/r1.csv"));
     let report = gpuledger(&[
         "report",
         "--from",

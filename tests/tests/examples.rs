@@ -26,6 +26,31 @@ fn seed_cluster_is_the_seeds() -> Result<()> {
 }
 
 #[test]
+fn seed_price_book_prices_every_model_of_the_seed_cluster() -> Result<()> {
+    use gpuledger_billing::{BillingModel, PriceBook};
+    let book = PriceBook::from_toml_str(gpuledger::defaults::SEED_PRICES_TOML, "seed-prices.toml")?;
+    let cluster = ClusterConfig::from_toml_str(SEED_CLUSTER_TOML, "seed-cluster.toml")?;
+    let version = book.versions().next().expect("a version");
+    for pool in &cluster.node_pools {
+        assert!(
+            version.gpu_hour.contains_key(&pool.gpu_model),
+            "{}",
+            pool.gpu_model
+        );
+    }
+    let models: Vec<BillingModel> = ["team-a", "team-c", "team-d"]
+        .iter()
+        .map(|a| version.model_of(&gpuledger_model::AccountId::new(*a).unwrap()))
+        .collect();
+    assert_eq!(
+        models,
+        BillingModel::ALL.to_vec(),
+        "the example shows all three models"
+    );
+    Ok(())
+}
+
+#[test]
 fn seed_demo_parses_and_generates_about_fifty_jobs_a_day() -> Result<()> {
     let spec: DemoSpec = parse_toml(SEED_DEMO_TOML, "seed-demo.toml")?;
     let jobs = spec.workload.generate();

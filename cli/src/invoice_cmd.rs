@@ -1,0 +1,174 @@
+//! `gpuledger invoice` and `gpuledger storage-scan`: the month's invoices from stored usage,
+//! and the storage figures they bill.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use gpuledger_aggregator::layout::Layout;
+use gpuledger_aggregator::query::Query;
+use gpuledger_billing::Period;
+
+use crate::billing_glue::{
+    bill_month, billing_input, default_reservations, read_reservations, record_scan,
+    scan_tenant_dirs,
+};
+use crate::defaults::{load_cluster, load_price_book, DEFAULT_DATA_DIR};
+use crate::table;
+
+#[derive(clap::Args, Debug)]
+pub struct InvoiceArgs {
+    /// The month, YYYY-MM (UTC).
+    #[arg(long)]
+    pub month: String,
+    /// Revise only this account's invoice (the FOCUS file and the comparison still cover all).
+    #[arg(long)]
+    pub account: Option<String>,
+    #[arg(long, default_value = DEFAULT_DATA_DIR, env = "GPULEDGER_DATA_DIR")]
+    pub data_dir: PathBuf,
+    /// Price book (default: the embedded seed price book, examples/seed-prices.toml).
+    #[arg(long)]
+    pub price_book: Option<PathBuf>,
+    /// Reservations (`[[reservations]]`: id, account, project, gpu_model, gpus, nodes, start,
+    /// end); default: DATA/reservations.toml when it exists.
+    #[arg(long)]
+    pub reservations: Option<PathBuf>,
+    /// Cluster config; its name is the FOCUS provider and issuer (default: the seed cluster).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+/// Prices a month and writes its invoice revisions, FOCUS file and model comparison.
+pub fn invoice(args: InvoiceArgs) -> anyhow::Result<()> {
+    let config = load_cluster(args.config.as_deref())?;
+    let book = load_price_book(args.price_book.as_deref())?;
+    let period = Period::month(&args.month).context("--month")?;
+    let layout = Layout::new(&args.data_dir);
+    let reservations = match &args.reservations {
+        Some(path) => read_reservations(path)?,
+        None => default_reservations(&layout)?,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread().build()?;
+    let input = runtime.block_on(async {
+        let query = Query::open(&layout).await?;
+        billing_input(&query, &layout, &period, reservations).await
+    })?;
+    if input.usage.is_empty() && input.storage.is_empty() && input.reservations.is_empty() {
+        println!(
+            "no usage in {} under {}",
+            args.month,
+            args.data_dir.display()
+        );
+        return Ok(());
+    }
+    let out = bill_month(
+        &layout,
+        &period,
+        &input,
+        &book,
+        args.account.as_deref(),
+        &config.cluster.name,
+    )?;
+    let rows: Vec<Vec<String>> = out
+        .invoices
+        .iter()
+        .filter(|i| {
+            args.account
+                .as_ref()
+                .is_none_or(|a| a == i.account.as_str())
+        })
+        .map(|i| {
+            vec![
+                i.invoice_id.clone(),
+                i.account.to_string(),
+                i.billing_model.to_string(),
+                format!("{:.1}", i.gpu_seconds() as f64 / 3600.0),
+                i.total().to_string(),
+                i.currency.to_string(),
+                if out.revised.contains(&i.account.to_string()) {
+                    "new".into()
+                } else {
+                    "unchanged".into()
+                },
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        table::render(
+            &[
+                "invoice",
+                "account",
+                "model",
+                "GPU-hours",
+                "total",
+                "currency",
+                "revision"
+            ],
+            &rows
+        )
+    );
+    println!();
+    print!("{}", out.comparison.markdown());
+    println!();
+    for f in &out.files {
+        println!("wrote {}", f.display());
+    }
+    Ok(())
+}
+
+#[derive(clap::Args, Debug)]
+pub struct StorageScanArgs {
+    /// The directory holding one directory per account (`ROOT/<account>/<project>/...`).
+    #[arg(long)]
+    pub root: PathBuf,
+    #[arg(long, default_value = DEFAULT_DATA_DIR, env = "GPULEDGER_DATA_DIR")]
+    pub data_dir: PathBuf,
+    /// Cluster config with the tenant tree (default: the seed cluster).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Record the scan at this instant (RFC 3339) instead of now; for back-filling.
+    #[arg(long)]
+    pub at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// Walks the tenant directories and appends their sizes to `DATA/storage/scans.csv`.
+pub fn storage_scan(args: StorageScanArgs) -> anyhow::Result<()> {
+    let config = load_cluster(args.config.as_deref())?;
+    let accounts: Vec<_> = config.accounts.iter().map(|a| a.id.clone()).collect();
+    let time = args.at.unwrap_or_else(chrono::Utc::now).timestamp();
+    let (rows, unknown) = scan_tenant_dirs(&args.root, &accounts)?;
+    for name in &unknown {
+        tracing::warn!(directory = %name, root = %args.root.display(), "not an account of the tenant tree; not recorded");
+    }
+    let path = record_scan(&Layout::new(&args.data_dir), time, &rows)?;
+    let table_rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                r.account.to_string(),
+                r.project
+                    .as_ref()
+                    .map(|p| p.to_string())
+                    .unwrap_or_default(),
+                r.bytes.to_string(),
+                r.files.to_string(),
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        table::render(&["account", "project", "bytes", "files"], &table_rows)
+    );
+    println!(
+        "recorded {} directories at {} in {}{}",
+        rows.len(),
+        gpuledger_model::time::rfc3339(time),
+        path.display(),
+        if unknown.is_empty() {
+            String::new()
+        } else {
+            format!("; skipped (not accounts): {}", unknown.join(", "))
+        }
+    );
+    Ok(())
+}
