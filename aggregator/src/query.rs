@@ -32,16 +32,6 @@ impl std::fmt::Debug for Query {
     }
 }
 
-/// GPU-seconds of one job on one GPU model, for billing.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct UsageRow {
-    pub account: String,
-    pub project: Option<String>,
-    pub job_id: String,
-    pub gpu_model: String,
-    pub gpu_seconds: i64,
-}
-
 /// GPU-seconds of one job (or an account's unattributed use, `job_id` `None`) on one node and
 /// GPU model in one hour, with the MFU proxy's sums: what billing prices.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -223,32 +213,6 @@ impl Query {
             .await?
             .collect()
             .await?)
-    }
-
-    /// Per job and GPU model, the GPU-seconds of `[from_ms, to_ms)`, from the hourly rollups.
-    pub async fn job_usage(&self, from_ms: UnixMillis, to_ms: UnixMillis) -> Result<Vec<UsageRow>> {
-        let sql = format!(
-            "SELECT account, project, job_id, gpu_model, SUM(gpu_seconds) AS gpu_seconds \
-             FROM rollups_hourly \
-             WHERE job_id IS NOT NULL AND CAST(hour AS BIGINT) >= {from_ms} AND CAST(hour AS BIGINT) < {to_ms} \
-             GROUP BY account, project, job_id, gpu_model \
-             ORDER BY account, project, job_id, gpu_model"
-        );
-        let mut out = Vec::new();
-        for b in self.sql(&sql).await? {
-            for row in 0..b.num_rows() {
-                let text = |i: usize| str_at(b.column(i), row);
-                out.push(UsageRow {
-                    account: text(0)?
-                        .ok_or_else(|| Error::Corrupt("labelled usage without account".into()))?,
-                    project: text(1)?,
-                    job_id: text(2)?.unwrap_or_default(),
-                    gpu_model: text(3)?.unwrap_or_default(),
-                    gpu_seconds: i64_at(b.column(4), row)?,
-                });
-            }
-        }
-        Ok(out)
     }
 
     /// Per account, project, job, node, GPU model and hour, the GPU-seconds of

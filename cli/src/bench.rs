@@ -54,6 +54,20 @@ pub enum BenchCommand {
         #[arg(long)]
         sql: Option<std::path::PathBuf>,
     },
+    /// A month's invoices for a cluster of `--gpus` (8 a node, one job per node a day, 10
+    /// accounts, 5% idle), from usage rows at rollup granularity; or, with `--data-dir`, from
+    /// that directory's stored rollups through DataFusion.
+    Invoice {
+        #[arg(long, default_value_t = 512)]
+        gpus: u32,
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        #[arg(long)]
+        data_dir: Option<std::path::PathBuf>,
+        /// The month, YYYY-MM.
+        #[arg(long, default_value = "2026-06")]
+        month: String,
+    },
     /// A real exporter process sampling 8 synthetic GPUs every second: CPU and memory.
     Exporter {
         #[arg(long, default_value_t = 30)]
@@ -73,6 +87,12 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         } => ingest(nodes, batches, rows),
         BenchCommand::Render { gpus, iterations } => render_bench(gpus, iterations),
         BenchCommand::Exporter { seconds, gpus } => exporter(seconds, gpus),
+        BenchCommand::Invoice {
+            gpus,
+            runs,
+            data_dir,
+            month,
+        } => invoice_bench(gpus, runs, data_dir.as_deref(), &month),
         BenchCommand::Report {
             data_dir,
             runs,
@@ -436,5 +456,108 @@ fn exporter(seconds: u64, gpus: u16) -> anyhow::Result<()> {
         rss as f64 / 1048576.0,
         peak as f64 / 1048576.0
     );
+    Ok(())
+}
+
+/// Usage of a synthetic month at rollup granularity (job x node x hour).
+fn synthetic_month(
+    gpus: u32,
+    period: &gpuledger_billing::Period,
+) -> gpuledger_billing::BillingInput {
+    use gpuledger_billing::{BillingInput, IdleHour, UsageHour};
+    use gpuledger_model::{AccountId, GpuModel, JobId, NodeId, ProjectId};
+    let nodes = gpus.div_ceil(8);
+    let hours = (period.end - period.start) / 3600;
+    let accounts: Vec<AccountId> = (0..10)
+        .map(|i| AccountId::new(format!("team-{}", (b'a' + i) as char)).expect("valid"))
+        .collect();
+    let project = ProjectId::new("main").expect("valid");
+    let mut input = BillingInput::default();
+    for n in 0..nodes {
+        let node = NodeId::new(format!("n{n:05}")).expect("valid");
+        for h in 0..hours {
+            let day = h / 24;
+            let hour_start = period.start + h * 3600;
+            // One hour in twenty the node is idle.
+            if (n as i64 + h) % 20 == 0 {
+                input.idle.push(IdleHour {
+                    node: node.clone(),
+                    gpu_model: GpuModel::H100Sxm,
+                    hour_start,
+                    gpu_seconds: 8 * 3600,
+                });
+                continue;
+            }
+            input.usage.push(UsageHour {
+                account: accounts[(n as usize + day as usize) % accounts.len()].clone(),
+                project: Some(project.clone()),
+                job_id: Some(JobId::new(format!("{n}-{day}")).expect("valid")),
+                node: node.clone(),
+                gpu_model: GpuModel::H100Sxm,
+                hour_start,
+                gpu_seconds: 8 * 3600,
+                mfu_bp: Some(((n as i64 * 37 + h * 11) % 6000) as u32 + 500),
+            });
+        }
+    }
+    input
+}
+
+fn invoice_bench(
+    gpus: u32,
+    runs: usize,
+    data_dir: Option<&std::path::Path>,
+    month: &str,
+) -> anyhow::Result<()> {
+    use gpuledger_billing::render::{focus_csv, invoice_csv, invoice_html, invoice_json};
+    use gpuledger_billing::{charge, BillingModel, Period};
+    let book = crate::defaults::load_price_book(None)?;
+    let period = Period::month(month)?;
+    let t = Instant::now();
+    let input = match data_dir {
+        Some(dir) => {
+            let layout = gpuledger_aggregator::layout::Layout::new(dir);
+            let runtime = tokio::runtime::Builder::new_current_thread().build()?;
+            runtime.block_on(async {
+                let q = gpuledger_aggregator::query::Query::open(&layout).await?;
+                crate::billing_glue::billing_input(&q, &layout, &period, Vec::new()).await
+            })?
+        }
+        None => synthetic_month(gpus, &period),
+    };
+    let read = t.elapsed();
+    println!(
+        "invoice bench: {} usage rows, {} idle rows ({}), read in {:.3} s",
+        input.usage.len(),
+        input.idle.len(),
+        data_dir
+            .map(|d| format!("rollups under {}", d.display()))
+            .unwrap_or_else(|| format!("synthetic, {gpus} GPUs")),
+        read.as_secs_f64()
+    );
+    for run in 0..runs {
+        let t = Instant::now();
+        let invoices = charge(&period, &input, &book, None)?;
+        let priced = t.elapsed();
+        for m in BillingModel::ALL {
+            charge(&period, &input, &book, Some(m))?;
+        }
+        let compared = t.elapsed();
+        let mut bytes = 0;
+        for inv in &invoices {
+            bytes += invoice_csv(inv).len() + invoice_json(inv).len() + invoice_html(inv).len();
+        }
+        bytes += focus_csv(&invoices, "bench").len();
+        let rendered = t.elapsed();
+        let total: rust_decimal::Decimal = invoices.iter().map(|i| i.total()).sum();
+        println!(
+            "run {run}: price {:.3} s, + 3 models compared {:.3} s, + rendered ({} invoices, {} bytes) {:.3} s; total {total}",
+            priced.as_secs_f64(),
+            compared.as_secs_f64(),
+            invoices.len(),
+            bytes,
+            rendered.as_secs_f64()
+        );
+    }
     Ok(())
 }
