@@ -225,8 +225,9 @@ pub struct Invoice {
     pub period_end: i64,
     pub account: AccountId,
     pub currency: Currency,
-    /// The model of the version in force at the end of the period.
-    pub billing_model: BillingModel,
+    /// The model of the version in force at the end of the period; `None` for the platform's
+    /// own invoice (idle capacity), which no model prices.
+    pub billing_model: Option<BillingModel>,
     pub revision: u32,
     pub lines: Vec<InvoiceLine>,
     /// GPU-seconds per UTC day, for the usage chart.
@@ -768,7 +769,8 @@ fn finish(
                 period_start: period.start,
                 period_end: period.end,
                 currency,
-                billing_model: force_model.unwrap_or_else(|| last_version.model_of(&account)),
+                billing_model: (account.as_str() != PLATFORM_ACCOUNT)
+                    .then(|| force_model.unwrap_or_else(|| last_version.model_of(&account))),
                 revision: 1,
                 lines,
                 daily_gpu_seconds: daily

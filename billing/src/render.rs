@@ -35,7 +35,7 @@ pub fn invoice_csv(inv: &Invoice) -> String {
             inv.invoice_id.clone(),
             inv.period.clone(),
             inv.account.to_string(),
-            inv.billing_model.to_string(),
+            opt(&inv.billing_model),
             l.revision.to_string(),
             l.correction.to_string(),
             opt(&l.key.project),
@@ -68,7 +68,7 @@ pub fn invoice_csv(inv: &Invoice) -> String {
         inv.invoice_id,
         inv.period,
         inv.account,
-        inv.billing_model,
+        opt(&inv.billing_model),
         inv.gpu_seconds(),
         inv.total(),
         inv.currency
@@ -192,7 +192,10 @@ Usage is measured in GPU-seconds; {gpu_hours} GPU-hours of compute are billed he
         id = html_escape(&inv.invoice_id),
         account = html_escape(inv.account.as_str()),
         period = html_escape(&inv.period),
-        model = inv.billing_model,
+        model = inv
+            .billing_model
+            .map(|m| m.to_string())
+            .unwrap_or_else(|| "none (platform overhead)".into()),
         revision = inv.revision,
         chart = usage_chart(inv),
         rows = rows,
@@ -441,7 +444,7 @@ fn focus_row(
     );
     v.insert("SubAccountId", opt(&l.key.project));
     v.insert("SubAccountName", opt(&l.key.project));
-    v.insert("x_BillingModel", inv.billing_model.to_string());
+    v.insert("x_BillingModel", opt(&inv.billing_model));
     v.insert("x_GpuModel", model.clone());
     v.insert("x_GpuSeconds", part.gpu_seconds.to_string());
     v.insert("x_JobId", opt(&part.job_id));
@@ -465,14 +468,14 @@ pub struct Comparison {
     pub period: String,
     pub currency: gpuledger_model::Currency,
     /// account -> (selected model, total per model in [`BillingModel::ALL`] order)
-    pub rows: BTreeMap<String, (BillingModel, [Decimal; 3])>,
+    pub rows: BTreeMap<String, (Option<BillingModel>, [Decimal; 3])>,
 }
 
 impl Comparison {
     /// Builds the comparison from `selected` (the invoices as billed) and one invoice set per
     /// model, in [`BillingModel::ALL`] order.
     pub fn new(selected: &[Invoice], per_model: [&[Invoice]; 3]) -> Comparison {
-        let mut rows: BTreeMap<String, (BillingModel, [Decimal; 3])> = BTreeMap::new();
+        let mut rows: BTreeMap<String, (Option<BillingModel>, [Decimal; 3])> = BTreeMap::new();
         for inv in selected {
             rows.entry(inv.account.to_string())
                 .or_insert((inv.billing_model, [Decimal::ZERO; 3]))
@@ -507,8 +510,13 @@ impl Comparison {
         for (account, (model, totals)) in &self.rows {
             let _ = writeln!(
                 out,
-                "{},{account},{model},{},{},{},{}",
-                self.period, totals[0], totals[1], totals[2], self.currency
+                "{},{account},{},{},{},{},{}",
+                self.period,
+                opt(model),
+                totals[0],
+                totals[1],
+                totals[2],
+                self.currency
             );
         }
         out
@@ -521,7 +529,7 @@ impl Comparison {
         );
         for (account, (model, totals)) in &self.rows {
             let cell = |i: usize| {
-                let mark = if BillingModel::ALL[i] == *model {
+                let mark = if Some(BillingModel::ALL[i]) == *model {
                     " *"
                 } else {
                     ""

@@ -231,7 +231,7 @@ default = "mfu_weighted"
     )
     .unwrap();
     assert_eq!(inv[0].lines[0].mfu_factor, Some(dec!(0.3)));
-    assert_eq!(inv[0].billing_model, BillingModel::MfuWeighted);
+    assert_eq!(inv[0].billing_model, Some(BillingModel::MfuWeighted));
 }
 
 #[test]

@@ -506,7 +506,7 @@ fn synthetic_month(
 fn invoice_bench(
     gpus: u32,
     runs: usize,
-    data_dir: Option<&std::path::Path>,
+    data_dir: Option<&Path>,
     month: &str,
 ) -> anyhow::Result<()> {
     use gpuledger_billing::render::{focus_csv, invoice_csv, invoice_html, invoice_json};

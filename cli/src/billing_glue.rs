@@ -467,7 +467,7 @@ fn empty_invoice(
         period_start: period.start,
         period_end: period.end,
         currency: book.currency(),
-        billing_model: previous.map(|p| p.billing_model).unwrap_or_default(),
+        billing_model: previous.and_then(|p| p.billing_model),
         revision: 1,
         lines: Vec::new(),
         daily_gpu_seconds: Vec::new(),

@@ -80,7 +80,9 @@ pub fn invoice(args: InvoiceArgs) -> anyhow::Result<()> {
             vec![
                 i.invoice_id.clone(),
                 i.account.to_string(),
-                i.billing_model.to_string(),
+                i.billing_model
+                    .map(|m| m.to_string())
+                    .unwrap_or_else(|| "-".into()),
                 format!("{:.1}", i.gpu_seconds() as f64 / 3600.0),
                 i.total().to_string(),
                 i.currency.to_string(),
