@@ -280,6 +280,29 @@ struct Piece<'a> {
     version: &'a crate::pricebook::PriceVersion,
 }
 
+/// The pieces of each UTC hour, computed once per hour: many usage rows share an hour.
+struct HourPieces<'a> {
+    book: &'a PriceBook,
+    cache: HashMap<i64, Vec<Piece<'a>>>,
+}
+
+impl<'a> HourPieces<'a> {
+    fn new(book: &'a PriceBook) -> Self {
+        HourPieces {
+            book,
+            cache: HashMap::new(),
+        }
+    }
+
+    fn get(&mut self, hour_start: i64) -> Result<&[Piece<'a>]> {
+        if !self.cache.contains_key(&hour_start) {
+            let pieces = pieces_of_hour(self.book, hour_start)?;
+            self.cache.insert(hour_start, pieces);
+        }
+        Ok(&self.cache[&hour_start])
+    }
+}
+
 fn pieces_of_hour(book: &PriceBook, hour_start: i64) -> Result<Vec<Piece<'_>>> {
     let (_, tz) = book.at(hour_start)?;
     let minute = local_minute(tz, hour_start);
@@ -363,8 +386,9 @@ pub fn charge(
         force_model.unwrap_or_else(|| version.model_of(account))
     };
     let mut lines: Lines = BTreeMap::new();
-    let mut daily: BTreeMap<AccountId, BTreeMap<NaiveDate, i64>> = BTreeMap::new();
-    let mut model_seconds: BTreeMap<(GpuModel, AccountId), i64> = BTreeMap::new();
+    let mut hours = HourPieces::new(book);
+    let mut daily: BTreeMap<&AccountId, BTreeMap<NaiveDate, i64>> = BTreeMap::new();
+    let mut model_seconds: BTreeMap<(GpuModel, &AccountId), i64> = BTreeMap::new();
     for u in input
         .usage
         .iter()
@@ -374,15 +398,13 @@ pub fn charge(
             .unwrap_or_default()
             .date_naive();
         *daily
-            .entry(u.account.clone())
+            .entry(&u.account)
             .or_default()
             .entry(date)
             .or_default() += u.gpu_seconds;
-        *model_seconds
-            .entry((u.gpu_model, u.account.clone()))
-            .or_default() += u.gpu_seconds;
-        let pieces = pieces_of_hour(book, u.hour_start)?;
-        for (piece, seconds) in pieces.iter().zip(split_over_pieces(u.gpu_seconds, &pieces)) {
+        *model_seconds.entry((u.gpu_model, &u.account)).or_default() += u.gpu_seconds;
+        let pieces = hours.get(u.hour_start)?;
+        for (piece, seconds) in pieces.iter().zip(split_over_pieces(u.gpu_seconds, pieces)) {
             let base = price_of(piece.version, u.gpu_model)?;
             let (charge_type, factor) = match model_of(piece.version, &u.account) {
                 BillingModel::MfuWeighted => (
@@ -411,11 +433,11 @@ pub fn charge(
             job.1 += weighted;
         }
     }
-    let reserved_unused = charge_reservations(period, input, book, &mut lines)?;
+    let reserved_unused = charge_reservations(period, input, &mut hours, &mut lines)?;
     charge_idle(
         period,
         input,
-        book,
+        &mut hours,
         &reserved_unused,
         &model_seconds,
         &mut lines,
@@ -469,7 +491,7 @@ fn line<'a>(
 fn charge_reservations(
     period: &Period,
     input: &BillingInput,
-    book: &PriceBook,
+    hours: &mut HourPieces<'_>,
     lines: &mut Lines,
 ) -> Result<HashMap<(GpuModel, i64), i64>> {
     let mut unused_by_hour: HashMap<(GpuModel, i64), i64> = HashMap::new();
@@ -510,8 +532,8 @@ fn charge_reservations(
                 continue;
             }
             let start = hour - 3600;
-            let pieces = pieces_of_hour(book, start)?;
-            for (piece, seconds) in pieces.iter().zip(split_over_pieces(unused, &pieces)) {
+            let pieces = hours.get(start)?;
+            for (piece, seconds) in pieces.iter().zip(split_over_pieces(unused, pieces)) {
                 let policy = &piece.version.reservations;
                 if !policy.charge_unused {
                     continue;
@@ -557,9 +579,9 @@ struct IdleBucket {
 fn charge_idle(
     period: &Period,
     input: &BillingInput,
-    book: &PriceBook,
+    hours: &mut HourPieces<'_>,
     reserved_unused: &HashMap<(GpuModel, i64), i64>,
-    model_seconds: &BTreeMap<(GpuModel, AccountId), i64>,
+    model_seconds: &BTreeMap<(GpuModel, &AccountId), i64>,
     lines: &mut Lines,
 ) -> Result<()> {
     let mut idle_by_hour: BTreeMap<(GpuModel, i64), i64> = BTreeMap::new();
@@ -573,8 +595,8 @@ fn charge_idle(
     let mut buckets: BTreeMap<(GpuModel, String, String), IdleBucket> = BTreeMap::new();
     for ((model, hour), seconds) in idle_by_hour {
         let idle = (seconds - reserved_unused.get(&(model, hour)).copied().unwrap_or(0)).max(0);
-        let pieces = pieces_of_hour(book, hour)?;
-        for (piece, seconds) in pieces.iter().zip(split_over_pieces(idle, &pieces)) {
+        let pieces = hours.get(hour)?;
+        for (piece, seconds) in pieces.iter().zip(split_over_pieces(idle, pieces)) {
             let policy = piece.version.idle.policy;
             if policy == IdlePolicy::None || seconds == 0 {
                 continue;
@@ -591,7 +613,7 @@ fn charge_idle(
             b.seconds += seconds;
         }
     }
-    let currency = book.currency();
+    let currency = hours.book.currency();
     let platform = AccountId::new(PLATFORM_ACCOUNT).expect("valid id");
     for (
         (model, band, version),
@@ -606,7 +628,7 @@ fn charge_idle(
         let sharers: Vec<(&AccountId, i64)> = model_seconds
             .iter()
             .filter(|((m, _), s)| *m == model && **s > 0)
-            .map(|((_, a), s)| (a, *s))
+            .map(|((_, a), s)| (*a, *s))
             .collect();
         let key = |charge_type| LineKey {
             project: None,
@@ -751,7 +773,7 @@ fn finish(
     period: &Period,
     book: &PriceBook,
     lines: Lines,
-    daily: BTreeMap<AccountId, BTreeMap<NaiveDate, i64>>,
+    daily: BTreeMap<&AccountId, BTreeMap<NaiveDate, i64>>,
     force_model: Option<BillingModel>,
 ) -> Result<Vec<Invoice>> {
     let currency = book.currency();

@@ -10,7 +10,10 @@ use std::str::FromStr;
 
 use chrono::{Datelike, NaiveDate, TimeZone, Timelike, Weekday};
 use chrono_tz::Tz;
-use gpuledger_model::config::{locate_lines, parse_toml, FieldError, PriceBookConfig};
+use gpuledger_model::config::{
+    decimal_from_string, decimals_from_strings, locate_lines, parse_toml, FieldError,
+    PriceBookConfig,
+};
 use gpuledger_model::{AccountId, ConfigError, Currency, DurationSpec, GpuModel};
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
@@ -105,7 +108,7 @@ pub struct PriceVersion {
     #[serde(default = "utc")]
     pub time_zone: String,
     /// Price of one GPU-hour per GPU model.
-    #[serde(deserialize_with = "decimal_map")]
+    #[serde(deserialize_with = "decimals_from_strings")]
     pub gpu_hour: BTreeMap<GpuModel, Decimal>,
     /// Bands in order; the first that matches an instant applies, else `standard` at 1.
     #[serde(default)]
@@ -137,7 +140,7 @@ pub struct Band {
     /// `[from, to)` local hours, 0-24; `from > to` wraps midnight (22 to 8). Absent: all day.
     #[serde(default)]
     pub hours: Option<HourRange>,
-    #[serde(deserialize_with = "decimal")]
+    #[serde(deserialize_with = "decimal_from_string")]
     pub multiplier: Decimal,
 }
 
@@ -152,44 +155,11 @@ pub struct HourRange {
 #[serde(deny_unknown_fields)]
 pub struct StoragePrice {
     /// Price of one TB (10^12 bytes) held for one day.
-    #[serde(deserialize_with = "decimal")]
+    #[serde(deserialize_with = "decimal_from_string")]
     pub tb_day: Decimal,
     /// How long one scan's figure stands when no later scan follows.
     #[serde(default = "one_day")]
     pub max_hold: DurationSpec,
-}
-
-/// A decimal written as a string; a TOML float is refused (it lost exactness when parsed).
-fn decimal<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Decimal, D::Error> {
-    use serde::de::Error as _;
-    let text = String::deserialize(d)
-        .map_err(|e| D::Error::custom(format!("{e}; write decimals as strings, e.g. \"0.50\"")))?;
-    text.trim()
-        .parse::<Decimal>()
-        .map_err(|e| D::Error::custom(format!("`{text}` is not a decimal number: {e}")))
-}
-
-fn decimal_map<'de, D: serde::Deserializer<'de>>(
-    d: D,
-) -> Result<BTreeMap<GpuModel, Decimal>, D::Error> {
-    use serde::de::Error as _;
-    let raw = BTreeMap::<GpuModel, String>::deserialize(d).map_err(|e| {
-        D::Error::custom(format!(
-            "{e}; write prices as strings, e.g. h100-sxm = \"10.00\""
-        ))
-    })?;
-    raw.into_iter()
-        .map(|(model, text)| {
-            text.trim()
-                .parse::<Decimal>()
-                .map(|p| (model, p))
-                .map_err(|e| {
-                    D::Error::custom(format!(
-                        "price `{text}` for `{model}` is not a decimal number: {e}"
-                    ))
-                })
-        })
-        .collect()
 }
 
 fn one() -> Decimal {
@@ -205,12 +175,12 @@ fn one_day() -> DurationSpec {
 #[serde(deny_unknown_fields)]
 pub struct MfuWeighting {
     /// So that holding idle GPUs is never free.
-    #[serde(deserialize_with = "decimal")]
+    #[serde(deserialize_with = "decimal_from_string")]
     pub floor: Decimal,
-    #[serde(deserialize_with = "decimal")]
+    #[serde(deserialize_with = "decimal_from_string")]
     pub cap: Decimal,
     /// The factor where no MFU was measured: a missing measurement never makes a job cheaper.
-    #[serde(default = "one", deserialize_with = "decimal")]
+    #[serde(default = "one", deserialize_with = "decimal_from_string")]
     pub unmeasured: Decimal,
 }
 
@@ -240,7 +210,7 @@ pub struct ReservationPolicy {
     /// Reserved GPU-hours the reserving account did not use are charged to it.
     pub charge_unused: bool,
     /// Multiplier on the GPU-hour price for unused reserved hours.
-    #[serde(default = "one", deserialize_with = "decimal")]
+    #[serde(default = "one", deserialize_with = "decimal_from_string")]
     pub multiplier: Decimal,
 }
 

@@ -100,9 +100,20 @@ pub struct PriceBookConfig {
     pub gpu_hour: BTreeMap<GpuModel, Decimal>,
 }
 
+/// Reads one decimal written as a string (`"0.50"`); a TOML float is refused, since it lost
+/// exactness when it was parsed.
+pub fn decimal_from_string<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Decimal, D::Error> {
+    use serde::de::Error as _;
+    let text = String::deserialize(d)
+        .map_err(|e| D::Error::custom(format!("{e}; write decimals as strings, e.g. \"0.50\"")))?;
+    text.trim()
+        .parse::<Decimal>()
+        .map_err(|e| D::Error::custom(format!("`{text}` is not a decimal number: {e}")))
+}
+
 /// Reads a map of prices written as strings (`"10.00"`): a float would have lost exactness
 /// before gpuledger ever saw it, so it is refused.
-fn decimals_from_strings<'de, D: serde::Deserializer<'de>>(
+pub fn decimals_from_strings<'de, D: serde::Deserializer<'de>>(
     d: D,
 ) -> Result<BTreeMap<GpuModel, Decimal>, D::Error> {
     use serde::de::Error as _;
