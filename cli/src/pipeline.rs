@@ -174,13 +174,6 @@ fn timelines(config: &ClusterConfig, spec: &DemoSpec, sim: &SimResult) -> Timeli
         .map(|n| (n.id.to_string(), vec![Vec::new(); n.gpus as usize]))
         .collect();
     for rec in &sim.records {
-        let (Some(start), Some(alloc)) = (rec.start_s, &rec.allocation) else {
-            continue;
-        };
-        let end = rec.end_s.unwrap_or(sim.horizon_s).min(sim.horizon_s);
-        if end <= start {
-            continue;
-        }
         let label = JobLabel {
             job_id: rec.spec.id.to_string(),
             account: rec.spec.account.to_string(),
@@ -190,18 +183,24 @@ fn timelines(config: &ClusterConfig, spec: &DemoSpec, sim: &SimResult) -> Timeli
             .get(rec.spec.account.as_str())
             .map(|p| (*p).clone())
             .unwrap_or_else(|| TelemetryProfile::generic(rec.spec.account.clone()));
-        for held in &alloc.0 {
-            let Some(gpus) = out.get_mut(held.node.as_str()) else {
+        for run in &rec.runs {
+            let end = run.end_s.unwrap_or(sim.horizon_s).min(sim.horizon_s);
+            if end <= run.start_s {
                 continue;
-            };
-            for &g in &held.gpus {
-                if let Some(segments) = gpus.get_mut(g as usize) {
-                    segments.push(Segment {
-                        start_ms: start * 1000,
-                        end_ms: end * 1000,
-                        label: label.clone(),
-                        profile: profile.clone(),
-                    });
+            }
+            for held in &run.allocation.0 {
+                let Some(gpus) = out.get_mut(held.node.as_str()) else {
+                    continue;
+                };
+                for &g in &held.gpus {
+                    if let Some(segments) = gpus.get_mut(g as usize) {
+                        segments.push(Segment {
+                            start_ms: run.start_s * 1000,
+                            end_ms: end * 1000,
+                            label: label.clone(),
+                            profile: profile.clone(),
+                        });
+                    }
                 }
             }
         }

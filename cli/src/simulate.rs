@@ -10,7 +10,7 @@ use chrono::NaiveDate;
 use rust_decimal::Decimal;
 
 use gpuledger_model::config::{
-    ClusterSection, FairShareConfig, NodePool, Partition, PriceBookConfig,
+    ClusterSection, FairShareConfig, NodePool, Partition, PriceBookConfig, SchedulerConfig,
 };
 use gpuledger_model::tenant::Account;
 use gpuledger_model::{ClusterConfig, Currency, DurationSpec, GpuModel, Quota};
@@ -66,11 +66,13 @@ pub fn trace_cluster(
             priority_tier: 1,
             max_time: None,
             default: true,
+            grace_time: None,
         }],
         fair_share: FairShareConfig {
             half_life: DurationSpec::from_secs(7 * 86_400),
             usage_factor_gpu_hours: u64::from(nodes) * 8 * 24,
         },
+        scheduler: SchedulerConfig::default(),
         prices: PriceBookConfig {
             version: "trace".into(),
             effective_from: NaiveDate::from_ymd_opt(2017, 1, 1).context("date")?,

@@ -29,6 +29,8 @@ pub struct ClusterConfig {
     pub partitions: Vec<Partition>,
     #[serde(default)]
     pub fair_share: FairShareConfig,
+    #[serde(default)]
+    pub scheduler: SchedulerConfig,
     pub prices: PriceBookConfig,
     pub accounts: Vec<Account>,
 }
@@ -66,6 +68,10 @@ pub struct Partition {
     /// Jobs that name no partition go to the default one.
     #[serde(default)]
     pub default: bool,
+    /// Time between SIGTERM and SIGKILL when a job here is preempted, unless the job asks for
+    /// its own (Slurm `GraceTime`); the scheduler's `default_grace` when unset.
+    #[serde(default)]
+    pub grace_time: Option<DurationSpec>,
 }
 
 /// Fair share: `priority = weight / (1 + usage / factor)` with decayed usage.
@@ -83,6 +89,46 @@ impl Default for FairShareConfig {
         FairShareConfig {
             half_life: DurationSpec::from_secs(7 * 86_400),
             usage_factor_gpu_hours: 1_000,
+        }
+    }
+}
+
+/// The scheduler's knobs: preemption, backfill and the weights of a job's priority (Slurm's
+/// multifactor plugin: `PriorityWeightFairshare`, `PriorityWeightAge`, `PriorityWeightJobSize`,
+/// `PriorityWeightQOS`). Every key has a default.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SchedulerConfig {
+    /// A job runs at least this long before it may be preempted (Slurm `PreemptExemptTime`).
+    pub min_run_time: DurationSpec,
+    /// Grace between SIGTERM and SIGKILL where neither job nor partition sets one.
+    pub default_grace: DurationSpec,
+    /// How many pending jobs get a planned start under conservative backfill (Slurm
+    /// `bf_max_job_test`); later ones may only start where they delay none of those.
+    pub backfill_depth: u32,
+    /// Whether a higher tier may preempt a lower one.
+    pub preemption: bool,
+    /// Age at which a job's age factor reaches 1 (Slurm `PriorityMaxAge`).
+    pub max_age: DurationSpec,
+    pub weight_fair_share: u32,
+    pub weight_age: u32,
+    pub weight_job_size: u32,
+    /// Weight of the quota's `priority` (1-100) dimension.
+    pub weight_quota_priority: u32,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            min_run_time: DurationSpec::from_secs(600),
+            default_grace: DurationSpec::from_secs(300),
+            backfill_depth: 100,
+            preemption: true,
+            max_age: DurationSpec::from_secs(7 * 86_400),
+            weight_fair_share: 10_000,
+            weight_age: 1_000,
+            weight_job_size: 100,
+            weight_quota_priority: 1_000,
         }
     }
 }
@@ -244,6 +290,12 @@ impl ClusterConfig {
             v.err(
                 "fair_share.usage_factor_gpu_hours",
                 "must be at least 1".into(),
+            );
+        }
+        if self.scheduler.max_age.as_secs() == 0 {
+            v.err(
+                "scheduler.max_age",
+                "must be longer than 0s, e.g. \"7d\"".into(),
             );
         }
         self.validate_prices(&mut v);

@@ -1,6 +1,12 @@
 //! Node-granular placement. Jobs of up to one node's GPUs are packed best-fit onto the fullest
 //! node that still fits them, which keeps whole nodes free for multi-node jobs; multi-node jobs
-//! take whole free nodes. Dedicated pools are used only by their owner.
+//! take whole free nodes. Which nodes a job may use at all (dedicated pools, advance
+//! reservations) is a [`NodeFilter`] worked out by the caller.
+//!
+//! The node specs are shared (`Arc`), so a copy of the cluster for planning (backfill, trial
+//! preemption) costs one `u64` per node.
+
+use std::sync::Arc;
 
 use gpuledger_model::config::NodeSpec;
 use gpuledger_model::{AccountId, Allocation, NodeGpus};
@@ -20,19 +26,88 @@ impl Placement {
     pub fn gpu_count(&self) -> u32 {
         self.0.iter().map(|s| s.mask.count_ones()).sum()
     }
+
+    /// Adds GPUs to the placement (an elastic job growing).
+    pub fn extend(&mut self, more: &Placement) {
+        for slot in &more.0 {
+            match self.0.iter_mut().find(|s| s.node == slot.node) {
+                Some(s) => s.mask |= slot.mask,
+                None => self.0.push(slot.clone()),
+            }
+        }
+    }
+
+    /// Removes GPUs until `keep` remain, last slots first, and returns what was removed (an
+    /// elastic job shrinking). Whole slots go first, so a multi-node job gives back whole nodes.
+    pub fn shrink_to(&mut self, keep: u32) -> Placement {
+        let mut removed = Vec::new();
+        let mut excess = self.gpu_count().saturating_sub(keep);
+        while excess > 0 {
+            let Some(last) = self.0.last_mut() else { break };
+            let n = last.mask.count_ones();
+            if n <= excess {
+                excess -= n;
+                if let Some(slot) = self.0.pop() {
+                    removed.push(slot);
+                }
+            } else {
+                let give = highest_bits(last.mask, excess);
+                last.mask &= !give;
+                removed.push(Slot {
+                    node: last.node,
+                    mask: give,
+                });
+                excess = 0;
+            }
+        }
+        Placement(removed)
+    }
+
+    fn nodes(&self) -> impl Iterator<Item = usize> + '_ {
+        self.0.iter().map(|s| s.node)
+    }
+}
+
+/// Nodes a job may not use (dedicated to another account, reserved for others in its window).
+/// Empty means every node is allowed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeFilter {
+    blocked: Vec<bool>,
+}
+
+impl NodeFilter {
+    pub fn none() -> Self {
+        NodeFilter::default()
+    }
+
+    pub fn block(&mut self, node: usize, node_count: usize) {
+        if self.blocked.is_empty() {
+            self.blocked = vec![false; node_count];
+        }
+        self.blocked[node] = true;
+    }
+
+    pub fn allows(&self, node: usize) -> bool {
+        !self.blocked.get(node).copied().unwrap_or(false)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        !self.blocked.iter().any(|b| *b)
+    }
 }
 
 #[derive(Clone, Debug)]
-struct NodeState {
+struct NodeMeta {
     spec: NodeSpec,
     all: u64,
-    free: u64,
 }
 
 /// Free and held GPUs of every node.
 #[derive(Clone, Debug)]
 pub struct Cluster {
-    nodes: Vec<NodeState>,
+    meta: Arc<[NodeMeta]>,
+    free: Vec<u64>,
+    free_count: u32,
     gpus_per_node_max: u32,
 }
 
@@ -56,43 +131,81 @@ fn lowest_bits(mask: u64, n: u32) -> u64 {
     out
 }
 
+/// The `n` highest set bits of `mask`.
+fn highest_bits(mask: u64, n: u32) -> u64 {
+    let mut out = 0;
+    let mut rest = mask;
+    for _ in 0..n {
+        if rest == 0 {
+            break;
+        }
+        let bit = 1u64 << (63 - rest.leading_zeros());
+        out |= bit;
+        rest &= !bit;
+    }
+    out
+}
+
 impl Cluster {
     pub fn new(nodes: Vec<NodeSpec>) -> Self {
         let gpus_per_node_max = nodes.iter().map(|n| n.gpus).max().unwrap_or(0);
+        let meta: Arc<[NodeMeta]> = nodes
+            .into_iter()
+            .map(|spec| NodeMeta {
+                all: full_mask(spec.gpus),
+                spec,
+            })
+            .collect();
+        let free: Vec<u64> = meta.iter().map(|m| m.all).collect();
+        let free_count = free.iter().map(|m| m.count_ones()).sum();
         Cluster {
-            nodes: nodes
-                .into_iter()
-                .map(|spec| {
-                    let all = full_mask(spec.gpus);
-                    NodeState {
-                        spec,
-                        all,
-                        free: all,
-                    }
-                })
-                .collect(),
+            meta,
+            free,
+            free_count,
             gpus_per_node_max,
         }
     }
 
+    /// The same nodes, all free.
+    pub fn empty_like(&self) -> Self {
+        let free: Vec<u64> = self.meta.iter().map(|m| m.all).collect();
+        Cluster {
+            meta: Arc::clone(&self.meta),
+            free_count: free.iter().map(|m| m.count_ones()).sum(),
+            free,
+            gpus_per_node_max: self.gpus_per_node_max,
+        }
+    }
+
     pub fn node_count(&self) -> usize {
-        self.nodes.len()
+        self.meta.len()
+    }
+
+    pub fn gpus_per_node_max(&self) -> u32 {
+        self.gpus_per_node_max
     }
 
     pub fn total_gpus(&self) -> u32 {
-        self.nodes.iter().map(|n| n.spec.gpus).sum()
+        self.meta.iter().map(|n| n.spec.gpus).sum()
     }
 
     pub fn free_gpus(&self) -> u32 {
-        self.nodes.iter().map(|n| n.free.count_ones()).sum()
+        self.free_count
     }
 
     pub fn node_spec(&self, node: usize) -> &NodeSpec {
-        &self.nodes[node].spec
+        &self.meta[node].spec
     }
 
-    fn usable_by(&self, node: &NodeState, account: &AccountId) -> bool {
-        node.spec
+    /// The index of the node named `name`.
+    pub fn node_index(&self, name: &str) -> Option<usize> {
+        self.meta.iter().position(|m| m.spec.id.as_str() == name)
+    }
+
+    /// True when `account` may use the node at all (it is not dedicated to someone else).
+    pub fn usable_by(&self, node: usize, account: &AccountId) -> bool {
+        self.meta[node]
+            .spec
             .dedicated_to
             .as_ref()
             .is_none_or(|owner| owner == account)
@@ -100,75 +213,159 @@ impl Cluster {
 
     /// The most GPUs a job of `account` could ever get (all nodes it may use, empty).
     pub fn capacity_for(&self, account: &AccountId) -> u32 {
-        self.nodes
-            .iter()
-            .filter(|n| self.usable_by(n, account))
-            .map(|n| n.spec.gpus)
+        (0..self.meta.len())
+            .filter(|i| self.usable_by(*i, account))
+            .map(|i| self.meta[i].spec.gpus)
             .sum()
     }
 
+    fn allowed(&self, node: usize, account: &AccountId, filter: &NodeFilter) -> bool {
+        filter.allows(node) && self.usable_by(node, account)
+    }
+
     /// Where a job of `gpus` GPUs would go now, without taking it.
-    pub fn find(&self, gpus: u32, account: &AccountId) -> Option<Placement> {
-        if gpus == 0 {
+    pub fn find(&self, gpus: u32, account: &AccountId, filter: &NodeFilter) -> Option<Placement> {
+        if gpus == 0 || gpus > self.free_count {
             return None;
         }
         if gpus <= self.gpus_per_node_max {
-            if let Some(p) = self.find_on_one_node(gpus, account) {
+            if let Some(p) = self.find_on_one_node(gpus, account, filter) {
                 return Some(p);
             }
         }
-        self.find_whole_nodes(gpus, account)
+        self.find_whole_nodes(gpus, account, filter)
     }
 
-    fn find_on_one_node(&self, gpus: u32, account: &AccountId) -> Option<Placement> {
-        let (idx, node) = self
-            .nodes
-            .iter()
-            .enumerate()
-            .filter(|(_, n)| self.usable_by(n, account) && n.free.count_ones() >= gpus)
-            .min_by_key(|(i, n)| (n.free.count_ones(), *i))?;
+    fn find_on_one_node(
+        &self,
+        gpus: u32,
+        account: &AccountId,
+        filter: &NodeFilter,
+    ) -> Option<Placement> {
+        let mut best: Option<(u32, usize)> = None;
+        for (idx, free) in self.free.iter().enumerate() {
+            let n = free.count_ones();
+            if n < gpus || best.is_some_and(|(b, _)| n >= b) {
+                continue;
+            }
+            if self.allowed(idx, account, filter) {
+                best = Some((n, idx));
+                if n == gpus {
+                    break;
+                }
+            }
+        }
+        let (_, idx) = best?;
         Some(Placement(vec![Slot {
             node: idx,
-            mask: lowest_bits(node.free, gpus),
+            mask: lowest_bits(self.free[idx], gpus),
         }]))
     }
 
-    fn find_whole_nodes(&self, gpus: u32, account: &AccountId) -> Option<Placement> {
+    fn find_whole_nodes(
+        &self,
+        gpus: u32,
+        account: &AccountId,
+        filter: &NodeFilter,
+    ) -> Option<Placement> {
         let mut slots = Vec::new();
         let mut left = gpus;
-        for (idx, node) in self.nodes.iter().enumerate() {
+        for (idx, meta) in self.meta.iter().enumerate() {
             if left == 0 {
                 break;
             }
-            if node.free != node.all || !self.usable_by(node, account) {
+            if self.free[idx] != meta.all || !self.allowed(idx, account, filter) {
                 continue;
             }
-            let take = left.min(node.spec.gpus);
+            let take = left.min(meta.spec.gpus);
             slots.push(Slot {
                 node: idx,
-                mask: lowest_bits(node.free, take),
+                mask: lowest_bits(self.free[idx], take),
             });
             left -= take;
         }
         (left == 0).then_some(Placement(slots))
     }
 
+    /// More GPUs for an elastic job that holds `held`, up to `more`: free GPUs on its own nodes
+    /// first for a one-node job, whole free nodes for a multi-node one.
+    pub fn find_growth(
+        &self,
+        held: &Placement,
+        more: u32,
+        account: &AccountId,
+        filter: &NodeFilter,
+    ) -> Option<Placement> {
+        if more == 0 {
+            return None;
+        }
+        let single_node = held.0.len() == 1 && held.gpu_count() < self.gpus_per_node_max;
+        if single_node {
+            let node = held.0[0].node;
+            let n = self.free[node].count_ones().min(more);
+            return (n > 0).then(|| {
+                Placement(vec![Slot {
+                    node,
+                    mask: lowest_bits(self.free[node], n),
+                }])
+            });
+        }
+        let mut slots = Vec::new();
+        let mut left = more;
+        for (idx, meta) in self.meta.iter().enumerate() {
+            if left < meta.spec.gpus {
+                continue;
+            }
+            if self.free[idx] != meta.all
+                || !self.allowed(idx, account, filter)
+                || held.nodes().any(|n| n == idx)
+            {
+                continue;
+            }
+            slots.push(Slot {
+                node: idx,
+                mask: meta.all,
+            });
+            left -= meta.spec.gpus;
+        }
+        (!slots.is_empty()).then_some(Placement(slots))
+    }
+
     /// Takes the GPUs of a placement. Panics in debug builds if any is already held: that
     /// would be a scheduler bug, and the invariant checks in tests look for it.
     pub fn take(&mut self, placement: &Placement) {
         for slot in &placement.0 {
-            let node = &mut self.nodes[slot.node];
-            debug_assert_eq!(node.free & slot.mask, slot.mask, "GPU allocated twice");
-            node.free &= !slot.mask;
+            debug_assert_eq!(
+                self.free[slot.node] & slot.mask,
+                slot.mask,
+                "GPU allocated twice"
+            );
+            self.free[slot.node] &= !slot.mask;
+            self.free_count -= slot.mask.count_ones();
+        }
+    }
+
+    /// Marks a placement's GPUs as held, whether or not they already are (planning copies,
+    /// where a held GPU may be claimed by a plan that ends before another begins).
+    pub fn hold(&mut self, placement: &Placement) {
+        for slot in &placement.0 {
+            let newly = self.free[slot.node] & slot.mask;
+            self.free[slot.node] &= !slot.mask;
+            self.free_count -= newly.count_ones();
         }
     }
 
     pub fn release(&mut self, placement: &Placement) {
         for slot in &placement.0 {
-            let node = &mut self.nodes[slot.node];
-            debug_assert_eq!(node.free & slot.mask, 0, "GPU released twice");
-            node.free |= slot.mask;
+            debug_assert_eq!(self.free[slot.node] & slot.mask, 0, "GPU released twice");
+            self.free[slot.node] |= slot.mask;
+            self.free_count += slot.mask.count_ones();
         }
+    }
+
+    /// True when both have exactly the same GPUs free.
+    pub fn same_free(&self, other: &Cluster) -> bool {
+        self.free == other.free
     }
 
     /// True when every GPU of the placement is free.
@@ -176,7 +373,7 @@ impl Cluster {
         placement
             .0
             .iter()
-            .all(|s| self.nodes[s.node].free & s.mask == s.mask)
+            .all(|s| self.free[s.node] & s.mask == s.mask)
     }
 
     /// The placement as node names and GPU indices.
@@ -186,11 +383,31 @@ impl Cluster {
                 .0
                 .iter()
                 .map(|s| NodeGpus {
-                    node: self.nodes[s.node].spec.id.clone(),
+                    node: self.meta[s.node].spec.id.clone(),
                     gpus: (0..64).filter(|b| s.mask & (1u64 << b) != 0).collect(),
                 })
                 .collect(),
         )
+    }
+
+    /// The placement of an allocation on this cluster (a restart reading its state back).
+    pub fn from_allocation(&self, allocation: &Allocation) -> Option<Placement> {
+        allocation
+            .0
+            .iter()
+            .map(|ng| {
+                let node = self.node_index(ng.node.as_str())?;
+                let mut mask = 0u64;
+                for g in &ng.gpus {
+                    if *g >= self.meta[node].spec.gpus {
+                        return None;
+                    }
+                    mask |= 1u64 << g;
+                }
+                Some(Slot { node, mask })
+            })
+            .collect::<Option<Vec<_>>>()
+            .map(Placement)
     }
 }
 
@@ -216,31 +433,64 @@ mod tests {
     #[test]
     fn small_jobs_pack_onto_the_fullest_node() {
         let a = AccountId::new("a").unwrap();
+        let any = NodeFilter::none();
         let mut c = cluster(2);
-        let first = c.find(3, &a).unwrap();
+        let first = c.find(3, &a, &any).unwrap();
         c.take(&first);
-        let second = c.find(4, &a).unwrap();
+        let second = c.find(4, &a, &any).unwrap();
         assert_eq!(
             second.0[0].node, first.0[0].node,
             "packs beside the first job"
         );
         c.take(&second);
         // 1 GPU left on node 0, node 1 whole: a 8-GPU job still fits.
-        let whole = c.find(8, &a).unwrap();
+        let whole = c.find(8, &a, &any).unwrap();
         assert_eq!(whole.0[0].node, 1);
     }
 
     #[test]
     fn multi_node_jobs_need_whole_free_nodes() {
         let a = AccountId::new("a").unwrap();
+        let any = NodeFilter::none();
         let mut c = cluster(3);
-        let small = c.find(1, &a).unwrap();
+        let small = c.find(1, &a, &any).unwrap();
         c.take(&small);
         // 23 GPUs are free, but only two whole nodes: a 24-GPU job waits (false wait).
         assert_eq!(c.free_gpus(), 23);
-        assert!(c.find(24, &a).is_none());
-        let p = c.find(16, &a).unwrap();
+        assert!(c.find(24, &a, &any).is_none());
+        let p = c.find(16, &a, &any).unwrap();
         assert_eq!(p.gpu_count(), 16);
         assert_eq!(c.to_allocation(&p).to_string(), "n002:0-7;n003:0-7");
+        assert_eq!(c.from_allocation(&c.to_allocation(&p)), Some(p));
+    }
+
+    #[test]
+    fn a_filter_keeps_jobs_off_blocked_nodes() {
+        let a = AccountId::new("a").unwrap();
+        let c = cluster(3);
+        let mut filter = NodeFilter::none();
+        filter.block(0, 3);
+        filter.block(1, 3);
+        assert_eq!(c.find(4, &a, &filter).unwrap().0[0].node, 2);
+        assert!(c.find(16, &a, &filter).is_none());
+    }
+
+    #[test]
+    fn elastic_placements_grow_and_shrink_by_whole_nodes() {
+        let a = AccountId::new("a").unwrap();
+        let any = NodeFilter::none();
+        let mut c = cluster(4);
+        let mut p = c.find(16, &a, &any).unwrap();
+        c.take(&p);
+        let more = c.find_growth(&p, 16, &a, &any).unwrap();
+        assert_eq!(more.gpu_count(), 16);
+        c.take(&more);
+        p.extend(&more);
+        assert_eq!(p.gpu_count(), 32);
+        let back = p.shrink_to(16);
+        assert_eq!(back.gpu_count(), 16);
+        assert_eq!(back.0.len(), 2, "two whole nodes given back");
+        c.release(&back);
+        assert_eq!(c.free_gpus(), 16);
     }
 }

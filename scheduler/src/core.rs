@@ -1,43 +1,64 @@
-//! The scheduling cycle: admission at submission, ordering of the queue (FIFO or fair share,
-//! within priority tiers), node-granular placement and EASY backfill. Pure and synchronous:
-//! time is an argument, so the simulator and a live service run the same code.
+//! The scheduling cycle: admission with quota checks, ordering of the queue (FIFO, or Slurm's
+//! multifactor priority with fair share, within priority tiers), node-granular placement,
+//! advance reservations, EASY and conservative backfill, preemption with a checkpoint grace,
+//! and elastic jobs. Pure and synchronous: time is an argument, so the simulator and a live
+//! service run the same code.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
-use gpuledger_model::config::ClusterConfig;
+use gpuledger_model::config::{ClusterConfig, SchedulerConfig};
+use gpuledger_model::quota::Quota;
 use gpuledger_model::tenant::TenantTree;
 use gpuledger_model::time::UnixSeconds;
 use gpuledger_model::{AccountId, Allocation, JobId, ProjectId};
 
-use crate::cluster::{Cluster, Placement};
+use crate::cluster::{Cluster, NodeFilter, Placement};
 use crate::fairshare::{FairShareParams, UsageLedger};
+use crate::plan::Plan;
+use crate::reservation::{
+    AdvanceReservation, ReservationError, ReservationRequest, Reservations,
+};
+use crate::windows::{day_of, UsageWindows, WindowKey, DAY_S};
 
 /// How the queue is ordered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Policy {
     /// Tier, then submission order.
     Fifo,
-    /// Tier, then the account's fair-share priority, then submission order.
+    /// Tier, then the multifactor priority (fair share, age, size, quota priority).
     FairShare,
+}
+
+/// Which backfill runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backfill {
+    /// Strict priority order: the first job that cannot start holds everyone behind it.
+    Off,
+    /// The first job that cannot start gets a planned start; later jobs may start when they do
+    /// not delay it.
+    Easy,
+    /// Every job up to `backfill_depth` gets a planned start, and none may be delayed.
+    Conservative,
 }
 
 /// Policy and backfill switches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SchedulerOptions {
     pub policy: Policy,
-    /// EASY backfill: later jobs may start when they do not delay the head job's reserved
-    /// start.
-    pub backfill: bool,
+    pub backfill: Backfill,
 }
 
 impl SchedulerOptions {
-    /// Parses `fifo`, `fairshare`, `fifo+backfill`, `fairshare+backfill`.
+    /// Parses `fifo` or `fairshare`, optionally followed by `+backfill` (EASY), `+easy` or
+    /// `+conservative`.
     pub fn parse(name: &str) -> Option<Self> {
         let (policy, backfill) = match name.split_once('+') {
-            Some((p, "backfill")) => (p, true),
+            Some((p, "backfill" | "easy")) => (p, Backfill::Easy),
+            Some((p, "conservative")) => (p, Backfill::Conservative),
             Some(_) => return None,
-            None => (name, false),
+            None => (name, Backfill::Off),
         };
         let policy = match policy {
             "fifo" => Policy::Fifo,
@@ -52,10 +73,10 @@ impl SchedulerOptions {
             Policy::Fifo => "fifo",
             Policy::FairShare => "fairshare",
         };
-        if self.backfill {
-            format!("{p}+backfill")
-        } else {
-            p.to_owned()
+        match self.backfill {
+            Backfill::Off => p.to_owned(),
+            Backfill::Easy => format!("{p}+backfill"),
+            Backfill::Conservative => format!("{p}+conservative"),
         }
     }
 }
@@ -68,9 +89,50 @@ pub struct JobSpec {
     pub project: Option<ProjectId>,
     /// `None`: the default partition.
     pub partition: Option<String>,
+    /// GPUs asked for; the most an elastic job grows to.
     pub gpus: u32,
+    /// An elastic job's smallest size: it starts with at least this many, grows toward `gpus`
+    /// and shrinks back instead of dying when preempted.
+    pub min_gpus: Option<u32>,
     pub time_limit_s: u64,
     pub submit_s: UnixSeconds,
+    /// Time between SIGTERM and SIGKILL on preemption; the partition's when `None`.
+    pub grace_s: Option<u64>,
+    /// How often the job checkpoints by itself, to estimate the work a preemption loses when
+    /// it reports no checkpoints.
+    pub checkpoint_every_s: Option<u64>,
+}
+
+impl JobSpec {
+    pub fn new(
+        id: JobId,
+        account: AccountId,
+        gpus: u32,
+        time_limit_s: u64,
+        submit_s: UnixSeconds,
+    ) -> Self {
+        JobSpec {
+            id,
+            account,
+            project: None,
+            partition: None,
+            gpus,
+            min_gpus: None,
+            time_limit_s,
+            submit_s,
+            grace_s: None,
+            checkpoint_every_s: None,
+        }
+    }
+
+    /// The fewest GPUs the job runs on.
+    pub fn min_size(&self) -> u32 {
+        self.min_gpus.unwrap_or(self.gpus).min(self.gpus)
+    }
+
+    pub fn is_elastic(&self) -> bool {
+        self.min_size() < self.gpus
+    }
 }
 
 /// Why a job is refused at submission: it could never run as asked.
@@ -87,6 +149,8 @@ pub enum Refusal {
     UnknownPartition(String),
     #[error("a job needs at least 1 GPU")]
     NoGpus,
+    #[error("min_gpus {min} must be between 1 and gpus {max}")]
+    ElasticRange { min: u32, max: u32 },
     #[error(
         "job asks for {asked} GPUs; its quota allows at most {limit} per job (max_gpus_per_job)"
     )]
@@ -99,11 +163,17 @@ pub enum Refusal {
         limit_s: u64,
         what: &'static str,
     },
+    #[error("job needs {asked} GPU-hours; its quota allows {limit} ({what})")]
+    GpuHours {
+        asked: u64,
+        limit: u64,
+        what: &'static str,
+    },
     #[error("job id `{0}` is already known")]
     DuplicateId(JobId),
 }
 
-/// Why a job is still pending, with Slurm's reason codes.
+/// Why a job is still pending, with Slurm's reason codes where Slurm has one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PendingReason {
     /// Not yet considered.
@@ -114,16 +184,39 @@ pub enum PendingReason {
     Priority,
     /// Its account or project runs as many jobs as its quota allows.
     AssocMaxJobsLimit,
+    /// Starting it would pass its account's or project's GPU-hours for today.
+    AssocGrpGpuHoursDay,
+    /// Starting it would pass its account's or project's GPU-hours for the last seven days.
+    AssocGrpGpuHoursWeek,
+    /// The GPUs it could use are reserved for others during its run.
+    ReqNodeNotAvail,
 }
 
-impl fmt::Display for PendingReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+impl PendingReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
             PendingReason::None => "None",
             PendingReason::Resources => "Resources",
             PendingReason::Priority => "Priority",
             PendingReason::AssocMaxJobsLimit => "AssocMaxJobsLimit",
-        })
+            PendingReason::AssocGrpGpuHoursDay => "AssocGrpGPUHoursPerDay",
+            PendingReason::AssocGrpGpuHoursWeek => "AssocGrpGPUHoursPerWeek",
+            PendingReason::ReqNodeNotAvail => "ReqNodeNotAvail",
+        }
+    }
+
+    /// True when the job waits for GPUs (rather than for its quota).
+    pub fn waits_for_gpus(self) -> bool {
+        matches!(
+            self,
+            PendingReason::Resources | PendingReason::Priority | PendingReason::ReqNodeNotAvail
+        )
+    }
+}
+
+impl fmt::Display for PendingReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -132,9 +225,21 @@ impl fmt::Display for PendingReason {
 pub struct PendingJob {
     pub spec: JobSpec,
     pub tier: u32,
-    /// The account's fair-share priority at the last cycle (0 under FIFO).
+    /// The job's priority at the last cycle (0 under FIFO).
     pub priority: f64,
     pub reason: PendingReason,
+    /// The planned start, when backfill planned one (as `squeue --start`).
+    pub estimated_start_s: Option<UnixSeconds>,
+    /// Times it was preempted and requeued.
+    pub preemptions: u32,
+}
+
+/// A running job being preempted: signalled, and killed at `kill_s` unless it exits first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Preempting {
+    pub by: JobId,
+    pub signal_s: UnixSeconds,
+    pub kill_s: UnixSeconds,
 }
 
 /// A running job.
@@ -144,6 +249,10 @@ pub struct RunningJob {
     pub tier: u32,
     pub start_s: UnixSeconds,
     pub placement: Placement,
+    pub last_checkpoint_s: Option<UnixSeconds>,
+    pub preempting: Option<Preempting>,
+    pub preemptions: u32,
+    pub backfilled: bool,
     accrued_until: UnixSeconds,
 }
 
@@ -152,6 +261,34 @@ impl RunningJob {
     pub fn limit_end_s(&self) -> UnixSeconds {
         self.start_s + self.spec.time_limit_s as i64
     }
+
+    /// When its GPUs are expected back: at its kill deadline when it is being preempted, at
+    /// its time limit otherwise.
+    fn release_s(&self, now: UnixSeconds) -> UnixSeconds {
+        match &self.preempting {
+            Some(p) => p.kill_s,
+            None => self.limit_end_s().max(now),
+        }
+    }
+
+    /// Seconds of work a preemption now would lose: since the last reported checkpoint, or the
+    /// last periodic one, or the start.
+    pub fn work_at_risk_s(&self, now: UnixSeconds) -> i64 {
+        let periodic = self
+            .spec
+            .checkpoint_every_s
+            .filter(|e| *e > 0)
+            .map(|e| {
+                let e = e as i64;
+                self.start_s + (now - self.start_s).max(0) / e * e
+            });
+        let last = self
+            .last_checkpoint_s
+            .max(periodic)
+            .unwrap_or(self.start_s)
+            .max(self.start_s);
+        (now - last).max(0)
+    }
 }
 
 /// A job the cycle started.
@@ -159,28 +296,80 @@ impl RunningJob {
 pub struct Started {
     pub job_id: JobId,
     pub allocation: Allocation,
+    pub gpus: u32,
     pub backfilled: bool,
+}
+
+/// A job the cycle chose to preempt: send SIGTERM now, SIGKILL at `kill_s`, and call
+/// [`Scheduler::requeue`] when it has exited.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Preemption {
+    pub job_id: JobId,
+    pub by: JobId,
+    pub kill_s: UnixSeconds,
+}
+
+/// An elastic job whose GPUs changed (grown into free nodes, or shrunk for a preemptor).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resized {
+    pub job_id: JobId,
+    pub allocation: Allocation,
+    pub gpus: u32,
+}
+
+/// What one cycle decided.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Cycle {
+    pub started: Vec<Started>,
+    pub preempted: Vec<Preemption>,
+    pub resized: Vec<Resized>,
 }
 
 #[derive(Clone, Debug)]
 struct PartitionInfo {
     tier: u32,
     max_time_s: Option<u64>,
+    grace_s: Option<u64>,
 }
 
 /// The scheduler's whole state.
 #[derive(Clone, Debug)]
 pub struct Scheduler {
     options: SchedulerOptions,
+    knobs: SchedulerConfig,
     tenants: TenantTree,
+    max_weight: f64,
     partitions: HashMap<String, PartitionInfo>,
     default_partition: String,
     cluster: Cluster,
     ledger: UsageLedger,
+    windows: UsageWindows,
+    reservations: Reservations,
     pending: Vec<PendingJob>,
     running: BTreeMap<JobId, RunningJob>,
     running_per_account: HashMap<AccountId, u32>,
     running_per_project: HashMap<(AccountId, ProjectId), u32>,
+    /// Preemptors waiting for their victims to exit.
+    claims: HashMap<JobId, Vec<JobId>>,
+    last_cycle_s: UnixSeconds,
+}
+
+/// Candidate sizes of a job, largest first: its size, or for an elastic job every size from
+/// its maximum down to its minimum (whole nodes above one node).
+fn sizes(spec: &JobSpec, gpus_per_node: u32) -> Vec<u32> {
+    let (min, max) = (spec.min_size(), spec.gpus);
+    if min == max {
+        return vec![max];
+    }
+    let step = if max > gpus_per_node { gpus_per_node.max(1) } else { 1 };
+    let mut out = vec![max];
+    let mut s = if step > 1 { (max - 1) / step * step } else { max - 1 };
+    while s > min {
+        out.push(s);
+        s -= step;
+    }
+    out.push(min);
+    out
 }
 
 impl Scheduler {
@@ -194,6 +383,7 @@ impl Scheduler {
                     PartitionInfo {
                         tier: p.priority_tier,
                         max_time_s: p.max_time.map(|d| d.as_secs()),
+                        grace_s: p.grace_time.map(|d| d.as_secs()),
                     },
                 )
             })
@@ -202,9 +392,16 @@ impl Scheduler {
             half_life_s: config.fair_share.half_life.as_secs() as f64,
             factor_gpu_hours: config.fair_share.usage_factor_gpu_hours as f64,
         };
+        let tenants = config.tenants();
+        let max_weight = tenants
+            .accounts()
+            .map(|a| f64::from(a.weight))
+            .fold(1.0, f64::max);
         Scheduler {
             options,
-            tenants: config.tenants(),
+            knobs: config.scheduler.clone(),
+            tenants,
+            max_weight,
             partitions,
             default_partition: config
                 .default_partition()
@@ -212,15 +409,27 @@ impl Scheduler {
                 .unwrap_or_default(),
             cluster: Cluster::new(config.nodes()),
             ledger: UsageLedger::new(params),
+            windows: UsageWindows::default(),
+            reservations: Reservations::default(),
             pending: Vec::new(),
             running: BTreeMap::new(),
             running_per_account: HashMap::new(),
             running_per_project: HashMap::new(),
+            claims: HashMap::new(),
+            last_cycle_s: 0,
         }
     }
 
     pub fn options(&self) -> SchedulerOptions {
         self.options
+    }
+
+    pub fn knobs(&self) -> &SchedulerConfig {
+        &self.knobs
+    }
+
+    pub fn tenants(&self) -> &TenantTree {
+        &self.tenants
     }
 
     pub fn cluster(&self) -> &Cluster {
@@ -247,14 +456,33 @@ impl Scheduler {
         &mut self.ledger
     }
 
+    pub fn reservations(&self) -> &Reservations {
+        &self.reservations
+    }
+
+    /// The tier of a partition (the default one for `None`).
+    pub fn tier_of(&self, partition: Option<&str>) -> Option<u32> {
+        self.partitions
+            .get(partition.unwrap_or(&self.default_partition))
+            .map(|p| p.tier)
+    }
+
     /// Admits a job to the queue, or refuses it if it could never run as asked.
     pub fn submit(&mut self, spec: JobSpec) -> Result<(), Refusal> {
+        self.submit_with_history(spec, 0)
+    }
+
+    /// Admits a job that was already preempted `preemptions` times (a restart reading its
+    /// queue back).
+    pub fn submit_with_history(&mut self, spec: JobSpec, preemptions: u32) -> Result<(), Refusal> {
         let tier = self.admit(&spec)?;
         self.pending.push(PendingJob {
             spec,
             tier,
             priority: 0.0,
             reason: PendingReason::None,
+            estimated_start_s: None,
+            preemptions,
         });
         Ok(())
     }
@@ -284,6 +512,14 @@ impl Scheduler {
         if spec.gpus == 0 {
             return Err(Refusal::NoGpus);
         }
+        if let Some(min) = spec.min_gpus {
+            if min == 0 || min > spec.gpus {
+                return Err(Refusal::ElasticRange {
+                    min,
+                    max: spec.gpus,
+                });
+            }
+        }
         if let Some(limit) = quota.max_gpus_per_job {
             if spec.gpus > limit {
                 return Err(Refusal::TooManyGpus {
@@ -293,9 +529,9 @@ impl Scheduler {
             }
         }
         let capacity = self.cluster.capacity_for(&spec.account);
-        if spec.gpus > capacity {
+        if spec.min_size() > capacity {
             return Err(Refusal::LargerThanCluster {
-                asked: spec.gpus,
+                asked: spec.min_size(),
                 capacity,
             });
         }
@@ -317,36 +553,69 @@ impl Scheduler {
                 });
             }
         }
+        check_gpu_hours_ever_fit(spec, &quota)?;
         Ok(partition.tier)
     }
 
     /// Removes a pending job (cancelled before it started).
     pub fn cancel_pending(&mut self, id: &JobId) -> Option<JobSpec> {
         let pos = self.pending.iter().position(|p| &p.spec.id == id)?;
+        self.claims.remove(id);
         Some(self.pending.remove(pos).spec)
     }
 
-    /// Charges running jobs' GPU-seconds up to `now` to their accounts' decayed usage. The
-    /// simulator calls this; a live service replaces usage with the aggregator's feed instead.
-    pub fn accrue_usage(&mut self, now: UnixSeconds) {
-        for job in self.running.values_mut() {
-            let secs = now - job.accrued_until;
-            if secs > 0 {
-                let gpu_seconds = f64::from(job.placement.gpu_count()) * secs as f64;
-                self.ledger.record(&job.spec.account, gpu_seconds, now);
-                job.accrued_until = now;
+    /// Records a checkpoint a running job reported: preempting it now loses less.
+    pub fn checkpointed(&mut self, id: &JobId, at: UnixSeconds) -> bool {
+        match self.running.get_mut(id) {
+            Some(job) => {
+                job.last_checkpoint_s = Some(at);
+                true
             }
+            None => false,
         }
     }
 
-    /// A running job ended (finished, failed, killed at its limit, cancelled).
-    pub fn finish(&mut self, id: &JobId, now: UnixSeconds) -> Option<RunningJob> {
-        let job = self.running.remove(id)?;
-        let secs = now - job.accrued_until;
-        if secs > 0 {
-            let gpu_seconds = f64::from(job.placement.gpu_count()) * secs as f64;
-            self.ledger.record(&job.spec.account, gpu_seconds, now);
+    /// Adds an advance reservation, choosing its nodes when it asks for a count.
+    pub fn add_reservation(
+        &mut self,
+        req: ReservationRequest,
+    ) -> Result<AdvanceReservation, ReservationError> {
+        let running = &self.running;
+        let tenants = &self.tenants;
+        self.reservations
+            .add(
+                req,
+                &self.cluster,
+                |a| tenants.account(a).is_some(),
+                |node| {
+                    running
+                        .values()
+                        .filter(|j| j.placement.0.iter().any(|s| s.node == node))
+                        .map(|j| (j.limit_end_s(), j.spec.id.to_string()))
+                        .max()
+                },
+            )
+            .cloned()
+    }
+
+    pub fn remove_reservation(&mut self, name: &str) -> Option<AdvanceReservation> {
+        self.reservations.remove(name)
+    }
+
+    /// Charges running jobs' GPU-seconds up to `now` to their accounts' decayed usage and to
+    /// the daily quota windows. The simulator calls this; a live service replaces the decayed
+    /// usage with the aggregator's feed.
+    pub fn accrue_usage(&mut self, now: UnixSeconds) {
+        for job in self.running.values_mut() {
+            accrue(&mut self.ledger, &mut self.windows, job, now);
         }
+        self.windows.prune(day_of(now));
+    }
+
+    /// A running job ended for good (finished, failed, killed at its limit, cancelled).
+    pub fn finish(&mut self, id: &JobId, now: UnixSeconds) -> Option<RunningJob> {
+        let mut job = self.running.remove(id)?;
+        accrue(&mut self.ledger, &mut self.windows, &mut job, now);
         self.cluster.release(&job.placement);
         decrement(&mut self.running_per_account, &job.spec.account);
         if let Some(p) = &job.spec.project {
@@ -358,69 +627,339 @@ impl Scheduler {
         Some(job)
     }
 
-    /// One scheduling cycle at `now`: starts what can start, in priority order, and sets the
-    /// reason of every job left pending.
-    pub fn schedule(&mut self, now: UnixSeconds) -> Vec<Started> {
+    /// A preempted job has exited: its GPUs are free and it waits in the queue again.
+    pub fn requeue(&mut self, id: &JobId, now: UnixSeconds) -> bool {
+        let Some(job) = self.finish(id, now) else {
+            return false;
+        };
+        self.pending.push(PendingJob {
+            spec: job.spec,
+            tier: job.tier,
+            priority: 0.0,
+            reason: PendingReason::None,
+            estimated_start_s: None,
+            preemptions: job.preemptions + 1,
+        });
+        true
+    }
+
+    /// One scheduling cycle at `now`: starts what can start in priority order, preempts for
+    /// higher tiers, plans starts for backfill, grows elastic jobs into GPUs nobody waits for,
+    /// and sets the reason of every job left pending.
+    pub fn schedule(&mut self, now: UnixSeconds) -> Cycle {
+        self.last_cycle_s = now;
         self.order_pending(now);
-        let mut started = Vec::new();
-        let mut keep = Vec::with_capacity(self.pending.len());
-        let mut reservation: Option<Reservation> = None;
+        let depth = match self.options.backfill {
+            Backfill::Off => 0,
+            Backfill::Easy => 1,
+            Backfill::Conservative => self.knobs.backfill_depth.max(1) as usize,
+        };
+        let mut cycle = Cycle::default();
+        let mut plan: Option<Plan> = None;
+        let mut planned = 0usize;
         let mut blocked = false;
-        let mut free_now = self.cluster.free_gpus();
-        let mut failed_at: HashMap<AccountId, u32> = HashMap::new();
+        // Within a cycle placement only gets harder (jobs start, plans are added), so a job of
+        // an account is hopeless where one no larger and no longer already failed.
+        let mut failures: HashMap<AccountId, Vec<(u32, u64)>> = HashMap::new();
         let pending = std::mem::take(&mut self.pending);
+        let mut keep = Vec::with_capacity(pending.len());
         for mut job in pending {
+            job.estimated_start_s = None;
             if blocked {
                 job.reason = PendingReason::Priority;
                 keep.push(job);
                 continue;
             }
-            if self.at_job_limit(&job.spec) {
-                job.reason = PendingReason::AssocMaxJobsLimit;
+            if let Some(reason) = self.quota_hold(&job.spec, now) {
+                job.reason = reason;
                 keep.push(job);
                 continue;
             }
-            // Placement only gets harder within a cycle (jobs start, none end), and a larger
-            // job never fits where a smaller one of the same account did not.
-            let hopeless = job.spec.gpus > free_now
-                || failed_at
-                    .get(&job.spec.account)
-                    .is_some_and(|g| job.spec.gpus >= *g);
-            let found = if hopeless {
-                None
-            } else {
-                self.cluster.find(job.spec.gpus, &job.spec.account)
-            };
-            let Some(placement) = found else {
-                let floor = failed_at
-                    .entry(job.spec.account.clone())
-                    .or_insert(u32::MAX);
-                *floor = (*floor).min(job.spec.gpus);
-                if reservation.is_none() {
-                    job.reason = PendingReason::Resources;
-                    if self.options.backfill {
-                        reservation = self.reserve_for(&job.spec);
+            let (min, limit) = (job.spec.min_size(), job.spec.time_limit_s);
+            let hopeless = failures
+                .get(&job.spec.account)
+                .is_some_and(|f| f.iter().any(|(g, l)| min >= *g && limit >= *l));
+            let draining = self.claim_draining(&job.spec.id);
+            if !hopeless && !draining {
+                if let Some(p) = self.place_now(&job.spec, now, plan.as_ref()) {
+                    let backfilled = plan.as_ref().is_some_and(Plan::has_holds);
+                    let started = self.start(job, p, now, backfilled);
+                    if let Some(plan) = plan.as_mut() {
+                        let end = now.saturating_add(limit as i64);
+                        plan.started(
+                            started.job_id.clone(),
+                            end,
+                            self.running[&started.job_id].placement.clone(),
+                        );
                     }
-                    blocked = reservation.is_none();
-                } else {
-                    job.reason = PendingReason::Priority;
-                }
-                keep.push(job);
-                continue;
-            };
-            let backfilled = reservation.is_some();
-            if let Some(res) = reservation.as_mut() {
-                if !res.admits(&placement, now, job.spec.time_limit_s) {
-                    job.reason = PendingReason::Priority;
-                    keep.push(job);
+                    cycle.started.push(started);
                     continue;
                 }
+                if self.knobs.preemption {
+                    let window = match plan.as_ref() {
+                        Some(p) => p.window_now(&self.cluster, limit).into_owned(),
+                        None => self.cluster.clone(),
+                    };
+                    if let Some(p) = self.preempt_for(&job, now, window, &mut cycle, &mut plan)
+                    {
+                        let started = self.start(job, p, now, false);
+                        if let Some(plan) = plan.as_mut() {
+                            let end = now.saturating_add(limit as i64);
+                            plan.started(
+                                started.job_id.clone(),
+                                end,
+                                self.running[&started.job_id].placement.clone(),
+                            );
+                        }
+                        cycle.started.push(started);
+                        continue;
+                    }
+                }
             }
-            free_now -= placement.gpu_count();
-            started.push(self.start(job, placement, now, backfilled));
+            let entry = failures.entry(job.spec.account.clone()).or_default();
+            if !entry.iter().any(|(g, l)| min >= *g && limit >= *l) {
+                entry.push((min, limit));
+            }
+            job.reason = self.blocked_reason(&job.spec, planned == 0);
+            let must_plan = self.claims.contains_key(&job.spec.id);
+            if planned < depth || must_plan {
+                let plan = plan.get_or_insert_with(|| self.build_plan(now));
+                if let Some((t, p)) = self.plan_earliest(plan, &job.spec) {
+                    job.estimated_start_s = Some(t);
+                    plan.hold(t, t.saturating_add(limit as i64), p, &self.cluster);
+                    planned += 1;
+                }
+            }
+            if depth == 0 {
+                blocked = true;
+            }
+            keep.push(job);
         }
         self.pending = keep;
-        started
+        if !self.pending.iter().any(|p| p.reason.waits_for_gpus()) {
+            self.grow_elastic(now, &mut cycle);
+        }
+        cycle
+    }
+
+    /// The reason of a job that could not start: the reservation when one is what keeps it
+    /// off GPUs it could otherwise use; otherwise `Resources` for the first in line.
+    fn blocked_reason(&self, spec: &JobSpec, first: bool) -> PendingReason {
+        if !self.reservations.is_empty() {
+            let unreserved = sizes(spec, self.cluster.gpus_per_node_max())
+                .into_iter()
+                .any(|g| self.cluster.find(g, &spec.account, &NodeFilter::none()).is_some());
+            if unreserved {
+                return PendingReason::ReqNodeNotAvail;
+            }
+        }
+        if first {
+            PendingReason::Resources
+        } else {
+            PendingReason::Priority
+        }
+    }
+
+    fn filter_for(&self, spec: &JobSpec, start: UnixSeconds, end: UnixSeconds) -> NodeFilter {
+        if self.reservations.is_empty() {
+            NodeFilter::none()
+        } else {
+            self.reservations
+                .filter(&self.cluster, &spec.account, start, end)
+        }
+    }
+
+    /// Where the job could start now without delaying any planned start: its largest size
+    /// that fits.
+    fn place_now(&self, spec: &JobSpec, now: UnixSeconds, plan: Option<&Plan>) -> Option<Placement> {
+        let limit = spec.time_limit_s;
+        let filter = self.filter_for(spec, now, now.saturating_add(limit as i64));
+        let window = match plan {
+            Some(p) => p.window_now(&self.cluster, limit),
+            None => Cow::Borrowed(&self.cluster),
+        };
+        sizes(spec, self.cluster.gpus_per_node_max())
+            .into_iter()
+            .find_map(|g| window.find(g, &spec.account, &filter))
+    }
+
+    fn build_plan(&self, now: UnixSeconds) -> Plan {
+        Plan::new(
+            now,
+            self.running
+                .values()
+                .map(|j| (j.release_s(now), j.spec.id.clone(), j.placement.clone()))
+                .collect(),
+            self.reservations.boundaries(),
+        )
+    }
+
+    fn plan_earliest(&self, plan: &Plan, spec: &JobSpec) -> Option<(UnixSeconds, Placement)> {
+        let (min, limit) = (spec.min_size(), spec.time_limit_s);
+        plan.earliest(&self.cluster, min, limit, |cluster, t| {
+            let filter = self.filter_for(spec, t, t.saturating_add(limit as i64));
+            cluster.find(min, &spec.account, &filter)
+        })
+    }
+
+    /// True while a preemptor waits for victims that have not exited yet.
+    fn claim_draining(&mut self, id: &JobId) -> bool {
+        let Some(victims) = self.claims.get(id) else {
+            return false;
+        };
+        if victims.iter().any(|v| self.running.contains_key(v)) {
+            return true;
+        }
+        self.claims.remove(id);
+        false
+    }
+
+    fn grace_s(&self, job: &RunningJob) -> u64 {
+        job.spec
+            .grace_s
+            .or_else(|| {
+                self.partitions
+                    .get(job.spec.partition.as_deref().unwrap_or(&self.default_partition))
+                    .and_then(|p| p.grace_s)
+            })
+            .unwrap_or(self.knobs.default_grace.as_secs())
+    }
+
+    /// Frees GPUs for `job` from lower tiers when it cannot start otherwise. Elastic jobs above
+    /// their minimum shrink first (they lose nothing, and a job of the same tier may take back
+    /// what an elastic job borrowed); then whole jobs of a lower tier that have run at least
+    /// `min_run_time`, those that would lose the least work first; then the set is pruned so no
+    /// more is freed than needed. Returns a placement when the job can start now (only shrinks
+    /// were needed); otherwise the victims are signalled and the job waits for them.
+    fn preempt_for(
+        &mut self,
+        job: &PendingJob,
+        now: UnixSeconds,
+        mut trial: Cluster,
+        cycle: &mut Cycle,
+        plan: &mut Option<Plan>,
+    ) -> Option<Placement> {
+        struct Candidate {
+            id: JobId,
+            frees: Placement,
+            shrink_to: Option<u32>,
+            cost: i64,
+            tier: u32,
+            start_s: UnixSeconds,
+        }
+        let min_run = self.knobs.min_run_time.as_secs() as i64;
+        let mut candidates: Vec<Candidate> = self
+            .running
+            .values()
+            .filter(|r| r.preempting.is_none())
+            .filter_map(|r| {
+                let count = r.placement.gpu_count();
+                if r.spec.is_elastic() && count > r.spec.min_size() && r.tier <= job.tier {
+                    let mut kept = r.placement.clone();
+                    let frees = kept.shrink_to(r.spec.min_size());
+                    return Some(Candidate {
+                        id: r.spec.id.clone(),
+                        frees,
+                        shrink_to: Some(r.spec.min_size()),
+                        cost: 0,
+                        tier: r.tier,
+                        start_s: r.start_s,
+                    });
+                }
+                (r.tier < job.tier && now - r.start_s >= min_run).then(|| Candidate {
+                    id: r.spec.id.clone(),
+                    frees: r.placement.clone(),
+                    shrink_to: None,
+                    cost: i64::from(count) * r.work_at_risk_s(now),
+                    tier: r.tier,
+                    start_s: r.start_s,
+                })
+            })
+            .collect();
+        if candidates.is_empty() {
+            return None;
+        }
+        candidates.sort_by(|a, b| {
+            (a.cost, a.tier, std::cmp::Reverse(a.start_s), &a.id).cmp(&(
+                b.cost,
+                b.tier,
+                std::cmp::Reverse(b.start_s),
+                &b.id,
+            ))
+        });
+        let (min, limit) = (job.spec.min_size(), job.spec.time_limit_s);
+        let filter = self.filter_for(&job.spec, now, now.saturating_add(limit as i64));
+        let fits = |c: &Cluster| c.find(min, &job.spec.account, &filter).is_some();
+        let mut chosen: Vec<Candidate> = Vec::new();
+        for c in candidates {
+            release_into(&mut trial, &c.frees);
+            chosen.push(c);
+            if fits(&trial) {
+                break;
+            }
+        }
+        if !fits(&trial) {
+            return None;
+        }
+        // Prune: give back, most costly first, every victim the job can do without.
+        let mut i = chosen.len();
+        while i > 0 {
+            i -= 1;
+            trial.hold(&chosen[i].frees);
+            if fits(&trial) {
+                chosen.remove(i);
+            } else {
+                release_into(&mut trial, &chosen[i].frees);
+            }
+        }
+        let mut victims = Vec::new();
+        for c in chosen {
+            let grace = self
+                .running
+                .get(&c.id)
+                .map(|r| self.grace_s(r))
+                .unwrap_or(0);
+            let Some(r) = self.running.get_mut(&c.id) else {
+                continue;
+            };
+            match c.shrink_to {
+                Some(keep) => {
+                    let freed = r.placement.shrink_to(keep);
+                    accrue(&mut self.ledger, &mut self.windows, r, now);
+                    self.cluster.release(&freed);
+                    cycle.resized.push(Resized {
+                        job_id: c.id.clone(),
+                        allocation: self.cluster.to_allocation(&r.placement),
+                        gpus: r.placement.gpu_count(),
+                    });
+                    if let Some(plan) = plan.as_mut() {
+                        plan.released_at(&c.id, r.release_s(now), r.placement.clone());
+                    }
+                }
+                None => {
+                    let kill_s = now + grace as i64;
+                    r.preempting = Some(Preempting {
+                        by: job.spec.id.clone(),
+                        signal_s: now,
+                        kill_s,
+                    });
+                    cycle.preempted.push(Preemption {
+                        job_id: c.id.clone(),
+                        by: job.spec.id.clone(),
+                        kill_s,
+                    });
+                    if let Some(plan) = plan.as_mut() {
+                        plan.released_at(&c.id, kill_s, r.placement.clone());
+                    }
+                    victims.push(c.id);
+                }
+            }
+        }
+        if victims.is_empty() {
+            return self.place_now(&job.spec, now, plan.as_ref());
+        }
+        self.claims.insert(job.spec.id.clone(), victims);
+        None
     }
 
     fn start(
@@ -430,6 +969,7 @@ impl Scheduler {
         now: UnixSeconds,
         backfilled: bool,
     ) -> Started {
+        self.claims.remove(&job.spec.id);
         self.cluster.take(&placement);
         let allocation = self.cluster.to_allocation(&placement);
         *self
@@ -445,6 +985,7 @@ impl Scheduler {
         let started = Started {
             job_id: job.spec.id.clone(),
             allocation,
+            gpus: placement.gpu_count(),
             backfilled,
         };
         self.running.insert(
@@ -454,10 +995,121 @@ impl Scheduler {
                 tier: job.tier,
                 start_s: now,
                 placement,
+                last_checkpoint_s: None,
+                preempting: None,
+                preemptions: job.preemptions,
+                backfilled,
                 accrued_until: now,
             },
         );
         started
+    }
+
+    /// Elastic jobs below their maximum take free GPUs nobody waits for.
+    fn grow_elastic(&mut self, now: UnixSeconds, cycle: &mut Cycle) {
+        let growable: Vec<JobId> = self
+            .running
+            .values()
+            .filter(|r| {
+                r.spec.is_elastic()
+                    && r.preempting.is_none()
+                    && r.placement.gpu_count() < r.spec.gpus
+            })
+            .map(|r| r.spec.id.clone())
+            .collect();
+        for id in growable {
+            if self.cluster.free_gpus() == 0 {
+                break;
+            }
+            let Some(r) = self.running.get(&id) else {
+                continue;
+            };
+            let filter = self.filter_for(&r.spec, r.start_s, r.limit_end_s());
+            let more = r.spec.gpus - r.placement.gpu_count();
+            let Some(extra) = self
+                .cluster
+                .find_growth(&r.placement, more, &r.spec.account, &filter)
+            else {
+                continue;
+            };
+            self.cluster.take(&extra);
+            let Some(r) = self.running.get_mut(&id) else {
+                continue;
+            };
+            accrue(&mut self.ledger, &mut self.windows, r, now);
+            r.placement.extend(&extra);
+            cycle.resized.push(Resized {
+                job_id: id,
+                allocation: self.cluster.to_allocation(&r.placement),
+                gpus: r.placement.gpu_count(),
+            });
+        }
+    }
+
+    /// The quota that keeps a job from starting now, if any.
+    fn quota_hold(&self, spec: &JobSpec, now: UnixSeconds) -> Option<PendingReason> {
+        if self.at_job_limit(spec) {
+            return Some(PendingReason::AssocMaxJobsLimit);
+        }
+        let account = self.tenants.account(&spec.account)?;
+        let project_quota = spec
+            .project
+            .as_ref()
+            .and_then(|p| account.projects.iter().find(|q| &q.id == p))
+            .map(|p| &p.quota);
+        let scopes = std::iter::once(((spec.account.clone(), None), &account.quota)).chain(
+            project_quota.map(|q| ((spec.account.clone(), spec.project.clone()), q)),
+        );
+        for (key, quota) in scopes {
+            if let Some(reason) = self.gpu_hours_hold(spec, &key, quota, now) {
+                return Some(reason);
+            }
+        }
+        None
+    }
+
+    fn gpu_hours_hold(
+        &self,
+        spec: &JobSpec,
+        key: &WindowKey,
+        quota: &Quota,
+        now: UnixSeconds,
+    ) -> Option<PendingReason> {
+        if quota.gpu_hours_per_day.is_none() && quota.gpu_hours_per_week.is_none() {
+            return None;
+        }
+        let today = day_of(now);
+        let day_end = (today + 1) * DAY_S;
+        let gpus = i64::from(spec.min_size());
+        let limit_end = now.saturating_add(spec.time_limit_s as i64);
+        // Running jobs count for what they may still use: up to their time limits.
+        let committed = |until: UnixSeconds| -> i64 {
+            self.running
+                .values()
+                .filter(|r| {
+                    r.spec.account == key.0 && (key.1.is_none() || r.spec.project == key.1)
+                })
+                .map(|r| {
+                    i64::from(r.placement.gpu_count())
+                        * (r.limit_end_s().min(until) - r.accrued_until).max(0)
+                })
+                .sum()
+        };
+        if let Some(limit) = quota.gpu_hours_per_day {
+            let used = self.windows.day(key, today) + committed(day_end);
+            let need = gpus * (limit_end.min(day_end) - now);
+            if used + need > limit as i64 * 3600 {
+                return Some(PendingReason::AssocGrpGpuHoursDay);
+            }
+        }
+        if let Some(limit) = quota.gpu_hours_per_week {
+            let used = self.windows.week(key, today) + committed(UnixSeconds::MAX);
+            let need = gpus * spec.time_limit_s as i64;
+            if used + need > limit as i64 * 3600 {
+                return Some(PendingReason::AssocGrpGpuHoursWeek);
+            }
+        }
+        None
     }
 
     fn at_job_limit(&self, spec: &JobSpec) -> bool {
@@ -492,46 +1144,49 @@ impl Scheduler {
         account_running >= account_limit || project_running >= limit
     }
 
-    /// The earliest time the head job could start if running jobs end at their limits, and the
-    /// cluster as it would be then.
-    fn reserve_for(&self, head: &JobSpec) -> Option<Reservation> {
-        let mut by_end: Vec<&RunningJob> = self.running.values().collect();
-        by_end.sort_by_key(|j| (j.limit_end_s(), j.spec.id.clone()));
-        let mut future = self.cluster.clone();
-        for job in by_end {
-            future.release(&job.placement);
-            if future.find(head.gpus, &head.account).is_some() {
-                return Some(Reservation {
-                    start_s: job.limit_end_s(),
-                    cluster_at_start: future,
-                    head_gpus: head.gpus,
-                    head_account: head.account.clone(),
-                });
-            }
-        }
-        None
+    /// Slurm's multifactor priority: fair share (the account's `weight / (1 + usage /
+    /// factor)` over the largest weight), age (up to `max_age`), size (share of the cluster)
+    /// and the quota's priority (1-100), each in [0, 1] times its weight.
+    pub fn job_priority(&self, spec: &JobSpec, fair_share: f64, now: UnixSeconds) -> f64 {
+        let k = &self.knobs;
+        let age = ((now - spec.submit_s).max(0) as f64 / k.max_age.as_secs().max(1) as f64).min(1.0);
+        let size = f64::from(spec.min_size()) / f64::from(self.cluster.total_gpus().max(1));
+        let quota_priority = self
+            .tenants
+            .effective_quota(&spec.account, spec.project.as_ref())
+            .and_then(|q| q.priority)
+            .map_or(0.5, |p| f64::from(p) / 100.0);
+        f64::from(k.weight_fair_share) * fair_share
+            + f64::from(k.weight_age) * age
+            + f64::from(k.weight_job_size) * size
+            + f64::from(k.weight_quota_priority) * quota_priority
     }
 
     fn order_pending(&mut self, now: UnixSeconds) {
-        let policy = self.options.policy;
-        let priorities: HashMap<AccountId, f64> = match policy {
-            Policy::Fifo => HashMap::new(),
-            Policy::FairShare => self
+        if self.options.policy == Policy::FairShare {
+            let fair_share: HashMap<AccountId, f64> = self
                 .tenants
                 .accounts()
                 .map(|a| {
                     (
                         a.id.clone(),
-                        self.ledger.priority(&a.id, f64::from(a.weight), now),
+                        self.ledger.priority(&a.id, f64::from(a.weight), now) / self.max_weight,
                     )
                 })
-                .collect(),
-        };
-        // Each job's fair-share priority is looked up once per cycle, not at every comparison;
-        // the queue is mostly in order already, which the stable sort exploits.
-        for job in &mut self.pending {
-            job.priority = priorities.get(&job.spec.account).copied().unwrap_or(0.0);
+                .collect();
+            let scores: Vec<f64> = self
+                .pending
+                .iter()
+                .map(|j| {
+                    let fs = fair_share.get(&j.spec.account).copied().unwrap_or(0.0);
+                    self.job_priority(&j.spec, fs, now)
+                })
+                .collect();
+            for (job, score) in self.pending.iter_mut().zip(scores) {
+                job.priority = score;
+            }
         }
+        // The queue is mostly in order already, which the stable sort exploits.
         self.pending.sort_by(|a, b| {
             b.tier
                 .cmp(&a.tier)
@@ -541,13 +1196,11 @@ impl Scheduler {
         });
     }
 
-    /// Checks the scheduler's invariants; tests call it after every step.
+    /// Checks the scheduler's invariants; tests call it after every step: no GPU held twice,
+    /// every job within its size, quotas of running jobs and GPU-hours kept, reservations
+    /// honoured.
     pub fn check_invariants(&self) -> Result<(), String> {
-        let mut rebuilt = Cluster::new(
-            (0..self.cluster.node_count())
-                .map(|i| self.cluster.node_spec(i).clone())
-                .collect(),
-        );
+        let mut rebuilt = self.cluster.empty_like();
         for job in self.running.values() {
             if !rebuilt.is_free(&job.placement) {
                 return Err(format!(
@@ -555,70 +1208,136 @@ impl Scheduler {
                     job.spec.id
                 ));
             }
-            if job.placement.gpu_count() != job.spec.gpus {
+            let n = job.placement.gpu_count();
+            if n < job.spec.min_size() || n > job.spec.gpus {
                 return Err(format!(
-                    "job {} holds {} GPUs, asked {}",
+                    "job {} holds {n} GPUs, asked {}..={}",
                     job.spec.id,
-                    job.placement.gpu_count(),
+                    job.spec.min_size(),
                     job.spec.gpus
                 ));
             }
             rebuilt.take(&job.placement);
+            for r in self.reservations.iter() {
+                let on_reserved = job.placement.0.iter().any(|s| r.nodes.contains(&s.node));
+                if on_reserved && !r.admits(&job.spec.account, job.start_s, job.limit_end_s()) {
+                    return Err(format!(
+                        "job {} of {} runs on nodes of reservation {} in its window",
+                        job.spec.id, job.spec.account, r.name
+                    ));
+                }
+            }
         }
-        if rebuilt.free_gpus() != self.cluster.free_gpus() {
+        if rebuilt.free_gpus() != self.cluster.free_gpus() || !rebuilt.same_free(&self.cluster) {
             return Err(format!(
                 "free GPUs {} do not match running jobs (expected {})",
                 self.cluster.free_gpus(),
                 rebuilt.free_gpus()
             ));
         }
-        for (account, n) in &self.running_per_account {
-            let limit = self
-                .tenants
-                .account(account)
-                .and_then(|a| a.quota.max_running_jobs);
-            if limit.is_some_and(|l| *n > l) {
-                return Err(format!("account {account} runs {n} jobs, over its quota"));
+        for account in self.tenants.accounts() {
+            let n = self
+                .running_per_account
+                .get(&account.id)
+                .copied()
+                .unwrap_or(0);
+            let actual = self
+                .running
+                .values()
+                .filter(|j| j.spec.account == account.id)
+                .count() as u32;
+            if n != actual {
+                return Err(format!(
+                    "account {} counted {n} running jobs, has {actual}",
+                    account.id
+                ));
+            }
+            if account.quota.max_running_jobs.is_some_and(|l| n > l) {
+                return Err(format!("account {} runs {n} jobs, over its quota", account.id));
+            }
+            let today = day_of(self.last_cycle_s);
+            let key = (account.id.clone(), None);
+            if let Some(limit) = account.quota.gpu_hours_per_day {
+                let used = self.windows.day(&key, today);
+                if used > limit as i64 * 3600 {
+                    return Err(format!(
+                        "account {} used {used} GPU-seconds today, over its {limit} GPU-hours",
+                        account.id
+                    ));
+                }
+            }
+            for project in &account.projects {
+                let running = self
+                    .running
+                    .values()
+                    .filter(|j| {
+                        j.spec.account == account.id && j.spec.project.as_ref() == Some(&project.id)
+                    })
+                    .count() as u32;
+                if project.quota.max_running_jobs.is_some_and(|l| running > l) {
+                    return Err(format!(
+                        "project {}/{} runs {running} jobs, over its quota",
+                        account.id, project.id
+                    ));
+                }
             }
         }
         Ok(())
     }
 }
 
+/// Frees GPUs in a trial copy, where some may already be free.
+fn release_into(trial: &mut Cluster, placement: &Placement) {
+    trial.hold(placement);
+    trial.release(placement);
+}
+
+/// A job whose GPU-hours alone pass its quota's window could never start.
+fn check_gpu_hours_ever_fit(spec: &JobSpec, quota: &Quota) -> Result<(), Refusal> {
+    let gpus = u64::from(spec.min_size());
+    if let Some(limit) = quota.gpu_hours_per_day {
+        // At most one whole day of a run falls in one UTC day.
+        let asked = gpus * spec.time_limit_s.min(DAY_S as u64);
+        if asked > limit * 3600 {
+            return Err(Refusal::GpuHours {
+                asked: asked.div_ceil(3600),
+                limit,
+                what: "quota gpu_hours_per_day",
+            });
+        }
+    }
+    if let Some(limit) = quota.gpu_hours_per_week {
+        let asked = gpus * spec.time_limit_s;
+        if asked > limit * 3600 {
+            return Err(Refusal::GpuHours {
+                asked: asked.div_ceil(3600),
+                limit,
+                what: "quota gpu_hours_per_week",
+            });
+        }
+    }
+    Ok(())
+}
+
+fn accrue(ledger: &mut UsageLedger, windows: &mut UsageWindows, job: &mut RunningJob, now: UnixSeconds) {
+    let secs = now - job.accrued_until;
+    if secs <= 0 {
+        return;
+    }
+    let gpus = job.placement.gpu_count();
+    ledger.record(&job.spec.account, f64::from(gpus) * secs as f64, now);
+    windows.record(
+        &job.spec.account,
+        job.spec.project.as_ref(),
+        gpus,
+        job.accrued_until,
+        now,
+    );
+    job.accrued_until = now;
+}
+
 fn decrement<K: std::hash::Hash + Eq>(map: &mut HashMap<K, u32>, key: &K) {
     if let Some(n) = map.get_mut(key) {
         *n = n.saturating_sub(1);
-    }
-}
-
-/// The head job's reserved start (EASY backfill) and the cluster as it will be then.
-#[derive(Debug)]
-struct Reservation {
-    start_s: UnixSeconds,
-    cluster_at_start: Cluster,
-    head_gpus: u32,
-    head_account: AccountId,
-}
-
-impl Reservation {
-    /// A later job may start now if it ends before the reserved start, or if the head job still
-    /// fits at its reserved start with this job's GPUs held.
-    fn admits(&mut self, placement: &Placement, now: UnixSeconds, time_limit_s: u64) -> bool {
-        if now + time_limit_s as i64 <= self.start_s {
-            return true;
-        }
-        if !self.cluster_at_start.is_free(placement) {
-            return false;
-        }
-        self.cluster_at_start.take(placement);
-        if self
-            .cluster_at_start
-            .find(self.head_gpus, &self.head_account)
-            .is_none()
-        {
-            self.cluster_at_start.release(placement);
-            return false;
-        }
-        true
     }
 }

@@ -5,19 +5,27 @@
 //! - [`cluster`]: node-granular placement (best-fit packing, whole nodes for multi-node jobs,
 //!   dedicated pools);
 //! - [`fairshare`]: decayed usage and `weight / (1 + usage / factor)`;
-//! - [`core`]: admission with quota checks, queue order (FIFO or fair share within tiers),
-//!   Slurm-style pending reasons, EASY backfill;
+//! - [`core`]: admission with quota checks in every dimension, queue order (FIFO or the
+//!   multifactor priority within tiers), Slurm-style pending reasons, EASY and conservative
+//!   backfill (planned in `plan`), preemption with a checkpoint grace, elastic jobs;
+//! - [`reservation`]: advance reservations of nodes for accounts over a window;
+//! - [`windows`]: GPU-seconds per UTC day for the GPU-hour quotas;
 //! - [`sim`]: a discrete-event simulator over virtual time;
 //! - [`workload`]: a seeded generator of team workloads.
 
 pub mod cluster;
 pub mod core;
 pub mod fairshare;
+mod plan;
+pub mod reservation;
 pub mod sim;
 pub mod trace;
+pub mod windows;
 pub mod workload;
 
 pub use crate::core::{
-    JobSpec, PendingReason, Policy, Refusal, Scheduler, SchedulerOptions, Started,
+    Backfill, Cycle, JobSpec, PendingJob, PendingReason, Policy, Preemption, Refusal, Resized,
+    RunningJob, Scheduler, SchedulerOptions, Started,
 };
+pub use crate::reservation::{AdvanceReservation, NodeRequest, ReservationRequest};
 pub use crate::sim::{simulate, JobRecord, SimJob, SimResult};

@@ -135,17 +135,10 @@ pub fn parse_philly(
         let id = JobId::new(format!("p{:06}", jobs.len() + 1))
             .map_err(|e| err("timestamp", e.to_string()))?;
         jobs.push(SimJob {
-            spec: JobSpec {
-                id,
-                account,
-                project: None,
-                partition: None,
-                gpus,
-                time_limit_s: estimate.limit_s(run_time_s),
-                submit_s: submit,
-            },
+            spec: JobSpec::new(id, account, gpus, estimate.limit_s(run_time_s), submit),
             run_time_s,
             outcome: Outcome::Completed,
+            checkpoint_save_s: None,
         });
     }
     Ok(jobs)

@@ -109,6 +109,7 @@ impl WorkloadSpec {
                     ),
                     run_time_s: run,
                     outcome: Outcome::Completed,
+                    checkpoint_save_s: None,
                 },
             ));
         }
@@ -183,6 +184,7 @@ impl WorkloadSpec {
                     } else {
                         Outcome::Completed
                     },
+                    checkpoint_save_s: None,
                 },
             ));
         }
@@ -205,5 +207,8 @@ fn draft_spec(
         gpus,
         time_limit_s,
         submit_s,
+        min_gpus: None,
+        grace_s: None,
+        checkpoint_every_s: None,
     }
 }

@@ -2,7 +2,9 @@
 //! every step (no GPU held twice, allocations match requests, quotas kept).
 
 use gpuledger_model::{AccountId, ClusterConfig, JobId, ProjectId};
-use gpuledger_scheduler::{JobSpec, PendingReason, Refusal, Scheduler, SchedulerOptions, Started};
+use gpuledger_scheduler::{
+    Cycle, JobSpec, PendingReason, Refusal, Scheduler, SchedulerOptions, Started,
+};
 use proptest::prelude::*;
 
 fn config(nodes: u32) -> ClusterConfig {
@@ -66,15 +68,7 @@ impl Harness {
     fn spec(&mut self, account: &str, gpus: u32, limit_h: u64, t: i64) -> JobSpec {
         let id = JobId::new(self.next.to_string()).unwrap();
         self.next += 1;
-        JobSpec {
-            id,
-            account: AccountId::new(account).unwrap(),
-            project: None,
-            partition: None,
-            gpus,
-            time_limit_s: limit_h * 3600,
-            submit_s: t,
-        }
+        JobSpec::new(id, AccountId::new(account).unwrap(), gpus, limit_h * 3600, t)
     }
 
     fn submit(&mut self, account: &str, gpus: u32, limit_h: u64, t: i64) -> JobId {
@@ -85,9 +79,13 @@ impl Harness {
     }
 
     fn step(&mut self, t: i64) -> Vec<Started> {
-        let started = self.sched.schedule(t);
+        self.cycle(t).started
+    }
+
+    fn cycle(&mut self, t: i64) -> Cycle {
+        let cycle = self.sched.schedule(t);
         self.sched.check_invariants().expect("invariants hold");
-        started
+        cycle
     }
 
     fn finish(&mut self, id: &JobId, t: i64) {

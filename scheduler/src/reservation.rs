@@ -1,0 +1,230 @@
+//! Advance reservations: a window, nodes (a count or names) and the accounts that may use them,
+//! as Slurm's `scontrol create reservation`. Inside the window only those accounts run there,
+//! and only jobs that end by the window's end; outside it anyone may, as long as the job ends
+//! before the window starts.
+
+use gpuledger_model::time::UnixSeconds;
+use gpuledger_model::{AccountId, NodeId};
+
+use crate::cluster::{Cluster, NodeFilter};
+
+/// Which nodes a reservation asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NodeRequest {
+    /// Any this many nodes; the scheduler picks ones free for the window.
+    Count(u32),
+    Names(Vec<NodeId>),
+}
+
+/// A reservation as asked for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReservationRequest {
+    pub name: String,
+    pub start_s: UnixSeconds,
+    pub end_s: UnixSeconds,
+    /// The first account is the owner, billed for what goes unused.
+    pub accounts: Vec<AccountId>,
+    pub nodes: NodeRequest,
+}
+
+/// A reservation in force, with its nodes chosen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AdvanceReservation {
+    pub name: String,
+    pub start_s: UnixSeconds,
+    pub end_s: UnixSeconds,
+    pub accounts: Vec<AccountId>,
+    /// Node indices in the cluster.
+    pub nodes: Vec<usize>,
+}
+
+impl AdvanceReservation {
+    pub fn owner(&self) -> &AccountId {
+        &self.accounts[0]
+    }
+
+    fn overlaps(&self, start: UnixSeconds, end: UnixSeconds) -> bool {
+        self.start_s < end && self.end_s > start
+    }
+
+    /// True when a job of `account` running `[start, end)` may use this reservation's nodes.
+    pub fn admits(&self, account: &AccountId, start: UnixSeconds, end: UnixSeconds) -> bool {
+        if !self.overlaps(start, end) {
+            return true;
+        }
+        self.accounts.contains(account) && start >= self.start_s && end <= self.end_s
+    }
+}
+
+/// Why a reservation was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ReservationError {
+    #[error("reservation `{0}` already exists")]
+    Duplicate(String),
+    #[error("reservation name must not be empty")]
+    NoName,
+    #[error("the window must end after it starts")]
+    EmptyWindow,
+    #[error("a reservation needs at least one account")]
+    NoAccounts,
+    #[error("account `{0}` does not exist")]
+    UnknownAccount(AccountId),
+    #[error("node `{0}` does not exist")]
+    UnknownNode(String),
+    #[error("node `{node}` is already reserved by `{by}` in that window")]
+    NodeReserved { node: String, by: String },
+    #[error("node `{node}` is dedicated to another account")]
+    NodeDedicated { node: String },
+    #[error("node `{node}` runs job {job} into the window")]
+    JobInTheWay { node: String, job: String },
+    #[error("{asked} nodes asked, {available} are free for the whole window")]
+    NotEnoughNodes { asked: u32, available: u32 },
+    #[error("a reservation needs at least one node")]
+    NoNodes,
+}
+
+/// The reservations in force.
+#[derive(Clone, Debug, Default)]
+pub struct Reservations {
+    list: Vec<AdvanceReservation>,
+}
+
+impl Reservations {
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &AdvanceReservation> {
+        self.list.iter()
+    }
+
+    pub fn get(&self, name: &str) -> Option<&AdvanceReservation> {
+        self.list.iter().find(|r| r.name == name)
+    }
+
+    pub fn remove(&mut self, name: &str) -> Option<AdvanceReservation> {
+        let at = self.list.iter().position(|r| r.name == name)?;
+        Some(self.list.remove(at))
+    }
+
+    /// Drops reservations that ended before `now`.
+    pub fn expire(&mut self, now: UnixSeconds) {
+        self.list.retain(|r| r.end_s > now);
+    }
+
+    /// Start and end times, where what a job may use changes.
+    pub fn boundaries(&self) -> Vec<UnixSeconds> {
+        self.list.iter().flat_map(|r| [r.start_s, r.end_s]).collect()
+    }
+
+    /// The nodes a job of `account` running `[start, end)` may not use.
+    pub fn filter(
+        &self,
+        cluster: &Cluster,
+        account: &AccountId,
+        start: UnixSeconds,
+        end: UnixSeconds,
+    ) -> NodeFilter {
+        let mut filter = NodeFilter::none();
+        for r in &self.list {
+            if !r.admits(account, start, end) {
+                for &n in &r.nodes {
+                    filter.block(n, cluster.node_count());
+                }
+            }
+        }
+        filter
+    }
+
+    /// Checks a request and chooses its nodes. `busy_until(node)` is when the last job running
+    /// there reaches its time limit (or `None` when nothing runs there).
+    pub fn add(
+        &mut self,
+        req: ReservationRequest,
+        cluster: &Cluster,
+        account_exists: impl Fn(&AccountId) -> bool,
+        running_into: impl Fn(usize) -> Option<(UnixSeconds, String)>,
+    ) -> Result<&AdvanceReservation, ReservationError> {
+        if req.name.trim().is_empty() {
+            return Err(ReservationError::NoName);
+        }
+        if self.get(&req.name).is_some() {
+            return Err(ReservationError::Duplicate(req.name));
+        }
+        if req.end_s <= req.start_s {
+            return Err(ReservationError::EmptyWindow);
+        }
+        let Some(owner) = req.accounts.first() else {
+            return Err(ReservationError::NoAccounts);
+        };
+        if let Some(unknown) = req.accounts.iter().find(|a| !account_exists(a)) {
+            return Err(ReservationError::UnknownAccount(unknown.clone()));
+        }
+        let problem = |node: usize| -> Option<ReservationError> {
+            let name = cluster.node_spec(node).id.to_string();
+            if let Some(r) = self
+                .list
+                .iter()
+                .find(|r| r.overlaps(req.start_s, req.end_s) && r.nodes.contains(&node))
+            {
+                return Some(ReservationError::NodeReserved {
+                    node: name,
+                    by: r.name.clone(),
+                });
+            }
+            if !cluster.usable_by(node, owner) {
+                return Some(ReservationError::NodeDedicated { node: name });
+            }
+            match running_into(node) {
+                Some((until, job)) if until > req.start_s => {
+                    Some(ReservationError::JobInTheWay { node: name, job })
+                }
+                _ => None,
+            }
+        };
+        let nodes = match &req.nodes {
+            NodeRequest::Names(names) => {
+                if names.is_empty() {
+                    return Err(ReservationError::NoNodes);
+                }
+                let mut nodes = Vec::with_capacity(names.len());
+                for name in names {
+                    let node = cluster
+                        .node_index(name.as_str())
+                        .ok_or_else(|| ReservationError::UnknownNode(name.to_string()))?;
+                    if let Some(e) = problem(node) {
+                        return Err(e);
+                    }
+                    nodes.push(node);
+                }
+                nodes
+            }
+            NodeRequest::Count(0) => return Err(ReservationError::NoNodes),
+            NodeRequest::Count(n) => {
+                // From the top of the node list down, so that the packing of small jobs from
+                // the bottom keeps away from reserved nodes.
+                let free: Vec<usize> = (0..cluster.node_count())
+                    .rev()
+                    .filter(|node| problem(*node).is_none())
+                    .collect();
+                if free.len() < *n as usize {
+                    return Err(ReservationError::NotEnoughNodes {
+                        asked: *n,
+                        available: free.len() as u32,
+                    });
+                }
+                let mut nodes: Vec<usize> = free.into_iter().take(*n as usize).collect();
+                nodes.sort_unstable();
+                nodes
+            }
+        };
+        self.list.push(AdvanceReservation {
+            name: req.name,
+            start_s: req.start_s,
+            end_s: req.end_s,
+            accounts: req.accounts,
+            nodes,
+        });
+        Ok(self.list.last().unwrap_or_else(|| unreachable!()))
+    }
+}
