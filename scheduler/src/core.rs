@@ -232,6 +232,9 @@ pub struct PendingJob {
     pub estimated_start_s: Option<UnixSeconds>,
     /// Times it was preempted and requeued.
     pub preemptions: u32,
+    /// It has already preempted jobs during this wait; it does not preempt again before it
+    /// starts, so no two jobs can preempt each other's victims in a loop.
+    pub has_preempted: bool,
 }
 
 /// A running job being preempted: signalled, and killed at `kill_s` unless it exits first.
@@ -350,8 +353,17 @@ pub struct Scheduler {
     running_per_account: HashMap<AccountId, u32>,
     running_per_project: HashMap<(AccountId, ProjectId), u32>,
     /// Preemptors waiting for their victims to exit.
-    claims: HashMap<JobId, Vec<JobId>>,
+    claims: HashMap<JobId, Claim>,
     last_cycle_s: UnixSeconds,
+}
+
+/// A preemptor waiting for its victims: it counts as running against its quota meanwhile, so
+/// that its own account's jobs do not take the slot its victims paid for.
+#[derive(Clone, Debug)]
+struct Claim {
+    account: AccountId,
+    project: Option<ProjectId>,
+    victims: Vec<JobId>,
 }
 
 /// Candidate sizes of a job, largest first: its size, or for an elastic job every size from
@@ -483,6 +495,7 @@ impl Scheduler {
             reason: PendingReason::None,
             estimated_start_s: None,
             preemptions,
+            has_preempted: false,
         });
         Ok(())
     }
@@ -639,6 +652,7 @@ impl Scheduler {
             reason: PendingReason::None,
             estimated_start_s: None,
             preemptions: job.preemptions + 1,
+            has_preempted: false,
         });
         true
     }
@@ -661,7 +675,12 @@ impl Scheduler {
         // Within a cycle placement only gets harder (jobs start, plans are added), so a job of
         // an account is hopeless where one no larger and no longer already failed.
         let mut failures: HashMap<AccountId, Vec<(u32, u64)>> = HashMap::new();
-        let pending = std::mem::take(&mut self.pending);
+        let mut pending = std::mem::take(&mut self.pending);
+        // A preemptor goes first: its victims' GPUs are freed for it, and a job ahead of it
+        // in the queue planning onto them would make it preempt again, in a loop.
+        if !self.claims.is_empty() {
+            pending.sort_by_key(|j| !self.claims.contains_key(&j.spec.id));
+        }
         let mut keep = Vec::with_capacity(pending.len());
         for mut job in pending {
             job.estimated_start_s = None;
@@ -680,6 +699,11 @@ impl Scheduler {
                 .get(&job.spec.account)
                 .is_some_and(|f| f.iter().any(|(g, l)| min >= *g && limit >= *l));
             let draining = self.claim_draining(&job.spec.id);
+            if !draining {
+                // Its victims are gone: it goes first this cycle (sorted above), and if it
+                // still cannot start the claim lapses rather than hold a quota slot for ever.
+                self.claims.remove(&job.spec.id);
+            }
             if !hopeless && !draining {
                 if let Some(p) = self.place_now(&job.spec, now, plan.as_ref()) {
                     let backfilled = plan.as_ref().is_some_and(Plan::has_holds);
@@ -695,7 +719,7 @@ impl Scheduler {
                     cycle.started.push(started);
                     continue;
                 }
-                if self.knobs.preemption {
+                if self.knobs.preemption && !job.has_preempted {
                     let window = match plan.as_ref() {
                         Some(p) => p.window_now(&self.cluster, limit).into_owned(),
                         None => self.cluster.clone(),
@@ -714,6 +738,7 @@ impl Scheduler {
                         cycle.started.push(started);
                         continue;
                     }
+                    job.has_preempted = self.claims.contains_key(&job.spec.id);
                 }
             }
             let entry = failures.entry(job.spec.account.clone()).or_default();
@@ -778,7 +803,22 @@ impl Scheduler {
             Some(p) => p.window_now(&self.cluster, limit),
             None => Cow::Borrowed(&self.cluster),
         };
-        sizes(spec, self.cluster.gpus_per_node_max())
+        let candidates = sizes(spec, self.cluster.gpus_per_node_max());
+        if !self.reservations.is_empty() {
+            let end = now.saturating_add(limit as i64);
+            if let Some(reserved) =
+                self.reservations
+                    .usable_reserved(&self.cluster, &spec.account, now, end)
+            {
+                if let Some(p) = candidates
+                    .iter()
+                    .find_map(|g| window.find(*g, &spec.account, &reserved))
+                {
+                    return Some(p);
+                }
+            }
+        }
+        candidates
             .into_iter()
             .find_map(|g| window.find(g, &spec.account, &filter))
     }
@@ -803,15 +843,17 @@ impl Scheduler {
     }
 
     /// True while a preemptor waits for victims that have not exited yet.
-    fn claim_draining(&mut self, id: &JobId) -> bool {
-        let Some(victims) = self.claims.get(id) else {
+    fn claim_draining(&self, id: &JobId) -> bool {
+        let Some(claim) = self.claims.get(id) else {
             return false;
         };
-        if victims.iter().any(|v| self.running.contains_key(v)) {
-            return true;
-        }
-        self.claims.remove(id);
-        false
+        let still_exiting = claim.victims.iter().any(|v| {
+            self.running
+                .get(v)
+                .and_then(|r| r.preempting.as_ref())
+                .is_some_and(|p| &p.by == id)
+        });
+        still_exiting
     }
 
     fn grace_s(&self, job: &RunningJob) -> u64 {
@@ -912,6 +954,33 @@ impl Scheduler {
                 release_into(&mut trial, &chosen[i].frees);
             }
         }
+        // Shrink elastic jobs no further than needed: the largest size that still lets the job
+        // fit.
+        for c in chosen.iter_mut() {
+            let (Some(min_keep), Some(r)) = (c.shrink_to, self.running.get(&c.id)) else {
+                continue;
+            };
+            trial.hold(&c.frees);
+            let count = r.placement.gpu_count();
+            let step = if count > self.cluster.gpus_per_node_max() {
+                self.cluster.gpus_per_node_max().max(1)
+            } else {
+                1
+            };
+            let mut keep = count.saturating_sub(step).max(min_keep);
+            loop {
+                let mut kept = r.placement.clone();
+                let frees = kept.shrink_to(keep);
+                release_into(&mut trial, &frees);
+                if fits(&trial) || keep == min_keep {
+                    c.frees = frees;
+                    c.shrink_to = Some(keep);
+                    break;
+                }
+                trial.hold(&frees);
+                keep = keep.saturating_sub(step).max(min_keep);
+            }
+        }
         let mut victims = Vec::new();
         for c in chosen {
             let grace = self
@@ -958,7 +1027,14 @@ impl Scheduler {
         if victims.is_empty() {
             return self.place_now(&job.spec, now, plan.as_ref());
         }
-        self.claims.insert(job.spec.id.clone(), victims);
+        self.claims.insert(
+            job.spec.id.clone(),
+            Claim {
+                account: job.spec.account.clone(),
+                project: job.spec.project.clone(),
+                victims,
+            },
+        );
         None
     }
 
@@ -1122,11 +1198,22 @@ impl Scheduler {
         let Some(limit) = quota.max_running_jobs else {
             return false;
         };
+        let claimed = |project: Option<&ProjectId>| -> u32 {
+            self.claims
+                .iter()
+                .filter(|(id, c)| {
+                    *id != &spec.id
+                        && c.account == spec.account
+                        && (project.is_none() || c.project.as_ref() == project)
+                })
+                .count() as u32
+        };
         let account_running = self
             .running_per_account
             .get(&spec.account)
             .copied()
-            .unwrap_or(0);
+            .unwrap_or(0)
+            + claimed(None);
         let account_limit = self
             .tenants
             .account(&spec.account)
@@ -1140,6 +1227,7 @@ impl Scheduler {
                     .get(&(spec.account.clone(), p.clone()))
             })
             .copied()
+            .map(|n| n + claimed(spec.project.as_ref()))
             .unwrap_or(account_running);
         account_running >= account_limit || project_running >= limit
     }
@@ -1192,7 +1280,7 @@ impl Scheduler {
                 .cmp(&a.tier)
                 .then_with(|| b.priority.total_cmp(&a.priority))
                 .then_with(|| a.spec.submit_s.cmp(&b.spec.submit_s))
-                .then_with(|| a.spec.id.cmp(&b.spec.id))
+                .then_with(|| id_order(&a.spec.id, &b.spec.id))
         });
     }
 
@@ -1284,6 +1372,11 @@ impl Scheduler {
         }
         Ok(())
     }
+}
+
+/// Job ids in submission order: numeric ids (Slurm's) by value, so `10` comes after `9`.
+fn id_order(a: &JobId, b: &JobId) -> std::cmp::Ordering {
+    (a.as_str().len(), a).cmp(&(b.as_str().len(), b))
 }
 
 /// Frees GPUs in a trial copy, where some may already be free.

@@ -136,6 +136,41 @@ impl Reservations {
         filter
     }
 
+    /// Only the reserved nodes a job of `account` running `[start, end)` may use: a job that
+    /// ends before a reservation starts, or runs inside its own, goes there first and leaves
+    /// the other nodes to jobs that cannot. `None` when there are none.
+    pub fn usable_reserved(
+        &self,
+        cluster: &Cluster,
+        account: &AccountId,
+        start: UnixSeconds,
+        end: UnixSeconds,
+    ) -> Option<NodeFilter> {
+        let mut usable = vec![false; cluster.node_count()];
+        for r in self.list.iter().filter(|r| r.end_s > start) {
+            if r.admits(account, start, end) {
+                for &n in &r.nodes {
+                    usable[n] = true;
+                }
+            }
+        }
+        for r in self.list.iter().filter(|r| !r.admits(account, start, end)) {
+            for &n in &r.nodes {
+                usable[n] = false;
+            }
+        }
+        if !usable.iter().any(|u| *u) {
+            return None;
+        }
+        let mut filter = NodeFilter::none();
+        for (n, ok) in usable.iter().enumerate() {
+            if !ok {
+                filter.block(n, cluster.node_count());
+            }
+        }
+        Some(filter)
+    }
+
     /// Checks a request and chooses its nodes. `busy_until(node)` is when the last job running
     /// there reaches its time limit (or `None` when nothing runs there).
     pub fn add(

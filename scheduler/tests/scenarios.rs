@@ -1,14 +1,20 @@
 //! Scheduler scenarios built from a small harness; the scheduler's invariants are checked after
-//! every step (no GPU held twice, allocations match requests, quotas kept).
+//! every step (no GPU held twice, allocations within each job's size, quotas kept,
+//! reservations honoured).
 
+mod common;
+
+use common::{Harness, H};
 use gpuledger_model::{AccountId, ClusterConfig, JobId, ProjectId};
-use gpuledger_scheduler::{
-    Cycle, JobSpec, PendingReason, Refusal, Scheduler, SchedulerOptions, Started,
-};
+use gpuledger_scheduler::{NodeRequest, PendingReason, Refusal, ReservationRequest};
 use proptest::prelude::*;
 
 fn config(nodes: u32) -> ClusterConfig {
-    let src = format!(
+    ClusterConfig::from_toml_str(&config_source(nodes), "t.toml").expect("valid test config")
+}
+
+fn config_source(nodes: u32) -> String {
+    format!(
         r#"version = 1
 [cluster]
 name = "t"
@@ -47,70 +53,23 @@ weight = 1
 id = "c"
 name = "C"
 weight = 1
+[[accounts]]
+id = "d"
+name = "D"
+weight = 1
+quota = {{ gpu_hours_per_day = 100 }}
 "#
-    );
-    ClusterConfig::from_toml_str(&src, "t.toml").expect("valid test config")
+    )
 }
 
-struct Harness {
-    sched: Scheduler,
-    next: u32,
+fn harness(nodes: u32, policy: &str) -> Harness {
+    Harness::with_config(&config(nodes), policy)
 }
 
-impl Harness {
-    fn new(nodes: u32, policy: &str) -> Self {
-        Harness {
-            sched: Scheduler::new(&config(nodes), SchedulerOptions::parse(policy).unwrap()),
-            next: 1,
-        }
-    }
-
-    fn spec(&mut self, account: &str, gpus: u32, limit_h: u64, t: i64) -> JobSpec {
-        let id = JobId::new(self.next.to_string()).unwrap();
-        self.next += 1;
-        JobSpec::new(id, AccountId::new(account).unwrap(), gpus, limit_h * 3600, t)
-    }
-
-    fn submit(&mut self, account: &str, gpus: u32, limit_h: u64, t: i64) -> JobId {
-        let spec = self.spec(account, gpus, limit_h, t);
-        let id = spec.id.clone();
-        self.sched.submit(spec).expect("admitted");
-        id
-    }
-
-    fn step(&mut self, t: i64) -> Vec<Started> {
-        self.cycle(t).started
-    }
-
-    fn cycle(&mut self, t: i64) -> Cycle {
-        let cycle = self.sched.schedule(t);
-        self.sched.check_invariants().expect("invariants hold");
-        cycle
-    }
-
-    fn finish(&mut self, id: &JobId, t: i64) {
-        assert!(self.sched.finish(id, t).is_some());
-        self.sched.check_invariants().expect("invariants hold");
-    }
-
-    fn reason(&self, id: &JobId) -> Option<PendingReason> {
-        self.sched
-            .pending()
-            .iter()
-            .find(|p| &p.spec.id == id)
-            .map(|p| p.reason)
-    }
-
-    fn is_running(&self, id: &JobId) -> bool {
-        self.sched.running_job(id).is_some()
-    }
-}
-
-const H: i64 = 3600;
 
 #[test]
 fn without_backfill_the_head_job_blocks_the_queue() {
-    let mut h = Harness::new(2, "fifo");
+    let mut h = harness(2, "fifo");
     let first = h.submit("a", 8, 10, 0);
     let big = h.submit("b", 16, 10, 1);
     let small = h.submit("c", 1, 1, 2);
@@ -126,7 +85,7 @@ fn without_backfill_the_head_job_blocks_the_queue() {
 
 #[test]
 fn backfill_fills_the_gap_without_delaying_the_head_job() {
-    let mut h = Harness::new(2, "fifo+backfill");
+    let mut h = harness(2, "fifo+backfill");
     let first = h.submit("a", 8, 10, 0);
     h.step(0);
     let head = h.submit("b", 16, 10, 1);
@@ -153,7 +112,7 @@ fn backfill_fills_the_gap_without_delaying_the_head_job() {
 
 #[test]
 fn fair_share_puts_the_light_user_first() {
-    let mut h = Harness::new(1, "fairshare");
+    let mut h = harness(1, "fairshare");
     // b has used the whole node for 100 hours; c nothing.
     let hog = h.submit("b", 8, 200, 0);
     h.step(0);
@@ -173,7 +132,7 @@ fn fair_share_puts_the_light_user_first() {
 
 #[test]
 fn a_higher_tier_goes_first() {
-    let mut h = Harness::new(1, "fairshare");
+    let mut h = harness(1, "fairshare");
     let running = h.submit("a", 8, 1, 0);
     h.step(0);
     let train = h.submit("b", 8, 1, 10);
@@ -189,7 +148,7 @@ fn a_higher_tier_goes_first() {
 
 #[test]
 fn jobs_that_can_never_run_are_refused_with_the_reason() {
-    let mut h = Harness::new(2, "fifo");
+    let mut h = harness(2, "fifo");
     let too_big = h.spec("a", 65, 1, 0);
     assert_eq!(
         h.sched.submit(too_big),
@@ -230,7 +189,7 @@ fn jobs_that_can_never_run_are_refused_with_the_reason() {
 
 #[test]
 fn the_running_jobs_quota_holds_jobs_with_its_reason() {
-    let mut h = Harness::new(2, "fifo");
+    let mut h = harness(2, "fifo");
     let ids: Vec<JobId> = (0..4).map(|i| h.submit("a", 1, 1, i)).collect();
     let other = h.submit("b", 1, 1, 10);
     h.step(10);
@@ -255,48 +214,379 @@ fn the_running_jobs_quota_holds_jobs_with_its_reason() {
     assert_eq!(in_project.iter().filter(|id| h.is_running(id)).count(), 2);
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(48))]
-    #[test]
-    fn invariants_hold_on_random_workloads(
-        jobs in proptest::collection::vec((0usize..3, prop_oneof![Just(1u32), Just(2), Just(4), Just(8), Just(16), Just(24)], 1u64..12, 0i64..48), 1..60),
-        policy in prop_oneof![Just("fifo"), Just("fairshare"), Just("fifo+backfill"), Just("fairshare+backfill")],
-    ) {
-        let mut h = Harness::new(4, policy);
-        let accounts = ["a", "b", "c"];
-        let mut submitted: Vec<(i64, usize, u32, u64)> = jobs.iter().map(|(a, g, l, t)| (*t * H / 4, *a, *g, *l)).collect();
-        submitted.sort();
-        let mut running: Vec<(i64, JobId)> = Vec::new();
-        let mut times: Vec<i64> = submitted.iter().map(|j| j.0).collect();
-        times.dedup();
-        let mut k = 0;
-        let mut t = 0;
-        let mut started_total = 0;
-        let admitted = submitted.len();
-        while started_total < admitted {
-            running.sort();
-            while let Some((end, id)) = running.first().cloned() {
-                if end > t { break; }
-                h.finish(&id, end);
-                running.remove(0);
+
+#[test]
+fn preemption_takes_the_job_that_loses_least_and_gives_it_grace() {
+    let mut h = harness(2, "fairshare+backfill");
+    let old = h.submit("a", 8, 10, 0);
+    let mut spec = h.spec("b", 8, 10, 0);
+    spec.checkpoint_every_s = Some(1800);
+    let checkpointing = h.submit_spec(spec);
+    h.step(0);
+    assert!(h.is_running(&old) && h.is_running(&checkpointing));
+    // 50 minutes in: `old` would lose 50 min, `checkpointing` 20 (it checkpointed at 30).
+    let t = 50 * 60;
+    let urgent = h.urgent("c", 8, 1, t);
+    let cycle = h.cycle(t);
+    assert!(cycle.started.is_empty(), "waits for the victim's grace");
+    assert_eq!(cycle.preempted.len(), 1, "frees no more than needed");
+    assert_eq!(cycle.preempted[0].job_id, checkpointing);
+    assert_eq!(cycle.preempted[0].by, urgent);
+    assert_eq!(cycle.preempted[0].kill_s, t + 300, "default grace");
+    assert_eq!(h.reason(&urgent), Some(PendingReason::Resources));
+    // While the victim drains nothing more is preempted, and the victim is not picked twice.
+    let again = h.cycle(t + 60);
+    assert!(again.preempted.is_empty() && again.started.is_empty());
+    h.requeue(&checkpointing, t + 90);
+    let started = h.step(t + 90);
+    assert_eq!(started.len(), 1);
+    assert_eq!(started[0].job_id, urgent);
+    let requeued = h.pending_job(&checkpointing).expect("requeued");
+    assert_eq!(requeued.preemptions, 1);
+    assert!(h.is_running(&old), "the job with more work at risk kept running");
+}
+
+#[test]
+fn preemption_respects_minimum_run_time_and_tiers() {
+    let mut h = harness(1, "fifo+backfill");
+    let young = h.submit("a", 8, 10, 0);
+    h.step(0);
+    let urgent = h.urgent("b", 8, 1, 300);
+    let cycle = h.cycle(300);
+    assert!(cycle.preempted.is_empty(), "ran 5 min, under min_run_time (10 min)");
+    assert_eq!(h.reason(&urgent), Some(PendingReason::Resources));
+    // A job of the same tier never preempts.
+    let same_tier = h.submit("c", 8, 1, 3600);
+    let cycle = h.cycle(3600);
+    assert_eq!(cycle.preempted.len(), 1, "the urgent job preempts once old enough");
+    assert_eq!(cycle.preempted[0].by, urgent);
+    assert_eq!(h.reason(&same_tier), Some(PendingReason::Priority));
+    h.requeue(&young, 3700);
+    assert_eq!(h.step(3700)[0].job_id, urgent);
+    // The requeued job (tier 20) cannot preempt the urgent one back: no loop.
+    let cycle = h.cycle(3700 + 3600);
+    assert!(cycle.preempted.is_empty());
+}
+
+#[test]
+fn a_partition_grace_and_a_job_grace_set_the_kill_deadline() {
+    let src = toml_with_grace();
+    let config = ClusterConfig::from_toml_str(&src, "g.toml").unwrap();
+    let mut h = Harness::with_config(&config, "fifo");
+    let mut spec = h.spec("a", 8, 10, 0);
+    spec.grace_s = Some(45);
+    let own = h.submit_spec(spec);
+    let by_partition = h.submit("b", 8, 10, 0);
+    h.step(0);
+    h.urgent("c", 16, 1, H);
+    let cycle = h.cycle(H);
+    let kill: Vec<(JobId, i64)> = cycle
+        .preempted
+        .iter()
+        .map(|p| (p.job_id.clone(), p.kill_s - H))
+        .collect();
+    assert_eq!(kill, vec![(own, 45), (by_partition, 120)]);
+}
+
+fn toml_with_grace() -> String {
+    let base = config_source(2);
+    base.replace(
+        "priority_tier = 20\ndefault = true",
+        "priority_tier = 20\ndefault = true\ngrace_time = \"2m\"",
+    )
+}
+
+#[test]
+fn elastic_jobs_start_small_grow_and_shrink_instead_of_dying() {
+    let mut h = harness(4, "fairshare+backfill");
+    let blocker = h.submit("a", 16, 2, 0);
+    let mut spec = h.spec("b", 32, 10, 0);
+    spec.min_gpus = Some(8);
+    let elastic = h.submit_spec(spec);
+    let started = h.step(0);
+    assert_eq!(started.len(), 2);
+    assert_eq!(h.gpus_of(&elastic), 16, "starts with what is free, at least its minimum");
+    h.finish(&blocker, 2 * H);
+    let cycle = h.cycle(2 * H);
+    assert_eq!(cycle.resized.len(), 1, "{cycle:?}");
+    assert_eq!(h.gpus_of(&elastic), 32, "grows into the freed nodes");
+    // A job of the same tier takes back what the elastic job borrowed: a shrink, no kill.
+    let newcomer = h.submit("c", 16, 1, 3 * H);
+    let cycle = h.cycle(3 * H);
+    assert!(cycle.preempted.is_empty());
+    assert_eq!(cycle.resized.len(), 1);
+    assert_eq!(cycle.resized[0].gpus, 16);
+    assert!(h.is_running(&newcomer));
+    assert!(h.is_running(&elastic));
+    // An urgent job shrinks it to its minimum, never below.
+    let urgent = h.urgent("a", 8, 1, 4 * H);
+    let cycle = h.cycle(4 * H);
+    assert!(cycle.preempted.is_empty(), "shrinking suffices");
+    assert!(h.is_running(&urgent));
+    assert_eq!(h.gpus_of(&elastic), 8);
+    h.sched.check_invariants().unwrap();
+}
+
+#[test]
+fn advance_reservations_keep_others_off_their_nodes_in_the_window() {
+    let mut h = harness(2, "fifo+backfill");
+    let res = h
+        .sched
+        .add_reservation(ReservationRequest {
+            name: "leadership".into(),
+            start_s: 10 * H,
+            end_s: 20 * H,
+            accounts: vec![AccountId::new("b").unwrap()],
+            nodes: NodeRequest::Count(1),
+        })
+        .unwrap();
+    assert_eq!(res.nodes, vec![1], "picked from the top");
+    // Two nodes for 12 h would cross the window: not now.
+    let wide = h.submit("a", 16, 12, 0);
+    // One that ends before the window may use the reserved node.
+    let before = h.submit("c", 8, 5, 0);
+    let long = h.submit("c", 8, 12, 0);
+    let started: Vec<JobId> = h.step(0).into_iter().map(|s| s.job_id).collect();
+    assert_eq!(started, vec![before.clone(), long.clone()]);
+    assert_eq!(h.reason(&wide), Some(PendingReason::ReqNodeNotAvail));
+    let on = |h: &Harness, id: &JobId| h.sched.running_job(id).unwrap().placement.0[0].node;
+    assert_eq!(on(&h, &before), 1);
+    assert_eq!(on(&h, &long), 0);
+    h.finish(&before, 5 * H);
+    // b's job inside the window runs on the reserved node; a's job of the same shape does not.
+    let outsider = h.submit("a", 8, 5, 10 * H);
+    let member = h.submit("b", 8, 5, 10 * H + 1);
+    let started = h.step(10 * H + 1);
+    assert_eq!(started.len(), 1);
+    assert_eq!(started[0].job_id, member);
+    assert!(!h.is_running(&outsider));
+    // Overlapping reservations of the same node, unknown nodes and accounts are refused.
+    let clash = h.sched.add_reservation(ReservationRequest {
+        name: "other".into(),
+        start_s: 15 * H,
+        end_s: 30 * H,
+        accounts: vec![AccountId::new("a").unwrap()],
+        nodes: NodeRequest::Names(vec!["n002".parse().unwrap()]),
+    });
+    assert!(clash.unwrap_err().to_string().contains("already reserved by `leadership`"));
+    let ghost = h.sched.add_reservation(ReservationRequest {
+        name: "ghost".into(),
+        start_s: 40 * H,
+        end_s: 50 * H,
+        accounts: vec![AccountId::new("zz").unwrap()],
+        nodes: NodeRequest::Count(1),
+    });
+    assert!(ghost.unwrap_err().to_string().contains("`zz` does not exist"));
+}
+
+#[test]
+fn conservative_backfill_plans_every_job_and_delays_none() {
+    let mut h = harness(2, "fifo+conservative");
+    let first = h.submit("a", 8, 10, 0);
+    h.step(0);
+    let wide = h.submit("b", 16, 5, 1); // planned at 10 h
+    let mid = h.submit("c", 8, 20, 2); // planned at 15 h (after wide)
+    let short = h.submit("b", 4, 4, 3); // fits now, ends before 10 h
+    let started = h.step(3);
+    assert_eq!(started.len(), 1);
+    assert_eq!(started[0].job_id, short);
+    assert_eq!(h.pending_job(&wide).unwrap().estimated_start_s, Some(10 * H));
+    assert_eq!(h.pending_job(&mid).unwrap().estimated_start_s, Some(15 * H));
+    // Under EASY only the first job waiting has a plan.
+    let mut easy = harness(2, "fifo+backfill");
+    easy.submit("a", 8, 10, 0);
+    easy.step(0);
+    let w = easy.submit("b", 16, 5, 1);
+    let m = easy.submit("c", 8, 20, 2);
+    easy.step(3);
+    assert_eq!(easy.pending_job(&w).unwrap().estimated_start_s, Some(10 * H));
+    assert_eq!(easy.pending_job(&m).unwrap().estimated_start_s, None);
+    h.finish(&first, 10 * H);
+    h.finish(&short, 3 + 4 * H);
+}
+
+#[test]
+fn gpu_hour_quotas_hold_jobs_with_their_reason_and_refuse_the_impossible() {
+    let mut h = harness(4, "fairshare");
+    // d may use 100 GPU-hours a UTC day: 8 GPUs x 10 h fits, a second one does not.
+    let t0 = 3 * 86_400;
+    let first = h.submit("d", 8, 10, t0);
+    let second = h.submit("d", 8, 10, t0);
+    h.step(t0);
+    assert!(h.is_running(&first));
+    assert_eq!(h.reason(&second), Some(PendingReason::AssocGrpGpuHoursDay));
+    let too_big = h.spec("d", 16, 8, t0);
+    assert!(matches!(
+        h.sched.submit(too_big),
+        Err(Refusal::GpuHours { limit: 100, .. })
+    ));
+    // The next UTC day the quota is fresh.
+    h.sched.accrue_usage(t0 + 10 * H);
+    h.finish(&first, t0 + 10 * H);
+    h.step(t0 + 10 * H);
+    assert_eq!(h.reason(&second), Some(PendingReason::AssocGrpGpuHoursDay), "80 used today");
+    h.sched.accrue_usage(t0 + 86_400);
+    assert_eq!(h.step(t0 + 86_400)[0].job_id, second);
+}
+
+/// What the test driver expects to happen next to a running job.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Due {
+    /// Ends at its time limit, if it is still in the run that started at `started`.
+    End { started: i64 },
+    /// A preempted job's process exits.
+    Exit,
+}
+
+/// Drives the scheduler like the simulator does: jobs run to their time limits, preempted jobs
+/// exit at their kill deadline and are requeued. Returns (jobs finished, preemptions as
+/// (victim, preemptor)).
+fn drive(h: &mut Harness, mut submitted: Vec<(i64, gpuledger_scheduler::JobSpec)>) -> (usize, Vec<(JobId, JobId)>) {
+    submitted.sort_by_key(|(t, s)| (*t, s.id.clone()));
+    let mut due: Vec<(i64, JobId, Due)> = Vec::new();
+    let mut started_at: std::collections::HashMap<JobId, i64> = Default::default();
+    let mut preemptions = Vec::new();
+    let mut finished = 0;
+    let mut k = 0;
+    let mut t = submitted.first().map(|s| s.0).unwrap_or(0);
+    for _ in 0..20_000 {
+        due.sort();
+        while let Some((at, id, what)) = due.first().cloned() {
+            if at > t {
+                break;
             }
-            while k < submitted.len() && submitted[k].0 <= t {
-                let (st, a, g, l) = submitted[k];
-                h.submit(accounts[a], g, l, st);
-                k += 1;
+            due.remove(0);
+            match what {
+                Due::End { started } => {
+                    if started_at.get(&id) == Some(&started) && h.is_running(&id) {
+                        h.finish(&id, at);
+                        finished += 1;
+                    }
+                }
+                Due::Exit => {
+                    if h.is_running(&id) {
+                        h.requeue(&id, at);
+                        started_at.remove(&id);
+                    }
+                }
+            }
+        }
+        while k < submitted.len() && submitted[k].0 <= t {
+            h.submit_spec(submitted[k].1.clone());
+            k += 1;
+        }
+        h.sched.accrue_usage(t);
+        let cycle = h.cycle(t);
+        for s in cycle.started {
+            let limit = h.sched.running_job(&s.job_id).unwrap().spec.time_limit_s as i64;
+            started_at.insert(s.job_id.clone(), t);
+            due.push((t + limit, s.job_id, Due::End { started: t }));
+        }
+        for p in cycle.preempted {
+            preemptions.push((p.job_id.clone(), p.by.clone()));
+            due.push((p.kill_s, p.job_id, Due::Exit));
+        }
+        let next_due = due.iter().map(|d| d.0).min().unwrap_or(i64::MAX);
+        let next_submit = submitted.get(k).map(|s| s.0).unwrap_or(i64::MAX);
+        let next = next_due.min(next_submit);
+        if next == i64::MAX {
+            break;
+        }
+        t = next;
+    }
+    (finished, preemptions)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test]
+    fn invariants_hold_and_preemption_never_loops(
+        jobs in proptest::collection::vec(
+            (0usize..3, prop_oneof![Just(1u32), Just(2), Just(4), Just(8), Just(16), Just(24)],
+             1u64..12, 0i64..48, 0u8..10, any::<bool>()),
+            1..50),
+        policy in prop_oneof![Just("fifo"), Just("fairshare"), Just("fifo+backfill"),
+                              Just("fairshare+backfill"), Just("fairshare+conservative")],
+    ) {
+        let mut h = harness(4, policy);
+        let accounts = ["a", "b", "c"];
+        let mut submitted = Vec::new();
+        let mut urgent_jobs = 0;
+        for (a, g, l, t, kind, elastic) in jobs {
+            let mut spec = h.spec(accounts[a], g, l, t * H / 4);
+            if kind == 0 {
+                spec.partition = Some("urgent".into());
+                urgent_jobs += 1;
+            } else if elastic && g >= 2 {
+                spec.min_gpus = Some(g / 2);
+            }
+            spec.checkpoint_every_s = Some(1800);
+            submitted.push((spec.submit_s, spec));
+        }
+        let admitted = submitted.len();
+        let gpus: std::collections::HashMap<JobId, u32> =
+            submitted.iter().map(|(_, s)| (s.id.clone(), s.gpus)).collect();
+        let (finished, preemptions) = drive(&mut h, submitted);
+        prop_assert_eq!(finished, admitted, "every admitted job eventually ran to its end");
+        // Only urgent jobs preempt; each frees no more GPUs than it needs (every victim holds
+        // at least one) and never preempts the same job twice: no loop.
+        let mut by_preemptor: std::collections::HashMap<JobId, Vec<JobId>> = Default::default();
+        for (victim, by) in &preemptions {
+            prop_assert_ne!(victim, by);
+            by_preemptor.entry(by.clone()).or_default().push(victim.clone());
+        }
+        prop_assert!(by_preemptor.len() <= urgent_jobs);
+        for (by, victims) in &by_preemptor {
+            let mut distinct = victims.clone();
+            distinct.sort();
+            distinct.dedup();
+            prop_assert_eq!(distinct.len(), victims.len(), "{} preempted a job twice", by);
+            prop_assert!(victims.len() as u32 <= gpus[by]);
+        }
+    }
+
+    #[test]
+    fn backfill_never_delays_a_planned_start(
+        jobs in proptest::collection::vec(
+            (0usize..2, prop_oneof![Just(1u32), Just(2), Just(4), Just(8), Just(12), Just(16), Just(32)], 1u64..12),
+            1..30),
+        policy in prop_oneof![Just("fifo+backfill"), Just("fifo+conservative")],
+    ) {
+        let mut h = harness(4, policy);
+        let accounts = ["b", "c"];
+        let mut planned: std::collections::HashMap<JobId, i64> = Default::default();
+        let ids: Vec<JobId> = jobs.iter().map(|(a, g, l)| h.submit(accounts[*a], *g, *l, 0)).collect();
+        let mut ends: Vec<(i64, JobId)> = Vec::new();
+        let mut t = 0;
+        let mut started = 0;
+        while started < ids.len() {
+            ends.sort();
+            while ends.first().is_some_and(|e| e.0 <= t) {
+                let (at, id) = ends.remove(0);
+                h.finish(&id, at);
             }
             for s in h.step(t) {
+                if let Some(plan) = planned.get(&s.job_id) {
+                    prop_assert!(t <= *plan, "job {} planned at {plan} started at {t}", s.job_id);
+                }
                 let limit = h.sched.running_job(&s.job_id).unwrap().spec.time_limit_s as i64;
-                running.push((t + limit, s.job_id));
-                started_total += 1;
+                ends.push((t + limit, s.job_id));
+                started += 1;
             }
-            let next_finish = running.iter().map(|r| r.0).min().unwrap_or(i64::MAX);
-            let next_submit = submitted.get(k).map(|s| s.0).unwrap_or(i64::MAX);
-            let next = next_finish.min(next_submit);
-            prop_assert!(next != i64::MAX || started_total == admitted, "jobs left pending with nothing running");
-            if next == i64::MAX { break; }
+            // The job first in line has the plan backfill protects: nothing that starts out of
+            // order may push it back. (Plans of jobs further back may move when a job ahead of
+            // them gets an earlier start.)
+            for p in h.sched.pending().iter().filter(|p| p.reason == PendingReason::Resources) {
+                if let Some(e) = p.estimated_start_s {
+                    planned.entry(p.spec.id.clone()).or_insert(e);
+                }
+            }
+            let Some(next) = ends.iter().map(|e| e.0).min() else { break };
             t = next;
         }
-        prop_assert_eq!(started_total, admitted, "every admitted job eventually ran");
+        prop_assert_eq!(started, ids.len());
     }
 }
+
+
+
