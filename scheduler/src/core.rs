@@ -17,9 +17,7 @@ use gpuledger_model::{AccountId, Allocation, JobId, ProjectId};
 use crate::cluster::{Cluster, NodeFilter, Placement};
 use crate::fairshare::{FairShareParams, UsageLedger};
 use crate::plan::Plan;
-use crate::reservation::{
-    AdvanceReservation, ReservationError, ReservationRequest, Reservations,
-};
+use crate::reservation::{AdvanceReservation, ReservationError, ReservationRequest, Reservations};
 use crate::windows::{day_of, UsageWindows, WindowKey, DAY_S};
 
 /// How the queue is ordered.
@@ -277,14 +275,10 @@ impl RunningJob {
     /// Seconds of work a preemption now would lose: since the last reported checkpoint, or the
     /// last periodic one, or the start.
     pub fn work_at_risk_s(&self, now: UnixSeconds) -> i64 {
-        let periodic = self
-            .spec
-            .checkpoint_every_s
-            .filter(|e| *e > 0)
-            .map(|e| {
-                let e = e as i64;
-                self.start_s + (now - self.start_s).max(0) / e * e
-            });
+        let periodic = self.spec.checkpoint_every_s.filter(|e| *e > 0).map(|e| {
+            let e = e as i64;
+            self.start_s + (now - self.start_s).max(0) / e * e
+        });
         let last = self
             .last_checkpoint_s
             .max(periodic)
@@ -373,9 +367,17 @@ fn sizes(spec: &JobSpec, gpus_per_node: u32) -> Vec<u32> {
     if min == max {
         return vec![max];
     }
-    let step = if max > gpus_per_node { gpus_per_node.max(1) } else { 1 };
+    let step = if max > gpus_per_node {
+        gpus_per_node.max(1)
+    } else {
+        1
+    };
     let mut out = vec![max];
-    let mut s = if step > 1 { (max - 1) / step * step } else { max - 1 };
+    let mut s = if step > 1 {
+        (max - 1) / step * step
+    } else {
+        max - 1
+    };
     while s > min {
         out.push(s);
         s -= step;
@@ -724,8 +726,7 @@ impl Scheduler {
                         Some(p) => p.window_now(&self.cluster, limit).into_owned(),
                         None => self.cluster.clone(),
                     };
-                    if let Some(p) = self.preempt_for(&job, now, window, &mut cycle, &mut plan)
-                    {
+                    if let Some(p) = self.preempt_for(&job, now, window, &mut cycle, &mut plan) {
                         let started = self.start(job, p, now, false);
                         if let Some(plan) = plan.as_mut() {
                             let end = now.saturating_add(limit as i64);
@@ -773,7 +774,11 @@ impl Scheduler {
         if !self.reservations.is_empty() {
             let unreserved = sizes(spec, self.cluster.gpus_per_node_max())
                 .into_iter()
-                .any(|g| self.cluster.find(g, &spec.account, &NodeFilter::none()).is_some());
+                .any(|g| {
+                    self.cluster
+                        .find(g, &spec.account, &NodeFilter::none())
+                        .is_some()
+                });
             if unreserved {
                 return PendingReason::ReqNodeNotAvail;
             }
@@ -796,7 +801,12 @@ impl Scheduler {
 
     /// Where the job could start now without delaying any planned start: its largest size
     /// that fits.
-    fn place_now(&self, spec: &JobSpec, now: UnixSeconds, plan: Option<&Plan>) -> Option<Placement> {
+    fn place_now(
+        &self,
+        spec: &JobSpec,
+        now: UnixSeconds,
+        plan: Option<&Plan>,
+    ) -> Option<Placement> {
         let limit = spec.time_limit_s;
         let filter = self.filter_for(spec, now, now.saturating_add(limit as i64));
         let window = match plan {
@@ -861,7 +871,12 @@ impl Scheduler {
             .grace_s
             .or_else(|| {
                 self.partitions
-                    .get(job.spec.partition.as_deref().unwrap_or(&self.default_partition))
+                    .get(
+                        job.spec
+                            .partition
+                            .as_deref()
+                            .unwrap_or(&self.default_partition),
+                    )
                     .and_then(|p| p.grace_s)
             })
             .unwrap_or(self.knobs.default_grace.as_secs())
@@ -1102,9 +1117,9 @@ impl Scheduler {
             };
             let filter = self.filter_for(&r.spec, r.start_s, r.limit_end_s());
             let more = r.spec.gpus - r.placement.gpu_count();
-            let Some(extra) = self
-                .cluster
-                .find_growth(&r.placement, more, &r.spec.account, &filter)
+            let Some(extra) =
+                self.cluster
+                    .find_growth(&r.placement, more, &r.spec.account, &filter)
             else {
                 continue;
             };
@@ -1133,9 +1148,8 @@ impl Scheduler {
             .as_ref()
             .and_then(|p| account.projects.iter().find(|q| &q.id == p))
             .map(|p| &p.quota);
-        let scopes = std::iter::once(((spec.account.clone(), None), &account.quota)).chain(
-            project_quota.map(|q| ((spec.account.clone(), spec.project.clone()), q)),
-        );
+        let scopes = std::iter::once(((spec.account.clone(), None), &account.quota))
+            .chain(project_quota.map(|q| ((spec.account.clone(), spec.project.clone()), q)));
         for (key, quota) in scopes {
             if let Some(reason) = self.gpu_hours_hold(spec, &key, quota, now) {
                 return Some(reason);
@@ -1162,9 +1176,7 @@ impl Scheduler {
         let committed = |until: UnixSeconds| -> i64 {
             self.running
                 .values()
-                .filter(|r| {
-                    r.spec.account == key.0 && (key.1.is_none() || r.spec.project == key.1)
-                })
+                .filter(|r| r.spec.account == key.0 && (key.1.is_none() || r.spec.project == key.1))
                 .map(|r| {
                     i64::from(r.placement.gpu_count())
                         * (r.limit_end_s().min(until) - r.accrued_until).max(0)
@@ -1232,12 +1244,23 @@ impl Scheduler {
         account_running >= account_limit || project_running >= limit
     }
 
+    /// The priority a job of this shape would have now under fair share.
+    pub fn priority_of(&self, spec: &JobSpec, now: UnixSeconds) -> f64 {
+        let fair_share = self
+            .tenants
+            .account(&spec.account)
+            .map(|a| self.ledger.priority(&a.id, f64::from(a.weight), now) / self.max_weight)
+            .unwrap_or(0.0);
+        self.job_priority(spec, fair_share, now)
+    }
+
     /// Slurm's multifactor priority: fair share (the account's `weight / (1 + usage /
     /// factor)` over the largest weight), age (up to `max_age`), size (share of the cluster)
     /// and the quota's priority (1-100), each in [0, 1] times its weight.
     pub fn job_priority(&self, spec: &JobSpec, fair_share: f64, now: UnixSeconds) -> f64 {
         let k = &self.knobs;
-        let age = ((now - spec.submit_s).max(0) as f64 / k.max_age.as_secs().max(1) as f64).min(1.0);
+        let age =
+            ((now - spec.submit_s).max(0) as f64 / k.max_age.as_secs().max(1) as f64).min(1.0);
         let size = f64::from(spec.min_size()) / f64::from(self.cluster.total_gpus().max(1));
         let quota_priority = self
             .tenants
@@ -1341,7 +1364,10 @@ impl Scheduler {
                 ));
             }
             if account.quota.max_running_jobs.is_some_and(|l| n > l) {
-                return Err(format!("account {} runs {n} jobs, over its quota", account.id));
+                return Err(format!(
+                    "account {} runs {n} jobs, over its quota",
+                    account.id
+                ));
             }
             let today = day_of(self.last_cycle_s);
             let key = (account.id.clone(), None);
@@ -1412,7 +1438,12 @@ fn check_gpu_hours_ever_fit(spec: &JobSpec, quota: &Quota) -> Result<(), Refusal
     Ok(())
 }
 
-fn accrue(ledger: &mut UsageLedger, windows: &mut UsageWindows, job: &mut RunningJob, now: UnixSeconds) {
+fn accrue(
+    ledger: &mut UsageLedger,
+    windows: &mut UsageWindows,
+    job: &mut RunningJob,
+    now: UnixSeconds,
+) {
     let secs = now - job.accrued_until;
     if secs <= 0 {
         return;

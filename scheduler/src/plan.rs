@@ -127,7 +127,13 @@ impl Plan {
 
     /// Plans a start. A multi-node placement holds its nodes whole, so that the whole-node
     /// search finds them again at the planned time.
-    pub fn hold(&mut self, start: UnixSeconds, end: UnixSeconds, placement: Placement, cluster: &Cluster) {
+    pub fn hold(
+        &mut self,
+        start: UnixSeconds,
+        end: UnixSeconds,
+        placement: Placement,
+        cluster: &Cluster,
+    ) {
         let placement = if placement.0.len() > 1 {
             Placement(
                 placement

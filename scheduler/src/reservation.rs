@@ -114,7 +114,10 @@ impl Reservations {
 
     /// Start and end times, where what a job may use changes.
     pub fn boundaries(&self) -> Vec<UnixSeconds> {
-        self.list.iter().flat_map(|r| [r.start_s, r.end_s]).collect()
+        self.list
+            .iter()
+            .flat_map(|r| [r.start_s, r.end_s])
+            .collect()
     }
 
     /// The nodes a job of `account` running `[start, end)` may not use.

@@ -309,7 +309,8 @@ impl Sim<'_> {
         let limit_end = self.progress[i].run_start + self.jobs[i].spec.time_limit_s as i64;
         let p = &mut self.progress[i];
         p.generation += 1;
-        let done_at = p.since + (p.left_gpu_s.max(0) + i64::from(p.gpus) - 1) / i64::from(p.gpus.max(1));
+        let done_at =
+            p.since + (p.left_gpu_s.max(0) + i64::from(p.gpus) - 1) / i64::from(p.gpus.max(1));
         self.wakes.push(Reverse((
             done_at.min(limit_end),
             i,

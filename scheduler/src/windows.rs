@@ -94,7 +94,11 @@ mod tests {
         assert_eq!(w.day(&(a.clone(), None), 10), 8 * 3600);
         assert_eq!(w.day(&(a.clone(), Some(p.clone())), 11), 8 * 3600);
         assert_eq!(w.week(&(a.clone(), None), 16), 16 * 3600);
-        assert_eq!(w.week(&(a.clone(), None), 17), 8 * 3600, "day 10 has left the week");
+        assert_eq!(
+            w.week(&(a.clone(), None), 17),
+            8 * 3600,
+            "day 10 has left the week"
+        );
         w.prune(18);
         assert_eq!(w.week(&(a, None), 17), 0);
     }

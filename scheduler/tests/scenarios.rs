@@ -66,7 +66,6 @@ fn harness(nodes: u32, policy: &str) -> Harness {
     Harness::with_config(&config(nodes), policy)
 }
 
-
 #[test]
 fn without_backfill_the_head_job_blocks_the_queue() {
     let mut h = harness(2, "fifo");
@@ -214,7 +213,6 @@ fn the_running_jobs_quota_holds_jobs_with_its_reason() {
     assert_eq!(in_project.iter().filter(|id| h.is_running(id)).count(), 2);
 }
 
-
 #[test]
 fn preemption_takes_the_job_that_loses_least_and_gives_it_grace() {
     let mut h = harness(2, "fairshare+backfill");
@@ -243,7 +241,10 @@ fn preemption_takes_the_job_that_loses_least_and_gives_it_grace() {
     assert_eq!(started[0].job_id, urgent);
     let requeued = h.pending_job(&checkpointing).expect("requeued");
     assert_eq!(requeued.preemptions, 1);
-    assert!(h.is_running(&old), "the job with more work at risk kept running");
+    assert!(
+        h.is_running(&old),
+        "the job with more work at risk kept running"
+    );
 }
 
 #[test]
@@ -253,12 +254,19 @@ fn preemption_respects_minimum_run_time_and_tiers() {
     h.step(0);
     let urgent = h.urgent("b", 8, 1, 300);
     let cycle = h.cycle(300);
-    assert!(cycle.preempted.is_empty(), "ran 5 min, under min_run_time (10 min)");
+    assert!(
+        cycle.preempted.is_empty(),
+        "ran 5 min, under min_run_time (10 min)"
+    );
     assert_eq!(h.reason(&urgent), Some(PendingReason::Resources));
     // A job of the same tier never preempts.
     let same_tier = h.submit("c", 8, 1, 3600);
     let cycle = h.cycle(3600);
-    assert_eq!(cycle.preempted.len(), 1, "the urgent job preempts once old enough");
+    assert_eq!(
+        cycle.preempted.len(),
+        1,
+        "the urgent job preempts once old enough"
+    );
     assert_eq!(cycle.preempted[0].by, urgent);
     assert_eq!(h.reason(&same_tier), Some(PendingReason::Priority));
     h.requeue(&young, 3700);
@@ -305,7 +313,11 @@ fn elastic_jobs_start_small_grow_and_shrink_instead_of_dying() {
     let elastic = h.submit_spec(spec);
     let started = h.step(0);
     assert_eq!(started.len(), 2);
-    assert_eq!(h.gpus_of(&elastic), 16, "starts with what is free, at least its minimum");
+    assert_eq!(
+        h.gpus_of(&elastic),
+        16,
+        "starts with what is free, at least its minimum"
+    );
     h.finish(&blocker, 2 * H);
     let cycle = h.cycle(2 * H);
     assert_eq!(cycle.resized.len(), 1, "{cycle:?}");
@@ -368,7 +380,10 @@ fn advance_reservations_keep_others_off_their_nodes_in_the_window() {
         accounts: vec![AccountId::new("a").unwrap()],
         nodes: NodeRequest::Names(vec!["n002".parse().unwrap()]),
     });
-    assert!(clash.unwrap_err().to_string().contains("already reserved by `leadership`"));
+    assert!(clash
+        .unwrap_err()
+        .to_string()
+        .contains("already reserved by `leadership`"));
     let ghost = h.sched.add_reservation(ReservationRequest {
         name: "ghost".into(),
         start_s: 40 * H,
@@ -376,7 +391,10 @@ fn advance_reservations_keep_others_off_their_nodes_in_the_window() {
         accounts: vec![AccountId::new("zz").unwrap()],
         nodes: NodeRequest::Count(1),
     });
-    assert!(ghost.unwrap_err().to_string().contains("`zz` does not exist"));
+    assert!(ghost
+        .unwrap_err()
+        .to_string()
+        .contains("`zz` does not exist"));
 }
 
 #[test]
@@ -390,7 +408,10 @@ fn conservative_backfill_plans_every_job_and_delays_none() {
     let started = h.step(3);
     assert_eq!(started.len(), 1);
     assert_eq!(started[0].job_id, short);
-    assert_eq!(h.pending_job(&wide).unwrap().estimated_start_s, Some(10 * H));
+    assert_eq!(
+        h.pending_job(&wide).unwrap().estimated_start_s,
+        Some(10 * H)
+    );
     assert_eq!(h.pending_job(&mid).unwrap().estimated_start_s, Some(15 * H));
     // Under EASY only the first job waiting has a plan.
     let mut easy = harness(2, "fifo+backfill");
@@ -399,7 +420,10 @@ fn conservative_backfill_plans_every_job_and_delays_none() {
     let w = easy.submit("b", 16, 5, 1);
     let m = easy.submit("c", 8, 20, 2);
     easy.step(3);
-    assert_eq!(easy.pending_job(&w).unwrap().estimated_start_s, Some(10 * H));
+    assert_eq!(
+        easy.pending_job(&w).unwrap().estimated_start_s,
+        Some(10 * H)
+    );
     assert_eq!(easy.pending_job(&m).unwrap().estimated_start_s, None);
     h.finish(&first, 10 * H);
     h.finish(&short, 3 + 4 * H);
@@ -424,7 +448,11 @@ fn gpu_hour_quotas_hold_jobs_with_their_reason_and_refuse_the_impossible() {
     h.sched.accrue_usage(t0 + 10 * H);
     h.finish(&first, t0 + 10 * H);
     h.step(t0 + 10 * H);
-    assert_eq!(h.reason(&second), Some(PendingReason::AssocGrpGpuHoursDay), "80 used today");
+    assert_eq!(
+        h.reason(&second),
+        Some(PendingReason::AssocGrpGpuHoursDay),
+        "80 used today"
+    );
     h.sched.accrue_usage(t0 + 86_400);
     assert_eq!(h.step(t0 + 86_400)[0].job_id, second);
 }
@@ -441,7 +469,10 @@ enum Due {
 /// Drives the scheduler like the simulator does: jobs run to their time limits, preempted jobs
 /// exit at their kill deadline and are requeued. Returns (jobs finished, preemptions as
 /// (victim, preemptor)).
-fn drive(h: &mut Harness, mut submitted: Vec<(i64, gpuledger_scheduler::JobSpec)>) -> (usize, Vec<(JobId, JobId)>) {
+fn drive(
+    h: &mut Harness,
+    mut submitted: Vec<(i64, gpuledger_scheduler::JobSpec)>,
+) -> (usize, Vec<(JobId, JobId)>) {
     submitted.sort_by_key(|(t, s)| (*t, s.id.clone()));
     let mut due: Vec<(i64, JobId, Due)> = Vec::new();
     let mut started_at: std::collections::HashMap<JobId, i64> = Default::default();
@@ -587,6 +618,3 @@ proptest! {
         prop_assert_eq!(started, ids.len());
     }
 }
-
-
-

@@ -3,7 +3,9 @@
 #![allow(dead_code)]
 
 use gpuledger_model::{AccountId, ClusterConfig, JobId};
-use gpuledger_scheduler::{Cycle, JobSpec, PendingJob, PendingReason, Scheduler, SchedulerOptions, Started};
+use gpuledger_scheduler::{
+    Cycle, JobSpec, PendingJob, PendingReason, Scheduler, SchedulerOptions, Started,
+};
 
 pub const H: i64 = 3600;
 
@@ -15,7 +17,10 @@ pub struct Harness {
 impl Harness {
     pub fn with_config(config: &ClusterConfig, policy: &str) -> Self {
         Harness {
-            sched: Scheduler::new(config, SchedulerOptions::parse(policy).expect("known policy")),
+            sched: Scheduler::new(
+                config,
+                SchedulerOptions::parse(policy).expect("known policy"),
+            ),
             next: 1,
         }
     }
