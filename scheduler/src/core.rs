@@ -5,7 +5,7 @@
 //! service run the same code.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 
 use gpuledger_model::config::{ClusterConfig, SchedulerConfig};
@@ -233,6 +233,19 @@ pub struct PendingJob {
     /// It has already preempted jobs during this wait; it does not preempt again before it
     /// starts, so no two jobs can preempt each other's victims in a loop.
     pub has_preempted: bool,
+    limits: JobLimits,
+}
+
+/// What a job's quotas say, worked out once when it enters the queue: a cycle looks at every
+/// pending job, and most have no limits worth a lookup.
+#[derive(Clone, Copy, Debug, Default)]
+struct JobLimits {
+    /// Index of its account in the scheduler's account list.
+    account: usize,
+    running_limited: bool,
+    gpu_hours_limited: bool,
+    /// The quota's priority (1-100) as a fraction.
+    quota_priority: f64,
 }
 
 /// A running job being preempted: signalled, and killed at `kill_s` unless it exits first.
@@ -335,6 +348,9 @@ pub struct Scheduler {
     options: SchedulerOptions,
     knobs: SchedulerConfig,
     tenants: TenantTree,
+    /// Accounts in a fixed order, so per-cycle figures are vectors, not maps.
+    account_ids: Vec<AccountId>,
+    account_index: HashMap<AccountId, usize>,
     max_weight: f64,
     partitions: HashMap<String, PartitionInfo>,
     default_partition: String,
@@ -343,6 +359,7 @@ pub struct Scheduler {
     windows: UsageWindows,
     reservations: Reservations,
     pending: Vec<PendingJob>,
+    pending_ids: HashSet<JobId>,
     running: BTreeMap<JobId, RunningJob>,
     running_per_account: HashMap<AccountId, u32>,
     running_per_project: HashMap<(AccountId, ProjectId), u32>,
@@ -358,6 +375,40 @@ struct Claim {
     account: AccountId,
     project: Option<ProjectId>,
     victims: Vec<JobId>,
+}
+
+/// Whether preemption could free anything for a job of a given tier: only when a lower tier
+/// runs, or an elastic job of no higher tier is above its minimum. Checked before the search,
+/// which looks at every running job.
+#[derive(Clone, Copy, Debug, Default)]
+struct PreemptionGate {
+    lowest_tier: Option<u32>,
+    lowest_shrinkable_tier: Option<u32>,
+}
+
+impl PreemptionGate {
+    fn of<'a>(running: impl Iterator<Item = &'a RunningJob>) -> Self {
+        let mut gate = PreemptionGate::default();
+        for job in running {
+            gate.add(job);
+        }
+        gate
+    }
+
+    fn add(&mut self, job: &RunningJob) {
+        self.lowest_tier = Some(self.lowest_tier.map_or(job.tier, |t| t.min(job.tier)));
+        if job.spec.is_elastic() && job.placement.gpu_count() > job.spec.min_size() {
+            self.lowest_shrinkable_tier = Some(
+                self.lowest_shrinkable_tier
+                    .map_or(job.tier, |t| t.min(job.tier)),
+            );
+        }
+    }
+
+    fn may_help(&self, tier: u32) -> bool {
+        self.lowest_tier.is_some_and(|t| t < tier)
+            || self.lowest_shrinkable_tier.is_some_and(|t| t <= tier)
+    }
 }
 
 /// Candidate sizes of a job, largest first: its size, or for an elastic job every size from
@@ -411,10 +462,18 @@ impl Scheduler {
             .accounts()
             .map(|a| f64::from(a.weight))
             .fold(1.0, f64::max);
+        let account_ids: Vec<AccountId> = tenants.accounts().map(|a| a.id.clone()).collect();
+        let account_index = account_ids
+            .iter()
+            .enumerate()
+            .map(|(i, a)| (a.clone(), i))
+            .collect();
         Scheduler {
             options,
             knobs: config.scheduler.clone(),
             tenants,
+            account_ids,
+            account_index,
             max_weight,
             partitions,
             default_partition: config
@@ -423,9 +482,19 @@ impl Scheduler {
                 .unwrap_or_default(),
             cluster: Cluster::new(config.nodes()),
             ledger: UsageLedger::new(params),
-            windows: UsageWindows::default(),
+            windows: UsageWindows::tracking(
+                config
+                    .accounts
+                    .iter()
+                    .filter(|a| {
+                        has_gpu_hour_quota(&a.quota)
+                            || a.projects.iter().any(|p| has_gpu_hour_quota(&p.quota))
+                    })
+                    .map(|a| a.id.clone()),
+            ),
             reservations: Reservations::default(),
             pending: Vec::new(),
+            pending_ids: HashSet::new(),
             running: BTreeMap::new(),
             running_per_account: HashMap::new(),
             running_per_project: HashMap::new(),
@@ -490,6 +559,8 @@ impl Scheduler {
     /// queue back).
     pub fn submit_with_history(&mut self, spec: JobSpec, preemptions: u32) -> Result<(), Refusal> {
         let tier = self.admit(&spec)?;
+        let limits = self.limits_for(&spec);
+        self.pending_ids.insert(spec.id.clone());
         self.pending.push(PendingJob {
             spec,
             tier,
@@ -498,13 +569,16 @@ impl Scheduler {
             estimated_start_s: None,
             preemptions,
             has_preempted: false,
+            limits: JobLimits::default(),
         });
+        if let Some(job) = self.pending.last_mut() {
+            job.limits = limits;
+        }
         Ok(())
     }
 
     fn admit(&self, spec: &JobSpec) -> Result<u32, Refusal> {
-        if self.running.contains_key(&spec.id) || self.pending.iter().any(|p| p.spec.id == spec.id)
-        {
+        if self.running.contains_key(&spec.id) || self.pending_ids.contains(&spec.id) {
             return Err(Refusal::DuplicateId(spec.id.clone()));
         }
         let quota = self
@@ -576,6 +650,7 @@ impl Scheduler {
     pub fn cancel_pending(&mut self, id: &JobId) -> Option<JobSpec> {
         let pos = self.pending.iter().position(|p| &p.spec.id == id)?;
         self.claims.remove(id);
+        self.pending_ids.remove(id);
         Some(self.pending.remove(pos).spec)
     }
 
@@ -647,6 +722,8 @@ impl Scheduler {
         let Some(job) = self.finish(id, now) else {
             return false;
         };
+        let limits = self.limits_for(&job.spec);
+        self.pending_ids.insert(job.spec.id.clone());
         self.pending.push(PendingJob {
             spec: job.spec,
             tier: job.tier,
@@ -655,6 +732,7 @@ impl Scheduler {
             estimated_start_s: None,
             preemptions: job.preemptions + 1,
             has_preempted: false,
+            limits,
         });
         true
     }
@@ -676,30 +754,36 @@ impl Scheduler {
         let mut blocked = false;
         // Within a cycle placement only gets harder (jobs start, plans are added), so a job of
         // an account is hopeless where one no larger and no longer already failed.
-        let mut failures: HashMap<AccountId, Vec<(u32, u64)>> = HashMap::new();
+        let mut failures: Vec<Vec<(u32, u64)>> = vec![Vec::new(); self.account_ids.len().max(1)];
         let mut pending = std::mem::take(&mut self.pending);
         // A preemptor goes first: its victims' GPUs are freed for it, and a job ahead of it
         // in the queue planning onto them would make it preempt again, in a loop.
         if !self.claims.is_empty() {
             pending.sort_by_key(|j| !self.claims.contains_key(&j.spec.id));
         }
-        let mut keep = Vec::with_capacity(pending.len());
-        for mut job in pending {
-            job.estimated_start_s = None;
+        let mut gate = PreemptionGate::of(self.running.values());
+        // Jobs are updated in place and the started ones dropped at the end: the queue can
+        // hold many thousands of jobs and a cycle runs at every event.
+        let mut started_any = false;
+        let mut is_started = vec![false; pending.len()];
+        for (i, job) in pending.iter_mut().enumerate() {
             if blocked {
-                job.reason = PendingReason::Priority;
-                keep.push(job);
-                continue;
+                // Strict order: everything behind the first job that cannot start waits.
+                for rest in pending[i..].iter_mut() {
+                    rest.reason = PendingReason::Priority;
+                    rest.estimated_start_s = None;
+                }
+                break;
             }
-            if let Some(reason) = self.quota_hold(&job.spec, now) {
+            job.estimated_start_s = None;
+            if let Some(reason) = self.quota_hold(job, now) {
                 job.reason = reason;
-                keep.push(job);
                 continue;
             }
             let (min, limit) = (job.spec.min_size(), job.spec.time_limit_s);
-            let hopeless = failures
-                .get(&job.spec.account)
-                .is_some_and(|f| f.iter().any(|(g, l)| min >= *g && limit >= *l));
+            let hopeless = failures[job.limits.account]
+                .iter()
+                .any(|(g, l)| min >= *g && limit >= *l);
             let draining = self.claim_draining(&job.spec.id);
             if !draining {
                 // Its victims are gone: it goes first this cycle (sorted above), and if it
@@ -710,6 +794,9 @@ impl Scheduler {
                 if let Some(p) = self.place_now(&job.spec, now, plan.as_ref()) {
                     let backfilled = plan.as_ref().is_some_and(Plan::has_holds);
                     let started = self.start(job, p, now, backfilled);
+                    is_started[i] = true;
+                    started_any = true;
+                    gate.add(&self.running[&started.job_id]);
                     if let Some(plan) = plan.as_mut() {
                         let end = now.saturating_add(limit as i64);
                         plan.started(
@@ -721,13 +808,16 @@ impl Scheduler {
                     cycle.started.push(started);
                     continue;
                 }
-                if self.knobs.preemption && !job.has_preempted {
+                if self.knobs.preemption && !job.has_preempted && gate.may_help(job.tier) {
                     let window = match plan.as_ref() {
                         Some(p) => p.window_now(&self.cluster, limit).into_owned(),
                         None => self.cluster.clone(),
                     };
-                    if let Some(p) = self.preempt_for(&job, now, window, &mut cycle, &mut plan) {
+                    if let Some(p) = self.preempt_for(job, now, window, &mut cycle, &mut plan) {
                         let started = self.start(job, p, now, false);
+                        is_started[i] = true;
+                        started_any = true;
+                        gate.add(&self.running[&started.job_id]);
                         if let Some(plan) = plan.as_mut() {
                             let end = now.saturating_add(limit as i64);
                             plan.started(
@@ -742,7 +832,7 @@ impl Scheduler {
                     job.has_preempted = self.claims.contains_key(&job.spec.id);
                 }
             }
-            let entry = failures.entry(job.spec.account.clone()).or_default();
+            let entry = &mut failures[job.limits.account];
             if !entry.iter().any(|(g, l)| min >= *g && limit >= *l) {
                 entry.push((min, limit));
             }
@@ -759,9 +849,15 @@ impl Scheduler {
             if depth == 0 {
                 blocked = true;
             }
-            keep.push(job);
         }
-        self.pending = keep;
+        if started_any {
+            let mut k = 0;
+            pending.retain(|_| {
+                k += 1;
+                !is_started[k - 1]
+            });
+        }
+        self.pending = pending;
         if !self.pending.iter().any(|p| p.reason.waits_for_gpus()) {
             self.grow_elastic(now, &mut cycle);
         }
@@ -1055,12 +1151,13 @@ impl Scheduler {
 
     fn start(
         &mut self,
-        job: PendingJob,
+        job: &PendingJob,
         placement: Placement,
         now: UnixSeconds,
         backfilled: bool,
     ) -> Started {
         self.claims.remove(&job.spec.id);
+        self.pending_ids.remove(&job.spec.id);
         self.cluster.take(&placement);
         let allocation = self.cluster.to_allocation(&placement);
         *self
@@ -1082,7 +1179,7 @@ impl Scheduler {
         self.running.insert(
             job.spec.id.clone(),
             RunningJob {
-                spec: job.spec,
+                spec: job.spec.clone(),
                 tier: job.tier,
                 start_s: now,
                 placement,
@@ -1137,10 +1234,35 @@ impl Scheduler {
         }
     }
 
+    fn limits_for(&self, spec: &JobSpec) -> JobLimits {
+        let account = self.tenants.account(&spec.account);
+        let quota = self
+            .tenants
+            .effective_quota(&spec.account, spec.project.as_ref())
+            .unwrap_or_default();
+        let project_quota = spec.project.as_ref().and_then(|p| {
+            account
+                .and_then(|a| a.projects.iter().find(|q| &q.id == p))
+                .map(|q| &q.quota)
+        });
+        JobLimits {
+            account: self.account_index.get(&spec.account).copied().unwrap_or(0),
+            running_limited: quota.max_running_jobs.is_some()
+                || account.is_some_and(|a| a.quota.max_running_jobs.is_some()),
+            gpu_hours_limited: account.is_some_and(|a| has_gpu_hour_quota(&a.quota))
+                || project_quota.is_some_and(has_gpu_hour_quota),
+            quota_priority: quota.priority.map_or(0.5, |p| f64::from(p) / 100.0),
+        }
+    }
+
     /// The quota that keeps a job from starting now, if any.
-    fn quota_hold(&self, spec: &JobSpec, now: UnixSeconds) -> Option<PendingReason> {
-        if self.at_job_limit(spec) {
+    fn quota_hold(&self, job: &PendingJob, now: UnixSeconds) -> Option<PendingReason> {
+        let spec = &job.spec;
+        if job.limits.running_limited && self.at_job_limit(spec) {
             return Some(PendingReason::AssocMaxJobsLimit);
+        }
+        if !job.limits.gpu_hours_limited {
+            return None;
         }
         let account = self.tenants.account(&spec.account)?;
         let project_quota = spec
@@ -1251,22 +1373,23 @@ impl Scheduler {
             .account(&spec.account)
             .map(|a| self.ledger.priority(&a.id, f64::from(a.weight), now) / self.max_weight)
             .unwrap_or(0.0);
-        self.job_priority(spec, fair_share, now)
+        self.job_priority(spec, fair_share, self.limits_for(spec).quota_priority, now)
     }
 
     /// Slurm's multifactor priority: fair share (the account's `weight / (1 + usage /
     /// factor)` over the largest weight), age (up to `max_age`), size (share of the cluster)
-    /// and the quota's priority (1-100), each in [0, 1] times its weight.
-    pub fn job_priority(&self, spec: &JobSpec, fair_share: f64, now: UnixSeconds) -> f64 {
+    /// and the quota's priority (1-100, as a fraction), each in [0, 1] times its weight.
+    fn job_priority(
+        &self,
+        spec: &JobSpec,
+        fair_share: f64,
+        quota_priority: f64,
+        now: UnixSeconds,
+    ) -> f64 {
         let k = &self.knobs;
         let age =
             ((now - spec.submit_s).max(0) as f64 / k.max_age.as_secs().max(1) as f64).min(1.0);
         let size = f64::from(spec.min_size()) / f64::from(self.cluster.total_gpus().max(1));
-        let quota_priority = self
-            .tenants
-            .effective_quota(&spec.account, spec.project.as_ref())
-            .and_then(|q| q.priority)
-            .map_or(0.5, |p| f64::from(p) / 100.0);
         f64::from(k.weight_fair_share) * fair_share
             + f64::from(k.weight_age) * age
             + f64::from(k.weight_job_size) * size
@@ -1275,36 +1398,38 @@ impl Scheduler {
 
     fn order_pending(&mut self, now: UnixSeconds) {
         if self.options.policy == Policy::FairShare {
-            let fair_share: HashMap<AccountId, f64> = self
-                .tenants
-                .accounts()
-                .map(|a| {
-                    (
-                        a.id.clone(),
-                        self.ledger.priority(&a.id, f64::from(a.weight), now) / self.max_weight,
-                    )
+            let fair_share: Vec<f64> = self
+                .account_ids
+                .iter()
+                .map(|id| {
+                    let weight = self.tenants.account(id).map_or(0, |a| a.weight);
+                    self.ledger.priority(id, f64::from(weight), now) / self.max_weight
                 })
                 .collect();
             let scores: Vec<f64> = self
                 .pending
                 .iter()
                 .map(|j| {
-                    let fs = fair_share.get(&j.spec.account).copied().unwrap_or(0.0);
-                    self.job_priority(&j.spec, fs, now)
+                    let fs = fair_share.get(j.limits.account).copied().unwrap_or(0.0);
+                    self.job_priority(&j.spec, fs, j.limits.quota_priority, now)
                 })
                 .collect();
             for (job, score) in self.pending.iter_mut().zip(scores) {
                 job.priority = score;
             }
         }
-        // The queue is mostly in order already, which the stable sort exploits.
-        self.pending.sort_by(|a, b| {
+        let order = |a: &PendingJob, b: &PendingJob| {
             b.tier
                 .cmp(&a.tier)
                 .then_with(|| b.priority.total_cmp(&a.priority))
                 .then_with(|| a.spec.submit_s.cmp(&b.spec.submit_s))
                 .then_with(|| id_order(&a.spec.id, &b.spec.id))
-        });
+        };
+        // The queue is mostly in order already (always, under FIFO without arrivals of a higher
+        // tier): checking is cheaper than moving thousands of jobs.
+        if !self.pending.is_sorted_by(|a, b| order(a, b).is_le()) {
+            self.pending.sort_by(order);
+        }
     }
 
     /// Checks the scheduler's invariants; tests call it after every step: no GPU held twice,
@@ -1409,6 +1534,10 @@ fn id_order(a: &JobId, b: &JobId) -> std::cmp::Ordering {
 fn release_into(trial: &mut Cluster, placement: &Placement) {
     trial.hold(placement);
     trial.release(placement);
+}
+
+fn has_gpu_hour_quota(q: &Quota) -> bool {
+    q.gpu_hours_per_day.is_some() || q.gpu_hours_per_week.is_some()
 }
 
 /// A job whose GPU-hours alone pass its quota's window could never start.

@@ -2,7 +2,7 @@
 //! `gpu_hours_per_day` and `gpu_hours_per_week` (the last seven UTC days, today included).
 //! Integers: usage stays whole GPU-seconds until it is priced.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use gpuledger_model::time::UnixSeconds;
 use gpuledger_model::{AccountId, ProjectId};
@@ -17,12 +17,24 @@ pub fn day_of(t: UnixSeconds) -> i64 {
 /// Who a figure is for: an account as a whole, or one of its projects.
 pub type WindowKey = (AccountId, Option<ProjectId>);
 
+/// Only accounts with a GPU-hour quota (on themselves or a project) are tracked: the others
+/// never need the figures, and a simulator accrues usage at every event.
 #[derive(Clone, Debug, Default)]
 pub struct UsageWindows {
+    tracked: HashSet<AccountId>,
     days: HashMap<WindowKey, BTreeMap<i64, i64>>,
+    pruned_through: i64,
 }
 
 impl UsageWindows {
+    pub fn tracking(accounts: impl IntoIterator<Item = AccountId>) -> Self {
+        UsageWindows {
+            tracked: accounts.into_iter().collect(),
+            days: HashMap::new(),
+            pruned_through: i64::MIN,
+        }
+    }
+
     /// Adds `gpus` held over `[from, to)` to the account and, when named, the project.
     pub fn record(
         &mut self,
@@ -32,6 +44,9 @@ impl UsageWindows {
         from: UnixSeconds,
         to: UnixSeconds,
     ) {
+        if !self.tracked.contains(account) {
+            return;
+        }
         let mut t = from;
         while t < to {
             let day = day_of(t);
@@ -74,6 +89,10 @@ impl UsageWindows {
 
     /// Forgets days no week window can reach any more.
     pub fn prune(&mut self, today: i64) {
+        if today <= self.pruned_through {
+            return;
+        }
+        self.pruned_through = today;
         for d in self.days.values_mut() {
             *d = d.split_off(&(today - 6));
         }
@@ -88,7 +107,7 @@ mod tests {
     fn usage_is_split_at_midnight_and_summed_over_seven_days() {
         let a = AccountId::new("a").unwrap();
         let p = ProjectId::new("p").unwrap();
-        let mut w = UsageWindows::default();
+        let mut w = UsageWindows::tracking([a.clone()]);
         // 8 GPUs from 23:00 on day 10 to 01:00 on day 11.
         w.record(&a, Some(&p), 8, 11 * DAY_S - 3600, 11 * DAY_S + 3600);
         assert_eq!(w.day(&(a.clone(), None), 10), 8 * 3600);
