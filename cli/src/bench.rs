@@ -68,6 +68,18 @@ pub enum BenchCommand {
         #[arg(long, default_value = "2026-06")]
         month: String,
     },
+    /// One scheduling cycle with `--pending` jobs queued on a full cluster of `--nodes`.
+    Schedule {
+        #[arg(long, default_value_t = 512)]
+        nodes: u32,
+        #[arg(long, default_value_t = 10_000)]
+        pending: usize,
+        #[arg(long, default_value_t = 200)]
+        cycles: usize,
+        /// Comma-separated policies.
+        #[arg(long, default_value = "fifo,fairshare+backfill,fairshare+conservative")]
+        policies: String,
+    },
     /// A real exporter process sampling 8 synthetic GPUs every second: CPU and memory.
     Exporter {
         #[arg(long, default_value_t = 30)]
@@ -86,6 +98,19 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
             rows,
         } => ingest(nodes, batches, rows),
         BenchCommand::Render { gpus, iterations } => render_bench(gpus, iterations),
+        BenchCommand::Schedule {
+            nodes,
+            pending,
+            cycles,
+            policies,
+        } => {
+            let policies: Vec<String> = policies.split(',').map(str::to_owned).collect();
+            print!(
+                "{}",
+                crate::bench_schedule::run(nodes, pending, cycles, &policies)?
+            );
+            Ok(())
+        }
         BenchCommand::Exporter { seconds, gpus } => exporter(seconds, gpus),
         BenchCommand::Invoice {
             gpus,

@@ -3,6 +3,7 @@
 //! workload to invoices that `gpuledger demo` runs and the end-to-end tests call.
 
 pub mod bench;
+pub mod bench_schedule;
 pub mod billing_glue;
 pub mod defaults;
 pub mod exporter_cmd;

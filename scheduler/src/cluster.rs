@@ -109,6 +109,7 @@ pub struct Cluster {
     free: Vec<u64>,
     free_count: u32,
     gpus_per_node_max: u32,
+    total_gpus: u32,
 }
 
 fn full_mask(gpus: u32) -> u64 {
@@ -161,6 +162,7 @@ impl Cluster {
         Cluster {
             meta,
             free,
+            total_gpus: free_count,
             free_count,
             gpus_per_node_max,
         }
@@ -174,6 +176,7 @@ impl Cluster {
             free_count: free.iter().map(|m| m.count_ones()).sum(),
             free,
             gpus_per_node_max: self.gpus_per_node_max,
+            total_gpus: self.total_gpus,
         }
     }
 
@@ -186,7 +189,7 @@ impl Cluster {
     }
 
     pub fn total_gpus(&self) -> u32 {
-        self.meta.iter().map(|n| n.spec.gpus).sum()
+        self.total_gpus
     }
 
     pub fn free_gpus(&self) -> u32 {

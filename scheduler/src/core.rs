@@ -351,6 +351,8 @@ pub struct Scheduler {
     /// Accounts in a fixed order, so per-cycle figures are vectors, not maps.
     account_ids: Vec<AccountId>,
     account_index: HashMap<AccountId, usize>,
+    /// The most GPUs each account's jobs could ever get.
+    capacity: HashMap<AccountId, u32>,
     max_weight: f64,
     partitions: HashMap<String, PartitionInfo>,
     default_partition: String,
@@ -468,19 +470,25 @@ impl Scheduler {
             .enumerate()
             .map(|(i, a)| (a.clone(), i))
             .collect();
+        let cluster = Cluster::new(config.nodes());
+        let capacity = account_ids
+            .iter()
+            .map(|a| (a.clone(), cluster.capacity_for(a)))
+            .collect();
         Scheduler {
             options,
             knobs: config.scheduler.clone(),
             tenants,
             account_ids,
             account_index,
+            capacity,
             max_weight,
             partitions,
             default_partition: config
                 .default_partition()
                 .map(|p| p.name.clone())
                 .unwrap_or_default(),
-            cluster: Cluster::new(config.nodes()),
+            cluster,
             ledger: UsageLedger::new(params),
             windows: UsageWindows::tracking(
                 config
@@ -617,7 +625,11 @@ impl Scheduler {
                 });
             }
         }
-        let capacity = self.cluster.capacity_for(&spec.account);
+        let capacity = self
+            .capacity
+            .get(&spec.account)
+            .copied()
+            .unwrap_or_default();
         if spec.min_size() > capacity {
             return Err(Refusal::LargerThanCluster {
                 asked: spec.min_size(),

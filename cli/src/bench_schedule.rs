@@ -1,0 +1,115 @@
+//! `gpuledger bench schedule`: the time of one scheduling cycle with a deep queue on a full
+//! cluster. The cluster is filled with running jobs, the queue with jobs that cannot all fit;
+//! then at each cycle one running job ends (so the scheduler has GPUs to hand out and a plan
+//! to remake) and the cycle is timed.
+
+use std::fmt::Write as _;
+use std::time::Instant;
+
+use anyhow::Context;
+use gpuledger_model::rng::SplitMix64;
+use gpuledger_model::{AccountId, ClusterConfig, JobId};
+use gpuledger_scheduler::{JobSpec, Scheduler, SchedulerOptions};
+
+use crate::simulate::percentile;
+
+const ACCOUNTS: usize = 10;
+
+fn cluster(nodes: u32) -> anyhow::Result<ClusterConfig> {
+    let mut src = format!(
+        "version = 1\n[cluster]\nname = \"bench\"\n[[node_pools]]\nname = \"p\"\nprefix = \"n\"\n\
+         count = {nodes}\ngpus_per_node = 8\ngpu_model = \"h100-sxm\"\n\
+         [[partitions]]\nname = \"train\"\npriority_tier = 20\ndefault = true\n\
+         [[partitions]]\nname = \"urgent\"\npriority_tier = 50\n\
+         [prices]\nversion = \"v\"\neffective_from = \"2026-01-01\"\ncurrency = \"USD\"\n\
+         gpu_hour = {{ h100-sxm = \"1\" }}\n"
+    );
+    for a in 0..ACCOUNTS {
+        let _ = write!(
+            src,
+            "[[accounts]]\nid = \"acct-{a}\"\nname = \"Account {a}\"\nweight = {}\n",
+            a + 1
+        );
+    }
+    ClusterConfig::from_toml_str(&src, "bench").context("bench cluster")
+}
+
+fn job(rng: &mut SplitMix64, n: u64, t: i64) -> anyhow::Result<JobSpec> {
+    const SIZES: [u32; 7] = [1, 2, 4, 8, 16, 32, 64];
+    const WEIGHTS: [f64; 7] = [0.3, 0.15, 0.15, 0.2, 0.1, 0.06, 0.04];
+    let gpus = SIZES[rng.weighted_index(&WEIGHTS)];
+    let limit = rng.range_u64(1, 48) * 3600;
+    let account = AccountId::new(format!("acct-{}", rng.range_u64(0, ACCOUNTS as u64 - 1)))?;
+    Ok(JobSpec::new(
+        JobId::new(n.to_string())?,
+        account,
+        gpus,
+        limit,
+        t,
+    ))
+}
+
+/// Runs the measurement and returns a Markdown table row per policy.
+pub fn run(
+    nodes: u32,
+    pending: usize,
+    cycles: usize,
+    policies: &[String],
+) -> anyhow::Result<String> {
+    let config = cluster(nodes)?;
+    let mut out = String::from(
+        "| nodes | pending | policy | cycles | p50 ms | p99 ms | max ms | started per cycle |\n|---|---|---|---|---|---|---|---|\n",
+    );
+    for name in policies {
+        let options =
+            SchedulerOptions::parse(name).with_context(|| format!("unknown policy `{name}`"))?;
+        let mut sched = Scheduler::new(&config, options);
+        let mut rng = SplitMix64::new(7);
+        let mut n = 0u64;
+        let mut t = 1_780_272_000i64;
+        // Fill the cluster: submit until a cycle starts nothing more.
+        loop {
+            for _ in 0..256 {
+                n += 1;
+                sched.submit(job(&mut rng, n, t)?)?;
+            }
+            let started = sched.schedule(t).started.len();
+            if started == 0 || sched.cluster().free_gpus() == 0 {
+                break;
+            }
+        }
+        while sched.pending().len() < pending {
+            n += 1;
+            sched.submit(job(&mut rng, n, t)?)?;
+        }
+        let mut times = Vec::with_capacity(cycles);
+        let mut started = 0usize;
+        for _ in 0..cycles {
+            t += 60;
+            let running: Vec<JobId> = sched.running().map(|r| r.spec.id.clone()).collect();
+            if !running.is_empty() {
+                let victim = &running[rng.range_u64(0, running.len() as u64 - 1) as usize];
+                sched.finish(victim, t);
+            }
+            while sched.pending().len() < pending {
+                n += 1;
+                sched.submit(job(&mut rng, n, t)?)?;
+            }
+            let begun = Instant::now();
+            let cycle = sched.schedule(t);
+            times.push(begun.elapsed().as_micros() as i64);
+            started += cycle.started.len();
+        }
+        times.sort_unstable();
+        let ms = |us: Option<i64>| us.unwrap_or(0) as f64 / 1000.0;
+        let _ = writeln!(
+            out,
+            "| {nodes} | {pending} | {name} | {cycles} | {:.2} | {:.2} | {:.2} | {:.1} |",
+            ms(percentile(&times, 50.0)),
+            ms(percentile(&times, 99.0)),
+            ms(times.last().copied()),
+            started as f64 / cycles.max(1) as f64
+        );
+    }
+    Ok(out)
+}
