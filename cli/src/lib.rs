@@ -11,6 +11,7 @@ pub mod invoice_cmd;
 pub mod pipeline;
 pub mod serve;
 pub mod simulate;
+pub mod svg;
 pub mod table;
 
 /// Logs to stderr, filtered by `GPULEDGER_LOG` (default `warn`); both binaries call it.

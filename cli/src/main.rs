@@ -90,21 +90,32 @@ struct DemoArgs {
 #[derive(clap::Args, Debug)]
 struct SimulateArgs {
     /// Trace in the Philly format: timestamp,duration,num_gpus,gpu_time,cluster.
-    #[arg(long)]
-    trace: PathBuf,
+    #[arg(long, requires_all = ["vc_nodes", "nodes"], conflicts_with_all = ["jobs", "config"])]
+    trace: Option<PathBuf>,
     /// VC sizes (`vc,node num`), used as fair-share weights.
     #[arg(long)]
-    vc_nodes: PathBuf,
-    /// Nodes of 8 GPUs in the simulated cluster.
+    vc_nodes: Option<PathBuf>,
+    /// Nodes of 8 GPUs in the simulated cluster (with --trace).
     #[arg(long)]
-    nodes: u32,
-    /// fifo, fairshare, fifo+backfill or fairshare+backfill.
+    nodes: Option<u32>,
+    /// Jobs in gpuledger's own CSV format (submit,account,gpus,run_time_s[,job_id,project,
+    /// partition,min_gpus,time_limit_s,grace_s,checkpoint_every_s,checkpoint_save_s,outcome]).
+    #[arg(long, required_unless_present = "trace")]
+    jobs: Option<PathBuf>,
+    /// Cluster config for --jobs; the embedded seed cluster when absent.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Advance reservations in force (TOML `[[reservations]]`).
+    #[arg(long)]
+    reservations: Option<PathBuf>,
+    /// fifo or fairshare, optionally +backfill (EASY) or +conservative.
     #[arg(long, default_value = "fairshare+backfill")]
     policy: String,
-    /// Time limits from true run times: exact, hour (rounded up to the next hour) or double.
+    /// Time limits from true run times (traces): exact, hour (rounded up to the next hour) or
+    /// double.
     #[arg(long, default_value = "hour")]
     limit_estimate: String,
-    /// Where jobs.csv and report.md go.
+    /// Where jobs.csv, report.md and the SVG plots go.
     #[arg(long)]
     out: PathBuf,
 }
@@ -398,10 +409,10 @@ fn report(args: ReportArgs) -> anyhow::Result<()> {
 }
 
 fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
-    use gpuledger_scheduler::trace::{parse_philly, parse_vc_nodes, LimitEstimate};
+    use gpuledger_scheduler::trace::{parse_jobs, parse_philly, parse_vc_nodes, LimitEstimate};
     let options = SchedulerOptions::parse(&args.policy).with_context(|| {
         format!(
-            "unknown --policy `{}`; use fifo, fairshare, fifo+backfill or fairshare+backfill",
+            "unknown --policy `{}`; use fifo or fairshare, optionally with +backfill or +conservative",
             args.policy
         )
     })?;
@@ -413,22 +424,49 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
     })?;
     let read =
         |p: &Path| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()));
-    let jobs = parse_philly(
-        &read(&args.trace)?,
-        &args.trace.display().to_string(),
-        estimate,
-    )?;
-    let vc_nodes = parse_vc_nodes(&read(&args.vc_nodes)?, &args.vc_nodes.display().to_string())?;
-    let config = gpuledger::simulate::trace_cluster(args.nodes, &jobs, &vc_nodes)?;
+    let (config, jobs) = match (&args.trace, &args.jobs) {
+        (Some(trace), _) => {
+            let jobs = parse_philly(&read(trace)?, &trace.display().to_string(), estimate)?;
+            let vc_path = args
+                .vc_nodes
+                .as_deref()
+                .context("--trace needs --vc-nodes")?;
+            let vc_nodes = parse_vc_nodes(&read(vc_path)?, &vc_path.display().to_string())?;
+            let nodes = args.nodes.context("--trace needs --nodes")?;
+            let config = gpuledger::simulate::trace_cluster(nodes, &jobs, &vc_nodes)?;
+            (config, jobs)
+        }
+        (None, Some(file)) => (
+            load_cluster(args.config.as_deref())?,
+            parse_jobs(&read(file)?, &file.display().to_string())?,
+        ),
+        (None, None) => anyhow::bail!("give --trace (with --vc-nodes and --nodes) or --jobs"),
+    };
+    let reservations = match &args.reservations {
+        Some(path) => gpuledger_scheduler::reservation::parse_reservations(
+            &read(path)?,
+            &path.display().to_string(),
+        )?
+        .iter()
+        .map(|r| r.to_request())
+        .collect(),
+        None => Vec::new(),
+    };
     let bar = ProgressBar::new(jobs.len() as u64);
     bar.set_style(
         ProgressStyle::with_template("simulating [{bar:40}] {pos}/{len} jobs ({eta} left)")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let started = std::time::Instant::now();
-    let result = gpuledger_scheduler::simulate(&config, options, jobs, None, &mut |done, _| {
-        bar.set_position(done as u64)
-    });
+    let result = gpuledger_scheduler::simulate_with_reservations(
+        &config,
+        options,
+        jobs,
+        reservations,
+        None,
+        &mut |done, _| bar.set_position(done as u64),
+    )
+    .context("a reservation cannot be placed")?;
     bar.finish_and_clear();
     let elapsed = started.elapsed();
     let md = gpuledger::simulate::write_outputs(&args.out, &config, &result)?;

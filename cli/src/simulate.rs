@@ -146,13 +146,14 @@ pub fn write_outputs(
         .iter()
         .map(|(spec, _)| spec.id.as_str())
         .collect();
-    let mut csv =
-        String::from("job_id,account,gpus,submit,start,end,wait_s,jct_s,outcome,backfilled\n");
+    let mut csv = String::from(
+        "job_id,account,gpus,submit,start,end,wait_s,jct_s,outcome,backfilled,preemptions,lost_gpu_s\n",
+    );
     for r in &result.records {
         let opt = |x: Option<i64>| x.map(|v| (v - t0).to_string()).unwrap_or_default();
         let _ = writeln!(
             csv,
-            "{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{}",
             r.spec.id,
             r.spec.account,
             r.spec.gpus,
@@ -170,7 +171,9 @@ pub fn write_outputs(
                 } else {
                     ""
                 }),
-            r.backfilled
+            r.backfilled,
+            r.preemptions,
+            r.lost_gpu_s
         );
     }
     let jobs_path = out.join("jobs.csv");
@@ -236,8 +239,100 @@ pub fn write_outputs(
             s.p99_wait_s
         );
     }
+    let preemptions: u32 = result.records.iter().map(|r| r.preemptions).sum();
+    let lost: i64 = result.records.iter().map(|r| r.lost_gpu_s).sum();
+    let _ = writeln!(
+        md,
+        "\nPreemptions: {preemptions} ({:.0} GPU-hours of work redone).\n",
+        lost as f64 / 3600.0
+    );
+    write_charts(out, config, result, &by_account)?;
+    let _ = writeln!(
+        md,
+        "![GPUs in use over time](utilization.svg)\n\n![Queue wait by account](wait-by-account.svg)"
+    );
     let report_path = out.join("report.md");
     std::fs::write(&report_path, &md)
         .with_context(|| format!("writing {}", report_path.display()))?;
     Ok(md)
+}
+
+/// Busy share of the cluster, averaged per hour, as `(days since start, share)`.
+pub fn hourly_utilization(result: &SimResult) -> Vec<(f64, f64)> {
+    let (start, end) = (result.start_s, result.horizon_s.max(result.start_s + 1));
+    let total = f64::from(result.total_gpus.max(1));
+    let mut out = Vec::new();
+    let mut k = 0;
+    let mut hour = start;
+    while hour < end {
+        let next = (hour + 3600).min(end);
+        let mut busy_s = 0.0;
+        while k + 1 < result.busy_gpus.len() && result.busy_gpus[k + 1].0 <= hour {
+            k += 1;
+        }
+        let mut j = k;
+        while j < result.busy_gpus.len() && result.busy_gpus[j].0 < next {
+            let from = result.busy_gpus[j].0.max(hour);
+            let to = result
+                .busy_gpus
+                .get(j + 1)
+                .map(|b| b.0)
+                .unwrap_or(end)
+                .min(next);
+            busy_s += f64::from(result.busy_gpus[j].1) * (to - from).max(0) as f64;
+            j += 1;
+        }
+        out.push((
+            (hour - start) as f64 / 86_400.0,
+            busy_s / (total * (next - hour) as f64),
+        ));
+        hour = next;
+    }
+    out
+}
+
+fn write_charts(
+    out: &Path,
+    config: &ClusterConfig,
+    result: &SimResult,
+    by_account: &BTreeMap<&str, Vec<&gpuledger_scheduler::JobRecord>>,
+) -> anyhow::Result<()> {
+    let util = crate::svg::line_chart(
+        &format!(
+            "GPUs in use, hourly mean ({}, {} GPUs)",
+            result.options.name(),
+            result.total_gpus
+        ),
+        "share of GPUs",
+        "days since the first submission",
+        &hourly_utilization(result),
+        1.0,
+    );
+    let waits: Vec<(String, f64, f64)> = config
+        .accounts
+        .iter()
+        .map(|a| {
+            let records = by_account
+                .get(a.id.as_str())
+                .map(Vec::as_slice)
+                .unwrap_or(&[]);
+            let s = wait_stats(records.iter().copied(), result.horizon_s);
+            (
+                a.id.as_str().trim_start_matches("vc-").to_owned(),
+                s.mean_wait_s / 3600.0,
+                s.p99_wait_s as f64 / 3600.0,
+            )
+        })
+        .collect();
+    let wait = crate::svg::paired_bars(
+        "Queue wait by account (hours)",
+        "hours",
+        ("mean", "p99"),
+        &waits,
+    );
+    for (name, svg) in [("utilization.svg", util), ("wait-by-account.svg", wait)] {
+        let path = out.join(name);
+        std::fs::write(&path, svg).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
 }

@@ -200,13 +200,21 @@ fn simulate_replays_a_philly_trace_and_writes_jobs_csv() {
     // cluster and is refused at submission.
     assert_eq!(
         jobs,
-        "job_id,account,gpus,submit,start,end,wait_s,jct_s,outcome,backfilled\n\
-         p000001,vc-aaa,8,0,0,100,0,100,completed,false\n\
-         p000002,vc-bbb,8,1,100,200,99,199,completed,false\n\
-         p000003,vc-aaa,16,2,,,,,refused,false\n"
+        "job_id,account,gpus,submit,start,end,wait_s,jct_s,outcome,backfilled,preemptions,lost_gpu_s\n\
+         p000001,vc-aaa,8,0,0,100,0,100,completed,false,0,0\n\
+         p000002,vc-bbb,8,1,100,200,99,199,completed,false,0,0\n\
+         p000003,vc-aaa,16,2,,,,,refused,false,0,0\n"
     );
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(report.contains("| 3 | 1 | 50 |"), "{report}");
+    for svg in ["utilization.svg", "wait-by-account.svg"] {
+        let text = std::fs::read_to_string(out.join(svg)).unwrap();
+        assert!(
+            text.starts_with("<svg") && text.trim_end().ends_with("</svg>"),
+            "{svg}"
+        );
+        assert!(report.contains(&format!("]({svg})")));
+    }
     assert!(report.contains("| vc-aaa | 75.0% |"), "{report}");
 
     let bad = dir.path().join("bad.csv");
@@ -229,4 +237,97 @@ fn simulate_replays_a_philly_trace_and_writes_jobs_csv() {
     assert!(!run.status.success());
     assert!(String::from_utf8_lossy(&run.stderr)
         .contains("bad.csv:2: `duration`: `abc` is not a number of seconds"));
+}
+
+#[test]
+fn simulate_runs_its_own_job_format_with_preemption_and_a_reservation() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = dir.path().join("cluster.toml");
+    std::fs::write(
+        &cluster,
+        "version = 1\n[cluster]\nname = \"two\"\n[[node_pools]]\nname = \"p\"\nprefix = \"n\"\n\
+         count = 2\ngpus_per_node = 8\ngpu_model = \"h100-sxm\"\n\
+         [[partitions]]\nname = \"train\"\npriority_tier = 20\ndefault = true\n\
+         [[partitions]]\nname = \"urgent\"\npriority_tier = 50\n\
+         [prices]\nversion = \"v\"\neffective_from = \"2026-01-01\"\ncurrency = \"USD\"\n\
+         gpu_hour = { h100-sxm = \"1\" }\n\
+         [[accounts]]\nid = \"a\"\nname = \"A\"\nweight = 1\n\
+         [[accounts]]\nid = \"b\"\nname = \"B\"\nweight = 1\n",
+    )
+    .unwrap();
+    // a fills both nodes for 4 h, checkpointing every 30 min; b's urgent job arrives after an
+    // hour and preempts one of them, which ignores SIGTERM and is killed after the 5-minute
+    // grace; b also holds node n002 from hour 10 to 12 by reservation.
+    let jobs = dir.path().join("jobs.csv");
+    std::fs::write(
+        &jobs,
+        "job_id,submit,account,gpus,run_time_s,checkpoint_every_s,partition\n\
+         a1,2026-06-01T00:00:00Z,a,8,14400,1800,\n\
+         a2,2026-06-01T00:00:00Z,a,8,14400,1800,\n\
+         b1,2026-06-01T01:00:00Z,b,8,3600,,urgent\n\
+         b2,2026-06-01T10:00:00Z,b,8,3600,,\n\
+         a3,2026-06-01T09:00:00Z,a,16,7200,,\n",
+    )
+    .unwrap();
+    let reservations = dir.path().join("res.toml");
+    std::fs::write(
+        &reservations,
+        "[[reservations]]\nname = \"b-window\"\nstart = \"2026-06-01T10:00:00Z\"\n\
+         end = \"2026-06-01T12:00:00Z\"\naccounts = [\"b\"]\nnode_names = [\"n002\"]\n",
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let run = gpuledger(&[
+        "simulate",
+        "--jobs",
+        jobs.to_str().unwrap(),
+        "--config",
+        cluster.to_str().unwrap(),
+        "--reservations",
+        reservations.to_str().unwrap(),
+        "--policy",
+        "fifo+backfill",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let csv = std::fs::read_to_string(out.join("jobs.csv")).unwrap();
+    let row = |id: &str| -> Vec<String> {
+        csv.lines()
+            .find(|l| l.starts_with(&format!("{id},")))
+            .unwrap_or_else(|| panic!("{id} in {csv}"))
+            .split(',')
+            .map(str::to_owned)
+            .collect()
+    };
+    // b1 waits out the grace (300 s) and runs; the victim is preempted once and loses the
+    // 5 minutes of 8 GPUs since its checkpoint at 1 h.
+    assert_eq!(row("b1")[6], "300", "b1 waited {csv}");
+    let victims: Vec<Vec<String>> = ["a1", "a2"].iter().map(|id| row(id)).collect();
+    let preempted: Vec<&Vec<String>> = victims.iter().filter(|r| r[10] == "1").collect();
+    assert_eq!(preempted.len(), 1, "{csv}");
+    assert_eq!(preempted[0][11], (8 * 300).to_string(), "{csv}");
+    // b2 runs inside its reservation on n002 at once; a3 needs both nodes for 2 h from 9:00,
+    // which would run into the window, so it waits until the window ends at 12:00.
+    assert_eq!(row("b2")[6], "0", "{csv}");
+    assert_eq!(row("a3")[6], (3 * 3600).to_string(), "{csv}");
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(report.contains("Preemptions: 1"), "{report}");
+
+    let bad = dir.path().join("bad.csv");
+    std::fs::write(&bad, "submit,account,gpus,run_time_s\n0,a,eight,10\n").unwrap();
+    let run = gpuledger(&[
+        "simulate",
+        "--jobs",
+        bad.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(!run.status.success());
+    assert!(String::from_utf8_lossy(&run.stderr)
+        .contains("bad.csv:2: `gpus`: `eight` is not a whole number"));
 }

@@ -28,4 +28,4 @@ pub use crate::core::{
     RunningJob, Scheduler, SchedulerOptions, Started,
 };
 pub use crate::reservation::{AdvanceReservation, NodeRequest, ReservationRequest};
-pub use crate::sim::{simulate, JobRecord, SimJob, SimResult};
+pub use crate::sim::{simulate, simulate_with_reservations, JobRecord, Run, SimJob, SimResult};

@@ -266,3 +266,124 @@ impl Reservations {
         Ok(self.list.last().unwrap_or_else(|| unreachable!()))
     }
 }
+
+/// One reservation in a reservations file.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReservationEntry {
+    pub name: String,
+    pub start: chrono::DateTime<chrono::Utc>,
+    pub end: chrono::DateTime<chrono::Utc>,
+    /// The first is the owner, billed for what goes unused.
+    pub accounts: Vec<AccountId>,
+    /// A number of nodes for the scheduler to choose...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<u32>,
+    /// ...or the nodes by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub node_names: Vec<NodeId>,
+}
+
+#[derive(Debug, Default, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+struct ReservationsFile {
+    #[serde(default)]
+    reservations: Vec<ReservationEntry>,
+}
+
+impl ReservationEntry {
+    pub fn to_request(&self) -> ReservationRequest {
+        ReservationRequest {
+            name: self.name.clone(),
+            start_s: self.start.timestamp(),
+            end_s: self.end.timestamp(),
+            accounts: self.accounts.clone(),
+            nodes: if self.node_names.is_empty() {
+                NodeRequest::Count(self.nodes.unwrap_or(0))
+            } else {
+                NodeRequest::Names(self.node_names.clone())
+            },
+        }
+    }
+}
+
+/// Reads a reservations file (`[[reservations]]` with `name`, `start`, `end`, `accounts` and
+/// `nodes` or `node_names`). Errors name the file, line and field.
+pub fn parse_reservations(
+    text: &str,
+    origin: &str,
+) -> Result<Vec<ReservationEntry>, gpuledger_model::ConfigError> {
+    let file: ReservationsFile = gpuledger_model::config::parse_toml(text, origin)?;
+    let mut errors = Vec::new();
+    for (i, r) in file.reservations.iter().enumerate() {
+        let at = |f: &str| format!("reservations[{i}].{f}");
+        if r.end <= r.start {
+            errors.push(field_error(at("end"), "must be after `start`"));
+        }
+        if r.accounts.is_empty() {
+            errors.push(field_error(at("accounts"), "name at least one account"));
+        }
+        match (r.nodes, r.node_names.is_empty()) {
+            (Some(_), false) => errors.push(field_error(
+                at("nodes"),
+                "give `nodes` (a count) or `node_names`, not both",
+            )),
+            (None, true) | (Some(0), true) => {
+                errors.push(field_error(at("nodes"), "reserve at least one node"))
+            }
+            _ => {}
+        }
+    }
+    if errors.is_empty() {
+        return Ok(file.reservations);
+    }
+    gpuledger_model::config::locate_lines(text, &mut errors);
+    Err(gpuledger_model::ConfigError::Invalid {
+        origin: origin.to_owned(),
+        errors,
+    })
+}
+
+/// Writes reservations in the format [`parse_reservations`] reads.
+pub fn reservations_toml(entries: &[ReservationEntry]) -> String {
+    toml::to_string(&ReservationsFile {
+        reservations: entries.to_vec(),
+    })
+    .unwrap_or_default()
+}
+
+fn field_error(field: String, message: &str) -> gpuledger_model::config::FieldError {
+    gpuledger_model::config::FieldError {
+        field,
+        line: None,
+        message: message.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reservations_file_round_trips_and_bad_fields_are_named() {
+        let text = "[[reservations]]\nname = \"flagship\"\nstart = \"2026-06-10T08:00:00Z\"\n\
+                    end = \"2026-06-17T08:00:00Z\"\naccounts = [\"team-e\"]\nnodes = 64\n";
+        let entries = parse_reservations(text, "r.toml").unwrap();
+        assert_eq!(
+            entries[0].to_request().end_s - entries[0].to_request().start_s,
+            7 * 86_400
+        );
+        assert_eq!(
+            parse_reservations(&reservations_toml(&entries), "again").unwrap(),
+            entries
+        );
+        let bad = text.replace("nodes = 64", "nodes = 64\nnode_names = [\"gpu001\"]");
+        let err = parse_reservations(&bad, "r.toml").unwrap_err().to_string();
+        assert!(err.contains("reservations[0].nodes"), "{err}");
+        let unknown = text.replace("nodes = 64", "nodez = 64");
+        assert!(parse_reservations(&unknown, "r.toml")
+            .unwrap_err()
+            .to_string()
+            .contains("r.toml:6"));
+    }
+}

@@ -17,6 +17,7 @@ use gpuledger_model::time::UnixSeconds;
 use gpuledger_model::{Allocation, JobId};
 
 use crate::core::{Cycle, JobSpec, Refusal, Scheduler, SchedulerOptions};
+use crate::reservation::{ReservationError, ReservationRequest};
 
 /// A job to simulate: what is submitted, and how it will really behave.
 #[derive(Clone, Debug, PartialEq)]
@@ -95,6 +96,8 @@ enum Wake {
     End { generation: u64 },
     /// A preempted job's process exits.
     Exit,
+    /// Nothing ends, but a planned start or a reservation boundary comes due: run a cycle.
+    Tick,
 }
 
 /// The simulator's view of a job that has started at least once.
@@ -119,6 +122,7 @@ struct Sim<'a> {
     progress: Vec<Progress>,
     events: Vec<JobEvent>,
     wakes: BinaryHeap<Reverse<(UnixSeconds, usize, Wake)>>,
+    ticks: std::collections::BTreeSet<UnixSeconds>,
 }
 
 /// Runs `jobs` (in any order) until every job has ended, or until `horizon_s` when given.
@@ -126,12 +130,38 @@ struct Sim<'a> {
 pub fn simulate(
     config: &ClusterConfig,
     options: SchedulerOptions,
+    jobs: Vec<SimJob>,
+    horizon_s: Option<UnixSeconds>,
+    progress: &mut dyn FnMut(usize, usize),
+) -> SimResult {
+    let sched = Scheduler::new(config, options);
+    run(sched, options, jobs, horizon_s, progress)
+}
+
+/// [`simulate`] with advance reservations in force from the start.
+pub fn simulate_with_reservations(
+    config: &ClusterConfig,
+    options: SchedulerOptions,
+    jobs: Vec<SimJob>,
+    reservations: Vec<ReservationRequest>,
+    horizon_s: Option<UnixSeconds>,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<SimResult, ReservationError> {
+    let mut sched = Scheduler::new(config, options);
+    for r in reservations {
+        sched.add_reservation(r)?;
+    }
+    Ok(run(sched, options, jobs, horizon_s, progress))
+}
+
+fn run(
+    sched: Scheduler,
+    options: SchedulerOptions,
     mut jobs: Vec<SimJob>,
     horizon_s: Option<UnixSeconds>,
     progress: &mut dyn FnMut(usize, usize),
 ) -> SimResult {
     jobs.sort_by(|a, b| (a.spec.submit_s, &a.spec.id).cmp(&(b.spec.submit_s, &b.spec.id)));
-    let sched = Scheduler::new(config, options);
     let total_gpus = sched.cluster().total_gpus();
     let start_s = jobs.first().map(|j| j.spec.submit_s).unwrap_or(0);
     let mut sim = Sim {
@@ -142,6 +172,7 @@ pub fn simulate(
         progress: vec![Progress::default(); jobs.len()],
         events: Vec::with_capacity(jobs.len() * 3),
         wakes: BinaryHeap::new(),
+        ticks: Default::default(),
     };
     let mut refused = Vec::new();
     let mut busy = vec![(start_s, 0u32)];
@@ -200,6 +231,7 @@ pub fn simulate(
         sim.sched.accrue_usage(now);
         let cycle = sim.sched.schedule(now);
         sim.apply(cycle, now);
+        sim.plan_tick(now);
         let busy_now = total_gpus - sim.sched.cluster().free_gpus();
         if busy.last().map(|(_, b)| *b) != Some(busy_now) {
             busy.push((now, busy_now));
@@ -225,6 +257,30 @@ pub fn simulate(
 }
 
 impl Sim<'_> {
+    /// Makes sure a cycle runs when the next planned start or reservation boundary comes,
+    /// even if no job ends then (a live service runs cycles on a timer instead).
+    fn plan_tick(&mut self, now: UnixSeconds) {
+        let planned = self
+            .sched
+            .pending()
+            .iter()
+            .filter_map(|p| p.estimated_start_s)
+            .filter(|t| *t > now)
+            .min();
+        let boundary = self
+            .sched
+            .reservations()
+            .boundaries()
+            .into_iter()
+            .filter(|t| *t > now)
+            .min();
+        for t in [planned, boundary].into_iter().flatten() {
+            if self.ticks.insert(t) {
+                self.wakes.push(Reverse((t, 0, Wake::Tick)));
+            }
+        }
+    }
+
     fn wake(&mut self, i: usize, wake: Wake, now: UnixSeconds) {
         let job = &self.jobs[i];
         match wake {
@@ -253,6 +309,9 @@ impl Sim<'_> {
                     _ => 1,
                 });
                 self.events.push(ev);
+            }
+            Wake::Tick => {
+                self.ticks.remove(&now);
             }
             Wake::Exit => {
                 let Some(running) = self.sched.running_job(&job.spec.id) else {

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use chrono::NaiveDateTime;
 
 use gpuledger_model::job::Outcome;
-use gpuledger_model::{AccountId, JobId};
+use gpuledger_model::{AccountId, JobId, ProjectId};
 
 use crate::core::JobSpec;
 use crate::sim::SimJob;
@@ -168,6 +168,130 @@ pub fn parse_vc_nodes(text: &str, origin: &str) -> Result<BTreeMap<String, u32>,
     Ok(out)
 }
 
+/// The columns of gpuledger's own job format; the first four are required.
+pub const JOB_COLUMNS: [&str; 13] = [
+    "submit",
+    "account",
+    "gpus",
+    "run_time_s",
+    "job_id",
+    "project",
+    "partition",
+    "min_gpus",
+    "time_limit_s",
+    "grace_s",
+    "checkpoint_every_s",
+    "checkpoint_save_s",
+    "outcome",
+];
+
+/// Reads gpuledger's own job format: a CSV with a header naming any of [`JOB_COLUMNS`] in any
+/// order (`submit,account,gpus,run_time_s` required). `submit` is seconds since the epoch or
+/// RFC 3339; `time_limit_s` defaults to the run time rounded up to the hour; `outcome` is
+/// `completed` (default) or `failed`; empty cells take the default.
+pub fn parse_jobs(text: &str, origin: &str) -> Result<Vec<SimJob>, TraceError> {
+    let mut lines = text.lines();
+    let header = lines.next().unwrap_or_default();
+    let cols: Vec<&str> = header.split(',').map(str::trim).collect();
+    let head_err = |field: &str, message: String| TraceError {
+        origin: origin.to_owned(),
+        line: 1,
+        field: field.to_owned(),
+        message,
+    };
+    if let Some(unknown) = cols.iter().find(|c| !JOB_COLUMNS.contains(c)) {
+        return Err(head_err(
+            unknown,
+            format!("unknown column; known: {}", JOB_COLUMNS.join(", ")),
+        ));
+    }
+    header_index(origin, header, &JOB_COLUMNS[..4])?;
+    let mut jobs = Vec::new();
+    for (n, line) in lines.enumerate() {
+        let line_no = n + 2;
+        if line.trim().is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let cells: Vec<&str> = line.split(',').map(str::trim).collect();
+        let err = |field: &str, message: String| TraceError {
+            origin: origin.to_owned(),
+            line: line_no,
+            field: field.to_owned(),
+            message,
+        };
+        let get = |name: &str| -> Option<&str> {
+            cols.iter()
+                .position(|c| *c == name)
+                .and_then(|i| cells.get(i).copied())
+                .filter(|v| !v.is_empty())
+        };
+        let required = |name: &str| get(name).ok_or_else(|| err(name, "missing".into()));
+        let number = |name: &str| -> Result<Option<u64>, TraceError> {
+            get(name)
+                .map(|v| {
+                    v.parse::<u64>()
+                        .map_err(|_| err(name, format!("`{v}` is not a whole number")))
+                })
+                .transpose()
+        };
+        let submit_text = required("submit")?;
+        let submit = match submit_text.parse::<i64>() {
+            Ok(s) => s,
+            Err(_) => chrono::DateTime::parse_from_rfc3339(submit_text)
+                .map_err(|e| {
+                    err(
+                        "submit",
+                        format!("`{submit_text}` is neither epoch seconds nor RFC 3339: {e}"),
+                    )
+                })?
+                .timestamp(),
+        };
+        let account_text = required("account")?;
+        let account = AccountId::new(account_text).map_err(|e| err("account", e.to_string()))?;
+        let gpus = number("gpus")?.ok_or_else(|| err("gpus", "missing".into()))?;
+        let gpus = u32::try_from(gpus).map_err(|_| err("gpus", format!("{gpus} is too large")))?;
+        let run_time_s =
+            number("run_time_s")?.ok_or_else(|| err("run_time_s", "missing".into()))?;
+        let id = match get("job_id") {
+            Some(v) => JobId::new(v).map_err(|e| err("job_id", e.to_string()))?,
+            None => JobId::new(format!("j{:06}", jobs.len() + 1))
+                .map_err(|e| err("job_id", e.to_string()))?,
+        };
+        let mut spec = JobSpec::new(
+            id,
+            account,
+            gpus,
+            number("time_limit_s")?
+                .unwrap_or_else(|| crate::workload::round_up_to_hour(run_time_s)),
+            submit,
+        );
+        spec.project = get("project")
+            .map(|v| ProjectId::new(v).map_err(|e| err("project", e.to_string())))
+            .transpose()?;
+        spec.partition = get("partition").map(str::to_owned);
+        spec.min_gpus = number("min_gpus")?.map(|v| v as u32);
+        spec.grace_s = number("grace_s")?;
+        spec.checkpoint_every_s = number("checkpoint_every_s")?;
+        let outcome = match get("outcome") {
+            None | Some("completed") => Outcome::Completed,
+            Some("failed") => Outcome::Failed,
+            Some(other) => {
+                return Err(err(
+                    "outcome",
+                    format!("`{other}` is not `completed` or `failed`"),
+                ))
+            }
+        };
+        jobs.push(SimJob {
+            spec,
+            run_time_s,
+            outcome,
+            checkpoint_save_s: number("checkpoint_save_s")?,
+        });
+    }
+    Ok(jobs)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,6 +307,22 @@ mod tests {
     }
 
     #[test]
+    fn reads_the_own_job_format() {
+        let text = "submit,account,gpus,run_time_s,partition,min_gpus,checkpoint_every_s,job_id\n\
+                    1780272000,team-a,32,7200,urgent,,600,x1\n\
+                    2026-06-01T01:00:00Z,team-b,64,100,,16,,\n";
+        let jobs = parse_jobs(text, "j.csv").unwrap();
+        assert_eq!(jobs[0].spec.id.as_str(), "x1");
+        assert_eq!(jobs[0].spec.partition.as_deref(), Some("urgent"));
+        assert_eq!(jobs[0].spec.checkpoint_every_s, Some(600));
+        assert_eq!(jobs[0].spec.time_limit_s, 7200);
+        assert_eq!(jobs[1].spec.submit_s, 1_780_275_600);
+        assert_eq!(jobs[1].spec.min_gpus, Some(16));
+        assert_eq!(jobs[1].spec.time_limit_s, 3600);
+        assert_eq!(jobs[1].spec.id.as_str(), "j000002");
+    }
+
+    #[test]
     fn bad_lines_name_line_and_field() {
         let text = "timestamp,duration,num_gpus,gpu_time,cluster\n2017-09-04 10:30:41,12,x,1,a\n";
         let err = parse_philly(text, "t.csv", LimitEstimate::Exact).unwrap_err();
@@ -190,6 +330,14 @@ mod tests {
             err.to_string(),
             "t.csv:2: `num_gpus`: `x` is not a whole number"
         );
+        let err = parse_jobs("submit,account,gpus,run_time_s,colour\n", "j.csv").unwrap_err();
+        assert_eq!(err.field, "colour");
+        let err = parse_jobs(
+            "submit,account,gpus,run_time_s\n2026-06-01T00:00:00Z,a,8,3600\nyesterday,a,8,1\n",
+            "j.csv",
+        )
+        .unwrap_err();
+        assert_eq!((err.line, err.field.as_str()), (3, "submit"));
         let err = parse_vc_nodes("vc,node num\nab,many\n", "vc.csv").unwrap_err();
         assert_eq!(err.line, 2);
         assert_eq!(err.field, "node num");
