@@ -658,6 +658,42 @@ impl Scheduler {
         Ok(partition.tier)
     }
 
+    /// Puts back a job that was running before a restart, on the GPUs it held. Refused when
+    /// the job is unknown to the config or its GPUs are taken.
+    pub fn restore_running(
+        &mut self,
+        spec: JobSpec,
+        start_s: UnixSeconds,
+        allocation: &Allocation,
+        preemptions: u32,
+        last_checkpoint_s: Option<UnixSeconds>,
+        preempting: Option<Preempting>,
+    ) -> Result<(), Refusal> {
+        let tier = self.admit(&spec)?;
+        let placement = self
+            .cluster
+            .from_allocation(allocation)
+            .filter(|p| self.cluster.is_free(p) && p.gpu_count() >= spec.min_size())
+            .ok_or_else(|| Refusal::DuplicateId(spec.id.clone()))?;
+        let limits = self.limits_for(&spec);
+        let pending = PendingJob {
+            spec,
+            tier,
+            priority: 0.0,
+            reason: PendingReason::None,
+            estimated_start_s: None,
+            preemptions,
+            has_preempted: false,
+            limits,
+        };
+        self.start(&pending, placement, start_s, false);
+        if let Some(job) = self.running.get_mut(&pending.spec.id) {
+            job.last_checkpoint_s = last_checkpoint_s;
+            job.preempting = preempting;
+        }
+        Ok(())
+    }
+
     /// Removes a pending job (cancelled before it started).
     pub fn cancel_pending(&mut self, id: &JobId) -> Option<JobSpec> {
         let pos = self.pending.iter().position(|p| &p.spec.id == id)?;

@@ -1,0 +1,299 @@
+//! Running jobs as real processes. [`Executor`] is the seam: the service tells it to launch,
+//! signal and kill, and asks which jobs have exited; [`LocalExecutor`] runs each job as a shell
+//! command in its own process group on this host, with `CUDA_VISIBLE_DEVICES` set to its GPUs.
+//!
+//! Each job runs under a small `sh` wrapper that waits for the command and writes its exit
+//! status to `<job dir>/exit`. The wrapper ignores nothing: SIGTERM reaches the whole process
+//! group (the wrapper only notes it and keeps waiting), SIGKILL ends both. So the status
+//! survives a restart of the service: an adopted job is finished when its `exit` file appears,
+//! or when its process group is gone without one (killed).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+
+use gpuledger_model::JobId;
+
+/// What a job needs to start.
+#[derive(Clone, Debug)]
+pub struct Launch {
+    pub job_id: JobId,
+    pub command: String,
+    /// GPU indices on this host, for `CUDA_VISIBLE_DEVICES`.
+    pub gpus: Vec<u32>,
+    /// The whole allocation, `node:gpus;...`, for multi-node launchers.
+    pub allocation: String,
+    pub account: String,
+    pub project: Option<String>,
+}
+
+/// How a job's process ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExitStatus {
+    /// The command's own exit code.
+    Code(i32),
+    /// Killed by a signal before the wrapper could record anything (SIGKILL).
+    Killed,
+}
+
+/// The seam between the service and whatever runs jobs.
+pub trait Executor: Send + std::fmt::Debug {
+    /// Starts the job; returns its process id.
+    fn launch(&mut self, job: &Launch) -> std::io::Result<u32>;
+    /// Watches a job started before a restart.
+    fn adopt(&mut self, job_id: &JobId, pid: u32);
+    /// Sends a signal to the job's processes.
+    fn signal(&mut self, job_id: &JobId, signal: Signal) -> std::io::Result<()>;
+    /// Jobs that have exited since the last call.
+    fn reap(&mut self) -> Vec<(JobId, ExitStatus)>;
+}
+
+#[derive(Debug)]
+struct Watched {
+    pid: u32,
+    child: Option<Child>,
+}
+
+/// Runs jobs as local processes under `root/<job id>/` (stdout, stderr, exit status).
+#[derive(Debug)]
+pub struct LocalExecutor {
+    root: PathBuf,
+    jobs: HashMap<JobId, Watched>,
+}
+
+/// Waits for the command and records its status; see the module docs.
+const WRAPPER: &str = r#"trap ':' TERM
+sh -c "$1" & child=$!
+while :; do
+  wait "$child"; status=$?
+  kill -0 "$child" 2>/dev/null || break
+done
+printf '%s\n' "$status" > "$2.tmp" && mv "$2.tmp" "$2"
+exit "$status"
+"#;
+
+impl LocalExecutor {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        LocalExecutor {
+            root: root.into(),
+            jobs: HashMap::new(),
+        }
+    }
+
+    /// The directory holding a job's output and exit status.
+    pub fn job_dir(&self, job_id: &JobId) -> PathBuf {
+        self.root.join(job_id.as_str())
+    }
+
+    fn exit_file(&self, job_id: &JobId) -> PathBuf {
+        self.job_dir(job_id).join("exit")
+    }
+}
+
+fn read_exit(path: &Path) -> Option<i32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+fn group_alive(pid: u32) -> bool {
+    i32::try_from(pid)
+        .ok()
+        .is_some_and(|p| killpg(Pid::from_raw(p), None).is_ok())
+}
+
+/// True while the wrapper process runs: it exists and is not a zombie waiting for a parent
+/// that is no longer this process (a job adopted after a restart).
+fn wrapper_running(pid: u32) -> bool {
+    let exists = i32::try_from(pid)
+        .ok()
+        .is_some_and(|p| nix::sys::signal::kill(Pid::from_raw(p), None).is_ok());
+    if !exists {
+        return false;
+    }
+    // Linux: the third field of /proc/<pid>/stat is the state; `Z` is a zombie.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_none_or(|state| state != "Z"),
+        Err(_) => true,
+    }
+}
+
+impl Executor for LocalExecutor {
+    fn launch(&mut self, job: &Launch) -> std::io::Result<u32> {
+        use std::os::unix::process::CommandExt;
+        let dir = self.job_dir(&job.job_id);
+        std::fs::create_dir_all(&dir)?;
+        let _ = std::fs::remove_file(dir.join("exit"));
+        // Appended, as Slurm's `--open-mode=append`: a requeued job's runs follow each other.
+        let append = |name: &str| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(dir.join(name))
+        };
+        let stdout = append("stdout")?;
+        let stderr = append("stderr")?;
+        let visible: Vec<String> = job.gpus.iter().map(u32::to_string).collect();
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(WRAPPER)
+            .arg("gpuledger-job")
+            .arg(&job.command)
+            .arg(dir.join("exit"))
+            .current_dir(&dir)
+            .env("CUDA_VISIBLE_DEVICES", visible.join(","))
+            .env("GPULEDGER_JOB_ID", job.job_id.as_str())
+            .env("GPULEDGER_ACCOUNT", &job.account)
+            .env("GPULEDGER_PROJECT", job.project.as_deref().unwrap_or(""))
+            .env("GPULEDGER_ALLOCATION", &job.allocation)
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr)
+            .process_group(0)
+            .spawn()?;
+        let pid = child.id();
+        self.jobs.insert(
+            job.job_id.clone(),
+            Watched {
+                pid,
+                child: Some(child),
+            },
+        );
+        Ok(pid)
+    }
+
+    fn adopt(&mut self, job_id: &JobId, pid: u32) {
+        self.jobs
+            .insert(job_id.clone(), Watched { pid, child: None });
+    }
+
+    fn signal(&mut self, job_id: &JobId, signal: Signal) -> std::io::Result<()> {
+        let Some(w) = self.jobs.get(job_id) else {
+            return Ok(());
+        };
+        let pid = i32::try_from(w.pid).map_err(std::io::Error::other)?;
+        match killpg(Pid::from_raw(pid), signal) {
+            Ok(()) | Err(nix::errno::Errno::ESRCH) => Ok(()),
+            Err(e) => Err(std::io::Error::from(e)),
+        }
+    }
+
+    fn reap(&mut self) -> Vec<(JobId, ExitStatus)> {
+        let mut done = Vec::new();
+        for (id, w) in self.jobs.iter_mut() {
+            let wrapper_gone = match w.child.as_mut() {
+                Some(child) => matches!(child.try_wait(), Ok(Some(_))),
+                None => !wrapper_running(w.pid),
+            };
+            if !wrapper_gone {
+                continue;
+            }
+            // The wrapper is gone; the group may still hold the command (it outlived a killed
+            // wrapper), which is then finished off.
+            if group_alive(w.pid) {
+                if let Ok(p) = i32::try_from(w.pid) {
+                    let _ = killpg(Pid::from_raw(p), Signal::SIGKILL);
+                }
+            }
+            done.push(id.clone());
+        }
+        let mut out = Vec::with_capacity(done.len());
+        for id in done {
+            self.jobs.remove(&id);
+            let status = match read_exit(&self.exit_file(&id)) {
+                Some(code) => ExitStatus::Code(code),
+                None => ExitStatus::Killed,
+            };
+            out.push((id, status));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    fn wait_exit(ex: &mut LocalExecutor, within: Duration) -> Vec<(JobId, ExitStatus)> {
+        let until = Instant::now() + within;
+        loop {
+            let got = ex.reap();
+            if !got.is_empty() || Instant::now() > until {
+                return got;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn launch(id: &str, command: &str) -> Launch {
+        Launch {
+            job_id: JobId::new(id).unwrap(),
+            command: command.into(),
+            gpus: vec![2, 3],
+            allocation: "n001:2-3".into(),
+            account: "a".into(),
+            project: None,
+        }
+    }
+
+    #[test]
+    fn a_job_sees_its_gpus_and_its_exit_code_is_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ex = LocalExecutor::new(dir.path());
+        ex.launch(&launch(
+            "1",
+            "echo $CUDA_VISIBLE_DEVICES $GPULEDGER_ALLOCATION; exit 3",
+        ))
+        .unwrap();
+        let done = wait_exit(&mut ex, Duration::from_secs(10));
+        assert_eq!(done, vec![(JobId::new("1").unwrap(), ExitStatus::Code(3))]);
+        let out = std::fs::read_to_string(dir.path().join("1/stdout")).unwrap();
+        assert_eq!(out, "2,3 n001:2-3\n");
+    }
+
+    #[test]
+    fn sigterm_reaches_the_job_and_sigkill_ends_one_that_ignores_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ex = LocalExecutor::new(dir.path());
+        // Checkpoints on SIGTERM and exits 0.
+        ex.launch(&launch(
+            "polite",
+            "trap 'echo saved; exit 0' TERM; while :; do sleep 0.05; done",
+        ))
+        .unwrap();
+        // Ignores SIGTERM.
+        ex.launch(&launch(
+            "stubborn",
+            "trap '' TERM; while :; do sleep 0.05; done",
+        ))
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        for id in ["polite", "stubborn"] {
+            ex.signal(&JobId::new(id).unwrap(), Signal::SIGTERM)
+                .unwrap();
+        }
+        let done = wait_exit(&mut ex, Duration::from_secs(10));
+        assert_eq!(
+            done,
+            vec![(JobId::new("polite").unwrap(), ExitStatus::Code(0))]
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("polite/stdout")).unwrap(),
+            "saved\n"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(ex.reap().is_empty(), "the stubborn job is still running");
+        ex.signal(&JobId::new("stubborn").unwrap(), Signal::SIGKILL)
+            .unwrap();
+        let done = wait_exit(&mut ex, Duration::from_secs(10));
+        assert_eq!(
+            done,
+            vec![(JobId::new("stubborn").unwrap(), ExitStatus::Killed)]
+        );
+    }
+}

@@ -1,0 +1,197 @@
+//! The live scheduler over its HTTP API, with real processes: a job sees its GPUs, an urgent
+//! job preempts it (SIGTERM, checkpoint, requeue), both finish, the state survives a restart
+//! that adopts a running process, and bad requests get a clear 4xx.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+use gpuledger_model::time::ManualClock;
+use gpuledger_model::{ClusterConfig, JobId};
+use gpuledger_schedd::executor::LocalExecutor;
+use gpuledger_schedd::state::JobState;
+use gpuledger_schedd::{http, Service, ServiceConfig};
+use gpuledger_scheduler::SchedulerOptions;
+
+const T0_MS: i64 = 1_780_272_000_000;
+
+fn cluster() -> ClusterConfig {
+    ClusterConfig::from_toml_str(
+        "version = 1\n[cluster]\nname = \"one\"\n[[node_pools]]\nname = \"p\"\nprefix = \"gpu\"\n\
+         count = 1\ngpus_per_node = 8\ngpu_model = \"h100-sxm\"\n\
+         [[partitions]]\nname = \"train\"\npriority_tier = 20\ndefault = true\n\
+         [[partitions]]\nname = \"urgent\"\npriority_tier = 50\n\
+         [scheduler]\nmin_run_time = \"1m\"\n\
+         [prices]\nversion = \"v\"\neffective_from = \"2026-01-01\"\ncurrency = \"USD\"\n\
+         gpu_hour = { h100-sxm = \"1\" }\n\
+         [[accounts]]\nid = \"team-a\"\nname = \"A\"\nweight = 1\nquota = { max_gpus_per_job = 8 }\n\
+         [[accounts]]\nid = \"team-b\"\nname = \"B\"\nweight = 1\n",
+        "one.toml",
+    )
+    .unwrap()
+}
+
+fn open(dir: &std::path::Path, clock: Arc<ManualClock>) -> Arc<Service> {
+    let config = ServiceConfig {
+        options: SchedulerOptions::parse("fairshare+backfill").unwrap(),
+        dir: dir.join("scheduler"),
+        billing_reservations: Some(dir.join("reservations.toml")),
+        aggregator: None,
+        usage_every: Duration::from_secs(60),
+    };
+    let executor = Box::new(LocalExecutor::new(dir.join("scheduler/jobs")));
+    Arc::new(Service::open(cluster(), config, executor, clock).unwrap())
+}
+
+async fn call(
+    s: &Arc<Service>,
+    method: &str,
+    uri: &str,
+    body: Option<Value>,
+) -> (StatusCode, Value) {
+    let req = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("content-type", "application/json")
+        .body(match body {
+            Some(b) => Body::from(b.to_string()),
+            None => Body::empty(),
+        })
+        .unwrap();
+    let resp = http::router(Arc::clone(s)).oneshot(req).await.unwrap();
+    let status = resp.status();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    (status, value)
+}
+
+/// Ticks (advancing the clock a second each time) until `done` holds, for up to 20 s.
+fn tick_until(s: &Service, clock: &ManualClock, mut done: impl FnMut(&Service) -> bool) {
+    let until = Instant::now() + Duration::from_secs(20);
+    while !done(s) {
+        assert!(Instant::now() < until, "timed out");
+        clock.advance_ms(1000);
+        s.tick().unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn state(s: &Service, id: &JobId) -> JobState {
+    s.job(id).unwrap().state
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_run_get_preempted_with_grace_and_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let s = open(dir.path(), Arc::clone(&clock));
+
+    // Bad requests: a missing field is a 400 naming it; a job that can never run is a 422.
+    let (status, body) = call(
+        &s,
+        "POST",
+        "/api/v1/jobs",
+        Some(json!({"command": "true", "account": "team-a", "time_limit": "1h"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["field"], "gpus", "{body}");
+    let (status, body) = call(
+        &s,
+        "POST",
+        "/api/v1/jobs",
+        Some(json!({"command": "true", "account": "team-a", "gpus": 16, "time_limit": "1h"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_gpus_per_job"),
+        "{body}"
+    );
+
+    // A long training job that checkpoints on SIGTERM.
+    let train = "echo gpus=$CUDA_VISIBLE_DEVICES; trap 'echo checkpoint; exit 0' TERM; while :; do sleep 0.05; done";
+    let (status, body) = call(&s, "POST", "/api/v1/jobs", Some(json!({"command": train, "account": "team-a", "gpus": 6, "time_limit": "10h", "grace": "30s"}))).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let a = JobId::new(body["job_id"].as_str().unwrap()).unwrap();
+    tick_until(&s, &clock, |s| state(s, &a) == JobState::Running);
+    let stdout = dir.path().join(format!("scheduler/jobs/{a}/stdout"));
+    let until = Instant::now() + Duration::from_secs(10);
+    while std::fs::read_to_string(&stdout)
+        .unwrap_or_default()
+        .is_empty()
+    {
+        assert!(Instant::now() < until);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        std::fs::read_to_string(&stdout).unwrap(),
+        "gpus=0,1,2,3,4,5\n"
+    );
+    let mapping =
+        std::fs::read_to_string(dir.path().join("scheduler/job-mapping/gpu001/5")).unwrap();
+    assert_eq!(
+        mapping,
+        format!("{a} team-a\n"),
+        "the exporters' job mapping"
+    );
+
+    // Ten minutes on, B's urgent 4 GPUs do not fit beside A: A is signalled, checkpoints,
+    // exits and waits again; B runs.
+    clock.advance_ms(600_000);
+    let (_, body) = call(&s, "POST", "/api/v1/jobs", Some(json!({"command": "echo urgent=$CUDA_VISIBLE_DEVICES", "account": "team-b", "partition": "urgent", "gpus": 4, "time_limit": "1h"}))).await;
+    let b = JobId::new(body["job_id"].as_str().unwrap()).unwrap();
+    tick_until(&s, &clock, |s| state(s, &b) == JobState::Completed);
+    let a_info = s.job(&a).unwrap();
+    assert_eq!(a_info.preemptions, 1);
+    assert!(a_info.state == JobState::Pending || a_info.state == JobState::Running);
+    assert!(
+        std::fs::read_to_string(&stdout)
+            .unwrap()
+            .starts_with("gpus=0,1,2,3,4,5\ncheckpoint\n"),
+        "A wrote its checkpoint on SIGTERM"
+    );
+    let b_out =
+        std::fs::read_to_string(dir.path().join(format!("scheduler/jobs/{b}/stdout"))).unwrap();
+    assert_eq!(b_out, "urgent=0,1,2,3\n");
+    // A starts again once B is done.
+    tick_until(&s, &clock, |s| state(s, &a) == JobState::Running);
+    let (_, q) = call(&s, "GET", "/api/v1/queue", None).await;
+    assert_eq!(q["jobs"][0]["id"], a.as_str(), "{q}");
+    let (_, share) = call(&s, "GET", "/api/v1/share", None).await;
+    assert_eq!(share["accounts"][0]["running_gpus"], 6, "{share}");
+
+    // Restart: the service comes back from its state file and adopts the running process.
+    let pid = s.job(&a).unwrap().pid.unwrap();
+    drop(s);
+    let s = open(dir.path(), Arc::clone(&clock));
+    assert_eq!(state(&s, &a), JobState::Running);
+    assert_eq!(s.job(&a).unwrap().pid, Some(pid));
+    let (_, alloc) = call(&s, "GET", "/api/v1/allocations", None).await;
+    assert_eq!(alloc["gpus"].as_array().unwrap().len(), 6, "{alloc}");
+    // Cancel: SIGTERM, it checkpoints and exits; cancelled.
+    let (status, _) = call(&s, "DELETE", &format!("/api/v1/jobs/{a}"), None).await;
+    assert_eq!(status, StatusCode::OK);
+    tick_until(&s, &clock, |s| state(s, &a) == JobState::Cancelled);
+    assert_eq!(s.job(&a).unwrap().exit_code, Some(0));
+
+    // A reservation is placed on named nodes and written for billing.
+    let (status, body) = call(&s, "POST", "/api/v1/reservations", Some(json!({"name": "maint", "start": "2026-06-03T00:00:00Z", "end": "2026-06-04T00:00:00Z", "accounts": ["team-b"], "nodes": 1}))).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["node_names"][0], "gpu001");
+    let billing = std::fs::read_to_string(dir.path().join("reservations.toml")).unwrap();
+    assert!(
+        billing.contains("account = \"team-b\"") && billing.contains("gpus = 8"),
+        "{billing}"
+    );
+    let (status, _) = call(&s, "POST", "/api/v1/reservations", Some(json!({"name": "again", "start": "2026-06-03T12:00:00Z", "end": "2026-06-05T00:00:00Z", "accounts": ["team-a"], "nodes": 1}))).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+}
