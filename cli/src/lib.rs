@@ -9,6 +9,7 @@ pub mod defaults;
 pub mod exporter_cmd;
 pub mod invoice_cmd;
 pub mod pipeline;
+pub mod scheduler_cmd;
 pub mod serve;
 pub mod simulate;
 pub mod svg;

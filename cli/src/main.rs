@@ -55,6 +55,10 @@ enum Command {
     /// Run the aggregator service: HTTP ingest with a write-ahead log, Parquet store,
     /// indicators, the fair-share usage feed and /metrics.
     Aggregator(gpuledger::serve::AggregatorArgs),
+    /// The live scheduler: `serve` runs it; `submit`, `cancel`, `queue`, `share`, `reserve`
+    /// and `unreserve` talk to it.
+    #[command(subcommand)]
+    Scheduler(gpuledger::scheduler_cmd::SchedulerCommand),
     /// Check a cluster config file and print what it defines.
     CheckConfig {
         /// The TOML file.
@@ -144,6 +148,7 @@ fn main() -> anyhow::Result<()> {
         Command::Aggregator(args) => gpuledger::serve::run(args),
         Command::Exporter(args) => gpuledger::exporter_cmd::run(args),
         Command::Bench(command) => gpuledger::bench::run(command),
+        Command::Scheduler(command) => gpuledger::scheduler_cmd::run(command),
         Command::CheckConfig { file } => check_config(&file),
     }
 }

@@ -1,0 +1,412 @@
+//! `gpuledger scheduler`: the live service (`serve`) and its command-line client (`submit`,
+//! `cancel`, `queue`, `share`, `reserve`, `unreserve`), which speak its HTTP API as `sbatch`,
+//! `scancel`, `squeue`, `sshare` and `scontrol create reservation` would.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use serde_json::{json, Value};
+
+use gpuledger_model::time::{Clock, SystemClock};
+use gpuledger_model::DurationSpec;
+use gpuledger_schedd::executor::LocalExecutor;
+use gpuledger_schedd::{http, Service, ServiceConfig};
+use gpuledger_scheduler::SchedulerOptions;
+
+use crate::defaults::{load_cluster, DEFAULT_DATA_DIR};
+use crate::serve::{announce, shutdown_signal};
+use crate::table;
+
+#[derive(clap::Subcommand, Debug)]
+pub enum SchedulerCommand {
+    /// Run the scheduler service: HTTP API, scheduling cycles, jobs run as local processes.
+    Serve(ServeArgs),
+    /// Submit a job; prints its id.
+    Submit(SubmitArgs),
+    /// Cancel a job (a running one gets its checkpoint signal, then SIGKILL after its grace).
+    Cancel {
+        job_id: String,
+        #[arg(long, default_value = DEFAULT_URL, env = "GPULEDGER_SCHEDULER")]
+        url: String,
+    },
+    /// Running and pending jobs with state, reason and estimated start (as squeue).
+    Queue {
+        #[arg(long, default_value = DEFAULT_URL, env = "GPULEDGER_SCHEDULER")]
+        url: String,
+    },
+    /// Fair share per account (as sshare).
+    Share {
+        #[arg(long, default_value = DEFAULT_URL, env = "GPULEDGER_SCHEDULER")]
+        url: String,
+    },
+    /// Reserve nodes for accounts over a window.
+    Reserve(ReserveArgs),
+    /// Remove a reservation.
+    Unreserve {
+        name: String,
+        #[arg(long, default_value = DEFAULT_URL, env = "GPULEDGER_SCHEDULER")]
+        url: String,
+    },
+}
+
+const DEFAULT_URL: &str = "http://127.0.0.1:9500";
+
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// Address to listen on (`127.0.0.1:0` picks a free port; the chosen address is printed).
+    #[arg(long, default_value = "127.0.0.1:9500")]
+    listen: SocketAddr,
+    #[arg(long, default_value = DEFAULT_DATA_DIR, env = "GPULEDGER_DATA_DIR")]
+    data_dir: PathBuf,
+    /// Cluster config (default: the embedded seed cluster).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// fifo or fairshare, optionally +backfill or +conservative.
+    #[arg(long, default_value = "fairshare+backfill")]
+    policy: String,
+    /// The aggregator's URL: job events go there and fair-share usage comes from its feed.
+    /// Without it, the scheduler counts its own allocations.
+    #[arg(long)]
+    aggregator: Option<String>,
+    /// Time between scheduling cycles.
+    #[arg(long, default_value = "1s")]
+    cycle: DurationSpecMs,
+    /// How often the usage feed is read.
+    #[arg(long, default_value = "60s")]
+    usage_every: DurationSpec,
+}
+
+/// A duration that may be under a second (`500ms`, `2s`).
+#[derive(Clone, Copy, Debug)]
+pub struct DurationSpecMs(Duration);
+
+impl std::str::FromStr for DurationSpecMs {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if let Some(ms) = s.strip_suffix("ms") {
+            return ms
+                .parse::<u64>()
+                .map(|v| DurationSpecMs(Duration::from_millis(v)))
+                .map_err(|_| format!("`{s}` is not a number of milliseconds"));
+        }
+        s.parse::<DurationSpec>()
+            .map(|d| DurationSpecMs(Duration::from_secs(d.as_secs())))
+            .map_err(|e| e.to_string())
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct SubmitArgs {
+    #[arg(long)]
+    account: String,
+    #[arg(long)]
+    project: Option<String>,
+    #[arg(long)]
+    partition: Option<String>,
+    /// GPUs (the most an elastic job grows to).
+    #[arg(long)]
+    gpus: u32,
+    /// Smallest size of an elastic job.
+    #[arg(long)]
+    min_gpus: Option<u32>,
+    /// Time limit, e.g. `2h`.
+    #[arg(long)]
+    time_limit: String,
+    /// Grace between the checkpoint signal and SIGKILL, e.g. `5m`.
+    #[arg(long)]
+    grace: Option<String>,
+    /// TERM (default), USR1, USR2 or INT.
+    #[arg(long)]
+    checkpoint_signal: Option<String>,
+    /// How often the job checkpoints by itself.
+    #[arg(long)]
+    checkpoint_every: Option<String>,
+    #[arg(long, default_value = DEFAULT_URL, env = "GPULEDGER_SCHEDULER")]
+    url: String,
+    /// The command, run with `sh -c`.
+    #[arg(trailing_var_arg = true, required = true)]
+    command: Vec<String>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ReserveArgs {
+    #[arg(long)]
+    name: String,
+    /// RFC 3339, e.g. 2026-06-10T08:00:00Z.
+    #[arg(long)]
+    start: String,
+    #[arg(long)]
+    end: String,
+    /// Accounts that may use it; the first is billed for what goes unused.
+    #[arg(long, value_delimiter = ',', required = true)]
+    accounts: Vec<String>,
+    /// A number of nodes for the scheduler to choose.
+    #[arg(long, conflicts_with = "node_names")]
+    nodes: Option<u32>,
+    /// The nodes by name (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    node_names: Vec<String>,
+    #[arg(long, default_value = DEFAULT_URL, env = "GPULEDGER_SCHEDULER")]
+    url: String,
+}
+
+pub fn run(command: SchedulerCommand) -> anyhow::Result<()> {
+    match command {
+        SchedulerCommand::Serve(args) => serve(args),
+        SchedulerCommand::Submit(args) => submit(args),
+        SchedulerCommand::Cancel { job_id, url } => {
+            let reply = request("DELETE", &format!("{url}/api/v1/jobs/{job_id}"), None)?;
+            println!("{job_id}: {}", reply["state"].as_str().unwrap_or("?"));
+            Ok(())
+        }
+        SchedulerCommand::Queue { url } => queue(&url),
+        SchedulerCommand::Share { url } => share(&url),
+        SchedulerCommand::Reserve(args) => {
+            let mut body = json!({
+                "name": args.name, "start": args.start, "end": args.end, "accounts": args.accounts,
+            });
+            if let Some(n) = args.nodes {
+                body["nodes"] = json!(n);
+            }
+            if !args.node_names.is_empty() {
+                body["node_names"] = json!(args.node_names);
+            }
+            let reply = request(
+                "POST",
+                &format!("{}/api/v1/reservations", args.url),
+                Some(body),
+            )?;
+            println!(
+                "reservation {}: {} .. {} on {}",
+                reply["name"].as_str().unwrap_or("?"),
+                reply["start"].as_str().unwrap_or("?"),
+                reply["end"].as_str().unwrap_or("?"),
+                reply["node_names"]
+                    .as_array()
+                    .map(|a| a
+                        .iter()
+                        .filter_map(Value::as_str)
+                        .collect::<Vec<_>>()
+                        .join(","))
+                    .unwrap_or_default()
+            );
+            Ok(())
+        }
+        SchedulerCommand::Unreserve { name, url } => {
+            request("DELETE", &format!("{url}/api/v1/reservations/{name}"), None)?;
+            println!("reservation {name} removed");
+            Ok(())
+        }
+    }
+}
+
+fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let cluster = load_cluster(args.config.as_deref())?;
+    let options = SchedulerOptions::parse(&args.policy)
+        .with_context(|| format!("unknown --policy `{}`", args.policy))?;
+    let dir = args.data_dir.join("scheduler");
+    let config = ServiceConfig {
+        options,
+        dir: dir.clone(),
+        billing_reservations: Some(args.data_dir.join("reservations.toml")),
+        aggregator: args.aggregator.map(|u| u.trim_end_matches('/').to_owned()),
+        usage_every: Duration::from_secs(args.usage_every.as_secs().max(1)),
+    };
+    let executor = Box::new(LocalExecutor::new(dir.join("jobs")));
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let service = Arc::new(
+        Service::open(cluster, config, executor, clock)
+            .with_context(|| format!("opening {}", dir.display()))?,
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let shutdown = shutdown_signal()?;
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("listening on {}", args.listen))?;
+        let addr = listener.local_addr()?;
+        // Tests and scripts read this line to find the port.
+        announce(&format!(
+            "gpuledger scheduler listening on http://{addr} state {}",
+            dir.display()
+        ));
+        let cycles = {
+            let service = Arc::clone(&service);
+            let every = args.cycle.0.max(Duration::from_millis(50));
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                loop {
+                    tick.tick().await;
+                    let s = Arc::clone(&service);
+                    match tokio::task::spawn_blocking(move || s.tick()).await {
+                        Ok(Ok(_)) => {}
+                        Ok(Err(error)) => tracing::error!(%error, "scheduling cycle failed"),
+                        Err(error) => tracing::error!(%error, "scheduling cycle panicked"),
+                    }
+                }
+            })
+        };
+        axum::serve(listener, http::router(Arc::clone(&service)))
+            .with_graceful_shutdown(shutdown)
+            .await?;
+        cycles.abort();
+        // Jobs keep running: a restarted scheduler adopts them from its state file.
+        let s = Arc::clone(&service);
+        tokio::task::spawn_blocking(move || s.tick()).await??;
+        announce("gpuledger scheduler stopped; state saved, jobs left running");
+        Ok(())
+    })
+}
+
+/// One API call; a 4xx/5xx becomes an error carrying the service's message.
+fn request(method: &str, url: &str, body: Option<Value>) -> anyhow::Result<Value> {
+    let agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(10)))
+        .build()
+        .new_agent();
+    let mut response = match (method, body) {
+        ("POST", Some(body)) => agent
+            .post(url)
+            .header("content-type", "application/json")
+            .send(body.to_string().as_bytes()),
+        ("POST", None) => agent.post(url).send_empty(),
+        ("DELETE", _) => agent.delete(url).call(),
+        _ => agent.get(url).call(),
+    }
+    .with_context(|| format!("{method} {url}: is `gpuledger scheduler serve` running?"))?;
+    let status = response.status();
+    let text = response.body_mut().read_to_string().unwrap_or_default();
+    let value: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+    if !status.is_success() {
+        let field = value["error"]["field"].as_str();
+        let message = value["error"]["message"].as_str().unwrap_or(&text);
+        match field {
+            Some(f) => anyhow::bail!("{status}: `{f}`: {message}"),
+            None => anyhow::bail!("{status}: {message}"),
+        }
+    }
+    Ok(value)
+}
+
+fn submit(args: SubmitArgs) -> anyhow::Result<()> {
+    let mut body = json!({
+        "command": args.command.join(" "),
+        "account": args.account,
+        "gpus": args.gpus,
+        "time_limit": args.time_limit,
+    });
+    for (key, value) in [
+        ("project", args.project),
+        ("partition", args.partition),
+        ("grace", args.grace),
+        ("checkpoint_signal", args.checkpoint_signal),
+        ("checkpoint_every", args.checkpoint_every),
+    ] {
+        if let Some(v) = value {
+            body[key] = json!(v);
+        }
+    }
+    if let Some(min) = args.min_gpus {
+        body["min_gpus"] = json!(min);
+    }
+    let reply = request("POST", &format!("{}/api/v1/jobs", args.url), Some(body))?;
+    println!("Submitted job {}", reply["job_id"].as_str().unwrap_or("?"));
+    Ok(())
+}
+
+fn time(v: &Value) -> String {
+    v.as_i64()
+        .and_then(|s| chrono::DateTime::from_timestamp(s, 0))
+        .map(|t| t.format("%Y-%m-%dT%H:%M:%S").to_string())
+        .unwrap_or_else(|| "-".into())
+}
+
+fn queue(url: &str) -> anyhow::Result<()> {
+    let reply = request("GET", &format!("{url}/api/v1/queue"), None)?;
+    let rows: Vec<Vec<String>> = reply["jobs"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or(&[])
+        .iter()
+        .map(|j| {
+            let state = j["state"].as_str().unwrap_or("?");
+            vec![
+                j["id"].as_str().unwrap_or("?").to_owned(),
+                j["request"]["partition"].as_str().unwrap_or("-").to_owned(),
+                j["request"]["account"].as_str().unwrap_or("?").to_owned(),
+                state.to_owned(),
+                j["request"]["gpus"].to_string(),
+                time(&j["start_s"]),
+                if state == "pending" {
+                    time(&j["estimated_start_s"])
+                } else {
+                    "-".into()
+                },
+                match state {
+                    "pending" => j["reason"].as_str().unwrap_or("-").to_owned(),
+                    _ => j["allocation"].as_str().unwrap_or("-").to_owned(),
+                },
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        table::render(
+            &[
+                "JOBID",
+                "PARTITION",
+                "ACCOUNT",
+                "STATE",
+                "GPUS",
+                "START",
+                "EST_START",
+                "NODELIST(REASON)"
+            ],
+            &rows
+        )
+    );
+    Ok(())
+}
+
+fn share(url: &str) -> anyhow::Result<()> {
+    let reply = request("GET", &format!("{url}/api/v1/share"), None)?;
+    let rows: Vec<Vec<String>> = reply["accounts"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or(&[])
+        .iter()
+        .map(|a| {
+            vec![
+                a["account"].as_str().unwrap_or("?").to_owned(),
+                a["weight"].to_string(),
+                format!("{:.3}", a["norm_shares"].as_f64().unwrap_or(0.0)),
+                format!("{:.1}", a["decayed_gpu_hours"].as_f64().unwrap_or(0.0)),
+                format!("{:.3}", a["fair_share"].as_f64().unwrap_or(0.0)),
+                a["running_gpus"].to_string(),
+                a["pending_jobs"].to_string(),
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        table::render(
+            &[
+                "ACCOUNT",
+                "WEIGHT",
+                "NORMSHARES",
+                "GPU-HOURS",
+                "FAIRSHARE",
+                "RUNNING",
+                "PENDING"
+            ],
+            &rows
+        )
+    );
+    Ok(())
+}

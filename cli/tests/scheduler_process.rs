@@ -1,0 +1,191 @@
+//! The live scheduler as a real process beside a real aggregator, over loopback HTTP: a job
+//! submitted with the CLI runs as a process with its GPUs in `CUDA_VISIBLE_DEVICES`, its events
+//! reach the aggregator, a running job survives a scheduler restart and is then cancelled, and a
+//! job that can never run is refused with its reason.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{scrape, spawn, terminate, Process};
+
+const CONFIG: &str = "version = 1\n[cluster]\nname = \"one\"\n[[node_pools]]\nname = \"p\"\n\
+    prefix = \"gpu\"\ncount = 1\ngpus_per_node = 4\ngpu_model = \"h100-sxm\"\n\
+    [[partitions]]\nname = \"train\"\npriority_tier = 20\ndefault = true\n\
+    [prices]\nversion = \"v\"\neffective_from = \"2026-01-01\"\ncurrency = \"USD\"\n\
+    gpu_hour = { h100-sxm = \"1\" }\n\
+    [[accounts]]\nid = \"team-a\"\nname = \"A\"\nweight = 1\n";
+
+fn cli(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_gpuledger"))
+        .args(args)
+        .output()
+        .expect("runs")
+}
+
+fn start_scheduler(data: &Path, config: &Path, aggregator: &str) -> Process {
+    spawn(
+        &[
+            "scheduler",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--config",
+            config.to_str().unwrap(),
+            "--aggregator",
+            aggregator,
+            "--cycle",
+            "100ms",
+        ],
+        Stdio::inherit(),
+    )
+}
+
+fn job(url: &str, id: &str) -> serde_json::Value {
+    let text = ureq::get(format!("{url}/api/v1/jobs/{id}"))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let until = Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(Instant::now() < until, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn jobs_run_report_to_the_aggregator_and_survive_a_scheduler_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("cluster.toml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let agg_dir = dir.path().join("agg");
+    let aggregator = spawn(
+        &[
+            "aggregator",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            agg_dir.to_str().unwrap(),
+            "--config",
+            config.to_str().unwrap(),
+        ],
+        Stdio::inherit(),
+    );
+    let data = dir.path().join("data");
+    let sched = start_scheduler(&data, &config, &aggregator.url);
+    let url = sched.url.clone();
+
+    let out = cli(&[
+        "scheduler",
+        "submit",
+        "--url",
+        &url,
+        "--account",
+        "team-a",
+        "--gpus",
+        "2",
+        "--time-limit",
+        "1h",
+        "--",
+        "echo $CUDA_VISIBLE_DEVICES > seen; sleep 0.3",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "Submitted job 1\n");
+    wait_for("job 1 to complete", || {
+        job(&url, "1")["state"] == "completed"
+    });
+    assert_eq!(job(&url, "1")["exit_code"], 0);
+    let seen = std::fs::read_to_string(data.join("scheduler/jobs/1/seen")).unwrap();
+    assert_eq!(seen, "0,1\n");
+    wait_for("the aggregator to count the finished job", || {
+        scrape(&aggregator.url)
+            .contains("gpuledger_jobs_finished_total{account=\"team-a\",outcome=\"completed\"} 1")
+    });
+
+    // A long job; the scheduler stops (SIGTERM) and comes back: the job still runs.
+    let out = cli(&[
+        "scheduler",
+        "submit",
+        "--url",
+        &url,
+        "--account",
+        "team-a",
+        "--gpus",
+        "4",
+        "--time-limit",
+        "1h",
+        "--grace",
+        "10s",
+        "--",
+        "trap 'exit 0' TERM; while :; do sleep 0.1; done",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_for("job 2 to run", || job(&url, "2")["state"] == "running");
+    let queue = cli(&["scheduler", "queue", "--url", &url]);
+    let table = String::from_utf8_lossy(&queue.stdout).to_string();
+    assert!(
+        table.contains("NODELIST(REASON)") && table.contains("gpu001:0-3"),
+        "{table}"
+    );
+    let pid = job(&url, "2")["pid"].as_u64().unwrap();
+    terminate(sched);
+    let sched = start_scheduler(&data, &config, &aggregator.url);
+    let url = sched.url.clone();
+    assert_eq!(job(&url, "2")["state"], "running");
+    assert_eq!(
+        job(&url, "2")["pid"].as_u64(),
+        Some(pid),
+        "adopted, not restarted"
+    );
+    let share = cli(&["scheduler", "share", "--url", &url]);
+    assert!(String::from_utf8_lossy(&share.stdout).contains("team-a"));
+
+    let out = cli(&["scheduler", "cancel", "2", "--url", &url]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_for("job 2 to be cancelled", || {
+        job(&url, "2")["state"] == "cancelled"
+    });
+
+    // Five GPUs on a four-GPU cluster can never run.
+    let out = cli(&[
+        "scheduler",
+        "submit",
+        "--url",
+        &url,
+        "--account",
+        "team-a",
+        "--gpus",
+        "5",
+        "--time-limit",
+        "1h",
+        "--",
+        "true",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("422") && err.contains("5 GPUs"), "{err}");
+    terminate(sched);
+    terminate(aggregator);
+}
