@@ -331,6 +331,13 @@ fn print_summary(out: &RunOutput) {
         out.sim.records.iter().filter(|r| r.start_s.is_none()).count(),
         pct(out.measured_utilization)
     );
+    let preempted = out.sim.records.iter().filter(|r| r.preemptions > 0).count();
+    let redone: i64 = out.sim.records.iter().map(|r| r.lost_gpu_s).sum();
+    let backfilled = out.sim.records.iter().filter(|r| r.backfilled).count();
+    println!(
+        "scheduler: {backfilled} jobs backfilled, {preempted} preempted by a higher tier ({} GPU-hours of work redone)",
+        hours(redone)
+    );
     println!(
         "billing: {} GPU-hours billed, {} GPU-seconds allocated by the scheduler, {} billed ({}); total {total} {currency}",
         hours(billed),

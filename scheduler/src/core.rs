@@ -1361,8 +1361,10 @@ impl Scheduler {
             }
         }
         if let Some(limit) = quota.gpu_hours_per_week {
-            let used = self.windows.week(key, today) + committed(UnixSeconds::MAX);
-            let need = gpus * spec.time_limit_s as i64;
+            // The seven UTC days ending today: what was used, what running jobs may still use
+            // today, and this job's today. Later days are checked as later jobs start.
+            let used = self.windows.week(key, today) + committed(day_end);
+            let need = gpus * (limit_end.min(day_end) - now);
             if used + need > limit as i64 * 3600 {
                 return Some(PendingReason::AssocGrpGpuHoursWeek);
             }
@@ -1603,7 +1605,8 @@ fn check_gpu_hours_ever_fit(spec: &JobSpec, quota: &Quota) -> Result<(), Refusal
         }
     }
     if let Some(limit) = quota.gpu_hours_per_week {
-        let asked = gpus * spec.time_limit_s;
+        // At most seven days of a run fall in one rolling week.
+        let asked = gpus * spec.time_limit_s.min(7 * DAY_S as u64);
         if asked > limit * 3600 {
             return Err(Refusal::GpuHours {
                 asked: asked.div_ceil(3600),

@@ -43,6 +43,9 @@ pub struct TeamWorkload {
     /// Share of jobs that fail part-way.
     #[serde(default)]
     pub failure_rate: f64,
+    /// How often the team's jobs checkpoint (what a preemption loses at most).
+    #[serde(default)]
+    pub checkpoint_every: Option<DurationSpec>,
 }
 
 /// A job submitted at a fixed time.
@@ -61,6 +64,12 @@ pub struct FixedJob {
     /// Defaults to the run time rounded up to the next hour.
     #[serde(default)]
     pub time_limit: Option<DurationSpec>,
+    /// How often it checkpoints (what a preemption loses at most).
+    #[serde(default)]
+    pub checkpoint_every: Option<DurationSpec>,
+    /// An elastic job's smallest size; it asks for `gpus` at most.
+    #[serde(default)]
+    pub min_gpus: Option<u32>,
 }
 
 /// A time limit as users ask for it: the run time rounded up to the next whole hour.
@@ -93,20 +102,23 @@ impl WorkloadSpec {
         for fixed in &self.fixed_jobs {
             let run = fixed.run_time.as_secs();
             let submit = self.start_s() + fixed.submit_after.as_secs() as i64;
+            let mut spec = draft_spec(
+                &fixed.account,
+                &fixed.project,
+                &fixed.partition,
+                fixed.gpus,
+                fixed
+                    .time_limit
+                    .map(|d| d.as_secs())
+                    .unwrap_or_else(|| round_up_to_hour(run)),
+                submit,
+            );
+            spec.checkpoint_every_s = fixed.checkpoint_every.map(|d| d.as_secs());
+            spec.min_gpus = fixed.min_gpus;
             drafts.push((
                 submit,
                 SimJob {
-                    spec: draft_spec(
-                        &fixed.account,
-                        &fixed.project,
-                        &fixed.partition,
-                        fixed.gpus,
-                        fixed
-                            .time_limit
-                            .map(|d| d.as_secs())
-                            .unwrap_or_else(|| round_up_to_hour(run)),
-                        submit,
-                    ),
+                    spec,
                     run_time_s: run,
                     outcome: Outcome::Completed,
                     checkpoint_save_s: None,
@@ -170,14 +182,17 @@ impl WorkloadSpec {
             out.push((
                 submit,
                 SimJob {
-                    spec: draft_spec(
-                        &team.account,
-                        &team.project,
-                        &team.partition,
-                        gpus,
-                        round_up_to_hour(planned),
-                        submit,
-                    ),
+                    spec: JobSpec {
+                        checkpoint_every_s: team.checkpoint_every.map(|d| d.as_secs()),
+                        ..draft_spec(
+                            &team.account,
+                            &team.project,
+                            &team.partition,
+                            gpus,
+                            round_up_to_hour(planned),
+                            submit,
+                        )
+                    },
                     run_time_s,
                     outcome: if fails {
                         Outcome::Failed
