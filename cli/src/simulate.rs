@@ -71,6 +71,7 @@ pub fn trace_cluster(
         fair_share: FairShareConfig {
             half_life: DurationSpec::from_secs(7 * 86_400),
             usage_factor_gpu_hours: u64::from(nodes) * 8 * 24,
+            formula: Default::default(),
         },
         scheduler: SchedulerConfig::default(),
         prices: PriceBookConfig {

@@ -82,6 +82,19 @@ pub struct FairShareConfig {
     pub half_life: DurationSpec,
     /// How many decayed GPU-hours halve an account's priority.
     pub usage_factor_gpu_hours: u64,
+    /// `weighted` (the design's `weight / (1 + usage / factor)`) or `slurm_classic` (Slurm's
+    /// `2^(-usage share / normalised share)`).
+    #[serde(default)]
+    pub formula: FairShareFormula,
+}
+
+/// How decayed usage turns into an account's fair-share factor.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FairShareFormula {
+    #[default]
+    Weighted,
+    SlurmClassic,
 }
 
 impl Default for FairShareConfig {
@@ -89,6 +102,7 @@ impl Default for FairShareConfig {
         FairShareConfig {
             half_life: DurationSpec::from_secs(7 * 86_400),
             usage_factor_gpu_hours: 1_000,
+            formula: FairShareFormula::Weighted,
         }
     }
 }

@@ -126,7 +126,7 @@ pub struct ShareRow {
     /// The account's share of all weights.
     pub norm_shares: f64,
     pub decayed_gpu_hours: f64,
-    /// `weight / (1 + usage / factor)` over the largest weight.
+    /// The fair-share factor in [0, 1] under the configured formula.
     pub fair_share: f64,
     pub running_gpus: u32,
     pub pending_jobs: usize,
@@ -357,12 +357,6 @@ impl Service {
             .iter()
             .map(|a| f64::from(a.weight))
             .sum();
-        let max = self
-            .cluster
-            .accounts
-            .iter()
-            .map(|a| f64::from(a.weight))
-            .fold(1.0, f64::max);
         self.cluster
             .accounts
             .iter()
@@ -371,11 +365,7 @@ impl Service {
                 weight: a.weight,
                 norm_shares: f64::from(a.weight) / total.max(1.0),
                 decayed_gpu_hours: inner.sched.ledger().gpu_hours(&a.id, now),
-                fair_share: inner
-                    .sched
-                    .ledger()
-                    .priority(&a.id, f64::from(a.weight), now)
-                    / max,
+                fair_share: inner.sched.fair_share_of(&a.id, now),
                 running_gpus: inner
                     .sched
                     .running()

@@ -8,14 +8,14 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 
-use gpuledger_model::config::{ClusterConfig, SchedulerConfig};
+use gpuledger_model::config::{ClusterConfig, FairShareFormula, SchedulerConfig};
 use gpuledger_model::quota::Quota;
 use gpuledger_model::tenant::TenantTree;
 use gpuledger_model::time::UnixSeconds;
 use gpuledger_model::{AccountId, Allocation, JobId, ProjectId};
 
 use crate::cluster::{Cluster, NodeFilter, Placement};
-use crate::fairshare::{FairShareParams, UsageLedger};
+use crate::fairshare::{slurm_classic_factor, FairShareParams, UsageLedger};
 use crate::plan::Plan;
 use crate::reservation::{AdvanceReservation, ReservationError, ReservationRequest, Reservations};
 use crate::windows::{day_of, UsageWindows, WindowKey, DAY_S};
@@ -354,6 +354,7 @@ pub struct Scheduler {
     /// The most GPUs each account's jobs could ever get.
     capacity: HashMap<AccountId, u32>,
     max_weight: f64,
+    formula: FairShareFormula,
     partitions: HashMap<String, PartitionInfo>,
     default_partition: String,
     cluster: Cluster,
@@ -483,6 +484,7 @@ impl Scheduler {
             account_index,
             capacity,
             max_weight,
+            formula: config.fair_share.formula,
             partitions,
             default_partition: config
                 .default_partition()
@@ -1416,13 +1418,57 @@ impl Scheduler {
         account_running >= account_limit || project_running >= limit
     }
 
+    /// Each account's fair-share factor in [0, 1], in `account_ids` order: the design's
+    /// `weight / (1 + usage / factor)` over the largest weight, or Slurm's classic
+    /// `2^(-usage share / normalised share)`.
+    pub fn fair_share_factors(&self, now: UnixSeconds) -> Vec<f64> {
+        let weights: Vec<f64> = self
+            .account_ids
+            .iter()
+            .map(|id| f64::from(self.tenants.account(id).map_or(0, |a| a.weight)))
+            .collect();
+        match self.formula {
+            FairShareFormula::Weighted => self
+                .account_ids
+                .iter()
+                .zip(&weights)
+                .map(|(id, w)| self.ledger.priority(id, *w, now) / self.max_weight)
+                .collect(),
+            FairShareFormula::SlurmClassic => {
+                let usage: Vec<f64> = self
+                    .account_ids
+                    .iter()
+                    .map(|id| self.ledger.gpu_hours(id, now))
+                    .collect();
+                let total_usage: f64 = usage.iter().sum();
+                let total_weight: f64 = weights.iter().sum();
+                usage
+                    .iter()
+                    .zip(&weights)
+                    .map(|(u, w)| {
+                        let usage_share = if total_usage > 0.0 {
+                            u / total_usage
+                        } else {
+                            0.0
+                        };
+                        slurm_classic_factor(usage_share, w / total_weight.max(1.0))
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// The fair-share factor of one account now, in [0, 1].
+    pub fn fair_share_of(&self, account: &AccountId, now: UnixSeconds) -> f64 {
+        self.account_index
+            .get(account)
+            .and_then(|i| self.fair_share_factors(now).get(*i).copied())
+            .unwrap_or(0.0)
+    }
+
     /// The priority a job of this shape would have now under fair share.
     pub fn priority_of(&self, spec: &JobSpec, now: UnixSeconds) -> f64 {
-        let fair_share = self
-            .tenants
-            .account(&spec.account)
-            .map(|a| self.ledger.priority(&a.id, f64::from(a.weight), now) / self.max_weight)
-            .unwrap_or(0.0);
+        let fair_share = self.fair_share_of(&spec.account, now);
         self.job_priority(spec, fair_share, self.limits_for(spec).quota_priority, now)
     }
 
@@ -1448,14 +1494,7 @@ impl Scheduler {
 
     fn order_pending(&mut self, now: UnixSeconds) {
         if self.options.policy == Policy::FairShare {
-            let fair_share: Vec<f64> = self
-                .account_ids
-                .iter()
-                .map(|id| {
-                    let weight = self.tenants.account(id).map_or(0, |a| a.weight);
-                    self.ledger.priority(id, f64::from(weight), now) / self.max_weight
-                })
-                .collect();
+            let fair_share = self.fair_share_factors(now);
             let scores: Vec<f64> = self
                 .pending
                 .iter()

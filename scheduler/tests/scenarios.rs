@@ -457,6 +457,30 @@ fn gpu_hour_quotas_hold_jobs_with_their_reason_and_refuse_the_impossible() {
     assert_eq!(h.step(t0 + 86_400)[0].job_id, second);
 }
 
+#[test]
+fn slurm_classic_fair_share_halves_at_fair_use() {
+    let src = config_source(2).replace(
+        "usage_factor_gpu_hours = 100",
+        "usage_factor_gpu_hours = 100\nformula = \"slurm_classic\"",
+    );
+    let config = ClusterConfig::from_toml_str(&src, "c.toml").unwrap();
+    let mut h = Harness::with_config(&config, "fairshare");
+    // b uses everything for 10 hours: its usage share is 1 against a normalised share of 1/4.
+    let hog = h.submit("b", 16, 20, 0);
+    h.step(0);
+    h.sched.accrue_usage(10 * H);
+    let b = AccountId::new("b").unwrap();
+    let c = AccountId::new("c").unwrap();
+    let factor_b = h.sched.fair_share_of(&b, 10 * H);
+    assert!((factor_b - 2f64.powf(-4.0)).abs() < 1e-9, "{factor_b}");
+    assert_eq!(
+        h.sched.fair_share_of(&c, 10 * H),
+        1.0,
+        "no usage: full factor"
+    );
+    h.finish(&hog, 10 * H);
+}
+
 /// What the test driver expects to happen next to a running job.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Due {
