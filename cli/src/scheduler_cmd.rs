@@ -214,6 +214,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         billing_reservations: Some(args.data_dir.join("reservations.toml")),
         aggregator: args.aggregator.map(|u| u.trim_end_matches('/').to_owned()),
         usage_every: Duration::from_secs(args.usage_every.as_secs().max(1)),
+        storage_scans: Some(args.data_dir.join("storage").join("scans.csv")),
     };
     let executor = Box::new(LocalExecutor::new(dir.join("jobs")));
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);

@@ -25,7 +25,7 @@ use serde::Serialize;
 use gpuledger_model::config::ClusterConfig;
 use gpuledger_model::job::{JobEvent, JobEventKind, Outcome};
 use gpuledger_model::time::{Clock, UnixSeconds};
-use gpuledger_model::{Allocation, JobId};
+use gpuledger_model::{AccountId, Allocation, JobId, ProjectId};
 use gpuledger_scheduler::reservation::{reservations_toml, ReservationEntry};
 use gpuledger_scheduler::{Cycle, JobSpec, Preempting, Refusal, Scheduler, SchedulerOptions};
 
@@ -66,8 +66,11 @@ pub struct ServiceConfig {
     pub billing_reservations: Option<PathBuf>,
     /// The aggregator's base URL, for job events and the usage feed.
     pub aggregator: Option<String>,
-    /// How often the usage feed is read.
+    /// How often the usage feed (and the storage scans) are read.
     pub usage_every: Duration,
+    /// `DATA/storage/scans.csv`, written by `gpuledger storage-scan`: the storage quota holds
+    /// the jobs of accounts over it.
+    pub storage_scans: Option<PathBuf>,
 }
 
 /// The service: scheduler, job table, executor, persisted state.
@@ -86,6 +89,7 @@ struct Inner {
     executor: Box<dyn Executor>,
     dirty: bool,
     last_usage_s: UnixSeconds,
+    last_storage_s: UnixSeconds,
 }
 
 fn signal_named(name: Option<&str>) -> Result<Signal> {
@@ -219,6 +223,7 @@ impl Service {
                 executor,
                 dirty: true,
                 last_usage_s: i64::MIN,
+                last_storage_s: i64::MIN,
             }),
             config,
             cluster,
@@ -510,7 +515,7 @@ impl Service {
         match usage {
             Some(accounts) => {
                 for (account, hours) in accounts {
-                    if let Ok(id) = gpuledger_model::AccountId::new(account) {
+                    if let Ok(id) = AccountId::new(account) {
                         inner.sched.ledger_mut().set(&id, hours, now);
                     }
                 }
@@ -518,6 +523,14 @@ impl Service {
             }
             None if self.config.aggregator.is_none() => inner.sched.accrue_usage(now),
             None => {}
+        }
+        if let Some(scan) = self.latest_storage_scan_if_due(&inner, now) {
+            for (account, project, bytes) in scan {
+                inner
+                    .sched
+                    .set_storage_used(&account, project.as_ref(), bytes);
+            }
+            inner.last_storage_s = now;
         }
         let cycle = inner.sched.schedule(now);
         self.act(&mut inner, &cycle, now);
@@ -620,6 +633,21 @@ impl Service {
         }
     }
 
+    /// Bytes per account (project `None`: the account's total) and project in the newest scan
+    /// of the storage-scan file.
+    fn latest_storage_scan_if_due(
+        &self,
+        inner: &Inner,
+        now: UnixSeconds,
+    ) -> Option<Vec<(AccountId, Option<ProjectId>, u64)>> {
+        let path = self.config.storage_scans.as_ref()?;
+        if now.saturating_sub(inner.last_storage_s) < self.config.usage_every.as_secs() as i64 {
+            return None;
+        }
+        let text = std::fs::read_to_string(path).ok()?;
+        Some(latest_scan(&text))
+    }
+
     fn fetch_usage_if_due(&self, now: UnixSeconds) -> Option<BTreeMap<String, f64>> {
         let base = self.config.aggregator.as_ref()?;
         let last = self.lock().last_usage_s;
@@ -682,6 +710,40 @@ impl Service {
         }
         Ok(())
     }
+}
+
+/// The newest scan's rows of a `time,account,project,bytes,files` file, with each account's
+/// total under project `None`. Lines that do not parse are skipped (the file is billing's to
+/// validate).
+pub fn latest_scan(text: &str) -> Vec<(AccountId, Option<ProjectId>, u64)> {
+    let rows: Vec<(i64, AccountId, Option<ProjectId>, u64)> = text
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let cells: Vec<&str> = line.split(',').collect();
+            let time = cells.first()?.trim().parse().ok()?;
+            let account = AccountId::new(cells.get(1)?.trim()).ok()?;
+            let project = match cells.get(2)?.trim() {
+                "" => None,
+                p => Some(ProjectId::new(p).ok()?),
+            };
+            let bytes = cells.get(3)?.trim().parse().ok()?;
+            Some((time, account, project, bytes))
+        })
+        .collect();
+    let Some(newest) = rows.iter().map(|r| r.0).max() else {
+        return Vec::new();
+    };
+    let mut totals: BTreeMap<AccountId, u64> = BTreeMap::new();
+    let mut out = Vec::new();
+    for (_, account, project, bytes) in rows.into_iter().filter(|r| r.0 == newest) {
+        *totals.entry(account.clone()).or_default() += bytes;
+        if project.is_some() {
+            out.push((account, project, bytes));
+        }
+    }
+    out.extend(totals.into_iter().map(|(a, b)| (a, None, b)));
+    out
 }
 
 /// An event as the aggregator's API takes it: absent fields left out.

@@ -43,6 +43,7 @@ fn open(dir: &std::path::Path, clock: Arc<ManualClock>) -> Arc<Service> {
         billing_reservations: Some(dir.join("reservations.toml")),
         aggregator: None,
         usage_every: Duration::from_secs(60),
+        storage_scans: None,
     };
     let executor = Box::new(LocalExecutor::new(dir.join("scheduler/jobs")));
     Arc::new(Service::open(cluster(), config, executor, clock).unwrap())
@@ -194,4 +195,25 @@ async fn jobs_run_get_preempted_with_grace_and_survive_a_restart() {
     );
     let (status, _) = call(&s, "POST", "/api/v1/reservations", Some(json!({"name": "again", "start": "2026-06-03T12:00:00Z", "end": "2026-06-05T00:00:00Z", "accounts": ["team-a"], "nodes": 1}))).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+}
+
+#[test]
+fn the_newest_storage_scan_gives_account_totals_and_projects() {
+    let text = "time,account,project,bytes,files\n\
+                100,team-a,pretrain,5,1\n100,team-a,,7,1\n\
+                200,team-a,pretrain,11,1\n200,team-a,eval,2,1\n200,team-b,,3,1\n";
+    let mut rows: Vec<(String, Option<String>, u64)> = gpuledger_schedd::latest_scan(text)
+        .into_iter()
+        .map(|(a, p, b)| (a.to_string(), p.map(|p| p.to_string()), b))
+        .collect();
+    rows.sort();
+    assert_eq!(
+        rows,
+        vec![
+            ("team-a".into(), None, 13),
+            ("team-a".into(), Some("eval".into()), 2),
+            ("team-a".into(), Some("pretrain".into()), 11),
+            ("team-b".into(), None, 3),
+        ]
+    );
 }

@@ -186,6 +186,9 @@ pub enum PendingReason {
     AssocGrpGpuHoursDay,
     /// Starting it would pass its account's or project's GPU-hours for the last seven days.
     AssocGrpGpuHoursWeek,
+    /// Its account or project keeps more data than its storage quota (from the last storage
+    /// scan) until it cleans up.
+    AssocGrpStorage,
     /// The GPUs it could use are reserved for others during its run.
     ReqNodeNotAvail,
 }
@@ -199,6 +202,7 @@ impl PendingReason {
             PendingReason::AssocMaxJobsLimit => "AssocMaxJobsLimit",
             PendingReason::AssocGrpGpuHoursDay => "AssocGrpGPUHoursPerDay",
             PendingReason::AssocGrpGpuHoursWeek => "AssocGrpGPUHoursPerWeek",
+            PendingReason::AssocGrpStorage => "AssocGrpStorageLimit",
             PendingReason::ReqNodeNotAvail => "ReqNodeNotAvail",
         }
     }
@@ -244,6 +248,7 @@ struct JobLimits {
     account: usize,
     running_limited: bool,
     gpu_hours_limited: bool,
+    storage_limited: bool,
     /// The quota's priority (1-100) as a fraction.
     quota_priority: f64,
 }
@@ -360,6 +365,8 @@ pub struct Scheduler {
     cluster: Cluster,
     ledger: UsageLedger,
     windows: UsageWindows,
+    /// Bytes kept per account (project `None`) and project, from storage scans.
+    storage_used: HashMap<WindowKey, u64>,
     reservations: Reservations,
     pending: Vec<PendingJob>,
     pending_ids: HashSet<JobId>,
@@ -502,6 +509,7 @@ impl Scheduler {
                     })
                     .map(|a| a.id.clone()),
             ),
+            storage_used: HashMap::new(),
             reservations: Reservations::default(),
             pending: Vec::new(),
             pending_ids: HashSet::new(),
@@ -1301,6 +1309,8 @@ impl Scheduler {
                 || account.is_some_and(|a| a.quota.max_running_jobs.is_some()),
             gpu_hours_limited: account.is_some_and(|a| has_gpu_hour_quota(&a.quota))
                 || project_quota.is_some_and(has_gpu_hour_quota),
+            storage_limited: account.is_some_and(|a| a.quota.storage.is_some())
+                || project_quota.is_some_and(|q| q.storage.is_some()),
             quota_priority: quota.priority.map_or(0.5, |p| f64::from(p) / 100.0),
         }
     }
@@ -1310,6 +1320,9 @@ impl Scheduler {
         let spec = &job.spec;
         if job.limits.running_limited && self.at_job_limit(spec) {
             return Some(PendingReason::AssocMaxJobsLimit);
+        }
+        if job.limits.storage_limited && self.over_storage_quota(spec) {
+            return Some(PendingReason::AssocGrpStorage);
         }
         if !job.limits.gpu_hours_limited {
             return None;
@@ -1328,6 +1341,40 @@ impl Scheduler {
             }
         }
         None
+    }
+
+    /// Bytes an account (project `None`) or a project keeps, as the last storage scan found.
+    pub fn set_storage_used(
+        &mut self,
+        account: &AccountId,
+        project: Option<&ProjectId>,
+        bytes: u64,
+    ) {
+        self.storage_used
+            .insert((account.clone(), project.cloned()), bytes);
+    }
+
+    fn over_storage_quota(&self, spec: &JobSpec) -> bool {
+        let Some(account) = self.tenants.account(&spec.account) else {
+            return false;
+        };
+        let used = |project: Option<&ProjectId>| {
+            self.storage_used
+                .get(&(spec.account.clone(), project.cloned()))
+                .copied()
+                .unwrap_or(0)
+        };
+        if account.quota.storage.is_some_and(|q| used(None) > q.0) {
+            return true;
+        }
+        spec.project.as_ref().is_some_and(|p| {
+            account
+                .projects
+                .iter()
+                .find(|q| &q.id == p)
+                .and_then(|q| q.quota.storage)
+                .is_some_and(|q| used(Some(p)) > q.0)
+        })
     }
 
     fn gpu_hours_hold(

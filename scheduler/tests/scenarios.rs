@@ -57,7 +57,7 @@ weight = 1
 id = "d"
 name = "D"
 weight = 1
-quota = {{ gpu_hours_per_day = 100 }}
+quota = {{ gpu_hours_per_day = 100, storage = "10TB" }}
 "#
     )
 }
@@ -455,6 +455,20 @@ fn gpu_hour_quotas_hold_jobs_with_their_reason_and_refuse_the_impossible() {
     );
     h.sched.accrue_usage(t0 + 86_400);
     assert_eq!(h.step(t0 + 86_400)[0].job_id, second);
+}
+
+#[test]
+fn an_account_over_its_storage_quota_pends_until_it_cleans_up() {
+    let mut h = harness(2, "fifo");
+    let d = AccountId::new("d").unwrap();
+    h.sched.set_storage_used(&d, None, 12_000_000_000_000);
+    let job = h.submit("d", 1, 1, 0);
+    let other = h.submit("c", 1, 1, 0);
+    h.step(0);
+    assert_eq!(h.reason(&job), Some(PendingReason::AssocGrpStorage));
+    assert!(h.is_running(&other), "only d is held");
+    h.sched.set_storage_used(&d, None, 9_000_000_000_000);
+    assert_eq!(h.step(60)[0].job_id, job);
 }
 
 #[test]
