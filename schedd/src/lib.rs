@@ -926,8 +926,7 @@ impl JobInfo {
             id: id.clone(),
             request: SubmitRequest {
                 command: String::new(),
-                account: gpuledger_model::AccountId::new("unknown")
-                    .unwrap_or_else(|_| unreachable!()),
+                account: AccountId::new("unknown").unwrap_or_else(|_| unreachable!()),
                 project: None,
                 partition: None,
                 gpus: 0,
