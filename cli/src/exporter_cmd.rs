@@ -81,6 +81,10 @@ pub struct ExporterArgs {
     /// Job-mapping directory: a file per GPU index holding `job_id account [project]`.
     #[arg(long)]
     pub job_mapping_dir: Option<PathBuf>,
+    /// `gpuledger scheduler`'s URL: label GPUs from its allocation feed (wins over
+    /// --job-mapping-dir).
+    #[arg(long)]
+    pub scheduler_url: Option<String>,
     /// Address of /metrics (`127.0.0.1:0` picks a free port; the address is printed).
     #[arg(long, default_value = "0.0.0.0:9401")]
     pub listen: SocketAddr,
@@ -102,6 +106,7 @@ pub struct ExporterFile {
     pub spool_dir: Option<PathBuf>,
     pub spool_max_bytes: Option<u64>,
     pub job_mapping_dir: Option<PathBuf>,
+    pub scheduler_url: Option<String>,
     pub listen: Option<SocketAddr>,
 }
 
@@ -149,6 +154,7 @@ impl ExporterFile {
             self.spool_max_bytes.map(|b| b.to_string()),
         );
         put("job-mapping-dir", path(&self.job_mapping_dir));
+        put("scheduler-url", self.scheduler_url.clone());
         put("listen", self.listen.map(|l| l.to_string()));
         out
     }
@@ -243,6 +249,7 @@ pub fn run(args: ExporterArgs) -> anyhow::Result<()> {
         push_interval: args.push_interval,
         aggregator_url: args.aggregator_url.clone(),
         job_mapping_dir: args.job_mapping_dir.clone(),
+        scheduler_url: args.scheduler_url.clone(),
         max_backoff: Duration::from_secs(30),
     };
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);

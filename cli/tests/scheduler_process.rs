@@ -1,7 +1,8 @@
 //! The live scheduler as a real process beside a real aggregator, over loopback HTTP: a job
 //! submitted with the CLI runs as a process with its GPUs in `CUDA_VISIBLE_DEVICES`, its events
-//! reach the aggregator, a running job survives a scheduler restart and is then cancelled, and a
-//! job that can never run is refused with its reason.
+//! reach the aggregator, an exporter labels its GPUs from the scheduler's allocation feed, a
+//! running job survives a scheduler restart and is then cancelled, and a job that can never run
+//! is refused with its reason.
 
 mod common;
 
@@ -145,6 +146,32 @@ fn jobs_run_report_to_the_aggregator_and_survive_a_scheduler_restart() {
         table.contains("NODELIST(REASON)") && table.contains("gpu001:0-3"),
         "{table}"
     );
+    // An exporter on gpu001 labels its GPUs from the scheduler's allocation feed.
+    let spool = dir.path().join("spool");
+    let exporter = spawn(
+        &[
+            "exporter",
+            "--node",
+            "gpu001",
+            "--gpus",
+            "4",
+            "--sample-interval",
+            "1s",
+            "--listen",
+            "127.0.0.1:0",
+            "--scheduler-url",
+            &url,
+            "--spool-dir",
+            spool.to_str().unwrap(),
+        ],
+        Stdio::inherit(),
+    );
+    wait_for("the exporter to label GPU 3 with job 2", || {
+        scrape(&exporter.url).contains(
+            "DCGM_FI_DEV_GPU_UTIL{gpu=\"3\",Hostname=\"gpu001\",job=\"2\",account=\"team-a\",project=\"\"}",
+        )
+    });
+    terminate(exporter);
     let pid = job(&url, "2")["pid"].as_u64().unwrap();
     terminate(sched);
     let sched = start_scheduler(&data, &config, &aggregator.url);

@@ -29,6 +29,9 @@ pub struct AgentConfig {
     pub aggregator_url: Option<String>,
     /// Files named by GPU index holding `job_id account [project]`; absent or empty: idle.
     pub job_mapping_dir: Option<PathBuf>,
+    /// Base URL of `gpuledger scheduler`: its allocation feed labels the GPUs instead
+    /// (re-read every few seconds; the last answer stands while it is away).
+    pub scheduler_url: Option<String>,
     pub max_backoff: Duration,
 }
 
@@ -112,6 +115,86 @@ pub fn read_job_mapping(dir: &std::path::Path, devices: &[GpuDevice]) -> Vec<Opt
         .collect()
 }
 
+/// Labels from the scheduler's allocation feed (`GET /api/v1/allocations`), re-read at most
+/// every [`AllocationFeed::REFRESH`]; while the scheduler does not answer the last labels stand
+/// (a job keeps its GPUs while the scheduler restarts).
+#[derive(Debug, Default)]
+pub struct AllocationFeed {
+    last: Option<(Instant, Vec<Option<JobLabel>>)>,
+}
+
+impl AllocationFeed {
+    pub const REFRESH: Duration = Duration::from_secs(5);
+
+    pub fn labels(
+        &mut self,
+        url: &str,
+        node: &str,
+        devices: &[GpuDevice],
+    ) -> Vec<Option<JobLabel>> {
+        if let Some((at, labels)) = &self.last {
+            if at.elapsed() < Self::REFRESH && labels.len() == devices.len() {
+                return labels.clone();
+            }
+        }
+        match fetch_allocations(url, node, devices) {
+            Ok(labels) => {
+                self.last = Some((Instant::now(), labels.clone()));
+                labels
+            }
+            Err(error) => {
+                tracing::warn!(url, %error, "allocation feed unavailable; keeping the last labels");
+                let kept = self
+                    .last
+                    .as_ref()
+                    .map(|(_, l)| l.clone())
+                    .unwrap_or_else(|| vec![None; devices.len()]);
+                // Try again at the next refresh, not at every sample.
+                self.last = Some((Instant::now(), kept.clone()));
+                kept
+            }
+        }
+    }
+}
+
+/// This node's GPUs in the scheduler's allocation feed, by device position.
+pub fn fetch_allocations(
+    url: &str,
+    node: &str,
+    devices: &[GpuDevice],
+) -> Result<Vec<Option<JobLabel>>, String> {
+    let text = ureq::get(format!("{}/api/v1/allocations", url.trim_end_matches('/')))
+        .config()
+        .timeout_global(Some(Duration::from_secs(2)))
+        .build()
+        .call()
+        .and_then(|mut r| r.body_mut().read_to_string())
+        .map_err(|e| e.to_string())?;
+    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+    let rows = value["gpus"]
+        .as_array()
+        .ok_or("the reply has no `gpus` list")?;
+    let mut labels = vec![None; devices.len()];
+    for row in rows.iter().filter(|r| r["node"] == node) {
+        let Some(gpu) = row["gpu"].as_u64() else {
+            continue;
+        };
+        let (Some(job), Some(account)) = (row["job_id"].as_str(), row["account"].as_str()) else {
+            continue;
+        };
+        for (i, d) in devices.iter().enumerate() {
+            if u64::from(d.index) == gpu {
+                labels[i] = Some(JobLabel {
+                    job_id: job.to_owned(),
+                    account: account.to_owned(),
+                    project: row["project"].as_str().map(str::to_owned),
+                });
+            }
+        }
+    }
+    Ok(labels)
+}
+
 /// Runs the sampler until [`Shared::stop`]; spools what it collected on the way out.
 pub fn run_sampler(
     mut source: Box<dyn GpuSource>,
@@ -123,16 +206,18 @@ pub fn run_sampler(
     let mut builder = SampleBatchBuilder::with_capacity(devices.len() * 16);
     let mut last_push = Instant::now();
     let interval_s = config.sample_interval.as_secs().max(1) as u32;
+    let mut feed = AllocationFeed::default();
     while !shared.stopping() {
         let started = Instant::now();
         let now_ms = clock.now_ms();
-        let mut labels = match &config.job_mapping_dir {
-            Some(dir) => read_job_mapping(dir, &devices),
-            None => vec![None; devices.len()],
+        let mut labels = match (&config.scheduler_url, &config.job_mapping_dir) {
+            (Some(url), _) => feed.labels(url, &config.node, &devices),
+            (None, Some(dir)) => read_job_mapping(dir, &devices),
+            (None, None) => vec![None; devices.len()],
         };
         source.set_jobs(&labels);
         let result = source.read(now_ms);
-        if config.job_mapping_dir.is_none() {
+        if config.job_mapping_dir.is_none() && config.scheduler_url.is_none() {
             if let Some(known) = source.job_labels() {
                 labels = known;
             }

@@ -10,10 +10,20 @@ use arrow::array::AsArray;
 use arrow::datatypes::Int64Type;
 use gpuledger_aggregator::query::Query;
 
-/// A running `gpuledger` service and the URL it announced.
+/// A running `gpuledger` service and the URL it announced. Killed when dropped, so a failing
+/// test leaves no service behind.
 pub struct Process {
     pub child: Child,
     pub url: String,
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
 }
 
 /// Starts `gpuledger ARGS` and waits for its "listening on http://..." line.
