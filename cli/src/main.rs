@@ -122,6 +122,16 @@ struct SimulateArgs {
     /// Where jobs.csv, report.md and the SVG plots go.
     #[arg(long)]
     out: PathBuf,
+    /// Also store the simulated month (job events and synthesised telemetry, through the
+    /// aggregator's ingest path) here and bill it; needs --month.
+    #[arg(long, requires = "month")]
+    data_dir: Option<PathBuf>,
+    /// The month to store and bill, YYYY-MM (UTC).
+    #[arg(long)]
+    month: Option<String>,
+    /// Price book for --data-dir (default: the embedded seed price book).
+    #[arg(long)]
+    price_book: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -483,11 +493,73 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
     let elapsed = started.elapsed();
     let md = gpuledger::simulate::write_outputs(&args.out, &config, &result)?;
     print!("{md}");
+    if let (Some(data_dir), Some(month)) = (&args.data_dir, &args.month) {
+        store_simulated_month(
+            &config,
+            &result,
+            data_dir,
+            month,
+            args.price_book.as_deref(),
+        )?;
+    }
     println!(
         "\nsimulated in {:.2} s; wrote {}/jobs.csv and {}/report.md",
         elapsed.as_secs_f64(),
         args.out.display(),
         args.out.display()
+    );
+    Ok(())
+}
+
+/// Stores a simulated month as telemetry and job events in `data_dir` and prints its invoices.
+fn store_simulated_month(
+    config: &gpuledger_model::ClusterConfig,
+    result: &gpuledger_scheduler::SimResult,
+    data_dir: &Path,
+    month: &str,
+    price_book: Option<&Path>,
+) -> anyhow::Result<()> {
+    let period = gpuledger_billing::Period::month(month)
+        .with_context(|| format!("--month `{month}` is not YYYY-MM"))?;
+    let start = chrono::DateTime::from_timestamp(period.start, 0).context("month start")?;
+    let spec = pipeline::DemoSpec {
+        sample_interval_s: 10,
+        workload: gpuledger_scheduler::workload::WorkloadSpec {
+            seed: 1,
+            start,
+            days: ((period.end - period.start) / 86_400) as u32,
+            teams: Vec::new(),
+            fixed_jobs: Vec::new(),
+        },
+        telemetry: Vec::new(),
+    };
+    let prices = load_price_book(price_book)?;
+    let stored = pipeline::store_and_bill(
+        config,
+        &spec,
+        result,
+        &prices,
+        data_dir,
+        month,
+        period.start,
+        period.end,
+        &pipeline::Quiet,
+    )?;
+    let billed: i64 = stored.invoices.iter().map(|i| i.gpu_seconds()).sum();
+    let allocated: i64 = result
+        .records
+        .iter()
+        .flat_map(|r| &r.runs)
+        .map(|run| {
+            let end = run.end_s.unwrap_or(result.horizon_s).min(period.end);
+            i64::from(run.gpus) * (end - run.start_s.max(period.start)).max(0)
+        })
+        .sum();
+    println!(
+        "stored {month}: {} samples, {} invoices under {}; {allocated} GPU-seconds allocated in the month, {billed} billed",
+        stored.samples,
+        stored.invoices.len(),
+        data_dir.display()
     );
     Ok(())
 }

@@ -102,6 +102,55 @@ pub fn run(
     progress.finish();
     timings.push(("schedule", started.elapsed()));
 
+    let month = spec.workload.start.format("%Y-%m").to_string();
+    let stored = store_and_bill(
+        config, spec, &sim, prices, data_dir, &month, start_s, end_s, progress,
+    )?;
+    timings.extend(stored.timings);
+    timings.push(("total", started.elapsed()));
+    Ok(RunOutput {
+        sim,
+        samples: stored.samples,
+        batches: stored.batches,
+        flush: stored.flush,
+        month,
+        invoices: stored.invoices,
+        invoice_files: stored.invoice_files,
+        indicators: stored.indicators,
+        measured_utilization: stored.measured_utilization,
+        timings,
+        data_dir: data_dir.to_path_buf(),
+    })
+}
+
+/// What [`store_and_bill`] produced.
+#[derive(Debug)]
+pub struct Stored {
+    pub samples: u64,
+    pub batches: u64,
+    pub flush: FlushStats,
+    pub invoices: Vec<Invoice>,
+    pub invoice_files: Vec<PathBuf>,
+    pub indicators: Vec<AccountIndicators>,
+    pub measured_utilization: Option<f64>,
+    pub timings: Vec<(&'static str, Duration)>,
+}
+
+/// Stores a simulation's job events and synthesised telemetry for `[start_s, end_s)` in
+/// `data_dir` through the aggregator's ingest path, then bills `month` from the stored files.
+#[allow(clippy::too_many_arguments)]
+pub fn store_and_bill(
+    config: &ClusterConfig,
+    spec: &DemoSpec,
+    sim: &SimResult,
+    prices: &PriceBook,
+    data_dir: &Path,
+    month: &str,
+    start_s: i64,
+    end_s: i64,
+    progress: &dyn Progress,
+) -> anyhow::Result<Stored> {
+    let mut timings = Vec::new();
     let t = Instant::now();
     let store = Arc::new(Store::open(data_dir, StoreOptions::default())?);
     // Telemetry is replayed after the fact, so the aggregator's clock stands at the month's end.
@@ -117,14 +166,13 @@ pub fn run(
     );
     ingestor.ingest_job_events("scheduler", None, &sim.events)?;
     let (samples, batches) =
-        ingest_telemetry(config, spec, &sim, &ingestor, start_s, end_s, progress)?;
+        ingest_telemetry(config, spec, sim, &ingestor, start_s, end_s, progress)?;
     let flush = store.flush()?;
     timings.push(("telemetry + ingest + parquet", t.elapsed()));
 
     let t = Instant::now();
-    let month = spec.workload.start.format("%Y-%m").to_string();
     let runtime = tokio::runtime::Builder::new_current_thread().build()?;
-    let period = Period::month(&month)?;
+    let period = Period::month(month)?;
     let (input, indicators, measured_utilization) = runtime.block_on(async {
         let q = Query::open(store.layout()).await?;
         let (from, to) = (start_s * 1000, end_s * 1000);
@@ -143,19 +191,15 @@ pub fn run(
     )?;
     let (invoices, invoice_files) = (billed.invoices, billed.files);
     timings.push(("query + billing", t.elapsed()));
-    timings.push(("total", started.elapsed()));
-    Ok(RunOutput {
-        sim,
+    Ok(Stored {
         samples,
         batches,
         flush,
-        month,
         invoices,
         invoice_files,
         indicators,
         measured_utilization,
         timings,
-        data_dir: data_dir.to_path_buf(),
     })
 }
 

@@ -289,12 +289,37 @@ fn simulate_runs_its_own_job_format_with_preemption_and_a_reservation() {
         "fifo+backfill",
         "--out",
         out.to_str().unwrap(),
+        "--data-dir",
+        dir.path().join("data").to_str().unwrap(),
+        "--month",
+        "2026-06",
     ]);
     assert!(
         run.status.success(),
         "{}",
         String::from_utf8_lossy(&run.stderr)
     );
+    // The simulated month went through the aggregator's ingest path into Parquet and was
+    // billed: every GPU-second the scheduler allocated (a preempted job's two runs included) is
+    // on an invoice.
+    let stdout = String::from_utf8_lossy(&run.stdout).to_string();
+    let stored = stdout
+        .lines()
+        .find(|l| l.starts_with("stored 2026-06:"))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    let numbers: Vec<i64> = stored
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    let (allocated, billed) = (numbers[numbers.len() - 2], numbers[numbers.len() - 1]);
+    assert!(allocated > 0);
+    assert_eq!(allocated, billed, "{stored}");
+    for account in ["a", "b"] {
+        assert!(dir
+            .path()
+            .join(format!("data/invoices/2026-06/{account}/r1.json"))
+            .exists());
+    }
     let csv = std::fs::read_to_string(out.join("jobs.csv")).unwrap();
     let row = |id: &str| -> Vec<String> {
         csv.lines()
