@@ -3,8 +3,9 @@
 //! command in its own process group on this host, with `CUDA_VISIBLE_DEVICES` set to its GPUs.
 //!
 //! Each job runs under a small `sh` wrapper that waits for the command and writes its exit
-//! status to `<job dir>/exit`. The wrapper ignores nothing: SIGTERM reaches the whole process
-//! group (the wrapper only notes it and keeps waiting), SIGKILL ends both. So the status
+//! status to `<job dir>/exit`. Signals go to the whole process group: the checkpoint signals
+//! (TERM, INT, USR1, USR2) and the resize signal (HUP) reach the command while the wrapper only
+//! notes them and keeps waiting; SIGKILL ends both. So the status
 //! survives a restart of the service: an adopted job is finished when its `exit` file appears,
 //! or when its process group is gone without one (killed).
 
@@ -65,7 +66,7 @@ pub struct LocalExecutor {
 }
 
 /// Waits for the command and records its status; see the module docs.
-const WRAPPER: &str = r#"trap ':' TERM
+const WRAPPER: &str = r#"trap ':' TERM HUP INT USR1 USR2
 sh -c "$1" & child=$!
 while :; do
   wait "$child"; status=$?
@@ -135,6 +136,7 @@ impl Executor for LocalExecutor {
                 .append(true)
                 .open(dir.join(name))
         };
+        std::fs::write(dir.join("allocation"), format!("{}\n", job.allocation))?;
         let stdout = append("stdout")?;
         let stderr = append("stderr")?;
         let visible: Vec<String> = job.gpus.iter().map(u32::to_string).collect();
@@ -150,6 +152,7 @@ impl Executor for LocalExecutor {
             .env("GPULEDGER_ACCOUNT", &job.account)
             .env("GPULEDGER_PROJECT", job.project.as_deref().unwrap_or(""))
             .env("GPULEDGER_ALLOCATION", &job.allocation)
+            .env("GPULEDGER_ALLOCATION_FILE", dir.join("allocation"))
             .stdin(Stdio::null())
             .stdout(stdout)
             .stderr(stderr)

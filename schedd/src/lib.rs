@@ -616,14 +616,27 @@ impl Service {
             inner.dirty = true;
         }
         for r in &cycle.resized {
-            // A local process cannot change its GPUs while it runs; the allocation is recorded
-            // (billing and the exporters' labels follow it) and the job is told through its
-            // allocation file.
+            // A process cannot change its CUDA_VISIBLE_DEVICES while it runs: an elastic job is
+            // told of its new GPUs by SIGHUP and the `allocation` file in its directory
+            // (`GPULEDGER_ALLOCATION_FILE`), and is expected to re-form its workers on them
+            // (as torchrun's elastic agent does). Billing and the exporters' labels follow the
+            // recorded allocation.
             if let Some(job) = inner.state.jobs.get_mut(&r.job_id) {
                 job.allocation = Some(r.allocation.to_string());
                 let info = job.clone();
-                let dir = self.config.dir.join("jobs").join(r.job_id.as_str());
-                let _ = std::fs::write(dir.join("allocation"), r.allocation.to_string());
+                let file = self
+                    .config
+                    .dir
+                    .join("jobs")
+                    .join(r.job_id.as_str())
+                    .join("allocation");
+                if let Err(e) = std::fs::write(&file, format!("{}\n", r.allocation)) {
+                    tracing::warn!(job = %r.job_id, error = %e, "allocation file not written");
+                }
+                if let Err(e) = inner.executor.signal(&r.job_id, Signal::SIGHUP) {
+                    tracing::warn!(job = %r.job_id, error = %e, "resize signal failed");
+                }
+                tracing::info!(job = %r.job_id, gpus = r.gpus, allocation = %r.allocation, "elastic job resized");
                 let mut ev = event(&info, now, JobEventKind::Resumed);
                 ev.gpus = Some(r.gpus);
                 ev.allocation = Some(r.allocation.clone());

@@ -217,3 +217,54 @@ fn the_newest_storage_scan_gives_account_totals_and_projects() {
         ]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_elastic_job_is_told_of_its_new_gpus() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let s = open(dir.path(), Arc::clone(&clock));
+    // Re-reads its allocation on SIGHUP, as an elastic launcher would.
+    let elastic = "trap 'cat \"$GPULEDGER_ALLOCATION_FILE\"' HUP; cat \"$GPULEDGER_ALLOCATION_FILE\"; while :; do sleep 0.05; done";
+    let (status, body) = call(&s, "POST", "/api/v1/jobs", Some(json!({"command": elastic, "account": "team-a", "gpus": 8, "min_gpus": 2, "time_limit": "10h"}))).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let e = JobId::new(body["job_id"].as_str().unwrap()).unwrap();
+    tick_until(&s, &clock, |s| state(s, &e) == JobState::Running);
+    assert_eq!(s.job(&e).unwrap().allocation.as_deref(), Some("gpu001:0-7"));
+    // A job of the same tier takes back 4 GPUs: the elastic job shrinks and is told.
+    let (_, body) = call(
+        &s,
+        "POST",
+        "/api/v1/jobs",
+        Some(json!({"command": "sleep 5", "account": "team-b", "gpus": 4, "time_limit": "1h"})),
+    )
+    .await;
+    let other = JobId::new(body["job_id"].as_str().unwrap()).unwrap();
+    tick_until(&s, &clock, |s| state(s, &other) == JobState::Running);
+    assert_eq!(s.job(&e).unwrap().allocation.as_deref(), Some("gpu001:0-3"));
+    let stdout = dir.path().join(format!("scheduler/jobs/{e}/stdout"));
+    let until = Instant::now() + Duration::from_secs(10);
+    while std::fs::read_to_string(&stdout).unwrap_or_default() != "gpu001:0-7\ngpu001:0-3\n" {
+        assert!(
+            Instant::now() < until,
+            "{:?}",
+            std::fs::read_to_string(&stdout)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for _ in 0..5 {
+        clock.advance_ms(1000);
+        s.tick().unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        state(&s, &e),
+        JobState::Running,
+        "SIGHUP does not end the job"
+    );
+    s.cancel(&e).unwrap();
+    s.cancel(&other).unwrap();
+    tick_until(&s, &clock, |s| {
+        state(s, &e).is_done() && state(s, &other).is_done()
+    });
+    assert_eq!(state(&s, &e), JobState::Cancelled);
+}
