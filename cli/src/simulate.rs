@@ -208,9 +208,15 @@ pub fn write_outputs(
     let total_weight: u64 = config.accounts.iter().map(|a| u64::from(a.weight)).sum();
     let _ = writeln!(
         md,
-        "| account | weight share | GPU-hours | received share | jobs | mean wait s | p99 wait s |"
+        "| account | weight share | GPU-hours | received share | share while jobs wait | jobs | mean wait s | p99 wait s |"
     );
-    let _ = writeln!(md, "|---|---|---|---|---|---|---|");
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
+    let contended = contended_intervals(&result.records);
+    let contended_total: i64 = result
+        .records
+        .iter()
+        .map(|r| gpu_seconds_within(r, &contended))
+        .sum();
     let mut by_account: BTreeMap<&str, Vec<&gpuledger_scheduler::JobRecord>> = BTreeMap::new();
     for r in &result.records {
         by_account
@@ -224,17 +230,25 @@ pub fn write_outputs(
             .map(Vec::as_slice)
             .unwrap_or(&[]);
         let s = wait_stats(records.iter().copied(), result.horizon_s);
+        let in_contention: i64 = records
+            .iter()
+            .map(|r| gpu_seconds_within(r, &contended))
+            .sum();
+        let share = |part: i64, whole: i64| {
+            if whole > 0 {
+                part as f64 * 100.0 / whole as f64
+            } else {
+                0.0
+            }
+        };
         let _ = writeln!(
             md,
-            "| {} | {:.1}% | {:.0} | {:.1}% | {} | {:.0} | {} |",
+            "| {} | {:.1}% | {:.0} | {:.1}% | {:.1}% | {} | {:.0} | {} |",
             account.id,
             f64::from(account.weight) * 100.0 / total_weight as f64,
             s.gpu_seconds as f64 / 3600.0,
-            if all.gpu_seconds > 0 {
-                s.gpu_seconds as f64 * 100.0 / all.gpu_seconds as f64
-            } else {
-                0.0
-            },
+            share(s.gpu_seconds, all.gpu_seconds),
+            share(in_contention, contended_total),
             s.jobs,
             s.mean_wait_s,
             s.p99_wait_s
@@ -336,4 +350,99 @@ fn write_charts(
         std::fs::write(&path, svg).with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
+}
+
+/// The times when at least one job was waiting (before its first start, or between runs after a
+/// preemption), merged: when the cluster is contended, the shares it hands out are what fair
+/// share decides.
+pub fn contended_intervals(records: &[gpuledger_scheduler::JobRecord]) -> Vec<(i64, i64)> {
+    let mut waits: Vec<(i64, i64)> = Vec::new();
+    for r in records {
+        let mut from = r.spec.submit_s;
+        for run in &r.runs {
+            if run.start_s > from {
+                waits.push((from, run.start_s));
+            }
+            from = run.end_s.unwrap_or(i64::MAX);
+        }
+    }
+    waits.sort_unstable();
+    let mut merged: Vec<(i64, i64)> = Vec::new();
+    for (a, b) in waits {
+        match merged.last_mut() {
+            Some(last) if a <= last.1 => last.1 = last.1.max(b),
+            _ => merged.push((a, b)),
+        }
+    }
+    merged
+}
+
+/// GPU-seconds a job held inside `intervals` (sorted, disjoint).
+pub fn gpu_seconds_within(
+    record: &gpuledger_scheduler::JobRecord,
+    intervals: &[(i64, i64)],
+) -> i64 {
+    let mut total = 0;
+    for run in &record.runs {
+        let (start, end) = (run.start_s, run.end_s.unwrap_or(i64::MAX));
+        let first = intervals.partition_point(|iv| iv.1 <= start);
+        for iv in &intervals[first..] {
+            if iv.0 >= end {
+                break;
+            }
+            total += i64::from(run.gpus) * (end.min(iv.1) - start.max(iv.0)).max(0);
+        }
+    }
+    total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuledger_model::{AccountId, Allocation, JobId};
+    use gpuledger_scheduler::{JobRecord, JobSpec, Run};
+
+    fn record(id: &str, gpus: u32, submit: i64, runs: &[(i64, i64)]) -> JobRecord {
+        JobRecord {
+            spec: JobSpec::new(
+                JobId::new(id).unwrap(),
+                AccountId::new("a").unwrap(),
+                gpus,
+                3600,
+                submit,
+            ),
+            start_s: runs.first().map(|r| r.0),
+            end_s: runs.last().map(|r| r.1),
+            runs: runs
+                .iter()
+                .map(|(s, e)| Run {
+                    start_s: *s,
+                    end_s: Some(*e),
+                    allocation: Allocation(Vec::new()),
+                    gpus,
+                })
+                .collect(),
+            outcome: None,
+            backfilled: false,
+            preemptions: runs.len() as u32 - 1,
+            lost_gpu_s: 0,
+        }
+    }
+
+    #[test]
+    fn contention_is_when_some_job_waits_and_shares_are_counted_inside_it() {
+        let records = vec![
+            record("1", 8, 0, &[(0, 100)]),
+            record("2", 4, 10, &[(100, 200)]),
+            // Preempted at 160, back at 170.
+            record("3", 2, 150, &[(150, 160), (170, 200)]),
+        ];
+        let contended = contended_intervals(&records);
+        assert_eq!(contended, vec![(10, 100), (160, 170)]);
+        let within: Vec<i64> = records
+            .iter()
+            .map(|r| gpu_seconds_within(r, &contended))
+            .collect();
+        assert_eq!(within, vec![8 * 90, 4 * 10, 0]);
+    }
 }
