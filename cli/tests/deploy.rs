@@ -3,6 +3,7 @@
 
 use clap::Args;
 use gpuledger::exporter_cmd::ExporterArgs;
+use gpuledger::scheduler_cmd::ServeArgs;
 use gpuledger::serve::AggregatorArgs;
 
 /// The ExecStart line's arguments after the binary and, for `gpuledger`, its subcommand.
@@ -48,6 +49,14 @@ fn systemd_units_pass_accepted_arguments() {
         "../../deploy/systemd/gpuledger-aggregator.service"
     ));
     accepts::<AggregatorArgs>("aggregator", &aggregator);
+    let unit = include_str!("../../deploy/systemd/gpuledger-scheduler.service");
+    let scheduler = exec_start_args(unit);
+    assert_eq!(scheduler.first().map(String::as_str), Some("serve"));
+    accepts::<ServeArgs>("scheduler serve", &scheduler[1..]);
+    assert!(
+        unit.contains("KillMode=process"),
+        "stopping the scheduler must not kill its jobs"
+    );
 }
 
 #[test]
