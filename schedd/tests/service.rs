@@ -119,7 +119,7 @@ async fn jobs_run_get_preempted_with_grace_and_survive_a_restart() {
     );
 
     // A long training job that checkpoints on SIGTERM.
-    let train = "echo gpus=$CUDA_VISIBLE_DEVICES; trap 'echo checkpoint; exit 0' TERM; while :; do sleep 0.05; done";
+    let train = "trap 'echo checkpoint; exit 0' TERM; echo gpus=$CUDA_VISIBLE_DEVICES; while :; do sleep 0.05; done";
     let (status, body) = call(&s, "POST", "/api/v1/jobs", Some(json!({"command": train, "account": "team-a", "gpus": 6, "time_limit": "10h", "grace": "30s"}))).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     let a = JobId::new(body["job_id"].as_str().unwrap()).unwrap();
@@ -230,6 +230,15 @@ async fn an_elastic_job_is_told_of_its_new_gpus() {
     let e = JobId::new(body["job_id"].as_str().unwrap()).unwrap();
     tick_until(&s, &clock, |s| state(s, &e) == JobState::Running);
     assert_eq!(s.job(&e).unwrap().allocation.as_deref(), Some("gpu001:0-7"));
+    let stdout = dir.path().join(format!("scheduler/jobs/{e}/stdout"));
+    let until = Instant::now() + Duration::from_secs(20);
+    while std::fs::read_to_string(&stdout)
+        .unwrap_or_default()
+        .is_empty()
+    {
+        assert!(Instant::now() < until, "the elastic job did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     // A job of the same tier takes back 4 GPUs: the elastic job shrinks and is told.
     let (_, body) = call(
         &s,
@@ -241,7 +250,6 @@ async fn an_elastic_job_is_told_of_its_new_gpus() {
     let other = JobId::new(body["job_id"].as_str().unwrap()).unwrap();
     tick_until(&s, &clock, |s| state(s, &other) == JobState::Running);
     assert_eq!(s.job(&e).unwrap().allocation.as_deref(), Some("gpu001:0-3"));
-    let stdout = dir.path().join(format!("scheduler/jobs/{e}/stdout"));
     let until = Instant::now() + Duration::from_secs(10);
     while std::fs::read_to_string(&stdout).unwrap_or_default() != "gpu001:0-7\ngpu001:0-3\n" {
         assert!(
