@@ -4,10 +4,19 @@
 # It installs what the tests need when it is missing, then runs every test in the dev profile
 # (a release build of DataFusion alone takes ~15 minutes on 2 cores). The target directory is
 # kept outside the checkout so later runs and fresh clones reuse the compiled dependencies.
-# Today the tests need only the Rust toolchain; the Prometheus and Chromium tests of the
-# dashboards work will add their `apt-get install` here.
+# Besides the Rust toolchain the tests need `promtool` (Debian's `prometheus` package) for the
+# Prometheus rules; it is installed here when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+if ! command -v promtool >/dev/null 2>&1; then
+  echo "== installing Debian's prometheus (promtool) for the rule tests"
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -q >/dev/null
+  $sudo apt-get install -y -q --no-install-recommends prometheus >/dev/null
+fi
 
 if ! command -v cargo >/dev/null 2>&1; then
   echo "cargo not found: install Rust with rustup (https://rustup.rs), toolchain 1.94 or newer" >&2

@@ -11,6 +11,7 @@
 //! | `GET /api/v1/share` | fair share per account (as `sshare`) |
 //! | `GET/POST /api/v1/reservations`, `DELETE /api/v1/reservations/{name}` | advance reservations |
 //! | `GET /api/v1/allocations` | which job holds each GPU, for exporters' labels |
+//! | `GET /metrics` | jobs by state, pending jobs by account and reason, GPUs allocated/idle/reserved, starts, preemptions, cycles |
 //! | `GET /healthz` | liveness |
 
 use std::sync::Arc;
@@ -104,6 +105,7 @@ pub fn router(service: Arc<Service>) -> Router {
             axum::routing::delete(unreserve),
         )
         .route("/api/v1/allocations", get(allocations))
+        .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .with_state(service)
 }
@@ -143,6 +145,17 @@ async fn share(State(s): State<Arc<Service>>) -> Response {
 
 async fn allocations(State(s): State<Arc<Service>>) -> Response {
     Json(json!({"gpus": s.allocations()})).into_response()
+}
+
+async fn metrics(State(s): State<Arc<Service>>) -> Response {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        s.metrics(),
+    )
+        .into_response()
 }
 
 async fn reservations(State(s): State<Arc<Service>>) -> Response {

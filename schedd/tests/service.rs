@@ -169,6 +169,15 @@ async fn jobs_run_get_preempted_with_grace_and_survive_a_restart() {
     assert_eq!(q["jobs"][0]["id"], a.as_str(), "{q}");
     let (_, share) = call(&s, "GET", "/api/v1/share", None).await;
     assert_eq!(share["accounts"][0]["running_gpus"], 6, "{share}");
+    let metrics = s.metrics();
+    for line in [
+        "gpuledger_scheduler_jobs{state=\"running\"} 1",
+        "gpuledger_scheduler_gpus{state=\"allocated\"} 6",
+        "gpuledger_scheduler_gpus{state=\"idle\"} 2",
+        "gpuledger_scheduler_preemptions_total 1",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
+    }
 
     // Restart: the service comes back from its state file and adopts the running process.
     let pid = s.job(&a).unwrap().pid.unwrap();

@@ -1,0 +1,106 @@
+//! The Prometheus rules in `dashboards/prometheus/` with a real `promtool` (Debian's
+//! `prometheus` package, which `./scripts/test.sh` installs when missing): the rules parse, their
+//! unit tests pass (each alert fires when it should and not before), and the scheduler's
+//! `/metrics` exposition passes `promtool check metrics` without a complaint.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpuledger_model::time::ManualClock;
+use gpuledger_schedd::executor::LocalExecutor;
+use gpuledger_schedd::state::SubmitRequest;
+use gpuledger_schedd::{Service, ServiceConfig};
+use gpuledger_scheduler::SchedulerOptions;
+
+const RULES_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../dashboards/prometheus");
+
+fn promtool(args: &[&str], stdin: Option<&str>) -> Output {
+    let mut child = Command::new("promtool")
+        .args(args)
+        .current_dir(RULES_DIR)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool not found: ./scripts/test.sh installs Debian's `prometheus` package");
+    let mut input = child.stdin.take().expect("piped");
+    if let Some(text) = stdin {
+        input.write_all(text.as_bytes()).unwrap();
+    }
+    drop(input);
+    child.wait_with_output().unwrap()
+}
+
+fn assert_ok(out: &Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what}:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn rules_parse_and_their_unit_tests_pass() {
+    assert_ok(
+        &promtool(&["check", "rules", "gpuledger-rules.yml"], None),
+        "check rules",
+    );
+    assert_ok(
+        &promtool(&["test", "rules", "gpuledger-rules.test.yml"], None),
+        "test rules",
+    );
+}
+
+#[test]
+fn the_scheduler_metrics_pass_promtool_check_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = gpuledger::defaults::load_cluster(None).unwrap();
+    let config = ServiceConfig {
+        options: SchedulerOptions::parse("fairshare+backfill").unwrap(),
+        dir: dir.path().join("scheduler"),
+        billing_reservations: None,
+        aggregator: None,
+        usage_every: Duration::from_secs(60),
+        storage_scans: None,
+    };
+    let executor = Box::new(LocalExecutor::new(dir.path().join("scheduler/jobs")));
+    let clock = Arc::new(ManualClock::new(1_780_272_000_000));
+    let service = Service::open(cluster, config, executor, clock).unwrap();
+    // One job pending for a reason, so every family has a sample.
+    let request: SubmitRequest = serde_json::from_value(serde_json::json!({
+        "command": "true", "account": "team-e", "gpus": 512, "time_limit": "1h"
+    }))
+    .unwrap();
+    service.submit(request.clone()).unwrap();
+    service.submit(request).unwrap();
+    service.tick().unwrap();
+    let text = service.metrics();
+    assert!(
+        text.contains(
+            "gpuledger_scheduler_pending_jobs{account=\"team-e\",reason=\"Resources\"} 1"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("gpuledger_scheduler_gpus{state=\"allocated\"} 512"),
+        "{text}"
+    );
+    let out = promtool(&["check", "metrics"], Some(&text));
+    assert_ok(&out, "check metrics");
+    let complaints = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        complaints.trim().is_empty(),
+        "promtool complains:\n{complaints}\n{text}"
+    );
+    // Cancel the running job so no process outlives the test.
+    for job in service.queue() {
+        let _ = service.cancel(&job.id);
+    }
+}
