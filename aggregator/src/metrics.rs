@@ -99,8 +99,8 @@ impl Metrics {
             .collect();
         let quota = gauge_vec(
             &r,
-            "gpuledger_account_quota_gpu_hours",
-            "An account's GPU-hour quota per period (day or week), from the cluster configuration.",
+            "gpuledger_account_quota_gpu_seconds",
+            "An account's GPU-hour quota per period (day or week), in GPU-seconds, from the cluster configuration.",
             &["account", "period"],
         );
         for a in &config.accounts {
@@ -111,7 +111,7 @@ impl Metrics {
                 if let Some(q) = q {
                     quota
                         .with_label_values(&[a.id.as_str(), period])
-                        .set(i64::try_from(q).unwrap_or(i64::MAX));
+                        .set(i64::try_from(q.saturating_mul(3600)).unwrap_or(i64::MAX));
                 }
             }
         }

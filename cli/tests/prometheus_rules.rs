@@ -1,7 +1,10 @@
 //! The Prometheus rules in `dashboards/prometheus/` with a real `promtool` (Debian's
 //! `prometheus` package, which `./scripts/test.sh` installs when missing): the rules parse, their
-//! unit tests pass (each alert fires when it should and not before), and the scheduler's
-//! `/metrics` exposition passes `promtool check metrics` without a complaint.
+//! unit tests pass (each alert fires when it should and not before), and the `/metrics` pages of
+//! the scheduler and of real exporter and aggregator processes pass `promtool check metrics`
+//! without a complaint.
+
+mod common;
 
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
@@ -103,4 +106,65 @@ fn the_scheduler_metrics_pass_promtool_check_metrics() {
     for job in service.queue() {
         let _ = service.cancel(&job.id);
     }
+}
+
+#[test]
+fn exporter_and_aggregator_pages_pass_promtool_check_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let aggregator = common::spawn(
+        &[
+            "aggregator",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            dir.path().join("agg").to_str().unwrap(),
+        ],
+        Stdio::null(),
+    );
+    let exporter = common::spawn(
+        &[
+            "exporter",
+            "--node",
+            "gpu001",
+            "--gpus",
+            "4",
+            "--sample-interval",
+            "1s",
+            "--push-interval",
+            "1s",
+            "--listen",
+            "127.0.0.1:0",
+            "--aggregator-url",
+            &aggregator.url,
+            "--spool-dir",
+            dir.path().join("spool").to_str().unwrap(),
+        ],
+        Stdio::null(),
+    );
+    // Wait until the exporter has pushed, so the aggregator's ingest families have samples.
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    while !common::scrape(&aggregator.url)
+        .contains("gpuledger_ingest_batches_total{outcome=\"accepted\"}")
+    {
+        assert!(
+            std::time::Instant::now() < until,
+            "no batch reached the aggregator"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for (name, url) in [("exporter", &exporter.url), ("aggregator", &aggregator.url)] {
+        let page = common::scrape(url);
+        let out = promtool(&["check", "metrics"], Some(&page));
+        let complaints = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.success() && complaints.trim().is_empty(),
+            "{name}: promtool complains:\n{complaints}"
+        );
+    }
+    common::terminate(exporter);
+    common::terminate(aggregator);
 }

@@ -300,7 +300,8 @@ pub fn render(s: &Snapshot, format: Format) -> String {
                 ("gpu", &gpu),
                 ("Hostname", &s.node),
                 ("UUID", &d.uuid),
-                ("modelName", d.model.marketing_name()),
+                // dcgm-exporter calls it `modelName`; Prometheus label names are snake_case.
+                ("model_name", d.model.marketing_name()),
                 ("GPU_I_PROFILE", d.mig_instance.as_deref().unwrap_or("")),
             ],
             1.0,
