@@ -270,25 +270,7 @@ impl Service {
             field: "job_id".into(),
             message: e.to_string(),
         })?;
-        let info = JobInfo {
-            id: id.clone(),
-            request,
-            submit_s: now,
-            state: JobState::Pending,
-            reason: Some("None".into()),
-            estimated_start_s: None,
-            start_s: None,
-            end_s: None,
-            allocation: None,
-            exit_code: None,
-            preemptions: 0,
-            pid: None,
-            last_checkpoint_s: None,
-            preempted_by: None,
-            signal_s: None,
-            kill_s: None,
-            stopping: None,
-        };
+        let info = JobInfo::pending(id.clone(), request, now);
         inner.sched.submit(spec_of(&info))?;
         inner.state.next_id += 1;
         let mut ev = event(&info, now, JobEventKind::Submitted);
@@ -313,9 +295,9 @@ impl Service {
         match info.state {
             JobState::Pending => {
                 inner.sched.cancel_pending(id);
-                let job = inner.finish_record(id, now, JobState::Cancelled, None);
-                inner.dirty = true;
-                Ok(job)
+                inner
+                    .finish_record(id, now, JobState::Cancelled, None)
+                    .ok_or_else(|| Error::UnknownJob(id.clone()))
             }
             JobState::Running | JobState::Preempting => {
                 let grace = self.grace_of(&info);
@@ -922,10 +904,8 @@ impl Inner {
         now: UnixSeconds,
         state: JobState,
         exit_code: Option<i32>,
-    ) -> JobInfo {
-        let Some(job) = self.state.jobs.get_mut(id) else {
-            return JobInfo::placeholder(id);
-        };
+    ) -> Option<JobInfo> {
+        let job = self.state.jobs.get_mut(id)?;
         job.state = state;
         job.end_s = Some(now);
         job.exit_code = exit_code;
@@ -943,7 +923,7 @@ impl Inner {
         ev.exit_code = exit_code;
         self.state.outbox.push(ev);
         self.dirty = true;
-        info
+        Some(info)
     }
 
     /// Signals a running job to stop (cancel or time limit); SIGKILL follows at the deadline.
@@ -1066,40 +1046,5 @@ impl Inner {
             }
         }
         Ok(())
-    }
-}
-
-impl JobInfo {
-    fn placeholder(id: &JobId) -> JobInfo {
-        JobInfo {
-            id: id.clone(),
-            request: SubmitRequest {
-                command: String::new(),
-                account: AccountId::new("unknown").unwrap_or_else(|_| unreachable!()),
-                project: None,
-                partition: None,
-                gpus: 0,
-                min_gpus: None,
-                time_limit: gpuledger_model::DurationSpec::from_secs(0),
-                grace: None,
-                checkpoint_signal: None,
-                checkpoint_every: None,
-            },
-            submit_s: 0,
-            state: JobState::Failed,
-            reason: None,
-            estimated_start_s: None,
-            start_s: None,
-            end_s: None,
-            allocation: None,
-            exit_code: None,
-            preemptions: 0,
-            pid: None,
-            last_checkpoint_s: None,
-            preempted_by: None,
-            signal_s: None,
-            kill_s: None,
-            stopping: None,
-        }
     }
 }

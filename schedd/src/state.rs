@@ -105,6 +105,31 @@ pub struct JobInfo {
     pub stopping: Option<JobState>,
 }
 
+impl JobInfo {
+    /// A job just submitted.
+    pub fn pending(id: JobId, request: SubmitRequest, submit_s: UnixSeconds) -> JobInfo {
+        JobInfo {
+            id,
+            request,
+            submit_s,
+            state: JobState::Pending,
+            reason: Some("None".into()),
+            estimated_start_s: None,
+            start_s: None,
+            end_s: None,
+            allocation: None,
+            exit_code: None,
+            preemptions: 0,
+            pid: None,
+            last_checkpoint_s: None,
+            preempted_by: None,
+            signal_s: None,
+            kill_s: None,
+            stopping: None,
+        }
+    }
+}
+
 /// The whole persisted state.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct State {

@@ -852,18 +852,9 @@ impl Scheduler {
                 if let Some(p) = self.place_now(&job.spec, now, plan.as_ref()) {
                     let backfilled = plan.as_ref().is_some_and(Plan::has_holds);
                     let started = self.start(job, p, now, backfilled);
+                    self.note_start(started, now, &mut plan, &mut gate, &mut cycle);
                     is_started[i] = true;
                     started_any = true;
-                    gate.add(&self.running[&started.job_id]);
-                    if let Some(plan) = plan.as_mut() {
-                        let end = now.saturating_add(limit as i64);
-                        plan.started(
-                            started.job_id.clone(),
-                            end,
-                            self.running[&started.job_id].placement.clone(),
-                        );
-                    }
-                    cycle.started.push(started);
                     continue;
                 }
                 if self.knobs.preemption && !job.has_preempted && gate.may_help(job.tier) {
@@ -873,18 +864,9 @@ impl Scheduler {
                     };
                     if let Some(p) = self.preempt_for(job, now, window, &mut cycle, &mut plan) {
                         let started = self.start(job, p, now, false);
+                        self.note_start(started, now, &mut plan, &mut gate, &mut cycle);
                         is_started[i] = true;
                         started_any = true;
-                        gate.add(&self.running[&started.job_id]);
-                        if let Some(plan) = plan.as_mut() {
-                            let end = now.saturating_add(limit as i64);
-                            plan.started(
-                                started.job_id.clone(),
-                                end,
-                                self.running[&started.job_id].placement.clone(),
-                            );
-                        }
-                        cycle.started.push(started);
                         continue;
                     }
                     job.has_preempted = self.claims.contains_key(&job.spec.id);
@@ -920,6 +902,28 @@ impl Scheduler {
             self.grow_elastic(now, &mut cycle);
         }
         cycle
+    }
+
+    /// A job started in this cycle: the plan and the preemption gate learn of it, and the
+    /// cycle reports it.
+    fn note_start(
+        &self,
+        started: Started,
+        now: UnixSeconds,
+        plan: &mut Option<Plan>,
+        gate: &mut PreemptionGate,
+        cycle: &mut Cycle,
+    ) {
+        let running = &self.running[&started.job_id];
+        gate.add(running);
+        if let Some(plan) = plan.as_mut() {
+            plan.started(
+                started.job_id.clone(),
+                running.limit_end_s().max(now),
+                running.placement.clone(),
+            );
+        }
+        cycle.started.push(started);
     }
 
     /// The reason of a job that could not start: the reservation when one is what keeps it
