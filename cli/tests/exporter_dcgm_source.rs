@@ -78,12 +78,12 @@ fn dcgm_fields_come_through_and_a_truncated_page_marks_the_source_unhealthy() {
     });
     assert!(
         healthy.contains(
-            "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{gpu=\"0\",Hostname=\"gpu017\",job=\"\"} 0.453125"
+            "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{gpu=\"0\",Hostname=\"gpu017\",hpc_job=\"\"} 0.453125"
         ),
         "{healthy}"
     );
     assert!(
-        healthy.contains("DCGM_FI_DEV_FB_USED{gpu=\"1\",Hostname=\"gpu017\",job=\"\"} 76067"),
+        healthy.contains("DCGM_FI_DEV_FB_USED{gpu=\"1\",Hostname=\"gpu017\",hpc_job=\"\"} 76067"),
         "{healthy}"
     );
     assert!(

@@ -83,9 +83,9 @@ fn batches_spooled_across_an_outage_and_a_kill_9_arrive_exactly_once() {
     });
     assert!(metric(&exporter.url, "gpuledger_exporter_pushes_failed_total") >= 1.0);
     let page = scrape(&exporter.url);
-    assert!(page.contains("DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",Hostname=\"node001\",job=\"7\",account=\"team-a\",project=\"research\"}"), "{page}");
+    assert!(page.contains("DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",Hostname=\"node001\",hpc_job=\"7\",account=\"team-a\",project=\"research\"}"), "{page}");
     assert!(
-        page.contains("DCGM_FI_DEV_GPU_UTIL{gpu=\"5\",Hostname=\"node001\",job=\"\"}"),
+        page.contains("DCGM_FI_DEV_GPU_UTIL{gpu=\"5\",Hostname=\"node001\",hpc_job=\"\"}"),
         "idle GPUs are labelled idle, not dropped"
     );
     exporter.child.kill().unwrap();

@@ -168,7 +168,7 @@ fn jobs_run_report_to_the_aggregator_and_survive_a_scheduler_restart() {
     );
     wait_for("the exporter to label GPU 3 with job 2", || {
         scrape(&exporter.url).contains(
-            "DCGM_FI_DEV_GPU_UTIL{gpu=\"3\",Hostname=\"gpu001\",job=\"2\",account=\"team-a\",project=\"\"}",
+            "DCGM_FI_DEV_GPU_UTIL{gpu=\"3\",Hostname=\"gpu001\",hpc_job=\"2\",account=\"team-a\",project=\"\"}",
         )
     });
     terminate(exporter);

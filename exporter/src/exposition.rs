@@ -1,7 +1,8 @@
 //! `/metrics` of the exporter, rendered from the latest snapshot: a scrape only encodes, it
 //! never waits on NVML, the scheduler or the disk. GPU series keep dcgm-exporter's names
 //! (`DCGM_FI_DEV_GPU_UTIL`, `DCGM_FI_PROF_PIPE_TENSOR_ACTIVE`, ...) and its `gpu` and
-//! `Hostname` labels, so existing DCGM dashboards work, plus `account`, `project` and `job`;
+//! `Hostname` labels, so existing DCGM dashboards work, plus `account`, `project` and the job id
+//! as dcgm-exporter's `hpc_job` (not `job`: Prometheus sets `job` to the scrape job's name);
 //! identity (UUID, model, MIG instance) sits on one `gpuledger_gpu_info` series per GPU.
 
 use std::collections::BTreeMap;
@@ -234,11 +235,11 @@ pub fn render(s: &Snapshot, format: Format) -> String {
         }
         match job {
             Some(j) => {
-                l.push(("job", j.job_id.as_str()));
+                l.push(("hpc_job", j.job_id.as_str()));
                 l.push(("account", j.account.as_str()));
                 l.push(("project", j.project.as_deref().unwrap_or("")));
             }
-            None => l.push(("job", "")),
+            None => l.push(("hpc_job", "")),
         }
         l
     };
@@ -448,11 +449,11 @@ mod tests {
     fn gpu_series_keep_dcgm_names_and_carry_tenant_labels() {
         let text = render(&snapshot(), Format::Prometheus);
         assert!(text.contains(
-            "DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",Hostname=\"node001\",job=\"42\",account=\"team-a\",project=\"llm \\\"big\\\"\"} 97\n"
+            "DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",Hostname=\"node001\",hpc_job=\"42\",account=\"team-a\",project=\"llm \\\"big\\\"\"} 97\n"
         ), "{text}");
         assert!(text.contains("DCGM_FI_DEV_FB_FREE{gpu=\"0\""), "{text}");
         assert!(
-            text.contains("gpuledger_gpu_processes{gpu=\"0\",Hostname=\"node001\",job=\"42\""),
+            text.contains("gpuledger_gpu_processes{gpu=\"0\",Hostname=\"node001\",hpc_job=\"42\""),
             "{text}"
         );
         assert!(
