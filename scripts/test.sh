@@ -4,18 +4,24 @@
 # It installs what the tests need when it is missing, then runs every test in the dev profile
 # (a release build of DataFusion alone takes ~15 minutes on 2 cores). The target directory is
 # kept outside the checkout so later runs and fresh clones reuse the compiled dependencies.
-# Besides the Rust toolchain the tests need `promtool` (Debian's `prometheus` package) for the
-# Prometheus rules; it is installed here when missing.
+# Besides the Rust toolchain the tests need, from Debian: `prometheus` (a real Prometheus that
+# scrapes the services, and `promtool` for the rules) and `chromium` with `chromium-driver` (the
+# status page and the dashboard previews in a real headless browser). They are installed here
+# when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v promtool >/dev/null 2>&1; then
-  echo "== installing Debian's prometheus (promtool) for the rule tests"
+missing=()
+command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "== installing Debian's ${missing[*]} for the tests"
   sudo=""
   if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
   export DEBIAN_FRONTEND=noninteractive
   $sudo apt-get update -q >/dev/null
-  $sudo apt-get install -y -q --no-install-recommends prometheus >/dev/null
+  $sudo apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
 if ! command -v cargo >/dev/null 2>&1; then

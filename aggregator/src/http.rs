@@ -11,7 +11,15 @@
 //! | `GET /api/v1/accounts/{account}/summary?from=&to=` | the account's indicators |
 //! | `GET /api/v1/jobs/{id}` | a job's events, usage, utilization and MFU |
 //! | `POST /api/v1/query` | `{sql}`: read-only SQL over the tables |
+//! | `GET /api/v1/status?window=&from=&to=` | what the status page shows, as JSON |
+//! | `GET /` | the status page; `POST /login` and `POST /logout` set and clear its cookie |
 //! | `GET /healthz` | liveness; 503 once a write failed |
+//!
+//! With a token file ([`gpuledger_auth::Guard`]) every route but `/healthz` wants a bearer token
+//! (the status page also takes the cookie its sign-in form sets) and checks its role: a node
+//! pushes only as itself, a tenant reads only its own account (another account, or another
+//! account's job, is answered exactly as one that does not exist), SQL and events are for
+//! operators. No token: 401; a token whose role may not: 403.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -30,6 +38,8 @@ use gpuledger_model::job::JobEvent;
 use gpuledger_model::time::{Clock, UnixMillis};
 use gpuledger_model::units::DurationSpec;
 use gpuledger_model::{AccountId, JobId};
+
+use gpuledger_auth::{Action, Denied, Guard, Principal, Scope};
 
 use crate::events::parse_events;
 use crate::ingest::{IngestOutcome, Ingestor};
@@ -55,6 +65,8 @@ pub struct Service {
     pub metrics: Metrics,
     pub config: ClusterConfig,
     pub clock: Arc<dyn Clock>,
+    /// Who may do what; [`Guard::off`] lets everything through.
+    pub guard: Guard,
 }
 
 impl std::fmt::Debug for Service {
@@ -74,6 +86,10 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/api/v1/accounts/{account}/summary", get(account_summary))
         .route("/api/v1/jobs/{id}", get(job))
         .route("/api/v1/query", post(query))
+        .route("/api/v1/status", get(status_json))
+        .route("/", get(status_page))
+        .route("/login", post(login))
+        .route("/logout", post(logout))
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -93,6 +109,10 @@ pub enum ApiError {
         errors: Vec<RowError>,
         total: usize,
     },
+    /// 401: no token where one is needed, or one nobody issued.
+    Unauthenticated(String),
+    /// 403: a valid token whose role may not do this.
+    Forbidden(String),
     NotFound(String),
     Unavailable(String),
     Internal(String),
@@ -134,6 +154,15 @@ impl IntoResponse for ApiError {
                     "errors": errors,
                 }),
             ),
+            ApiError::Unauthenticated(m) => {
+                return (
+                    StatusCode::UNAUTHORIZED,
+                    [(header::WWW_AUTHENTICATE, "Bearer realm=\"gpuledger\"")],
+                    Json(json!({"error": m})),
+                )
+                    .into_response()
+            }
+            ApiError::Forbidden(m) => (StatusCode::FORBIDDEN, json!({"error": m})),
             ApiError::NotFound(m) => (StatusCode::NOT_FOUND, json!({"error": m})),
             ApiError::Unavailable(m) => (StatusCode::SERVICE_UNAVAILABLE, json!({"error": m})),
             ApiError::Internal(m) => {
@@ -146,6 +175,62 @@ impl IntoResponse for ApiError {
 }
 
 type ApiResult<T> = Result<T, ApiError>;
+
+/// The bearer token of a request; a malformed `Authorization` header is a 401.
+fn bearer_token(headers: &HeaderMap) -> ApiResult<Option<&str>> {
+    match headers.get(header::AUTHORIZATION) {
+        None => Ok(None),
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(gpuledger_auth::bearer)
+            .map(Some)
+            .ok_or_else(|| {
+                ApiError::Unauthenticated("`Authorization` must be `Bearer <token>`".into())
+            }),
+    }
+}
+
+const COOKIE: &str = "gpuledger_token";
+
+/// The token the status page's sign-in form put in a cookie.
+fn cookie_token(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .find_map(|kv| kv.trim().strip_prefix(COOKIE)?.strip_prefix('='))
+        .filter(|t| !t.is_empty())
+}
+
+fn denied(d: Denied, what: &str) -> ApiError {
+    match d {
+        Denied::Unauthenticated => ApiError::Unauthenticated(format!(
+            "{what} needs a bearer token (`Authorization: Bearer <token>`)"
+        )),
+        Denied::Forbidden => ApiError::Forbidden(format!("this token's role may not {what}")),
+    }
+}
+
+/// The principal behind the request, if it may do `action`.
+fn authorize(
+    s: &Service,
+    headers: &HeaderMap,
+    action: Action<'_>,
+    what: &str,
+) -> ApiResult<Principal> {
+    s.guard
+        .check(bearer_token(headers)?, action)
+        .map_err(|d| denied(d, what))
+}
+
+/// The principal behind the request, whatever it may do.
+fn principal(s: &Service, headers: &HeaderMap, what: &str) -> ApiResult<Principal> {
+    s.guard
+        .principal(bearer_token(headers)?)
+        .map_err(|d| denied(d, what))
+}
 
 fn header_text<'a>(headers: &'a HeaderMap, name: &str) -> ApiResult<&'a str> {
     headers
@@ -203,6 +288,12 @@ async fn ingest_batch(
     body: Bytes,
 ) -> ApiResult<(usize, IngestReply)> {
     let node = header_text(headers, NODE_HEADER)?.to_owned();
+    authorize(
+        s,
+        headers,
+        Action::Ingest { node: &node },
+        "push samples as this node",
+    )?;
     let seq: u64 = header_text(headers, SEQ_HEADER)?
         .parse()
         .map_err(|_| ApiError::bad(SEQ_HEADER, "not an unsigned integer"))?;
@@ -245,7 +336,12 @@ struct EventsRequest {
     events: Vec<Value>,
 }
 
-async fn events(State(s): State<Arc<Service>>, body: Bytes) -> ApiResult<Json<IngestReply>> {
+async fn events(
+    State(s): State<Arc<Service>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Json<IngestReply>> {
+    authorize(&s, &headers, Action::PostEvents, "post job events")?;
     let request: EventsRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad("body", format!("not an events request: {e}")))?;
     let parsed = parse_events(&request.events).map_err(|errors| ApiError::Invalid {
@@ -273,7 +369,10 @@ async fn events(State(s): State<Arc<Service>>, body: Bytes) -> ApiResult<Json<In
     Ok(Json(outcome.into()))
 }
 
-async fn metrics(State(s): State<Arc<Service>>) -> Response {
+async fn metrics(State(s): State<Arc<Service>>, headers: HeaderMap) -> Response {
+    if let Err(e) = authorize(&s, &headers, Action::Metrics, "read /metrics") {
+        return e.into_response();
+    }
     if let Some(wal) = s.ingestor.wal() {
         s.metrics.set_wal_bytes(wal.size_bytes());
     }
@@ -339,8 +438,24 @@ struct AccountUsage {
 
 async fn usage(
     State(s): State<Arc<Service>>,
+    headers: HeaderMap,
     QueryParams(p): QueryParams<UsageParams>,
 ) -> ApiResult<Json<UsageReply>> {
+    let who = principal(&s, &headers, "read the usage feed")?;
+    let scope = if who.may(Action::ReadAll, s.guard.public()) {
+        Scope::All
+    } else if let Principal::Tenant(a) = &who {
+        Scope::Account(a.clone())
+    } else {
+        return Err(denied(
+            if who == Principal::Anonymous {
+                Denied::Unauthenticated
+            } else {
+                Denied::Forbidden
+            },
+            "read the usage feed",
+        ));
+    };
     let at_ms = match &p.at {
         Some(t) => parse_time("at", t)?,
         None => s.clock.now_ms(),
@@ -354,7 +469,8 @@ async fn usage(
     if half_life.as_secs() == 0 {
         return Err(ApiError::bad("half_life", "must be longer than 0 s"));
     }
-    let rows = s.query.hourly_usage(at_ms).await?;
+    let mut rows = s.query.hourly_usage(at_ms).await?;
+    rows.retain(|r| scope.covers(&r.account));
     Ok(Json(UsageReply {
         at_ms,
         half_life_s: half_life.as_secs(),
@@ -407,14 +523,25 @@ struct AccountSummary {
 
 async fn account_summary(
     State(s): State<Arc<Service>>,
+    headers: HeaderMap,
     Path(account): Path<String>,
     QueryParams(p): QueryParams<WindowParams>,
 ) -> ApiResult<Json<AccountSummary>> {
+    let who = principal(&s, &headers, "read an account")?;
     let id: AccountId = account
         .parse()
         .map_err(|e: gpuledger_model::ids::IdError| ApiError::bad("account", e.to_string()))?;
+    let no_account = || ApiError::NotFound(format!("no account `{id}`"));
+    if !who.may(Action::ReadAccount(id.as_str()), s.guard.public()) {
+        // A tenant learns nothing of another account: not even that it exists.
+        return Err(match who {
+            Principal::Tenant(_) => no_account(),
+            Principal::Anonymous => denied(Denied::Unauthenticated, "read an account"),
+            _ => denied(Denied::Forbidden, "read an account"),
+        });
+    }
     let Some(config) = s.config.accounts.iter().find(|a| a.id == id) else {
-        return Err(ApiError::NotFound(format!("no account `{id}`")));
+        return Err(no_account());
     };
     let to_ms = match &p.to {
         Some(t) => parse_time("to", t)?,
@@ -461,14 +588,30 @@ async fn account_summary(
 
 async fn job(
     State(s): State<Arc<Service>>,
+    headers: HeaderMap,
     Path(id): Path<String>,
 ) -> ApiResult<Json<crate::query::JobDetail>> {
+    let who = principal(&s, &headers, "read a job")?;
+    let scope = who.scope(s.guard.public());
+    if matches!(scope, Scope::Nothing) || who == Principal::Anonymous {
+        return Err(denied(
+            if who == Principal::Anonymous {
+                Denied::Unauthenticated
+            } else {
+                Denied::Forbidden
+            },
+            "read a job",
+        ));
+    }
     let id: JobId = id
         .parse()
         .map_err(|e: gpuledger_model::ids::IdError| ApiError::bad("id", e.to_string()))?;
+    // Another tenant's job is answered as a job that does not exist, after the same query.
     match s.query.job_detail(id.as_str()).await? {
-        Some(detail) => Ok(Json(detail)),
-        None => Err(ApiError::NotFound(format!(
+        Some(detail) if detail.account.as_deref().is_some_and(|a| scope.covers(a)) => {
+            Ok(Json(detail))
+        }
+        _ => Err(ApiError::NotFound(format!(
             "no job `{id}` in the stored data"
         ))),
     }
@@ -480,7 +623,12 @@ struct SqlRequest {
     sql: String,
 }
 
-async fn query(State(s): State<Arc<Service>>, body: Bytes) -> ApiResult<Json<Value>> {
+async fn query(
+    State(s): State<Arc<Service>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Json<Value>> {
+    authorize(&s, &headers, Action::Sql, "run SQL")?;
     let request: SqlRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad("body", format!("expected {{\"sql\": \"...\"}}: {e}")))?;
     let batches = s
@@ -505,6 +653,150 @@ async fn query(State(s): State<Arc<Service>>, body: Bytes) -> ApiResult<Json<Val
         rows.extend(crate::query::batch_to_json_rows(b)?);
     }
     Ok(Json(json!({"columns": columns, "rows": rows})))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StatusParams {
+    window: Option<String>,
+    from: Option<String>,
+    to: Option<String>,
+}
+
+fn status_window(s: &Service, p: &StatusParams) -> ApiResult<crate::status::Window> {
+    let now = s.clock.now_ms();
+    if p.from.is_some() || p.to.is_some() {
+        let to_ms = match &p.to {
+            Some(t) => parse_time("to", t)?,
+            None => now,
+        };
+        let from_ms = match &p.from {
+            Some(t) => parse_time("from", t)?,
+            None => crate::status::month_start_ms(to_ms),
+        };
+        if from_ms >= to_ms {
+            return Err(ApiError::bad("from", "must be before `to`"));
+        }
+        return Ok(crate::status::Window {
+            from_ms,
+            to_ms,
+            name: "custom".into(),
+        });
+    }
+    let name = p.window.as_deref().unwrap_or("mtd");
+    crate::status::Window::named(name, now)
+        .ok_or_else(|| ApiError::bad("window", format!("`{name}`: use mtd, 24h, 7d or 30d")))
+}
+
+async fn status_view(
+    s: &Service,
+    who: &Principal,
+    p: &StatusParams,
+) -> ApiResult<crate::status::StatusView> {
+    let window = status_window(s, p)?;
+    let scope = who.scope(s.guard.public());
+    let live = s.metrics.live_jobs();
+    Ok(crate::status::build(&s.query, &s.config, &live, &scope, window, s.clock.now_ms()).await?)
+}
+
+async fn status_json(
+    State(s): State<Arc<Service>>,
+    headers: HeaderMap,
+    QueryParams(p): QueryParams<StatusParams>,
+) -> ApiResult<Json<crate::status::StatusView>> {
+    let who = authorize(&s, &headers, Action::ViewStatus, "read the status")?;
+    Ok(Json(status_view(&s, &who, &p).await?))
+}
+
+fn html(status: StatusCode, body: String) -> Response {
+    (
+        status,
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+async fn status_page(
+    State(s): State<Arc<Service>>,
+    headers: HeaderMap,
+    QueryParams(p): QueryParams<StatusParams>,
+) -> Response {
+    let token = match bearer_token(&headers) {
+        Ok(t) => t.or_else(|| cookie_token(&headers)),
+        Err(e) => return e.into_response(),
+    };
+    let who = match s.guard.check(token, Action::ViewStatus) {
+        Ok(who) => who,
+        Err(Denied::Unauthenticated) => {
+            let note = token.map(|_| "That token is not valid here; sign in again.");
+            return html(StatusCode::UNAUTHORIZED, crate::status::login_page(note));
+        }
+        Err(Denied::Forbidden) => {
+            return html(
+                StatusCode::FORBIDDEN,
+                crate::status::login_page(Some("This token's role has no status page.")),
+            )
+        }
+    };
+    match status_view(&s, &who, &p).await {
+        Ok(view) => {
+            let signed_in =
+                (s.guard.is_on() && who != Principal::Anonymous).then(|| who.describe());
+            html(
+                StatusCode::OK,
+                crate::status::render(&view, signed_in.as_deref()),
+            )
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct LoginForm {
+    token: String,
+}
+
+async fn login(State(s): State<Arc<Service>>, axum::Form(form): axum::Form<LoginForm>) -> Response {
+    let token = form.token.trim();
+    match s.guard.check(Some(token), Action::ViewStatus) {
+        Ok(_) => (
+            StatusCode::SEE_OTHER,
+            [
+                (header::LOCATION, "/".to_owned()),
+                (
+                    header::SET_COOKIE,
+                    format!("{COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict; Max-Age=43200"),
+                ),
+            ],
+        )
+            .into_response(),
+        Err(Denied::Unauthenticated) => html(
+            StatusCode::UNAUTHORIZED,
+            crate::status::login_page(Some("That token is not valid here.")),
+        ),
+        Err(Denied::Forbidden) => html(
+            StatusCode::FORBIDDEN,
+            crate::status::login_page(Some("This token's role has no status page.")),
+        ),
+    }
+}
+
+async fn logout() -> Response {
+    (
+        StatusCode::SEE_OTHER,
+        [
+            (header::LOCATION, "/".to_owned()),
+            (
+                header::SET_COOKIE,
+                format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0"),
+            ),
+        ],
+    )
+        .into_response()
 }
 
 #[cfg(test)]

@@ -10,6 +10,8 @@
 //! - [`store`]: Parquet writers (temporary name, then rename) for samples, rollups, job events;
 //! - [`rollup`]: per job x GPU x hour sums, exact in GPU-seconds;
 //! - [`query`]: DataFusion tables and the indicator queries;
+//! - [`status`]: the status page at `/`, [`svg`] its charts (and the simulator's);
+//! - [`live`]: the jobs waiting and running now, followed from accepted job events;
 //! - [`http`]: the axum API over all of it, [`metrics`] its `/metrics`, [`events`] job-event
 //!   parsing.
 
@@ -17,10 +19,13 @@ pub mod events;
 pub mod http;
 pub mod ingest;
 pub mod layout;
+pub mod live;
 pub mod metrics;
 pub mod query;
 pub mod rollup;
+pub mod status;
 pub mod store;
+pub mod svg;
 pub mod validate;
 pub mod wal;
 

@@ -1,28 +1,31 @@
 //! The aggregator's `/metrics`: its own health (ingest outcomes, refusals by reason and field,
-//! log size, flushes) and the cluster's figures per account and project (GPU-seconds, cost,
-//! queue wait, running jobs, quotas). Label sets are bounded: accounts and projects come from
-//! the cluster configuration (anything else is `unknown`), jobs never become labels.
+//! log size, flushes), the cluster's capacity, and its figures per account and project
+//! (GPU-seconds, cost, MFU-weighted GPU-seconds, queue wait, pending and running jobs, quotas,
+//! fair-share entitlement), and per running job (GPUs, MFU so far). Label sets are bounded:
+//! accounts and projects come from the cluster configuration (anything else is `unknown`), and
+//! a job is a label only while it runs (`hpc_job`, as dcgm-exporter names it).
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 
 use arrow::array::{Array, AsArray};
-use arrow::datatypes::UInt32Type;
+use arrow::datatypes::{Float32Type, UInt32Type};
 use arrow::record_batch::RecordBatch;
 use prometheus::{
-    CounterVec, Encoder, Gauge, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    CounterVec, Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use rust_decimal::prelude::ToPrimitive;
 use rust_decimal::Decimal;
 
 use gpuledger_model::config::ClusterConfig;
-use gpuledger_model::job::{JobEvent, JobEventKind};
+use gpuledger_model::job::{JobEvent, Outcome};
 use gpuledger_model::sample::col;
 use gpuledger_model::time::UnixMillis;
 use gpuledger_model::GpuModel;
 
 use crate::http::ApiError;
+use crate::live::{Change, LiveJob, LiveJobs, MfuSource};
 
 /// Queue-wait histogram buckets, in seconds: ten seconds to a week.
 const WAIT_BUCKETS: [f64; 13] = [
@@ -30,12 +33,6 @@ const WAIT_BUCKETS: [f64; 13] = [
     604800.0,
 ];
 const UNKNOWN: &str = "unknown";
-
-#[derive(Debug, Default)]
-struct JobTracker {
-    submitted: HashMap<String, UnixMillis>,
-    running: HashMap<String, (String, i64)>,
-}
 
 /// The metrics and the registry they render from.
 #[derive(Debug)]
@@ -56,10 +53,23 @@ pub struct Metrics {
     jobs_running: IntGaugeVec,
     gpus_allocated: IntGaugeVec,
     jobs_finished: IntCounterVec,
+    jobs_pending: IntGaugeVec,
+    mfu_gpu_seconds: CounterVec,
+    mfu_measured_seconds: IntCounterVec,
+    job_gpus: IntGaugeVec,
+    job_mfu: GaugeVec,
     accounts: HashMap<String, Vec<String>>,
     prices: HashMap<String, Decimal>,
     currency: String,
-    jobs: Mutex<JobTracker>,
+    live: Mutex<LiveJobs>,
+}
+
+/// One job's sums over one batch, per account, project and GPU model.
+#[derive(Debug, Default)]
+struct BatchUsage {
+    gpu_seconds: u64,
+    proxy_sum: f64,
+    proxy_seconds: u64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -115,9 +125,52 @@ impl Metrics {
                 }
             }
         }
+        let capacity = gauge_vec(
+            &r,
+            "gpuledger_cluster_gpus",
+            "GPUs in the cluster, by GPU model, from the cluster configuration.",
+            &["gpu_model"],
+        );
+        for pool in &config.node_pools {
+            capacity
+                .with_label_values(&[pool.gpu_model.key()])
+                .add(i64::from(pool.count) * i64::from(pool.gpus_per_node));
+        }
+        let share = register(
+            &r,
+            GaugeVec::new(
+                Opts::new(
+                    "gpuledger_account_share_gpus",
+                    "GPUs an account is entitled to by its fair-share weight (weight over all weights, times the cluster's GPUs).",
+                ),
+                &["account"],
+            )
+            .expect("valid metric"),
+        );
+        let weights: u64 = config.accounts.iter().map(|a| u64::from(a.weight)).sum();
+        let total_gpus = config.total_gpus() as f64;
+        for a in &config.accounts {
+            share
+                .with_label_values(&[a.id.as_str()])
+                .set(total_gpus * f64::from(a.weight) / weights.max(1) as f64);
+        }
+        let jobs_pending = gauge_vec(
+            &r,
+            "gpuledger_jobs_pending",
+            "Jobs submitted and not running now (waiting, or requeued after preemption), per account.",
+            &["account"],
+        );
+        for a in &config.accounts {
+            jobs_pending.with_label_values(&[a.id.as_str()]).set(0);
+        }
         Metrics {
+            jobs_pending,
+            mfu_gpu_seconds: register(&r, CounterVec::new(Opts::new("gpuledger_account_mfu_gpu_seconds_total", "GPU-seconds weighted by MFU (the job's FLOP/s report where it sent one, else the tensor-activity proxy), per account and project; over gpuledger_account_mfu_measured_gpu_seconds_total it is the mean MFU."), &["account", "project"]).expect("valid metric")),
+            mfu_measured_seconds: counter_vec(&r, "gpuledger_account_mfu_measured_gpu_seconds_total", "GPU-seconds whose MFU was measured or reported, per account and project.", &["account", "project"]),
+            job_gpus: gauge_vec(&r, "gpuledger_job_gpus", "GPUs held by each running job.", &["hpc_job", "account", "project"]),
+            job_mfu: register(&r, GaugeVec::new(Opts::new("gpuledger_job_mfu_ratio", "Each running job's MFU so far, with its source (reported or tensor_active_proxy)."), &["hpc_job", "account", "project", "source"]).expect("valid metric")),
             batches: counter_vec(&r, "gpuledger_ingest_batches_total", "Sample batches received, by outcome (accepted, duplicate, refused).", &["outcome"]),
-            refused: counter_vec(&r, "gpuledger_ingest_refused_batches_total", "Batches refused, by reason (header, decode, schema, invalid_rows, unavailable).", &["reason"]),
+            refused: counter_vec(&r, "gpuledger_ingest_refused_batches_total", "Batches refused, by reason (header, decode, schema, invalid_rows, unauthorized, unavailable).", &["reason"]),
             refused_values: counter_vec(&r, "gpuledger_ingest_refused_values_total", "Bad values found in refused batches, by field.", &["field"]),
             samples: register(&r, IntCounter::new("gpuledger_ingest_samples_total", "Samples accepted.").expect("valid metric")),
             bytes: register(&r, IntCounter::new("gpuledger_ingest_bytes_total", "Bytes of Arrow IPC received in accepted batches.").expect("valid metric")),
@@ -140,8 +193,50 @@ impl Metrics {
                 .map(|(m, p)| (m.key().to_owned(), *p))
                 .collect(),
             currency: config.prices.currency.to_string(),
-            jobs: Mutex::new(JobTracker::default()),
+            live: Mutex::new(LiveJobs::default()),
         }
+        .with_known_series(config)
+    }
+
+    /// Creates every series the configuration makes possible, at zero: a counter that first
+    /// appears at 1 would hide that first increase from `increase()` and `rate()`.
+    fn with_known_series(self, config: &ClusterConfig) -> Self {
+        let mut models: Vec<&str> = config
+            .node_pools
+            .iter()
+            .map(|p| p.gpu_model.key())
+            .collect();
+        models.sort_unstable();
+        models.dedup();
+        for a in &config.accounts {
+            let account = a.id.as_str();
+            let projects = std::iter::once("").chain(a.projects.iter().map(|p| p.id.as_str()));
+            for project in projects {
+                for model in &models {
+                    self.gpu_seconds
+                        .with_label_values(&[account, project, model]);
+                }
+                self.cost
+                    .with_label_values(&[account, project, self.currency.as_str()]);
+                self.mfu_gpu_seconds.with_label_values(&[account, project]);
+                self.mfu_measured_seconds
+                    .with_label_values(&[account, project]);
+            }
+            self.queue_wait.with_label_values(&[account]);
+            self.jobs_running.with_label_values(&[account]);
+            self.gpus_allocated.with_label_values(&[account]);
+            for outcome in [
+                Outcome::Completed,
+                Outcome::Failed,
+                Outcome::Cancelled,
+                Outcome::Timeout,
+                Outcome::NodeFail,
+            ] {
+                self.jobs_finished
+                    .with_label_values(&[account, outcome.as_str()]);
+            }
+        }
+        self
     }
 
     fn account_label<'a>(&'a self, account: Option<&'a str>) -> &'a str {
@@ -187,6 +282,9 @@ impl Metrics {
                 )
             }
             Err(ApiError::Unavailable(_)) => ("refused", Some("unavailable")),
+            Err(ApiError::Unauthenticated(_) | ApiError::Forbidden(_)) => {
+                ("refused", Some("unauthorized"))
+            }
             Err(_) => ("refused", Some("internal")),
         };
         if let Some(reason) = reason {
@@ -207,92 +305,224 @@ impl Metrics {
         self.refused.with_label_values(&["invalid_events"]).inc();
     }
 
-    /// Adds an accepted batch's samples and GPU-seconds (those working for a job).
+    /// Adds an accepted batch's samples, GPU-seconds, cost and MFU-weighted GPU-seconds (of
+    /// GPUs working for a job), and each running job's MFU proxy.
     pub fn count_usage(&self, batch: &RecordBatch) {
         self.samples.inc_by(batch.num_rows() as u64);
         let column = |name: &str| batch.column_by_name(name);
-        let (Some(interval), Some(job), Some(account), Some(project), Some(model)) = (
+        let (
+            Some(interval),
+            Some(job),
+            Some(account),
+            Some(project),
+            Some(model),
+            Some(tensor),
+            Some(clock),
+        ) = (
             column(col::INTERVAL_S),
             column(col::JOB_ID),
             column(col::ACCOUNT),
             column(col::PROJECT),
             column(col::GPU_MODEL),
-        ) else {
+            column(col::TENSOR_ACTIVE),
+            column(col::SM_CLOCK_MHZ),
+        )
+        else {
             return;
         };
         let interval = interval.as_primitive::<UInt32Type>();
-        let (account, project, model) = (
+        let (job, account, project, model) = (
+            job.as_string::<i32>(),
             account.as_string::<i32>(),
             project.as_string::<i32>(),
             model.as_string::<i32>(),
         );
-        let mut sums: HashMap<(&str, &str, &str), u64> = HashMap::new();
+        let (tensor, clock) = (
+            tensor.as_primitive::<Float32Type>(),
+            clock.as_primitive::<UInt32Type>(),
+        );
+        let mut rated: Option<(&str, f64)> = None;
+        let mut sums: HashMap<(&str, &str, &str, &str), BatchUsage> = HashMap::new();
         for row in 0..batch.num_rows() {
             if job.is_null(row) {
                 continue;
             }
             let a = self.account_label(account.is_valid(row).then(|| account.value(row)));
             let p = self.project_label(a, project.is_valid(row).then(|| project.value(row)));
-            *sums.entry((a, p, model.value(row))).or_default() += u64::from(interval.value(row));
+            let m = model.value(row);
+            let rated_mhz = match rated {
+                Some((name, mhz)) if name == m => mhz,
+                _ => {
+                    let mhz = m
+                        .parse::<GpuModel>()
+                        .map_or(f64::NAN, |g| f64::from(g.rated_sm_clock_mhz()));
+                    rated = Some((m, mhz));
+                    mhz
+                }
+            };
+            let secs = u64::from(interval.value(row));
+            let u = sums.entry((job.value(row), a, p, m)).or_default();
+            u.gpu_seconds += secs;
+            if tensor.is_valid(row) && clock.is_valid(row) && rated_mhz.is_finite() {
+                u.proxy_sum += f64::from(tensor.value(row)) * f64::from(clock.value(row))
+                    / rated_mhz
+                    * secs as f64;
+                u.proxy_seconds += secs;
+            }
         }
-        for ((a, p, m), secs) in sums {
-            let m = m.parse::<GpuModel>().map(GpuModel::key).unwrap_or(UNKNOWN);
-            self.gpu_seconds.with_label_values(&[a, p, m]).inc_by(secs);
+        let mut live = lock(&self.live);
+        for ((j, a, p, m), u) in sums {
+            let gpu_model = m.parse::<GpuModel>().ok();
+            let m = gpu_model.map(GpuModel::key).unwrap_or(UNKNOWN);
+            self.gpu_seconds
+                .with_label_values(&[a, p, m])
+                .inc_by(u.gpu_seconds);
             if let Some(price) = self.prices.get(m) {
-                let cost = Decimal::from(secs) * price / Decimal::from(3600);
+                let cost = Decimal::from(u.gpu_seconds) * price / Decimal::from(3600);
                 self.cost
                     .with_label_values(&[a, p, self.currency.as_str()])
                     .inc_by(cost.to_f64().unwrap_or(0.0));
             }
+            live.add_usage(j, gpu_model, u.proxy_sum, u.proxy_seconds);
+            let job = live.get(j).filter(|job| job.is_running());
+            let (weighted, measured) = match job.and_then(LiveJob::mfu) {
+                Some((mfu, MfuSource::Reported)) => (mfu * u.gpu_seconds as f64, u.gpu_seconds),
+                _ => (u.proxy_sum, u.proxy_seconds),
+            };
+            self.mfu_gpu_seconds
+                .with_label_values(&[a, p])
+                .inc_by(weighted);
+            self.mfu_measured_seconds
+                .with_label_values(&[a, p])
+                .inc_by(measured);
+            if let Some(job) = job {
+                self.set_job_mfu(job);
+            }
         }
     }
 
-    /// Follows accepted job events: queue waits, running jobs and GPUs, finished jobs.
+    /// The labels of a running job's series.
+    fn job_labels<'a>(&'a self, job: &'a LiveJob) -> [&'a str; 3] {
+        let a = self.account_label(Some(job.account.as_str()));
+        let p = self.project_label(a, job.project.as_deref());
+        [job.job_id.as_str(), a, p]
+    }
+
+    fn set_job_mfu(&self, job: &LiveJob) {
+        let Some((mfu, source)) = job.mfu() else {
+            return;
+        };
+        let [j, a, p] = self.job_labels(job);
+        let other = match source {
+            MfuSource::Reported => MfuSource::TensorActiveProxy,
+            MfuSource::TensorActiveProxy => MfuSource::Reported,
+        };
+        let _ = self.job_mfu.remove_label_values(&[j, a, p, other.as_str()]);
+        self.job_mfu
+            .with_label_values(&[j, a, p, source.as_str()])
+            .set(mfu);
+    }
+
+    fn start_series(&self, job: &LiveJob) {
+        let [j, a, p] = self.job_labels(job);
+        self.jobs_running.with_label_values(&[a]).inc();
+        self.gpus_allocated
+            .with_label_values(&[a])
+            .add(i64::from(job.gpus));
+        self.job_gpus
+            .with_label_values(&[j, a, p])
+            .set(i64::from(job.gpus));
+        self.set_job_mfu(job);
+    }
+
+    fn stop_series(&self, job: &LiveJob) {
+        let [j, a, p] = self.job_labels(job);
+        self.jobs_running.with_label_values(&[a]).dec();
+        self.gpus_allocated
+            .with_label_values(&[a])
+            .sub(i64::from(job.gpus));
+        let _ = self.job_gpus.remove_label_values(&[j, a, p]);
+        for source in [MfuSource::Reported, MfuSource::TensorActiveProxy] {
+            let _ = self
+                .job_mfu
+                .remove_label_values(&[j, a, p, source.as_str()]);
+        }
+    }
+
+    fn set_pending(&self, live: &LiveJobs) {
+        let pending = live.pending_by_account();
+        for account in self.accounts.keys() {
+            let n = pending.get(account.as_str()).copied().unwrap_or(0);
+            self.jobs_pending
+                .with_label_values(&[account.as_str()])
+                .set(n);
+        }
+        let unknown: i64 = pending
+            .iter()
+            .filter(|(a, _)| !self.accounts.contains_key(**a))
+            .map(|(_, n)| n)
+            .sum();
+        if unknown > 0 {
+            self.jobs_pending.with_label_values(&[UNKNOWN]).set(unknown);
+        }
+    }
+
+    /// Follows accepted job events: queue waits, pending and running jobs, GPUs held, finished
+    /// jobs, and each running job's series.
     pub fn observe_events(&self, events: &[JobEvent]) {
-        let mut jobs = lock(&self.jobs);
+        let mut live = lock(&self.live);
         for e in events {
-            let account = self.account_label(Some(e.account.as_str())).to_owned();
-            let id = e.job_id.to_string();
-            match e.kind {
-                JobEventKind::Submitted => {
-                    jobs.submitted.insert(id, e.time_ms);
-                }
-                JobEventKind::Started | JobEventKind::Resumed => {
-                    if let Some(submitted) = jobs.submitted.remove(&id) {
+            match live.apply(e) {
+                Some(Change::Started { job, wait_ms }) => {
+                    if let Some(wait) = wait_ms {
+                        let a = self.account_label(Some(job.account.as_str()));
                         self.queue_wait
-                            .with_label_values(&[account.as_str()])
-                            .observe((e.time_ms - submitted).max(0) as f64 / 1000.0);
+                            .with_label_values(&[a])
+                            .observe(wait as f64 / 1000.0);
                     }
-                    let gpus = i64::from(e.gpus.unwrap_or(0));
-                    if jobs.running.insert(id, (account.clone(), gpus)).is_none() {
-                        self.jobs_running
-                            .with_label_values(&[account.as_str()])
-                            .inc();
-                        self.gpus_allocated
-                            .with_label_values(&[account.as_str()])
-                            .add(gpus);
-                    }
+                    self.start_series(&job);
                 }
-                JobEventKind::Preempted | JobEventKind::Finished => {
-                    if let Some((account, gpus)) = jobs.running.remove(&id) {
-                        self.jobs_running
-                            .with_label_values(&[account.as_str()])
-                            .dec();
-                        self.gpus_allocated
-                            .with_label_values(&[account.as_str()])
-                            .sub(gpus);
+                Some(Change::Stopped { job }) => self.stop_series(&job),
+                Some(Change::Finished {
+                    account,
+                    outcome,
+                    running,
+                }) => {
+                    if let Some(job) = running {
+                        self.stop_series(&job);
                     }
-                    if e.kind == JobEventKind::Finished {
-                        jobs.submitted.remove(&id);
-                        let outcome = e.outcome.map_or(UNKNOWN, |o| o.as_str());
-                        self.jobs_finished
-                            .with_label_values(&[account.as_str(), outcome])
-                            .inc();
-                    }
+                    let outcome = outcome.map_or(UNKNOWN, |o| o.as_str());
+                    self.jobs_finished
+                        .with_label_values(&[self.account_label(Some(account.as_str())), outcome])
+                        .inc();
                 }
-                JobEventKind::Checkpointed | JobEventKind::FlopsReported => {}
+                Some(Change::Reported { job }) => self.set_job_mfu(&job),
+                None => {}
             }
         }
+        self.set_pending(&live);
+    }
+
+    /// Rebuilds the jobs waiting and running from stored events at start, without counting
+    /// their waits or outcomes again (those counters started from zero with this process).
+    pub fn restore_live(&self, events: &[JobEvent]) {
+        let mut live = lock(&self.live);
+        for e in events {
+            match live.apply(e) {
+                Some(Change::Started { job, .. }) => self.start_series(&job),
+                Some(Change::Stopped { job })
+                | Some(Change::Finished {
+                    running: Some(job), ..
+                }) => self.stop_series(&job),
+                _ => {}
+            }
+        }
+        self.set_pending(&live);
+    }
+
+    /// The jobs waiting and running now.
+    pub fn live_jobs(&self) -> Vec<LiveJob> {
+        lock(&self.live).snapshot()
     }
 
     pub fn set_wal_bytes(&self, bytes: u64) {

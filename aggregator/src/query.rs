@@ -111,6 +111,34 @@ pub fn fill_job_figures(entry: &mut AccountIndicators, jobs: &[JobOutcome]) {
     entry.success_rate = (finished > 0).then(|| completed as f64 / finished as f64);
 }
 
+/// GPU-seconds, the MFU proxy, GPU and memory utilization of the GPUs working for an account in
+/// `[from_ms, to_ms)`, from the rollups: per account (first column), or for the whole cluster
+/// (an empty first column).
+fn efficiency_sql(from_ms: UnixMillis, to_ms: UnixMillis, by_account: bool) -> String {
+    let (key, group) = if by_account {
+        ("account", " GROUP BY account")
+    } else {
+        ("''", "")
+    };
+    format!(
+        "SELECT {key}, SUM(gpu_seconds) AS gpu_seconds, \
+           SUM(mfu_proxy_sum) / NULLIF(SUM(mfu_seconds), 0) AS mfu, \
+           SUM(util_pct_sum) / NULLIF(SUM(util_seconds), 0) AS util, \
+           SUM(CAST(mem_used_byte_seconds AS DOUBLE)) / NULLIF(SUM(CAST(mem_total_byte_seconds AS DOUBLE)), 0) AS mem \
+         FROM rollups_hourly \
+         WHERE account IS NOT NULL AND CAST(hour AS BIGINT) >= {from_ms} AND CAST(hour AS BIGINT) < {to_ms}{group}"
+    )
+}
+
+/// GPU-seconds of one account on one GPU model (or in one day) of a window.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct AccountUsage {
+    pub account: String,
+    /// The GPU model (by model) or the day's start in ms as text (by day).
+    pub key: String,
+    pub gpu_seconds: i64,
+}
+
 /// Rows of a batch as JSON objects.
 pub fn batch_to_json_rows(batch: &RecordBatch) -> Result<Vec<serde_json::Value>> {
     let mut buf = Vec::new();
@@ -177,7 +205,16 @@ fn str_at(col: &ArrayRef, row: usize) -> Result<Option<String>> {
 impl Query {
     /// Registers the tables of the data directory at `root`.
     pub async fn open(layout: &Layout) -> Result<Self> {
-        let ctx = SessionContext::new();
+        // DataFusion caches each directory's file listing for good by default; the aggregator
+        // writes new files every flush and compaction replaces them, so every query lists.
+        let runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
+            .with_cache_manager(
+                datafusion::execution::cache::cache_manager::CacheManagerConfig::default()
+                    .with_list_files_cache_limit(0),
+            )
+            .build_arc()?;
+        let ctx =
+            SessionContext::new_with_config_rt(datafusion::prelude::SessionConfig::new(), runtime);
         for (table, schema) in [
             (Table::Samples, sample_schema()),
             (Table::RollupsHourly, rollup_schema()),
@@ -364,15 +401,7 @@ impl Query {
         from_ms: UnixMillis,
         to_ms: UnixMillis,
     ) -> Result<Vec<AccountIndicators>> {
-        let usage_sql = format!(
-            "SELECT account, SUM(gpu_seconds) AS gpu_seconds, \
-               SUM(mfu_proxy_sum) / NULLIF(SUM(mfu_seconds), 0) AS mfu, \
-               SUM(util_pct_sum) / NULLIF(SUM(util_seconds), 0) AS util, \
-               SUM(CAST(mem_used_byte_seconds AS DOUBLE)) / NULLIF(SUM(CAST(mem_total_byte_seconds AS DOUBLE)), 0) AS mem \
-             FROM rollups_hourly \
-             WHERE account IS NOT NULL AND CAST(hour AS BIGINT) >= {from_ms} AND CAST(hour AS BIGINT) < {to_ms} \
-             GROUP BY account"
-        );
+        let usage_sql = efficiency_sql(from_ms, to_ms, true);
         let mut by_account: std::collections::BTreeMap<String, AccountIndicators> =
             Default::default();
         self.fill_per_account(&usage_sql, &mut by_account, |e, b, row| {
@@ -393,6 +422,69 @@ impl Query {
             fill_job_figures(entry, &jobs);
         }
         Ok(by_account.into_values().collect())
+    }
+
+    /// The cluster's indicators over `[from_ms, to_ms)`: every account's GPUs and jobs together
+    /// (`account` is empty).
+    pub async fn cluster_indicators(
+        &self,
+        from_ms: UnixMillis,
+        to_ms: UnixMillis,
+    ) -> Result<AccountIndicators> {
+        let mut by_account: std::collections::BTreeMap<String, AccountIndicators> =
+            Default::default();
+        self.fill_per_account(
+            &efficiency_sql(from_ms, to_ms, false),
+            &mut by_account,
+            |e, b, row| {
+                e.gpu_seconds = i64_at(b.column(1), row)?;
+                e.mean_mfu = f64_at(b.column(2), row)?;
+                e.mean_gpu_util_pct = f64_at(b.column(3), row)?;
+                e.mean_mem_util = f64_at(b.column(4), row)?;
+                Ok(())
+            },
+        )
+        .await?;
+        let mut cluster = by_account.remove("").unwrap_or_default();
+        let jobs: Vec<JobOutcome> = self
+            .job_outcomes(from_ms, to_ms)
+            .await?
+            .into_values()
+            .flatten()
+            .collect();
+        fill_job_figures(&mut cluster, &jobs);
+        Ok(cluster)
+    }
+
+    /// GPU-seconds per account and GPU model (`by_day` false) or per account and UTC day
+    /// (`by_day` true, the key is the day's start in ms) in `[from_ms, to_ms)`.
+    pub async fn account_usage(
+        &self,
+        from_ms: UnixMillis,
+        to_ms: UnixMillis,
+        by_day: bool,
+    ) -> Result<Vec<AccountUsage>> {
+        let key = if by_day {
+            "CAST(CAST(hour AS BIGINT) / 86400000 * 86400000 AS VARCHAR)"
+        } else {
+            "gpu_model"
+        };
+        let sql = format!(
+            "SELECT account, {key} AS k, SUM(gpu_seconds) FROM rollups_hourly \
+             WHERE account IS NOT NULL AND CAST(hour AS BIGINT) >= {from_ms} AND CAST(hour AS BIGINT) < {to_ms} \
+             GROUP BY account, {key} ORDER BY account, k"
+        );
+        let mut out = Vec::new();
+        for b in self.sql(&sql).await? {
+            for row in 0..b.num_rows() {
+                out.push(AccountUsage {
+                    account: str_at(b.column(0), row)?.unwrap_or_default(),
+                    key: str_at(b.column(1), row)?.unwrap_or_default(),
+                    gpu_seconds: i64_at(b.column(2), row)?,
+                });
+            }
+        }
+        Ok(out)
     }
 
     /// Per account, the jobs submitted in `[from_ms, to_ms)`: queue wait (when started) and
@@ -424,6 +516,26 @@ impl Query {
                     outcome: str_at(b.column(2), row)?,
                 });
             }
+        }
+        Ok(out)
+    }
+
+    /// Every stored event of the jobs that have not finished, in time order: what the jobs
+    /// waiting and running now are rebuilt from at start.
+    pub async fn unfinished_job_events(&self) -> Result<Vec<gpuledger_model::job::JobEvent>> {
+        let sql = "SELECT time, job_id, account, project, kind, partition, gpus, allocation, \
+               time_limit_s, outcome, exit_code, achieved_flops FROM jobs \
+             WHERE job_id NOT IN (SELECT job_id FROM jobs WHERE kind = 'finished') \
+             ORDER BY time, job_id";
+        let mut out = Vec::new();
+        for b in self.sql(sql).await? {
+            let events = gpuledger_model::job::job_events_from_batch(&b).map_err(|e| {
+                Error::Corrupt(format!(
+                    "job event row {}, `{}`: {}",
+                    e.row, e.field, e.message
+                ))
+            })?;
+            out.extend(events);
         }
         Ok(out)
     }

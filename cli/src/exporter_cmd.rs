@@ -72,6 +72,10 @@ pub struct ExporterArgs {
     /// spool.
     #[arg(long, env = "GPULEDGER_AGGREGATOR_URL")]
     pub aggregator_url: Option<String>,
+    /// A file holding this node's token for the aggregator (`gpuledger token add --role node
+    /// --node NAME`), when the aggregator runs with --tokens.
+    #[arg(long, env = "GPULEDGER_AGGREGATOR_TOKEN_FILE")]
+    pub aggregator_token_file: Option<PathBuf>,
     /// Durable outbox of batches not yet acknowledged.
     #[arg(long, default_value = "./gpuledger-spool")]
     pub spool_dir: PathBuf,
@@ -103,6 +107,7 @@ pub struct ExporterFile {
     pub sample_interval: Option<String>,
     pub push_interval: Option<String>,
     pub aggregator_url: Option<String>,
+    pub aggregator_token_file: Option<PathBuf>,
     pub spool_dir: Option<PathBuf>,
     pub spool_max_bytes: Option<u64>,
     pub job_mapping_dir: Option<PathBuf>,
@@ -148,6 +153,7 @@ impl ExporterFile {
         put("sample-interval", self.sample_interval.clone());
         put("push-interval", self.push_interval.clone());
         put("aggregator-url", self.aggregator_url.clone());
+        put("aggregator-token-file", path(&self.aggregator_token_file));
         put("spool-dir", path(&self.spool_dir));
         put(
             "spool-max-bytes",
@@ -250,6 +256,11 @@ pub fn run(args: ExporterArgs) -> anyhow::Result<()> {
         aggregator_url: args.aggregator_url.clone(),
         job_mapping_dir: args.job_mapping_dir.clone(),
         scheduler_url: args.scheduler_url.clone(),
+        aggregator_token: args
+            .aggregator_token_file
+            .as_deref()
+            .map(crate::read_token_file)
+            .transpose()?,
         max_backoff: Duration::from_secs(30),
     };
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);

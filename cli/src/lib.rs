@@ -5,6 +5,7 @@
 pub mod bench;
 pub mod bench_schedule;
 pub mod billing_glue;
+pub mod dashboards_cmd;
 pub mod defaults;
 pub mod exporter_cmd;
 pub mod invoice_cmd;
@@ -12,8 +13,20 @@ pub mod pipeline;
 pub mod scheduler_cmd;
 pub mod serve;
 pub mod simulate;
-pub mod svg;
 pub mod table;
+pub mod token_cmd;
+
+/// A bearer token kept in a file (one line; surrounding whitespace ignored).
+pub fn read_token_file(path: &std::path::Path) -> anyhow::Result<String> {
+    use anyhow::Context;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the token file {}", path.display()))?;
+    let token = text.trim();
+    if token.is_empty() || token.contains(char::is_whitespace) {
+        anyhow::bail!("{}: expected one token on one line", path.display());
+    }
+    Ok(token.to_owned())
+}
 
 /// Logs to stderr, filtered by `GPULEDGER_LOG` (default `warn`); both binaries call it.
 pub fn init_logging() {

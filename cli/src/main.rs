@@ -59,6 +59,13 @@ enum Command {
     /// and `unreserve` talk to it.
     #[command(subcommand)]
     Scheduler(gpuledger::scheduler_cmd::SchedulerCommand),
+    /// The Grafana dashboards: `export` writes them with their provisioning files, `check` runs
+    /// every panel's queries against a Prometheus, `preview` draws what they return as HTML.
+    #[command(subcommand)]
+    Dashboards(gpuledger::dashboards_cmd::DashboardsCommand),
+    /// Manage the bearer tokens the services accept: `add` (shown once), `list`, `revoke`.
+    #[command(subcommand)]
+    Token(gpuledger::token_cmd::TokenCommand),
     /// Check a cluster config file and print what it defines.
     CheckConfig {
         /// The TOML file.
@@ -159,6 +166,8 @@ fn main() -> anyhow::Result<()> {
         Command::Exporter(args) => gpuledger::exporter_cmd::run(args),
         Command::Bench(command) => gpuledger::bench::run(command),
         Command::Scheduler(command) => gpuledger::scheduler_cmd::run(command),
+        Command::Dashboards(command) => gpuledger::dashboards_cmd::run(command),
+        Command::Token(command) => gpuledger::token_cmd::run(command),
         Command::CheckConfig { file } => check_config(&file),
     }
 }

@@ -71,6 +71,9 @@ pub struct ServeArgs {
     /// Without it, the scheduler counts its own allocations.
     #[arg(long)]
     aggregator: Option<String>,
+    /// A file holding an operator token for the aggregator, when it runs with --tokens.
+    #[arg(long, env = "GPULEDGER_AGGREGATOR_TOKEN_FILE")]
+    aggregator_token_file: Option<PathBuf>,
     /// Time between scheduling cycles.
     #[arg(long, default_value = "1s")]
     cycle: DurationSpecMs,
@@ -207,14 +210,22 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let cluster = load_cluster(args.config.as_deref())?;
     let options = SchedulerOptions::parse(&args.policy)
         .with_context(|| format!("unknown --policy `{}`", args.policy))?;
-    let dir = args.data_dir.join("scheduler");
+    // Absolute: jobs run in their own directories and write their exit status by this path.
+    let data_dir = std::path::absolute(&args.data_dir)
+        .with_context(|| format!("resolving {}", args.data_dir.display()))?;
+    let dir = data_dir.join("scheduler");
     let config = ServiceConfig {
         options,
         dir: dir.clone(),
-        billing_reservations: Some(args.data_dir.join("reservations.toml")),
+        billing_reservations: Some(data_dir.join("reservations.toml")),
         aggregator: args.aggregator.map(|u| u.trim_end_matches('/').to_owned()),
+        aggregator_token: args
+            .aggregator_token_file
+            .as_deref()
+            .map(crate::read_token_file)
+            .transpose()?,
         usage_every: Duration::from_secs(args.usage_every.as_secs().max(1)),
-        storage_scans: Some(args.data_dir.join("storage").join("scans.csv")),
+        storage_scans: Some(data_dir.join("storage").join("scans.csv")),
     };
     let executor = Box::new(LocalExecutor::new(dir.join("jobs")));
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);

@@ -54,6 +54,47 @@ pub struct AggregatorArgs {
     /// Accept batches only from these nodes (repeat, or comma-separated); default any.
     #[arg(long, value_delimiter = ',')]
     pub node: Vec<String>,
+    /// Token file (`gpuledger token add`): every route then wants a bearer token of a role
+    /// allowed to use it. Without it authentication is off (a warning is logged): for loopback
+    /// tests and single-user installs only.
+    #[arg(long, env = "GPULEDGER_TOKENS")]
+    pub tokens: Option<PathBuf>,
+    /// Open routes to requests without a token, with --tokens: `metrics` (for a Prometheus
+    /// without a token), `status` (the status page, every account on it).
+    #[arg(long, value_delimiter = ',')]
+    pub public: Vec<gpuledger_auth::Public>,
+}
+
+/// The guard of a service from its `--tokens` and `--public` options.
+pub fn guard(
+    service: &str,
+    tokens: Option<&std::path::Path>,
+    public: &[gpuledger_auth::Public],
+) -> anyhow::Result<gpuledger_auth::Guard> {
+    match tokens {
+        Some(path) => {
+            if !path.exists() {
+                bail!(
+                    "token file {} does not exist; make one with `gpuledger token add --file {} --role operator --name admin`",
+                    path.display(),
+                    path.display()
+                );
+            }
+            let file = gpuledger_auth::TokenFile::load(path)?;
+            tracing::info!(service, tokens = file.tokens.len(), public = ?public, "authentication on");
+            Ok(gpuledger_auth::Guard::new(&file, public.iter().copied()))
+        }
+        None => {
+            if !public.is_empty() {
+                bail!("--public opens routes of a service that has --tokens; without --tokens everything is open");
+            }
+            tracing::warn!(
+                service,
+                "authentication is off: every request acts as an operator (give --tokens FILE)"
+            );
+            Ok(gpuledger_auth::Guard::off())
+        }
+    }
 }
 
 /// A data directory given as a path or a URL. Only local paths are implemented so far.
@@ -70,6 +111,7 @@ pub fn data_dir_path(text: &str) -> anyhow::Result<PathBuf> {
 /// Runs the service until SIGTERM or Ctrl-C.
 pub fn run(args: AggregatorArgs) -> anyhow::Result<()> {
     let config = load_cluster(args.config.as_deref())?;
+    let guard = guard("aggregator", args.tokens.as_deref(), &args.public)?;
     let root = data_dir_path(&args.data_dir)?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let store = Arc::new(
@@ -102,7 +144,13 @@ pub fn run(args: AggregatorArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(serve(args, config, Arc::new(ingestor), clock, root))
+    let ingestor = Arc::new(ingestor);
+    if recovery.replayed_batches > 0 {
+        // Replayed job events reach the tables only through a flush; the jobs still waiting
+        // or running are rebuilt from the tables below.
+        ingestor.flush().context("flushing what the log replayed")?;
+    }
+    runtime.block_on(serve(args, config, ingestor, clock, root, guard))
 }
 
 async fn serve(
@@ -111,14 +159,24 @@ async fn serve(
     ingestor: Arc<Ingestor>,
     clock: Arc<dyn Clock>,
     root: PathBuf,
+    guard: gpuledger_auth::Guard,
 ) -> anyhow::Result<()> {
     let query = Query::open(&Layout::new(&root)).await?;
+    let metrics = Metrics::new(&config);
+    let unfinished = query.unfinished_job_events().await?;
+    metrics.restore_live(&unfinished);
+    tracing::info!(
+        events = unfinished.len(),
+        jobs = metrics.live_jobs().len(),
+        "jobs waiting or running restored"
+    );
     let service = Arc::new(Service {
         ingestor: Arc::clone(&ingestor),
         query,
-        metrics: Metrics::new(&config),
+        metrics,
         config,
         clock: Arc::clone(&clock),
+        guard,
     });
     let shutdown = shutdown_signal()?;
     let listener = tokio::net::TcpListener::bind(args.listen)

@@ -312,7 +312,7 @@ fn write_charts(
     result: &SimResult,
     by_account: &BTreeMap<&str, Vec<&gpuledger_scheduler::JobRecord>>,
 ) -> anyhow::Result<()> {
-    let util = crate::svg::line_chart(
+    let util = gpuledger_aggregator::svg::line_chart(
         &format!(
             "GPUs in use, hourly mean ({}, {} GPUs)",
             result.options.name(),
@@ -339,7 +339,7 @@ fn write_charts(
             )
         })
         .collect();
-    let wait = crate::svg::paired_bars(
+    let wait = gpuledger_aggregator::svg::paired_bars(
         "Queue wait by account (hours)",
         "hours",
         ("mean", "p99"),

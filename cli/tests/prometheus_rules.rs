@@ -66,6 +66,7 @@ fn the_scheduler_metrics_pass_promtool_check_metrics() {
         dir: dir.path().join("scheduler"),
         billing_reservations: None,
         aggregator: None,
+        aggregator_token: None,
         usage_every: Duration::from_secs(60),
         storage_scans: None,
     };

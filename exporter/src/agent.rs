@@ -32,6 +32,8 @@ pub struct AgentConfig {
     /// Base URL of `gpuledger scheduler`: its allocation feed labels the GPUs instead
     /// (re-read every few seconds; the last answer stands while it is away).
     pub scheduler_url: Option<String>,
+    /// Bearer token for the aggregator (a node token of this node).
+    pub aggregator_token: Option<String>,
     pub max_backoff: Duration,
 }
 
@@ -320,9 +322,19 @@ enum Pushed {
     Failed(String),
 }
 
-fn push_once(agent: &ureq::Agent, url: &str, node: &str, seq: u64, body: &[u8]) -> Pushed {
-    let response = agent
-        .post(format!("{}/api/v1/ingest", url.trim_end_matches('/')))
+fn push_once(
+    agent: &ureq::Agent,
+    url: &str,
+    token: Option<&str>,
+    node: &str,
+    seq: u64,
+    body: &[u8],
+) -> Pushed {
+    let mut request = agent.post(format!("{}/api/v1/ingest", url.trim_end_matches('/')));
+    if let Some(token) = token {
+        request = request.header("authorization", format!("Bearer {token}"));
+    }
+    let response = request
         .header("content-type", "application/vnd.apache.arrow.stream")
         .header("x-gpuledger-node", node)
         .header("x-gpuledger-seq", seq.to_string())
@@ -336,6 +348,11 @@ fn push_once(agent: &ureq::Agent, url: &str, node: &str, seq: u64, body: &[u8]) 
             let text = r.body_mut().read_to_string().unwrap_or_default();
             match status {
                 200..=299 => Pushed::Acknowledged,
+                // A missing or wrong token is the node's configuration, not the batch's
+                // fault: keep the batch and retry, loudly.
+                401 | 403 => {
+                    Pushed::Failed(format!("HTTP {status} (check the node's token): {text}"))
+                }
                 400..=499 => Pushed::Refused(status, text),
                 _ => Pushed::Failed(format!("HTTP {status}: {text}")),
             }
@@ -372,7 +389,14 @@ pub fn run_pusher(config: &AgentConfig, clock: &dyn Clock, shared: &Shared) {
                 continue;
             }
         };
-        match push_once(&agent, url, &config.node, seq, &bytes) {
+        match push_once(
+            &agent,
+            url,
+            config.aggregator_token.as_deref(),
+            &config.node,
+            seq,
+            &bytes,
+        ) {
             Pushed::Acknowledged => {
                 backoff = Duration::ZERO;
                 if let Err(error) = lock(&shared.spool).remove(seq) {

@@ -66,6 +66,8 @@ pub struct ServiceConfig {
     pub billing_reservations: Option<PathBuf>,
     /// The aggregator's base URL, for job events and the usage feed.
     pub aggregator: Option<String>,
+    /// Bearer token for the aggregator (an operator token), when it runs with `--tokens`.
+    pub aggregator_token: Option<String>,
     /// How often the usage feed (and the storage scans) are read.
     pub usage_every: Duration,
     /// `DATA/storage/scans.csv`, written by `gpuledger storage-scan`: the storage quota holds
@@ -786,10 +788,14 @@ impl Service {
             return None;
         }
         let url = format!("{base}/api/v1/usage");
-        let reply: serde_json::Value = match ureq::get(&url)
+        let mut request = ureq::get(&url)
             .config()
             .timeout_global(Some(Duration::from_secs(5)))
-            .build()
+            .build();
+        if let Some(token) = &self.config.aggregator_token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        let reply: serde_json::Value = match request
             .call()
             .and_then(|mut r| r.body_mut().read_to_string())
             .map_err(|e| e.to_string())
@@ -820,12 +826,15 @@ impl Service {
             "seq": seq,
             "events": events.iter().map(event_json).collect::<Vec<_>>(),
         });
-        let sent = ureq::post(&format!("{base}/api/v1/events"))
+        let mut request = ureq::post(&format!("{base}/api/v1/events"))
             .config()
             .timeout_global(Some(Duration::from_secs(5)))
             .build()
-            .header("content-type", "application/json")
-            .send(body.to_string().as_bytes());
+            .header("content-type", "application/json");
+        if let Some(token) = &self.config.aggregator_token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        let sent = request.send(body.to_string().as_bytes());
         let mut inner = self.lock();
         match sent {
             Ok(_) => {

@@ -42,6 +42,7 @@ fn open(dir: &std::path::Path, clock: Arc<ManualClock>) -> Arc<Service> {
         dir: dir.join("scheduler"),
         billing_reservations: Some(dir.join("reservations.toml")),
         aggregator: None,
+        aggregator_token: None,
         usage_every: Duration::from_secs(60),
         storage_scans: None,
     };

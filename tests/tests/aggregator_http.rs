@@ -3,120 +3,18 @@
 //! re-sent batch is stored once; the indicators, the usage feed and /metrics read back what
 //! was sent.
 
+mod common;
+
 use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use gpuledger_aggregator::http::{router, Service, LOW_SEQ_HEADER, NODE_HEADER, SEQ_HEADER};
-use gpuledger_aggregator::layout::Layout;
-use gpuledger_aggregator::metrics::Metrics;
-use gpuledger_aggregator::query::Query;
-use gpuledger_aggregator::store::{Store, StoreOptions};
-use gpuledger_aggregator::wal::encode_ipc;
-use gpuledger_aggregator::{Ingestor, IngestorConfig};
-use gpuledger_model::time::ManualClock;
-use gpuledger_model::ClusterConfig;
-use gpuledger_tests::{sample_batch, small_cluster_toml};
-use http_body_util::BodyExt;
+use gpuledger_aggregator::http::{LOW_SEQ_HEADER, NODE_HEADER, SEQ_HEADER};
 use serde_json::{json, Value};
-use tower::ServiceExt;
 
-const T0: i64 = 1_780_272_000_000; // 2026-06-01T00:00:00Z
-
-struct Api {
-    app: axum::Router,
-    service: Arc<Service>,
-    _dir: tempfile::TempDir,
-}
-
-async fn api() -> Api {
-    let dir = tempfile::tempdir().unwrap();
-    let config = ClusterConfig::from_toml_str(&small_cluster_toml(2), "small.toml").unwrap();
-    let store = Arc::new(
-        Store::open(
-            dir.path(),
-            StoreOptions {
-                max_rows_per_file: None,
-                ..StoreOptions::default()
-            },
-        )
-        .unwrap(),
-    );
-    let clock = Arc::new(ManualClock::new(T0 + 2 * 3_600_000));
-    let config_nodes = IngestorConfig {
-        known_nodes: ["node001", "node002"].map(String::from).into(),
-        ..IngestorConfig::default()
-    };
-    let (ingestor, _) = Ingestor::open_durable(store, config_nodes, clock.clone()).unwrap();
-    let service = Arc::new(Service {
-        ingestor: Arc::new(ingestor),
-        query: Query::open(&Layout::new(dir.path())).await.unwrap(),
-        metrics: Metrics::new(&config),
-        config,
-        clock,
-    });
-    Api {
-        app: router(Arc::clone(&service)),
-        service,
-        _dir: dir,
-    }
-}
-
-impl Api {
-    async fn call(&self, request: Request<Body>) -> (StatusCode, Value, String) {
-        let response = self.app.clone().oneshot(request).await.unwrap();
-        let status = response.status();
-        let bytes = response.into_body().collect().await.unwrap().to_bytes();
-        let text = String::from_utf8_lossy(&bytes).into_owned();
-        let json = serde_json::from_str(&text).unwrap_or(Value::Null);
-        (status, json, text)
-    }
-
-    async fn ingest(&self, node: &str, seq: u64, body: Vec<u8>) -> (StatusCode, Value) {
-        let request = Request::post("/api/v1/ingest")
-            .header(NODE_HEADER, node)
-            .header(SEQ_HEADER, seq.to_string())
-            .body(Body::from(body))
-            .unwrap();
-        let (status, json, _) = self.call(request).await;
-        (status, json)
-    }
-
-    async fn get(&self, uri: &str) -> (StatusCode, Value, String) {
-        self.call(Request::get(uri).body(Body::empty()).unwrap())
-            .await
-    }
-
-    async fn post_json(&self, uri: &str, body: Value) -> (StatusCode, Value) {
-        let request = Request::post(uri)
-            .header("content-type", "application/json")
-            .body(Body::from(body.to_string()))
-            .unwrap();
-        let (status, json, _) = self.call(request).await;
-        (status, json)
-    }
-
-    /// Flushes and returns (rows, GPU-seconds) in the stored samples.
-    async fn stored(&self) -> (i64, i64) {
-        let ingestor = Arc::clone(&self.service.ingestor);
-        tokio::task::spawn_blocking(move || ingestor.flush().unwrap())
-            .await
-            .unwrap();
-        let (status, json) = self
-            .post_json(
-                "/api/v1/query",
-                json!({"sql": "SELECT COUNT(*) AS n, COALESCE(SUM(interval_s), 0) AS s FROM samples"}),
-            )
-            .await;
-        assert_eq!(status, StatusCode::OK, "{json}");
-        let row = &json["rows"][0];
-        (row["n"].as_i64().unwrap(), row["s"].as_i64().unwrap())
-    }
-}
-
-fn ipc(range: std::ops::Range<usize>, node: &str) -> Vec<u8> {
-    encode_ipc(&sample_batch(range, T0, node)).unwrap()
-}
+use common::{api, ipc, T0};
+use gpuledger_aggregator::wal::encode_ipc;
+use gpuledger_tests::sample_batch;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_is_stored_once_however_often_it_is_sent() {
@@ -378,6 +276,23 @@ async fn indicators_usage_feed_and_job_detail_read_back_what_was_sent() {
         metrics.contains("gpuledger_jobs_running{account=\"alpha\"} 0"),
         "{metrics}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_query_sees_the_files_of_every_flush_so_far() {
+    // DataFusion would cache a directory's listing for good: a query after the second flush
+    // must still see its file.
+    let api = api().await;
+    api.ingest("node001", 0, ipc(0..80, "node001")).await;
+    let first = api.stored().await;
+    api.ingest("node001", 1, ipc(80..160, "node001")).await;
+    let second = api.stored().await;
+    assert_eq!((first.0, second.0), (80, 160));
+    let (_, s, _) = api
+        .get("/api/v1/accounts/alpha/summary?from=2026-06-01&to=2026-06-02")
+        .await;
+    let busy = (0..160).filter(|i| i % 3 != 0).count() as i64 * 10;
+    assert_eq!(s["gpu_seconds"].as_i64(), Some(busy), "{s}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

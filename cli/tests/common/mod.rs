@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod browser;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 
