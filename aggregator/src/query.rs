@@ -401,17 +401,7 @@ impl Query {
         from_ms: UnixMillis,
         to_ms: UnixMillis,
     ) -> Result<Vec<AccountIndicators>> {
-        let usage_sql = efficiency_sql(from_ms, to_ms, true);
-        let mut by_account: std::collections::BTreeMap<String, AccountIndicators> =
-            Default::default();
-        self.fill_per_account(&usage_sql, &mut by_account, |e, b, row| {
-            e.gpu_seconds = i64_at(b.column(1), row)?;
-            e.mean_mfu = f64_at(b.column(2), row)?;
-            e.mean_gpu_util_pct = f64_at(b.column(3), row)?;
-            e.mean_mem_util = f64_at(b.column(4), row)?;
-            Ok(())
-        })
-        .await?;
+        let mut by_account = self.efficiency(from_ms, to_ms, true).await?;
         for (account, jobs) in self.job_outcomes(from_ms, to_ms).await? {
             let entry = by_account
                 .entry(account.clone())
@@ -424,6 +414,27 @@ impl Query {
         Ok(by_account.into_values().collect())
     }
 
+    /// GPU-seconds, MFU, GPU and memory utilization of `[from_ms, to_ms)` per account, or for
+    /// the whole cluster under the key `""`.
+    async fn efficiency(
+        &self,
+        from_ms: UnixMillis,
+        to_ms: UnixMillis,
+        by_account: bool,
+    ) -> Result<std::collections::BTreeMap<String, AccountIndicators>> {
+        let mut out = std::collections::BTreeMap::new();
+        let sql = efficiency_sql(from_ms, to_ms, by_account);
+        self.fill_per_account(&sql, &mut out, |e, b, row| {
+            e.gpu_seconds = i64_at(b.column(1), row)?;
+            e.mean_mfu = f64_at(b.column(2), row)?;
+            e.mean_gpu_util_pct = f64_at(b.column(3), row)?;
+            e.mean_mem_util = f64_at(b.column(4), row)?;
+            Ok(())
+        })
+        .await?;
+        Ok(out)
+    }
+
     /// The cluster's indicators over `[from_ms, to_ms)`: every account's GPUs and jobs together
     /// (`account` is empty).
     pub async fn cluster_indicators(
@@ -431,21 +442,11 @@ impl Query {
         from_ms: UnixMillis,
         to_ms: UnixMillis,
     ) -> Result<AccountIndicators> {
-        let mut by_account: std::collections::BTreeMap<String, AccountIndicators> =
-            Default::default();
-        self.fill_per_account(
-            &efficiency_sql(from_ms, to_ms, false),
-            &mut by_account,
-            |e, b, row| {
-                e.gpu_seconds = i64_at(b.column(1), row)?;
-                e.mean_mfu = f64_at(b.column(2), row)?;
-                e.mean_gpu_util_pct = f64_at(b.column(3), row)?;
-                e.mean_mem_util = f64_at(b.column(4), row)?;
-                Ok(())
-            },
-        )
-        .await?;
-        let mut cluster = by_account.remove("").unwrap_or_default();
+        let mut cluster = self
+            .efficiency(from_ms, to_ms, false)
+            .await?
+            .remove("")
+            .unwrap_or_default();
         let jobs: Vec<JobOutcome> = self
             .job_outcomes(from_ms, to_ms)
             .await?

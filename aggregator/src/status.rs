@@ -513,27 +513,20 @@ pub fn render(view: &StatusView, who: Option<&str>) -> String {
     html.push_str("</table><p class=\"muted\">Cost is GPU-hours at the cluster's list prices; the monthly invoice (time-of-use, MFU weighting, reservations, storage) is what is billed.</p></section>\n");
 
     html.push_str("<section id=\"charts\"><h2>Charts</h2><div class=\"charts\">\n");
-    let share: Vec<(String, f64)> = view
-        .accounts
-        .iter()
-        .map(|a| (a.indicators.account.clone(), a.gpu_hours))
-        .collect();
+    let per_account = |f: &dyn Fn(&AccountRow) -> f64| -> Vec<(String, f64)> {
+        view.accounts
+            .iter()
+            .map(|a| (a.indicators.account.clone(), f(a)))
+            .collect()
+    };
+    let share = per_account(&|a| a.gpu_hours);
     if view.cluster.is_some() {
         html.push_str(&svg::pie_chart(
             "GPU share (GPU-hours in the window)",
             &share,
         ));
     }
-    let mfu: Vec<(String, f64)> = view
-        .accounts
-        .iter()
-        .map(|a| {
-            (
-                a.indicators.account.clone(),
-                a.indicators.mean_mfu.unwrap_or(f64::NAN),
-            )
-        })
-        .collect();
+    let mfu = per_account(&|a| a.indicators.mean_mfu.unwrap_or(f64::NAN));
     html.push_str(&svg::bars_with_target(
         "Mean MFU per tenant",
         "MFU",
@@ -581,18 +574,11 @@ pub fn render(view: &StatusView, who: Option<&str>) -> String {
         &columns,
         &series,
     ));
-    let waits: Vec<(String, f64)> = view
-        .accounts
-        .iter()
-        .map(|a| {
-            (
-                a.indicators.account.clone(),
-                a.indicators
-                    .p95_queue_wait_s
-                    .map_or(f64::NAN, |s| s / 3600.0),
-            )
-        })
-        .collect();
+    let waits = per_account(&|a| {
+        a.indicators
+            .p95_queue_wait_s
+            .map_or(f64::NAN, |s| s / 3600.0)
+    });
     html.push_str(&svg::bars_with_target(
         "Queue wait p95 per tenant (hours)",
         "hours",

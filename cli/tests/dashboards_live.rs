@@ -14,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::browser::{screenshot_dir, Browser};
-use common::{scrape, spawn, Process};
+use common::{free_port, scrape, spawn, Process};
 
 const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
 
@@ -66,14 +66,6 @@ impl Drop for Prometheus {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn host_port(url: &str) -> &str {
@@ -294,9 +286,7 @@ fn every_panel_of_every_dashboard_has_data_in_a_real_prometheus() {
         5,
         "three exporters, the aggregator and the scheduler: {up:?}"
     );
-    let check = gpuledger(&[
-        "dashboards",
-        "check",
+    let query_args = [
         "--prometheus",
         &prom.url,
         "--var",
@@ -305,7 +295,8 @@ fn every_panel_of_every_dashboard_has_data_in_a_real_prometheus() {
         "5m",
         "--scrape-interval",
         "1s",
-    ]);
+    ];
+    let check = gpuledger(&[&["dashboards", "check"][..], &query_args].concat());
     let report = format!(
         "{}{}",
         String::from_utf8_lossy(&check.stdout),
@@ -343,22 +334,9 @@ fn every_panel_of_every_dashboard_has_data_in_a_real_prometheus() {
             page.contains("hpc_job=") || name == "scheduler",
             "{name}: {page}"
         );
-        let mut child = Command::new("promtool")
-            .args(["check", "metrics"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        std::io::Write::write_all(&mut child.stdin.take().unwrap(), page.as_bytes()).unwrap();
-        let out = child.wait_with_output().unwrap();
-        let complaints = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let complaints = common::promtool_check_metrics(&page);
         assert!(
-            out.status.success() && complaints.trim().is_empty(),
+            complaints.is_empty(),
             "{name}: promtool complains:\n{complaints}"
         );
     }
@@ -416,20 +394,14 @@ fn every_panel_of_every_dashboard_has_data_in_a_real_prometheus() {
 
     // Each dashboard's panel list with the data it drew, in a real browser.
     let previews = dir.path().join("previews");
-    let out = gpuledger(&[
-        "dashboards",
-        "preview",
-        "--prometheus",
-        &prom.url,
-        "--var",
-        "account=team-a",
-        "--range",
-        "5m",
-        "--scrape-interval",
-        "1s",
-        "--out",
-        previews.to_str().unwrap(),
-    ]);
+    let out = gpuledger(
+        &[
+            &["dashboards", "preview"][..],
+            &query_args,
+            &["--out", previews.to_str().unwrap()],
+        ]
+        .concat(),
+    );
     assert!(
         out.status.success(),
         "{}",

@@ -50,11 +50,7 @@ fn batches_spooled_across_an_outage_and_a_kill_9_arrive_exactly_once() {
     for gpu in 0..4 {
         std::fs::write(mapping.join(gpu.to_string()), "7 team-a research\n").unwrap();
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::free_port();
     let aggregator_url = format!("http://127.0.0.1:{port}");
     let exporter_args = [
         "exporter",

@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::io::Write;
 use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,21 +18,12 @@ use gpuledger_scheduler::SchedulerOptions;
 
 const RULES_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../dashboards/prometheus");
 
-fn promtool(args: &[&str], stdin: Option<&str>) -> Output {
-    let mut child = Command::new("promtool")
+fn promtool(args: &[&str]) -> Output {
+    Command::new("promtool")
         .args(args)
         .current_dir(RULES_DIR)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool not found: ./scripts/test.sh installs Debian's `prometheus` package");
-    let mut input = child.stdin.take().expect("piped");
-    if let Some(text) = stdin {
-        input.write_all(text.as_bytes()).unwrap();
-    }
-    drop(input);
-    child.wait_with_output().unwrap()
+        .output()
+        .expect("promtool not found: ./scripts/test.sh installs Debian's `prometheus` package")
 }
 
 fn assert_ok(out: &Output, what: &str) {
@@ -48,11 +38,11 @@ fn assert_ok(out: &Output, what: &str) {
 #[test]
 fn rules_parse_and_their_unit_tests_pass() {
     assert_ok(
-        &promtool(&["check", "rules", "gpuledger-rules.yml"], None),
+        &promtool(&["check", "rules", "gpuledger-rules.yml"]),
         "check rules",
     );
     assert_ok(
-        &promtool(&["test", "rules", "gpuledger-rules.test.yml"], None),
+        &promtool(&["test", "rules", "gpuledger-rules.test.yml"]),
         "test rules",
     );
 }
@@ -92,15 +82,9 @@ fn the_scheduler_metrics_pass_promtool_check_metrics() {
         text.contains("gpuledger_scheduler_gpus{state=\"allocated\"} 512"),
         "{text}"
     );
-    let out = promtool(&["check", "metrics"], Some(&text));
-    assert_ok(&out, "check metrics");
-    let complaints = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let complaints = common::promtool_check_metrics(&text);
     assert!(
-        complaints.trim().is_empty(),
+        complaints.is_empty(),
         "promtool complains:\n{complaints}\n{text}"
     );
     // Cancel the running job so no process outlives the test.
@@ -154,15 +138,9 @@ fn exporter_and_aggregator_pages_pass_promtool_check_metrics() {
         std::thread::sleep(Duration::from_millis(200));
     }
     for (name, url) in [("exporter", &exporter.url), ("aggregator", &aggregator.url)] {
-        let page = common::scrape(url);
-        let out = promtool(&["check", "metrics"], Some(&page));
-        let complaints = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let complaints = common::promtool_check_metrics(&common::scrape(url));
         assert!(
-            out.status.success() && complaints.trim().is_empty(),
+            complaints.is_empty(),
             "{name}: promtool complains:\n{complaints}"
         );
     }

@@ -19,19 +19,11 @@ pub struct Browser {
     _profile: tempfile::TempDir,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 impl Browser {
     /// Starts chromedriver and a headless Chromium with the flags this machine needs (no
     /// sandbox as root, no GPU, no network beyond loopback), `width` x `height` pixels.
     pub fn start(width: u32, height: u32) -> Browser {
-        let port = free_port();
+        let port = super::free_port();
         // Its output goes nowhere: a pipe nobody reads would kill it at its second line.
         let driver = Command::new("chromedriver")
             .arg(format!("--port={port}"))

@@ -53,6 +53,45 @@ pub fn spawn_binary(binary: &str, args: &[&str], stderr: Stdio) -> Process {
     Process { child, url }
 }
 
+/// A loopback port free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// What `promtool check metrics` (Debian's `prometheus` package) says of a `/metrics` page:
+/// empty when it found nothing to complain about.
+pub fn promtool_check_metrics(page: &str) -> String {
+    use std::io::Write;
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool not found: ./scripts/test.sh installs Debian's `prometheus` package");
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(page.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if out.status.success() {
+        said.trim().to_owned()
+    } else {
+        format!("(exit {}) {said}", out.status)
+    }
+}
+
 /// The `/metrics` page of a service.
 pub fn scrape(url: &str) -> String {
     ureq::get(format!("{url}/metrics"))
