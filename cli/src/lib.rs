@@ -2,6 +2,7 @@
 //! errors; `anyhow` lives only here and in tests). [`pipeline`] is the whole path from a
 //! workload to invoices that `gpuledger demo` runs and the end-to-end tests call.
 
+pub mod adopt_cmd;
 pub mod bench;
 pub mod bench_schedule;
 pub mod billing_glue;

@@ -63,6 +63,13 @@ enum Command {
     /// every panel's queries against a Prometheus, `preview` draws what they return as HTML.
     #[command(subcommand)]
     Dashboards(gpuledger::dashboards_cmd::DashboardsCommand),
+    /// Bring in what an existing cluster defines: `slurm-assoc` reads `sacctmgr dump`.
+    #[command(subcommand)]
+    Import(gpuledger::adopt_cmd::ImportCommand),
+    /// Write what another system needs: `kubernetes` writes Namespaces, ResourceQuotas and
+    /// Kueue queues for the tenant tree.
+    #[command(subcommand)]
+    Export(gpuledger::adopt_cmd::ExportCommand),
     /// Manage the bearer tokens the services accept: `add` (shown once), `list`, `revoke`.
     #[command(subcommand)]
     Token(gpuledger::token_cmd::TokenCommand),
@@ -168,6 +175,8 @@ fn main() -> anyhow::Result<()> {
         Command::Scheduler(command) => gpuledger::scheduler_cmd::run(command),
         Command::Dashboards(command) => gpuledger::dashboards_cmd::run(command),
         Command::Token(command) => gpuledger::token_cmd::run(command),
+        Command::Import(command) => gpuledger::adopt_cmd::import(command),
+        Command::Export(command) => gpuledger::adopt_cmd::export(command),
         Command::CheckConfig { file } => check_config(&file),
     }
 }
