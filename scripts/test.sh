@@ -5,9 +5,10 @@
 # (a release build of DataFusion alone takes ~15 minutes on 2 cores). The target directory is
 # kept outside the checkout so later runs and fresh clones reuse the compiled dependencies.
 # Besides the Rust toolchain the tests need, from Debian: `prometheus` (a real Prometheus that
-# scrapes the services, and `promtool` for the rules) and `chromium` with `chromium-driver` (the
-# status page and the dashboard previews in a real headless browser). They are installed here
-# when missing.
+# scrapes the services, and `promtool` for the rules), `chromium` with `chromium-driver` (the
+# status page and the dashboard previews in a real headless browser), and `slurm-wlm` with
+# `munge` (a real slurmctld and slurmd that the Slurm test starts on loopback). They are
+# installed here when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +16,8 @@ missing=()
 command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+[ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && command -v sbatch >/dev/null 2>&1 || missing+=(slurm-wlm)
+[ -x /usr/sbin/munged ] && [ -x /usr/sbin/mungekey ] || missing+=(munge)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "== installing Debian's ${missing[*]} for the tests"
   sudo=""

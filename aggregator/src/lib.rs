@@ -11,10 +11,12 @@
 //! - [`rollup`]: per job x GPU x hour sums, exact in GPU-seconds;
 //! - [`query`]: DataFusion tables and the indicator queries;
 //! - [`status`]: the status page at `/`, [`svg`] its charts (and the simulator's);
+//! - [`allocation`]: usage from job runs' allocations, for clusters billed by allocation;
 //! - [`live`]: the jobs waiting and running now, followed from accepted job events;
 //! - [`http`]: the axum API over all of it, [`metrics`] its `/metrics`, [`events`] job-event
 //!   parsing.
 
+pub mod allocation;
 pub mod events;
 pub mod http;
 pub mod ingest;

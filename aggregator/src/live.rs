@@ -85,11 +85,18 @@ pub enum Change {
     Reported { job: LiveJob },
 }
 
-/// Jobs waiting or running, by id.
+/// Jobs waiting or running, by id, and the ids of the latest jobs that ended.
 #[derive(Debug, Default)]
 pub struct LiveJobs {
     jobs: HashMap<String, LiveJob>,
+    /// Ended jobs, so an event read again (a follower that re-reads its cluster) neither brings
+    /// one back nor counts its end twice; the oldest are forgotten past [`ENDED_KEPT`].
+    ended: std::collections::HashSet<String>,
+    ended_order: std::collections::VecDeque<String>,
 }
+
+/// How many ended job ids are remembered.
+pub const ENDED_KEPT: usize = 200_000;
 
 impl LiveJobs {
     pub fn get(&self, job_id: &str) -> Option<&LiveJob> {
@@ -138,9 +145,24 @@ impl LiveJobs {
             })
     }
 
-    /// Follows one accepted event.
+    /// Remembers that a job ended.
+    pub fn mark_ended(&mut self, job_id: &str) {
+        if self.ended.insert(job_id.to_owned()) {
+            self.ended_order.push_back(job_id.to_owned());
+            if self.ended_order.len() > ENDED_KEPT {
+                if let Some(old) = self.ended_order.pop_front() {
+                    self.ended.remove(&old);
+                }
+            }
+        }
+    }
+
+    /// Follows one accepted event; events of a job that already ended change nothing.
     pub fn apply(&mut self, e: &JobEvent) -> Option<Change> {
         let id = e.job_id.as_str();
+        if self.ended.contains(id) {
+            return None;
+        }
         match e.kind {
             JobEventKind::Submitted => {
                 let job = self.entry(e);
@@ -176,6 +198,7 @@ impl LiveJobs {
                 was.is_running().then_some(Change::Stopped { job: was })
             }
             JobEventKind::Finished => {
+                self.mark_ended(id);
                 let job = self.jobs.remove(id);
                 let account = job
                     .as_ref()
@@ -259,6 +282,22 @@ mod tests {
                 ..
             })
         ));
+        assert!(live.snapshot().is_empty());
+    }
+
+    #[test]
+    fn events_read_again_after_the_end_change_nothing() {
+        let mut live = LiveJobs::default();
+        live.apply(&event(0, "3", JobEventKind::Submitted));
+        live.apply(&event(1, "3", JobEventKind::Started));
+        assert!(live.apply(&event(2, "3", JobEventKind::Finished)).is_some());
+        for kind in [
+            JobEventKind::Submitted,
+            JobEventKind::Started,
+            JobEventKind::Finished,
+        ] {
+            assert_eq!(live.apply(&event(3, "3", kind)), None);
+        }
         assert!(live.snapshot().is_empty());
     }
 

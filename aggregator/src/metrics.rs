@@ -504,9 +504,13 @@ impl Metrics {
     }
 
     /// Rebuilds the jobs waiting and running from stored events at start, without counting
-    /// their waits or outcomes again (those counters started from zero with this process).
-    pub fn restore_live(&self, events: &[JobEvent]) {
+    /// their waits or outcomes again (those counters started from zero with this process);
+    /// `ended` are jobs known to have finished, whose events read again must change nothing.
+    pub fn restore_live(&self, events: &[JobEvent], ended: &[String]) {
         let mut live = lock(&self.live);
+        for id in ended {
+            live.mark_ended(id);
+        }
         for e in events {
             match live.apply(e) {
                 Some(Change::Started { job, .. }) => self.start_series(&job),

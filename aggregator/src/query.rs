@@ -521,6 +521,48 @@ impl Query {
         Ok(out)
     }
 
+    /// The jobs that finished at or after `since_ms`, oldest first.
+    pub async fn jobs_finished_since(&self, since_ms: UnixMillis) -> Result<Vec<String>> {
+        let sql = format!(
+            "SELECT job_id, MIN(CAST(time AS BIGINT)) AS t FROM jobs \
+             WHERE kind = 'finished' AND CAST(time AS BIGINT) >= {since_ms} GROUP BY job_id ORDER BY t"
+        );
+        let mut out = Vec::new();
+        for b in self.sql(&sql).await? {
+            for row in 0..b.num_rows() {
+                out.extend(str_at(b.column(0), row)?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every stored job event before `to_ms`, in time order.
+    pub async fn job_events_before(
+        &self,
+        to_ms: UnixMillis,
+    ) -> Result<Vec<gpuledger_model::job::JobEvent>> {
+        let sql = format!(
+            "SELECT time, job_id, account, project, kind, partition, gpus, allocation, \
+               time_limit_s, outcome, exit_code, achieved_flops FROM jobs \
+             WHERE CAST(time AS BIGINT) < {to_ms} ORDER BY time, job_id"
+        );
+        self.events_of(&sql).await
+    }
+
+    async fn events_of(&self, sql: &str) -> Result<Vec<gpuledger_model::job::JobEvent>> {
+        let mut out = Vec::new();
+        for b in self.sql(sql).await? {
+            let events = gpuledger_model::job::job_events_from_batch(&b).map_err(|e| {
+                Error::Corrupt(format!(
+                    "job event row {}, `{}`: {}",
+                    e.row, e.field, e.message
+                ))
+            })?;
+            out.extend(events);
+        }
+        Ok(out)
+    }
+
     /// Every stored event of the jobs that have not finished, in time order: what the jobs
     /// waiting and running now are rebuilt from at start.
     pub async fn unfinished_job_events(&self) -> Result<Vec<gpuledger_model::job::JobEvent>> {

@@ -244,12 +244,82 @@ pub fn read_storage_scans(layout: &Layout) -> anyhow::Result<Vec<StorageScan>> {
     Ok(out)
 }
 
-/// Reads everything `period` is billed from.
+/// What a month's GPU usage is measured by.
+#[derive(Clone, Copy, Debug)]
+pub enum UsageSource<'a> {
+    /// The exporters' samples, through the hourly rollups: what the GPUs did for each job.
+    Telemetry,
+    /// The jobs' runs as their events tell them (Slurm's and Kubernetes' way): every GPU a
+    /// run holds, from its start to its end; a run still going counts up to `now_ms`. MFU comes
+    /// from the job's report or, where the nodes run exporters, its telemetry.
+    Allocation {
+        config: &'a gpuledger_model::ClusterConfig,
+        now_ms: i64,
+    },
+}
+
+/// GPU-hours of `[from, to)` by allocation, with each job's telemetry MFU where there is some.
+async fn allocated_hours(
+    query: &Query,
+    from: i64,
+    to: i64,
+    config: &gpuledger_model::ClusterConfig,
+    now_ms: i64,
+) -> anyhow::Result<Vec<gpuledger_aggregator::query::BillableHour>> {
+    let nodes: HashMap<String, GpuModel> = config
+        .nodes()
+        .into_iter()
+        .map(|n| (n.id.to_string(), n.gpu_model))
+        .collect();
+    let mut models: Vec<GpuModel> = config.node_pools.iter().map(|p| p.gpu_model).collect();
+    models.dedup();
+    let only_model = (models.len() == 1).then(|| models[0]);
+    let events = query.job_events_before(to).await?;
+    let mut rows = gpuledger_aggregator::allocation::allocation_hours(
+        &events,
+        from,
+        to,
+        now_ms,
+        &|n| nodes.get(n).copied(),
+        only_model,
+    )?;
+    let mut measured: HashMap<String, (f64, i64)> = HashMap::new();
+    for t in query.billable_hours(from, to).await? {
+        if let Some(job) = t.job_id {
+            let e = measured.entry(job).or_default();
+            e.0 += t.mfu_proxy_sum;
+            e.1 += t.mfu_seconds;
+        }
+    }
+    for r in &mut rows {
+        if let Some((sum, secs)) = r.job_id.as_ref().and_then(|j| measured.get(j)) {
+            if *secs > 0 {
+                // The job's mean proxy, weighted over the run's seconds.
+                r.mfu_seconds = r.gpu_seconds;
+                r.mfu_proxy_sum = sum / *secs as f64 * r.gpu_seconds as f64;
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// Reads everything `period` is billed from, usage from telemetry.
 pub async fn billing_input(
     query: &Query,
     layout: &Layout,
     period: &Period,
     reservations: Vec<Reservation>,
+) -> anyhow::Result<BillingInput> {
+    billing_input_from(query, layout, period, reservations, UsageSource::Telemetry).await
+}
+
+/// Reads everything `period` is billed from, usage from `source`.
+pub async fn billing_input_from(
+    query: &Query,
+    layout: &Layout,
+    period: &Period,
+    reservations: Vec<Reservation>,
+    source: UsageSource<'_>,
 ) -> anyhow::Result<BillingInput> {
     let (from, to) = (period.start * 1000, period.end * 1000);
     let reported: HashMap<String, (f64, i64)> = query
@@ -258,14 +328,15 @@ pub async fn billing_input(
         .into_iter()
         .map(|r| (r.job_id, (r.achieved_flops, r.gpus)))
         .collect();
+    let rows = match source {
+        UsageSource::Telemetry => query.billable_hours(from, to).await?,
+        UsageSource::Allocation { config, now_ms } => {
+            allocated_hours(query, from, to, config, now_ms).await?
+        }
+    };
     let mut usage = Vec::new();
-    for (i, r) in query
-        .billable_hours(from, to)
-        .await?
-        .into_iter()
-        .enumerate()
-    {
-        let at = |field: &str| format!("rollup usage row {i}: {field}");
+    for (i, r) in rows.into_iter().enumerate() {
+        let at = |field: &str| format!("usage row {i}: {field}");
         let gpu_model: GpuModel = r.gpu_model.parse().with_context(|| at("gpu_model"))?;
         let mfu = match r.job_id.as_ref().and_then(|j| reported.get(j)) {
             Some((flops, gpus)) if *gpus > 0 => {

@@ -62,6 +62,11 @@ pub struct ExporterArgs {
     /// dcgm-exporter source: the page to read.
     #[arg(long, default_value = "http://127.0.0.1:9400/metrics")]
     pub dcgm_url: String,
+    /// dcgm-exporter source: the series label that names a job's project (a pod label
+    /// dcgm-exporter adds with --kubernetes-enable-pod-labels, such as Kueue's queue name);
+    /// the namespace is the account, the pod the job.
+    #[arg(long)]
+    pub dcgm_project_label: Option<String>,
     /// How often every GPU is read (e.g. `1s`, `250ms`).
     #[arg(long, default_value = "1s", value_parser = parse_interval)]
     pub sample_interval: Duration,
@@ -104,6 +109,7 @@ pub struct ExporterFile {
     pub gpu_model: Option<GpuModel>,
     pub seed: Option<u64>,
     pub dcgm_url: Option<String>,
+    pub dcgm_project_label: Option<String>,
     pub sample_interval: Option<String>,
     pub push_interval: Option<String>,
     pub aggregator_url: Option<String>,
@@ -150,6 +156,7 @@ impl ExporterFile {
         put("gpu-model", self.gpu_model.map(|m| m.key().to_owned()));
         put("seed", self.seed.map(|s| s.to_string()));
         put("dcgm-url", self.dcgm_url.clone());
+        put("dcgm-project-label", self.dcgm_project_label.clone());
         put("sample-interval", self.sample_interval.clone());
         put("push-interval", self.push_interval.clone());
         put("aggregator-url", self.aggregator_url.clone());
@@ -221,7 +228,8 @@ fn open_source(args: &ExporterArgs) -> anyhow::Result<Box<dyn GpuSource>> {
         )),
         SourceKind::Nvml => Box::new(NvmlSource::open().context("opening the NVML source")?),
         SourceKind::DcgmExporter => Box::new(
-            DcgmExporterSource::open(&args.dcgm_url).context("opening the dcgm-exporter source")?,
+            DcgmExporterSource::open_with(&args.dcgm_url, args.dcgm_project_label.as_deref())
+                .context("opening the dcgm-exporter source")?,
         ),
     })
 }

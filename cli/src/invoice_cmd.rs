@@ -9,8 +9,8 @@ use gpuledger_aggregator::query::Query;
 use gpuledger_billing::Period;
 
 use crate::billing_glue::{
-    bill_month, billing_input, default_reservations, read_reservations, record_scan,
-    scan_tenant_dirs,
+    bill_month, billing_input_from, default_reservations, read_reservations, record_scan,
+    scan_tenant_dirs, UsageSource,
 };
 use crate::defaults::{load_cluster, load_price_book, DEFAULT_DATA_DIR};
 use crate::table;
@@ -35,6 +35,11 @@ pub struct InvoiceArgs {
     /// Cluster config; its name is the FOCUS provider and issuer (default: the seed cluster).
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// What usage is measured by: `telemetry` (the exporters' samples: what the GPUs did for
+    /// each job) or `allocation` (each job run's GPUs from start to end, from its job events,
+    /// as Slurm accounts: for clusters without exporters, or billed by allocation).
+    #[arg(long, default_value = "telemetry", value_parser = ["telemetry", "allocation"])]
+    pub usage: String,
 }
 
 /// Prices a month and writes its invoice revisions, FOCUS file and model comparison.
@@ -48,9 +53,16 @@ pub fn invoice(args: InvoiceArgs) -> anyhow::Result<()> {
         None => default_reservations(&layout)?,
     };
     let runtime = tokio::runtime::Builder::new_current_thread().build()?;
+    let source = match args.usage.as_str() {
+        "allocation" => UsageSource::Allocation {
+            config: &config,
+            now_ms: chrono::Utc::now().timestamp_millis(),
+        },
+        _ => UsageSource::Telemetry,
+    };
     let input = runtime.block_on(async {
         let query = Query::open(&layout).await?;
-        billing_input(&query, &layout, &period, reservations).await
+        billing_input_from(&query, &layout, &period, reservations, source).await
     })?;
     if input.usage.is_empty() && input.storage.is_empty() && input.reservations.is_empty() {
         println!(

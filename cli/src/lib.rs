@@ -14,6 +14,7 @@ pub mod pipeline;
 pub mod scheduler_cmd;
 pub mod serve;
 pub mod simulate;
+pub mod slurm_cmd;
 pub mod table;
 pub mod token_cmd;
 

@@ -63,6 +63,10 @@ enum Command {
     /// every panel's queries against a Prometheus, `preview` draws what they return as HTML.
     #[command(subcommand)]
     Dashboards(gpuledger::dashboards_cmd::DashboardsCommand),
+    /// Follow a Slurm cluster: `follow` posts its jobs' events (from squeue and scontrol, the
+    /// jobcomp log or sacct) to the aggregator.
+    #[command(subcommand)]
+    Slurm(gpuledger::slurm_cmd::SlurmCommand),
     /// Bring in what an existing cluster defines: `slurm-assoc` reads `sacctmgr dump`.
     #[command(subcommand)]
     Import(gpuledger::adopt_cmd::ImportCommand),
@@ -176,6 +180,7 @@ fn main() -> anyhow::Result<()> {
         Command::Dashboards(command) => gpuledger::dashboards_cmd::run(command),
         Command::Token(command) => gpuledger::token_cmd::run(command),
         Command::Import(command) => gpuledger::adopt_cmd::import(command),
+        Command::Slurm(command) => gpuledger::slurm_cmd::run(command),
         Command::Export(command) => gpuledger::adopt_cmd::export(command),
         Command::CheckConfig { file } => check_config(&file),
     }

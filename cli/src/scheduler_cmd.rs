@@ -84,7 +84,7 @@ pub struct ServeArgs {
 
 /// A duration that may be under a second (`500ms`, `2s`).
 #[derive(Clone, Copy, Debug)]
-pub struct DurationSpecMs(Duration);
+pub struct DurationSpecMs(pub Duration);
 
 impl std::str::FromStr for DurationSpecMs {
     type Err = String;

@@ -164,7 +164,10 @@ async fn serve(
     let query = Query::open(&Layout::new(&root)).await?;
     let metrics = Metrics::new(&config);
     let unfinished = query.unfinished_job_events().await?;
-    metrics.restore_live(&unfinished);
+    let ended = query
+        .jobs_finished_since(clock.now_ms() - 30 * 86_400_000)
+        .await?;
+    metrics.restore_live(&unfinished, &ended);
     tracing::info!(
         events = unfinished.len(),
         jobs = metrics.live_jobs().len(),
@@ -288,6 +291,42 @@ pub fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>
     Ok(async move {
         let _ = tokio::signal::ctrl_c().await;
     })
+}
+
+/// For a service without a runtime of its own: a flag that turns true on SIGTERM or SIGINT.
+/// The handlers are installed before this returns.
+pub fn stop_flag() -> anyhow::Result<Arc<std::sync::atomic::AtomicBool>> {
+    let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<anyhow::Result<()>>();
+    let set = Arc::clone(&flag);
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e.into()));
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                match shutdown_signal() {
+                    Ok(signal) => {
+                        let _ = ready_tx.send(Ok(()));
+                        signal.await;
+                        set.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                    }
+                }
+            });
+        })?;
+    ready_rx.recv().context("the signal thread ended")??;
+    Ok(flag)
 }
 
 #[cfg(test)]

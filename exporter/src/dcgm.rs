@@ -37,6 +37,12 @@ fn scrape_error(url: &str, message: String) -> SourceError {
 /// shared by a GPU's MIG instances; power and energy are not split between instances (not
 /// measured per instance), so instances carry none.
 pub fn interpret(url: &str, samples: &[Sample]) -> Result<Page> {
+    interpret_with(url, samples, None)
+}
+
+/// [`interpret`], with the project of a GPU's job read from the series label `project_label`
+/// (a pod label dcgm-exporter adds, e.g. Kueue's queue name) where given.
+pub fn interpret_with(url: &str, samples: &[Sample], project_label: Option<&str>) -> Result<Page> {
     let mut gpus: BTreeMap<u16, BTreeMap<&str, f64>> = BTreeMap::new();
     let mut instances: BTreeMap<Key, (&Sample, BTreeMap<&str, f64>)> = BTreeMap::new();
     let mut first_sample: BTreeMap<u16, &Sample> = BTreeMap::new();
@@ -50,7 +56,7 @@ pub fn interpret(url: &str, samples: &[Sample]) -> Result<Page> {
             .map_err(|_| scrape_error(url, format!("`{}`: `gpu` label is not an index", s.name)))?;
         first_sample.entry(gpu).or_insert(s);
         let instance = s.label("GPU_I_ID").filter(|i| !i.is_empty());
-        if let Some(label) = job_label(s) {
+        if let Some(label) = job_label(s, project_label) {
             labels
                 .entry((gpu, instance.map(str::to_owned)))
                 .or_insert(label);
@@ -147,7 +153,9 @@ fn device(url: &str, gpu: u16, s: &Sample, instance: Option<&str>) -> Result<Gpu
     })
 }
 
-fn job_label(s: &Sample) -> Option<JobLabel> {
+/// A series' job: `hpc_job` or `pod` is the job, `namespace` the account, and the label
+/// `project_label` (when given and present) the project.
+fn job_label(s: &Sample, project_label: Option<&str>) -> Option<JobLabel> {
     let job = s
         .label("hpc_job")
         .filter(|j| !j.is_empty())
@@ -156,7 +164,10 @@ fn job_label(s: &Sample) -> Option<JobLabel> {
     Some(JobLabel {
         job_id: job.to_owned(),
         account: account.to_owned(),
-        project: None,
+        project: project_label
+            .and_then(|l| s.label(l))
+            .filter(|p| !p.is_empty())
+            .map(str::to_owned),
     })
 }
 
@@ -164,6 +175,7 @@ fn job_label(s: &Sample) -> Option<JobLabel> {
 #[derive(Debug)]
 pub struct DcgmExporterSource {
     url: String,
+    project_label: Option<String>,
     agent: ureq::Agent,
     devices: Vec<GpuDevice>,
     labels: Vec<Option<JobLabel>>,
@@ -173,12 +185,18 @@ pub struct DcgmExporterSource {
 impl DcgmExporterSource {
     /// Scrapes once to learn the GPUs; fails with the reason when the page cannot be read.
     pub fn open(url: &str) -> Result<Self> {
+        Self::open_with(url, None)
+    }
+
+    /// [`Self::open`], reading each job's project from the series label `project_label`.
+    pub fn open_with(url: &str, project_label: Option<&str>) -> Result<Self> {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .timeout_global(Some(Duration::from_secs(5)))
             .build()
             .into();
         let mut source = DcgmExporterSource {
             url: url.to_owned(),
+            project_label: project_label.map(str::to_owned),
             agent,
             devices: Vec::new(),
             labels: Vec::new(),
@@ -201,7 +219,7 @@ impl DcgmExporterSource {
             .read_to_string()
             .map_err(|e| scrape_error(&self.url, format!("reading the page: {e}")))?;
         let samples = parse(&text).map_err(|e| scrape_error(&self.url, e.to_string()))?;
-        interpret(&self.url, &samples)
+        interpret_with(&self.url, &samples, self.project_label.as_deref())
     }
 }
 
@@ -317,6 +335,24 @@ mod tests {
         assert_eq!(
             p.labels[3].as_ref().map(|l| l.account.as_str()),
             Some("k8s-team-c")
+        );
+    }
+
+    #[test]
+    fn a_pod_label_names_the_project() {
+        let text = "DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",UUID=\"GPU-1\",modelName=\"NVIDIA H100 80GB HBM3\",namespace=\"team-a\",pod=\"llm-0\",label_kueue_x_k8s_io_queue_name=\"pretrain\"} 97\n";
+        let samples = parse(text).unwrap();
+        let plain = interpret("u", &samples).unwrap();
+        assert_eq!(plain.labels[0].as_ref().unwrap().project, None);
+        let p = interpret_with("u", &samples, Some("label_kueue_x_k8s_io_queue_name")).unwrap();
+        let label = p.labels[0].as_ref().unwrap();
+        assert_eq!(
+            (
+                label.job_id.as_str(),
+                label.account.as_str(),
+                label.project.as_deref()
+            ),
+            ("llm-0", "team-a", Some("pretrain"))
         );
     }
 

@@ -887,7 +887,7 @@ pub fn latest_scan(text: &str) -> Vec<(AccountId, Option<ProjectId>, u64)> {
 }
 
 /// An event as the aggregator's API takes it: absent fields left out.
-fn event_json(ev: &JobEvent) -> serde_json::Value {
+pub fn event_json(ev: &JobEvent) -> serde_json::Value {
     let mut v = serde_json::to_value(ev).unwrap_or_default();
     if let Some(obj) = v.as_object_mut() {
         obj.retain(|_, value| !value.is_null());

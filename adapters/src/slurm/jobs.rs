@@ -24,7 +24,7 @@ use gpuledger_model::allocation::{Allocation, NodeGpus};
 use gpuledger_model::job::{JobEvent, JobEventKind, Outcome};
 use gpuledger_model::{AccountId, JobId, NodeId, ProjectId};
 
-use super::{duration, gres_gpus, hostlist, index_list, time_ms, tres_gpus};
+use super::{duration, gres_gpus, hostlist, index_list, time_ms, tres_gpus, Zone};
 use crate::{LineError, Result};
 
 /// A job's state as Slurm names it.
@@ -180,6 +180,7 @@ fn exit_code(text: &str) -> Option<i32> {
 struct Fields<'a> {
     origin: &'a str,
     line: usize,
+    zone: Zone,
 }
 
 impl Fields<'_> {
@@ -192,7 +193,7 @@ impl Fields<'_> {
     }
 
     fn time(&self, field: &str, v: Option<&str>) -> Result<Option<i64>> {
-        v.and_then(|v| time_ms(v, 0))
+        v.and_then(|v| time_ms(v, self.zone))
             .transpose()
             .map_err(|e| self.err(format!("`{field}`: {e}")))
     }
@@ -206,7 +207,7 @@ impl Fields<'_> {
 
 /// `sacct --parsable2` output with its header line. Job steps (`123.batch`, `123.0`) are
 /// skipped; the allocation line is the job.
-pub fn parse_sacct(text: &str, origin: &str) -> Result<Vec<SlurmJob>> {
+pub fn parse_sacct(text: &str, origin: &str, zone: Zone) -> Result<Vec<SlurmJob>> {
     let mut lines = text
         .lines()
         .enumerate()
@@ -234,6 +235,7 @@ pub fn parse_sacct(text: &str, origin: &str) -> Result<Vec<SlurmJob>> {
         let f = Fields {
             origin,
             line: i + 1,
+            zone,
         };
         let cells: Vec<&str> = line.split('|').collect();
         if cells.len() != names.len() {
@@ -295,7 +297,7 @@ fn key_values(line: &str) -> Vec<(String, String)> {
 }
 
 /// The text job-completion log: a line per finished job, `JobId=12 ... JobState=COMPLETED ...`.
-pub fn parse_jobcomp(text: &str, origin: &str) -> Result<Vec<SlurmJob>> {
+pub fn parse_jobcomp(text: &str, origin: &str, zone: Zone) -> Result<Vec<SlurmJob>> {
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
@@ -304,6 +306,7 @@ pub fn parse_jobcomp(text: &str, origin: &str) -> Result<Vec<SlurmJob>> {
         let f = Fields {
             origin,
             line: i + 1,
+            zone,
         };
         let kv: BTreeMap<String, String> = key_values(line).into_iter().collect();
         let get = |k: &str| kv.get(k).map(String::as_str).filter(|v| !v.is_empty());
@@ -337,7 +340,7 @@ pub const SQUEUE_FORMAT: &str = "%i|%a|%P|%T|%V|%S|%e|%b|%N|%l|%u";
 
 /// `squeue --noheader --states=all --format=SQUEUE_FORMAT`. A pending job's start and end are
 /// Slurm's estimates and are dropped.
-pub fn parse_squeue(text: &str, origin: &str) -> Result<Vec<SlurmJob>> {
+pub fn parse_squeue(text: &str, origin: &str, zone: Zone) -> Result<Vec<SlurmJob>> {
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
@@ -346,6 +349,7 @@ pub fn parse_squeue(text: &str, origin: &str) -> Result<Vec<SlurmJob>> {
         let f = Fields {
             origin,
             line: i + 1,
+            zone,
         };
         let c: Vec<&str> = line.split('|').map(str::trim).collect();
         if c.len() != 11 {
@@ -388,7 +392,7 @@ pub fn parse_squeue(text: &str, origin: &str) -> Result<Vec<SlurmJob>> {
 
 /// `scontrol -d -o show job`: one line per job known to slurmctld, with `Nodes=X ...
 /// GRES=gpu:type:N(IDX:a-b)` for each node.
-pub fn parse_scontrol(text: &str, origin: &str) -> Result<Vec<SlurmJob>> {
+pub fn parse_scontrol(text: &str, origin: &str, zone: Zone) -> Result<Vec<SlurmJob>> {
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() || line.starts_with("No jobs") {
@@ -397,6 +401,7 @@ pub fn parse_scontrol(text: &str, origin: &str) -> Result<Vec<SlurmJob>> {
         let f = Fields {
             origin,
             line: i + 1,
+            zone,
         };
         let kv = key_values(line);
         let first = |k: &str| {
@@ -565,7 +570,14 @@ impl Tracker {
                 sent.submitted = true;
             }
         }
-        let start = job.start_ms.filter(|_| state.has_run());
+        // A job cancelled while it waited never ran; Slurm gives it its end as its start.
+        let never_ran = |s: &i64| {
+            state == State::Cancelled && job.end_ms == Some(*s) && !sent.starts.contains(s)
+        };
+        let start = job
+            .start_ms
+            .filter(|_| state.has_run())
+            .filter(|s| !never_ran(s));
         if let Some(start) = start {
             // A later start than the run we know of: that run was preempted or requeued.
             if sent.running_since_ms.is_some_and(|r| r < start) {
@@ -666,7 +678,7 @@ JobId=15 JobName=wrap UserId=bob(1001) Account=teamb JobState=PENDING Reason=Res
 
     #[test]
     fn the_four_readings_parse() {
-        let sacct = parse_sacct(SACCT, "sacct").unwrap();
+        let sacct = parse_sacct(SACCT, "sacct", Zone::Utc).unwrap();
         assert_eq!(sacct.len(), 3, "the .batch step is not a job");
         assert_eq!(
             (sacct[0].gpus, sacct[0].nodes.as_slice()),
@@ -680,12 +692,12 @@ JobId=15 JobName=wrap UserId=bob(1001) Account=teamb JobState=PENDING Reason=Res
             "never ran"
         );
         assert_eq!(sacct[0].time_limit_s, Some(3600));
-        let comp = parse_jobcomp(JOBCOMP, "jobcomp.txt").unwrap();
+        let comp = parse_jobcomp(JOBCOMP, "jobcomp.txt", Zone::Utc).unwrap();
         assert_eq!(comp[0].gpus, None, "Tres without gres/gpu: unknown, not 0");
         assert_eq!(comp[0].user.as_deref(), Some("alice"));
         assert_eq!(comp[0].time_limit_s, Some(3600), "TimeLimit in minutes");
         assert_eq!(comp[1].state, Some(State::Failed));
-        let sc = parse_scontrol(SCONTROL, "scontrol").unwrap();
+        let sc = parse_scontrol(SCONTROL, "scontrol", Zone::Utc).unwrap();
         assert_eq!(sc[0].gpu_indices["gpu001"], vec![0, 1, 2]);
         assert_eq!(sc[0].gpus, Some(3));
         assert_eq!(sc[0].allocation().unwrap().to_string(), "gpu001:0-2");
@@ -694,28 +706,33 @@ JobId=15 JobName=wrap UserId=bob(1001) Account=teamb JobState=PENDING Reason=Res
             (None, Some(8)),
             "a pending job's start is an estimate"
         );
-        let sq = parse_squeue("12|teama|train|RUNNING|2026-12-01T08:00:00|2026-12-01T08:00:05|2026-12-01T09:00:05|gres:gpu:h100:3|gpu001|1:00:00|alice\n", "squeue").unwrap();
+        let sq = parse_squeue("12|teama|train|RUNNING|2026-12-01T08:00:00|2026-12-01T08:00:05|2026-12-01T09:00:05|gres:gpu:h100:3|gpu001|1:00:00|alice\n", "squeue", Zone::Utc).unwrap();
         assert_eq!(
             (sq[0].gpus, sq[0].end_ms),
             (Some(3), None),
             "a running job's end is an estimate"
         );
-        assert!(parse_squeue("12|teama\n", "squeue")
+        assert!(parse_squeue("12|teama\n", "squeue", Zone::Utc)
             .unwrap_err()
             .message
             .contains("11"));
-        assert!(parse_sacct("JobID|State\n1|RUNNING\n", "s")
+        assert!(parse_sacct("JobID|State\n1|RUNNING\n", "s", Zone::Utc)
             .unwrap_err()
             .message
             .contains("account"));
-        let err = parse_sacct(&SACCT.replace("2026-12-01T08:00:12", "noon"), "s").unwrap_err();
+        let err = parse_sacct(
+            &SACCT.replace("2026-12-01T08:00:12", "noon"),
+            "s",
+            Zone::Utc,
+        )
+        .unwrap_err();
         assert_eq!(err.line, 4, "the header is line 1, the step line 3");
     }
 
     #[test]
     fn readings_merged_give_each_event_once() {
-        let live = parse_scontrol(SCONTROL, "scontrol").unwrap();
-        let done = parse_jobcomp(JOBCOMP, "jobcomp").unwrap();
+        let live = parse_scontrol(SCONTROL, "scontrol", Zone::Utc).unwrap();
+        let done = parse_jobcomp(JOBCOMP, "jobcomp", Zone::Utc).unwrap();
         let mut tracker = Tracker::default();
         let map = AccountMap::default();
         let mut all = Vec::new();
@@ -769,6 +786,28 @@ JobId=15 JobName=wrap UserId=bob(1001) Account=teamb JobState=PENDING Reason=Res
         for j in merge_readings(&[done]) {
             assert!(tracker.update(&j, &map, 0).unwrap().is_empty());
         }
+    }
+
+    #[test]
+    fn a_job_cancelled_while_it_waits_never_started() {
+        let mut tracker = Tracker::default();
+        let job = SlurmJob {
+            job_id: "9".into(),
+            account: "teamb".into(),
+            state: Some(State::Cancelled),
+            submit_ms: Some(1_000),
+            start_ms: Some(9_000),
+            end_ms: Some(9_000),
+            gpus: Some(8),
+            ..SlurmJob::default()
+        };
+        let kinds: Vec<JobEventKind> = tracker
+            .update(&job, &AccountMap::default(), 0)
+            .unwrap()
+            .iter()
+            .map(|e| e.kind)
+            .collect();
+        assert_eq!(kinds, [JobEventKind::Submitted, JobEventKind::Finished]);
     }
 
     #[test]

@@ -85,10 +85,17 @@ pub fn duration(text: &str) -> Option<Result<u64, String>> {
     Some(secs)
 }
 
-/// A Slurm timestamp (`2026-12-01T08:00:01`, local time of the cluster, here taken as UTC
-/// unless `offset_s` says otherwise) in Unix milliseconds; `Unknown`, `None` and empty are
-/// `None`.
-pub fn time_ms(text: &str, offset_s: i32) -> Option<Result<i64, String>> {
+/// The time zone Slurm's timestamps are written in: the local time of the host that prints
+/// them (slurmctld's and the commands'), or UTC.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Zone {
+    Utc,
+    Local,
+}
+
+/// A Slurm timestamp (`2026-12-01T08:00:01`, in `zone`) in Unix milliseconds; `Unknown`,
+/// `None` and empty are `None`.
+pub fn time_ms(text: &str, zone: Zone) -> Option<Result<i64, String>> {
     let t = text.trim();
     if t.is_empty()
         || t.eq_ignore_ascii_case("unknown")
@@ -97,11 +104,22 @@ pub fn time_ms(text: &str, offset_s: i32) -> Option<Result<i64, String>> {
     {
         return None;
     }
-    Some(
-        chrono::NaiveDateTime::parse_from_str(t, "%Y-%m-%dT%H:%M:%S")
-            .map(|d| d.and_utc().timestamp_millis() - i64::from(offset_s) * 1000)
-            .map_err(|_| format!("`{t}` is not a Slurm time (YYYY-MM-DDTHH:MM:SS)")),
-    )
+    let naive = match chrono::NaiveDateTime::parse_from_str(t, "%Y-%m-%dT%H:%M:%S") {
+        Ok(d) => d,
+        Err(_) => {
+            return Some(Err(format!(
+                "`{t}` is not a Slurm time (YYYY-MM-DDTHH:MM:SS)"
+            )))
+        }
+    };
+    Some(match zone {
+        Zone::Utc => Ok(naive.and_utc().timestamp_millis()),
+        // In a daylight-saving fold the earlier instant is taken.
+        Zone::Local => chrono::TimeZone::from_local_datetime(&chrono::Local, &naive)
+            .earliest()
+            .map(|t| t.timestamp_millis())
+            .ok_or_else(|| format!("`{t}` does not exist in the local time zone")),
+    })
 }
 
 /// Expands a Slurm host list: `gpu[001-003,007],login1` -> gpu001 gpu002 gpu003 gpu007 login1.
@@ -196,10 +214,10 @@ mod tests {
         assert_eq!(duration("UNLIMITED"), None);
         assert!(duration("soon").unwrap().is_err());
         assert_eq!(
-            time_ms("2026-12-01T08:00:01", 0),
+            time_ms("2026-12-01T08:00:01", Zone::Utc),
             Some(Ok(1_796_112_001_000))
         );
-        assert_eq!(time_ms("Unknown", 0), None);
+        assert_eq!(time_ms("Unknown", Zone::Utc), None);
         assert_eq!(
             hostlist("gpu[001-003,007],login1"),
             ["gpu001", "gpu002", "gpu003", "gpu007", "login1"]
