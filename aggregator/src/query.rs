@@ -541,37 +541,26 @@ impl Query {
         &self,
         to_ms: UnixMillis,
     ) -> Result<Vec<gpuledger_model::job::JobEvent>> {
-        let sql = format!(
-            "SELECT time, job_id, account, project, kind, partition, gpus, allocation, \
-               time_limit_s, outcome, exit_code, achieved_flops FROM jobs \
-             WHERE CAST(time AS BIGINT) < {to_ms} ORDER BY time, job_id"
-        );
-        self.events_of(&sql).await
-    }
-
-    async fn events_of(&self, sql: &str) -> Result<Vec<gpuledger_model::job::JobEvent>> {
-        let mut out = Vec::new();
-        for b in self.sql(sql).await? {
-            let events = gpuledger_model::job::job_events_from_batch(&b).map_err(|e| {
-                Error::Corrupt(format!(
-                    "job event row {}, `{}`: {}",
-                    e.row, e.field, e.message
-                ))
-            })?;
-            out.extend(events);
-        }
-        Ok(out)
+        self.events_where(&format!("CAST(time AS BIGINT) < {to_ms}"))
+            .await
     }
 
     /// Every stored event of the jobs that have not finished, in time order: what the jobs
     /// waiting and running now are rebuilt from at start.
     pub async fn unfinished_job_events(&self) -> Result<Vec<gpuledger_model::job::JobEvent>> {
-        let sql = "SELECT time, job_id, account, project, kind, partition, gpus, allocation, \
+        self.events_where("job_id NOT IN (SELECT job_id FROM jobs WHERE kind = 'finished')")
+            .await
+    }
+
+    /// The stored job events matching an SQL condition, in time order.
+    async fn events_where(&self, condition: &str) -> Result<Vec<gpuledger_model::job::JobEvent>> {
+        let sql = format!(
+            "SELECT time, job_id, account, project, kind, partition, gpus, allocation, \
                time_limit_s, outcome, exit_code, achieved_flops FROM jobs \
-             WHERE job_id NOT IN (SELECT job_id FROM jobs WHERE kind = 'finished') \
-             ORDER BY time, job_id";
+             WHERE {condition} ORDER BY time, job_id"
+        );
         let mut out = Vec::new();
-        for b in self.sql(sql).await? {
+        for b in self.sql(&sql).await? {
             let events = gpuledger_model::job::job_events_from_batch(&b).map_err(|e| {
                 Error::Corrupt(format!(
                     "job event row {}, `{}`: {}",
