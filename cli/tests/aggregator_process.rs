@@ -249,3 +249,80 @@ fn two_aggregators_share_one_data_directory_and_reports_read_both() {
             .exists());
     }
 }
+
+fn post_events(url: &str, source: &str, events: serde_json::Value) {
+    let body = serde_json::json!({"source": source, "seq": 0, "events": events});
+    let status = agent()
+        .post(format!("{url}/api/v1/events"))
+        .header("content-type", "application/json")
+        .send(body.to_string().as_bytes())
+        .unwrap()
+        .status();
+    assert_eq!(status.as_u16(), 200);
+}
+
+#[test]
+fn the_jobs_waiting_and_running_come_back_after_a_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = chrono::Utc::now().timestamp_millis() - 600_000;
+    let mut aggregator = start(dir.path());
+    let ev = |dt: i64, job: &str, kind: &str, extra: serde_json::Value| {
+        let mut e = serde_json::json!({"time_ms": t + dt, "job_id": job, "account": "team-a", "project": "pretrain", "kind": kind});
+        e.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        e
+    };
+    let done = serde_json::json!([
+        ev(0, "3", "submitted", serde_json::json!({"gpus": 8})),
+        ev(1_000, "3", "started", serde_json::json!({"gpus": 8})),
+        ev(
+            9_000,
+            "3",
+            "finished",
+            serde_json::json!({"outcome": "completed"})
+        ),
+    ]);
+    post_events(
+        &aggregator.url,
+        "sched",
+        serde_json::json!([
+            ev(0, "1", "submitted", serde_json::json!({"gpus": 4})),
+            ev(2_000, "1", "started", serde_json::json!({"gpus": 4})),
+            ev(3_000, "2", "submitted", serde_json::json!({"gpus": 16})),
+        ]),
+    );
+    post_events(&aggregator.url, "sched2", done.clone());
+    // Acknowledged events are in the log: a kill loses none of them.
+    aggregator.child.kill().expect("SIGKILL");
+    aggregator.child.wait().unwrap();
+    let aggregator = start(dir.path());
+    let page = common::scrape(&aggregator.url);
+    assert!(
+        page.contains(
+            "gpuledger_job_gpus{account=\"team-a\",hpc_job=\"1\",project=\"pretrain\"} 4"
+        ),
+        "{page}"
+    );
+    assert!(
+        page.contains("gpuledger_jobs_pending{account=\"team-a\"} 1"),
+        "{page}"
+    );
+    assert!(
+        page.contains("gpuledger_jobs_running{account=\"team-a\"} 1"),
+        "{page}"
+    );
+    assert!(
+        !page.contains("hpc_job=\"3\""),
+        "an ended job has no series: {page}"
+    );
+    // Job 3's events read again by another source: it stays ended.
+    post_events(&aggregator.url, "sched3", done);
+    let page = common::scrape(&aggregator.url);
+    assert!(
+        !page.contains("hpc_job=\"3\"")
+            && page.contains("gpuledger_jobs_running{account=\"team-a\"} 1"),
+        "{page}"
+    );
+    terminate(aggregator);
+}
