@@ -80,6 +80,14 @@ pub struct ServeArgs {
     /// How often the usage feed is read.
     #[arg(long, default_value = "60s")]
     usage_every: DurationSpec,
+    /// Token file (`gpuledger token add`, the same file the aggregator reads): every route
+    /// then wants a bearer token: tenants submit and see their own jobs, nodes read their own
+    /// GPUs of the allocation feed, operators do the rest. Without it authentication is off.
+    #[arg(long, env = "GPULEDGER_TOKENS")]
+    tokens: Option<PathBuf>,
+    /// Routes open without a token, with --tokens: `metrics`.
+    #[arg(long, value_delimiter = ',')]
+    public: Vec<gpuledger_auth::Public>,
 }
 
 /// A duration that may be under a second (`500ms`, `2s`).
@@ -208,6 +216,7 @@ pub fn run(command: SchedulerCommand) -> anyhow::Result<()> {
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let cluster = load_cluster(args.config.as_deref())?;
+    let guard = crate::serve::guard("scheduler", args.tokens.as_deref(), &args.public)?;
     let options = SchedulerOptions::parse(&args.policy)
         .with_context(|| format!("unknown --policy `{}`", args.policy))?;
     // Absolute: jobs run in their own directories and write their exit status by this path.
@@ -263,7 +272,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 }
             })
         };
-        axum::serve(listener, http::router(Arc::clone(&service)))
+        axum::serve(listener, http::router_with(Arc::clone(&service), guard))
             .with_graceful_shutdown(shutdown)
             .await?;
         cycles.abort();
@@ -275,6 +284,16 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     })
 }
 
+/// The client's bearer token: `GPULEDGER_TOKEN`, or the file `GPULEDGER_TOKEN_FILE` names.
+fn client_token() -> anyhow::Result<Option<String>> {
+    if let Ok(t) = std::env::var("GPULEDGER_TOKEN") {
+        return Ok(Some(t.trim().to_owned()));
+    }
+    std::env::var_os("GPULEDGER_TOKEN_FILE")
+        .map(|p| crate::read_token_file(std::path::Path::new(&p)))
+        .transpose()
+}
+
 /// One API call; a 4xx/5xx becomes an error carrying the service's message.
 fn request(method: &str, url: &str, body: Option<Value>) -> anyhow::Result<Value> {
     let agent = ureq::Agent::config_builder()
@@ -282,14 +301,22 @@ fn request(method: &str, url: &str, body: Option<Value>) -> anyhow::Result<Value
         .timeout_global(Some(Duration::from_secs(10)))
         .build()
         .new_agent();
+    let bearer = client_token()?.map(|t| format!("Bearer {t}"));
+    let auth = |r: ureq::RequestBuilder<ureq::typestate::WithBody>| match &bearer {
+        Some(b) => r.header("authorization", b),
+        None => r,
+    };
+    let auth_get = |r: ureq::RequestBuilder<ureq::typestate::WithoutBody>| match &bearer {
+        Some(b) => r.header("authorization", b),
+        None => r,
+    };
     let mut response = match (method, body) {
-        ("POST", Some(body)) => agent
-            .post(url)
+        ("POST", Some(body)) => auth(agent.post(url))
             .header("content-type", "application/json")
             .send(body.to_string().as_bytes()),
-        ("POST", None) => agent.post(url).send_empty(),
-        ("DELETE", _) => agent.delete(url).call(),
-        _ => agent.get(url).call(),
+        ("POST", None) => auth(agent.post(url)).send_empty(),
+        ("DELETE", _) => auth_get(agent.delete(url)).call(),
+        _ => auth_get(agent.get(url)).call(),
     }
     .with_context(|| format!("{method} {url}: is `gpuledger scheduler serve` running?"))?;
     let status = response.status();

@@ -216,3 +216,182 @@ fn jobs_run_report_to_the_aggregator_and_survive_a_scheduler_restart() {
     terminate(sched);
     terminate(aggregator);
 }
+
+/// Tokens from `gpuledger token add`, one token file for both services.
+fn token(file: &Path, role: &str, who: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuledger"))
+        .args([
+            "token",
+            "add",
+            "--file",
+            file.to_str().unwrap(),
+            "--role",
+            role,
+            "--name",
+            role,
+        ])
+        .args(who)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+#[test]
+fn with_tokens_each_service_and_client_proves_who_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("cluster.toml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let tokens = dir.path().join("tokens.toml");
+    let operator = token(&tokens, "operator", &[]);
+    let tenant = token(&tokens, "tenant", &["--account", "team-a"]);
+    let node = token(&tokens, "node", &["--node", "gpu001"]);
+    let (op_file, node_file) = (dir.path().join("op-token"), dir.path().join("node-token"));
+    std::fs::write(&op_file, &operator).unwrap();
+    std::fs::write(&node_file, &node).unwrap();
+    let aggregator = spawn(
+        &[
+            "aggregator",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            dir.path().join("agg").to_str().unwrap(),
+            "--config",
+            config.to_str().unwrap(),
+            "--tokens",
+            tokens.to_str().unwrap(),
+        ],
+        Stdio::inherit(),
+    );
+    let sched = spawn(
+        &[
+            "scheduler",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            dir.path().join("data").to_str().unwrap(),
+            "--config",
+            config.to_str().unwrap(),
+            "--aggregator",
+            &aggregator.url,
+            "--cycle",
+            "100ms",
+            "--tokens",
+            tokens.to_str().unwrap(),
+            "--aggregator-token-file",
+            op_file.to_str().unwrap(),
+        ],
+        Stdio::inherit(),
+    );
+    let url = sched.url.clone();
+    let submit = |token: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpuledger"));
+        cmd.args([
+            "scheduler",
+            "submit",
+            "--url",
+            &url,
+            "--account",
+            "team-a",
+            "--gpus",
+            "2",
+            "--time-limit",
+            "1h",
+            "--",
+            "trap 'exit 0' TERM; while :; do sleep 0.1; done",
+        ]);
+        if let Some(t) = token {
+            cmd.env("GPULEDGER_TOKEN", t);
+        }
+        cmd.output().unwrap()
+    };
+    let refused = submit(None);
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("401"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let out = submit(Some(&tenant));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let get = |u: &str, t: &str| -> String {
+        agent
+            .get(u)
+            .header("authorization", format!("Bearer {t}"))
+            .call()
+            .unwrap()
+            .body_mut()
+            .read_to_string()
+            .unwrap()
+    };
+    wait_for("job 1 to run", || {
+        get(&format!("{url}/api/v1/jobs/1"), &tenant).contains("\"running\"")
+    });
+    // The exporter reads its GPUs from the feed with its node token and pushes with it.
+    let exporter = spawn(
+        &[
+            "exporter",
+            "--node",
+            "gpu001",
+            "--gpus",
+            "4",
+            "--sample-interval",
+            "1s",
+            "--push-interval",
+            "1s",
+            "--listen",
+            "127.0.0.1:0",
+            "--scheduler-url",
+            &url,
+            "--aggregator-url",
+            &aggregator.url,
+            "--aggregator-token-file",
+            node_file.to_str().unwrap(),
+            "--spool-dir",
+            dir.path().join("spool").to_str().unwrap(),
+        ],
+        Stdio::inherit(),
+    );
+    wait_for("the exporter to label job 1's GPUs", || {
+        scrape(&exporter.url).contains("hpc_job=\"1\",account=\"team-a\"")
+    });
+    // The scheduler's events reach the aggregator with the operator's token, the samples with
+    // the node's.
+    wait_for(
+        "the aggregator to count the running job and the samples",
+        || {
+            let page = get(&format!("{}/metrics", aggregator.url), &operator);
+            page.contains("gpuledger_jobs_running{account=\"team-a\"} 1")
+                && page.contains("gpuledger_ingest_batches_total{outcome=\"accepted\"}")
+        },
+    );
+    terminate(exporter);
+    let cancel = Command::new(env!("CARGO_BIN_EXE_gpuledger"))
+        .args(["scheduler", "cancel", "1", "--url", &url])
+        .env("GPULEDGER_TOKEN", &tenant)
+        .output()
+        .unwrap();
+    assert!(
+        cancel.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cancel.stderr)
+    );
+    wait_for("job 1 to be cancelled", || {
+        get(&format!("{url}/api/v1/jobs/1"), &tenant).contains("\"cancelled\"")
+    });
+    terminate(sched);
+    terminate(aggregator);
+}

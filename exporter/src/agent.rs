@@ -32,7 +32,8 @@ pub struct AgentConfig {
     /// Base URL of `gpuledger scheduler`: its allocation feed labels the GPUs instead
     /// (re-read every few seconds; the last answer stands while it is away).
     pub scheduler_url: Option<String>,
-    /// Bearer token for the aggregator (a node token of this node).
+    /// This node's token: sent to the aggregator with each push and to the scheduler's
+    /// allocation feed (both read the same token file).
     pub aggregator_token: Option<String>,
     pub max_backoff: Duration,
 }
@@ -128,9 +129,12 @@ pub struct AllocationFeed {
 impl AllocationFeed {
     pub const REFRESH: Duration = Duration::from_secs(5);
 
+    /// This node's labels; `token` is the node's token (the scheduler with `--tokens` shows a
+    /// node its own GPUs only).
     pub fn labels(
         &mut self,
         url: &str,
+        token: Option<&str>,
         node: &str,
         devices: &[GpuDevice],
     ) -> Vec<Option<JobLabel>> {
@@ -139,7 +143,7 @@ impl AllocationFeed {
                 return labels.clone();
             }
         }
-        match fetch_allocations(url, node, devices) {
+        match fetch_allocations(url, token, node, devices) {
             Ok(labels) => {
                 self.last = Some((Instant::now(), labels.clone()));
                 labels
@@ -162,13 +166,18 @@ impl AllocationFeed {
 /// This node's GPUs in the scheduler's allocation feed, by device position.
 pub fn fetch_allocations(
     url: &str,
+    token: Option<&str>,
     node: &str,
     devices: &[GpuDevice],
 ) -> Result<Vec<Option<JobLabel>>, String> {
-    let text = ureq::get(format!("{}/api/v1/allocations", url.trim_end_matches('/')))
+    let mut request = ureq::get(format!("{}/api/v1/allocations", url.trim_end_matches('/')))
         .config()
         .timeout_global(Some(Duration::from_secs(2)))
-        .build()
+        .build();
+    if let Some(t) = token {
+        request = request.header("authorization", format!("Bearer {t}"));
+    }
+    let text = request
         .call()
         .and_then(|mut r| r.body_mut().read_to_string())
         .map_err(|e| e.to_string())?;
@@ -213,7 +222,12 @@ pub fn run_sampler(
         let started = Instant::now();
         let now_ms = clock.now_ms();
         let mut labels = match (&config.scheduler_url, &config.job_mapping_dir) {
-            (Some(url), _) => feed.labels(url, &config.node, &devices),
+            (Some(url), _) => feed.labels(
+                url,
+                config.aggregator_token.as_deref(),
+                &config.node,
+                &devices,
+            ),
             (None, Some(dir)) => read_job_mapping(dir, &devices),
             (None, None) => vec![None; devices.len()],
         };

@@ -13,6 +13,12 @@
 //! | `GET /api/v1/allocations` | which job holds each GPU, for exporters' labels |
 //! | `GET /metrics` | jobs by state, pending jobs by account and reason, GPUs allocated/idle/reserved, starts, preemptions, cycles |
 //! | `GET /healthz` | liveness |
+//!
+//! With a token file ([`router_with`] and a [`Guard`]) every route but `/healthz` wants a bearer
+//! token: a tenant submits, reads, cancels and checkpoints its own account's jobs only (another
+//! account's job is answered as one that does not exist) and sees its own rows of the queue,
+//! the share and the reservations; a node reads its own GPUs of the allocation feed; finance
+//! reads the queue, share and reservations; reservations are changed by operators.
 
 use std::sync::Arc;
 
@@ -24,10 +30,12 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
 
+use axum::http::{header, HeaderMap};
+use gpuledger_auth::{Action, Denied, Guard, Principal, Scope};
 use gpuledger_model::JobId;
 use gpuledger_scheduler::reservation::ReservationEntry;
 
-use crate::state::SubmitRequest;
+use crate::state::{JobInfo, SubmitRequest};
 use crate::{Error, Service};
 
 /// An error as the API answers it.
@@ -91,8 +99,105 @@ fn job_id(raw: &str) -> ApiResult<JobId> {
     })
 }
 
-/// The API over a service.
+/// The API over a service, authentication off.
 pub fn router(service: Arc<Service>) -> Router {
+    router_with(service, Guard::off())
+}
+
+/// What the routes share: the service and who may do what.
+#[derive(Debug)]
+struct Api {
+    service: Arc<Service>,
+    guard: Guard,
+}
+
+impl std::ops::Deref for Api {
+    type Target = Service;
+    fn deref(&self) -> &Service {
+        &self.service
+    }
+}
+
+fn denied(d: Denied, what: &str) -> ApiError {
+    match d {
+        Denied::Unauthenticated => ApiError {
+            status: StatusCode::UNAUTHORIZED,
+            field: Some("authorization".into()),
+            message: format!("{what} needs a bearer token (`Authorization: Bearer <token>`)"),
+        },
+        Denied::Forbidden => ApiError {
+            status: StatusCode::FORBIDDEN,
+            field: Some("authorization".into()),
+            message: format!("this token's role may not {what}"),
+        },
+    }
+}
+
+fn token(headers: &HeaderMap) -> ApiResult<Option<&str>> {
+    match headers.get(header::AUTHORIZATION) {
+        None => Ok(None),
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(gpuledger_auth::bearer)
+            .map(Some)
+            .ok_or_else(|| denied(Denied::Unauthenticated, "a request")),
+    }
+}
+
+impl Api {
+    fn principal(&self, headers: &HeaderMap, what: &str) -> ApiResult<Principal> {
+        self.guard
+            .principal(token(headers)?)
+            .map_err(|d| denied(d, what))
+    }
+
+    fn check(&self, headers: &HeaderMap, action: Action<'_>, what: &str) -> ApiResult<Principal> {
+        self.guard
+            .check(token(headers)?, action)
+            .map_err(|d| denied(d, what))
+    }
+
+    /// The accounts a read covers; a node or anonymous principal reads nothing here.
+    fn read_scope(&self, headers: &HeaderMap, what: &str) -> ApiResult<Scope> {
+        let who = self.principal(headers, what)?;
+        match who.scope(self.guard.public()) {
+            Scope::Nothing => Err(denied(
+                if who == Principal::Anonymous {
+                    Denied::Unauthenticated
+                } else {
+                    Denied::Forbidden
+                },
+                what,
+            )),
+            scope => Ok(scope),
+        }
+    }
+
+    /// The job, if the principal may act on it; another account's job is a missing one.
+    fn own_job(&self, headers: &HeaderMap, id: &JobId, what: &str) -> ApiResult<JobInfo> {
+        let who = self.principal(headers, what)?;
+        let job = self.service.job(id);
+        let allowed = job.as_ref().is_some_and(|j| {
+            who.may(
+                Action::ManageJobs(j.request.account.as_str()),
+                self.guard.public(),
+            )
+        });
+        match (job, allowed) {
+            (Some(j), true) => Ok(j),
+            _ if matches!(who, Principal::Anonymous) => Err(denied(Denied::Unauthenticated, what)),
+            _ if matches!(who, Principal::Node(_) | Principal::Finance) => {
+                Err(denied(Denied::Forbidden, what))
+            }
+            _ => Err(Error::UnknownJob(id.clone()).into()),
+        }
+    }
+}
+
+/// The API over a service, with `guard` deciding who may do what.
+pub fn router_with(service: Arc<Service>, guard: Guard) -> Router {
+    let api = Arc::new(Api { service, guard });
     Router::new()
         .route("/api/v1/jobs", post(submit))
         .route("/api/v1/jobs/{id}", get(job).delete(cancel))
@@ -107,68 +212,133 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/api/v1/allocations", get(allocations))
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
-        .with_state(service)
+        .with_state(api)
 }
 
-async fn submit(State(s): State<Arc<Service>>, body: Bytes) -> ApiResult<Response> {
+async fn submit(State(s): State<Arc<Api>>, headers: HeaderMap, body: Bytes) -> ApiResult<Response> {
     let request: SubmitRequest = parse_body(&body)?;
+    s.check(
+        &headers,
+        Action::ManageJobs(request.account.as_str()),
+        "submit into this account",
+    )?;
     let id = s.submit(request)?;
     Ok((StatusCode::CREATED, Json(json!({"job_id": id}))).into_response())
 }
 
-async fn job(State(s): State<Arc<Service>>, Path(id): Path<String>) -> ApiResult<Response> {
+async fn job(
+    State(s): State<Arc<Api>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
     let id = job_id(&id)?;
-    match s.job(&id) {
+    let scope = s.read_scope(&headers, "read a job")?;
+    match s
+        .job(&id)
+        .filter(|j| scope.covers(j.request.account.as_str()))
+    {
         Some(info) => Ok(Json(info).into_response()),
         None => Err(Error::UnknownJob(id).into()),
     }
 }
 
-async fn cancel(State(s): State<Arc<Service>>, Path(id): Path<String>) -> ApiResult<Response> {
+async fn cancel(
+    State(s): State<Arc<Api>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
     let id = job_id(&id)?;
+    s.own_job(&headers, &id, "cancel a job")?;
     Ok(Json(s.cancel(&id)?).into_response())
 }
 
-async fn checkpoint(State(s): State<Arc<Service>>, Path(id): Path<String>) -> ApiResult<Response> {
+async fn checkpoint(
+    State(s): State<Arc<Api>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
     let id = job_id(&id)?;
+    s.own_job(&headers, &id, "report a job's checkpoint")?;
     s.checkpointed(&id)?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-async fn queue(State(s): State<Arc<Service>>) -> Response {
-    Json(json!({"jobs": s.queue()})).into_response()
+async fn queue(State(s): State<Arc<Api>>, headers: HeaderMap) -> ApiResult<Response> {
+    let scope = s.read_scope(&headers, "read the queue")?;
+    let jobs: Vec<JobInfo> = s
+        .queue()
+        .into_iter()
+        .filter(|j| scope.covers(j.request.account.as_str()))
+        .collect();
+    Ok(Json(json!({ "jobs": jobs })).into_response())
 }
 
-async fn share(State(s): State<Arc<Service>>) -> Response {
-    Json(json!({"accounts": s.share()})).into_response()
+async fn share(State(s): State<Arc<Api>>, headers: HeaderMap) -> ApiResult<Response> {
+    let scope = s.read_scope(&headers, "read the fair share")?;
+    let rows: Vec<crate::ShareRow> = s
+        .share()
+        .into_iter()
+        .filter(|r| scope.covers(&r.account))
+        .collect();
+    Ok(Json(json!({ "accounts": rows })).into_response())
 }
 
-async fn allocations(State(s): State<Arc<Service>>) -> Response {
-    Json(json!({"gpus": s.allocations()})).into_response()
+async fn allocations(State(s): State<Arc<Api>>, headers: HeaderMap) -> ApiResult<Response> {
+    let who = s.principal(&headers, "read the allocation feed")?;
+    let rows: Vec<crate::AllocationRow> = match &who {
+        Principal::Node(me) => s
+            .allocations()
+            .into_iter()
+            .filter(|r| &r.node == me)
+            .collect(),
+        p if p.may(Action::Operate, s.guard.public()) => s.allocations(),
+        Principal::Anonymous => {
+            return Err(denied(Denied::Unauthenticated, "read the allocation feed"))
+        }
+        _ => return Err(denied(Denied::Forbidden, "read the allocation feed")),
+    };
+    Ok(Json(json!({ "gpus": rows })).into_response())
 }
 
-async fn metrics(State(s): State<Arc<Service>>) -> Response {
-    (
+async fn metrics(State(s): State<Arc<Api>>, headers: HeaderMap) -> ApiResult<Response> {
+    s.check(&headers, Action::Metrics, "read /metrics")?;
+    Ok((
         [(
-            axum::http::header::CONTENT_TYPE,
+            header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
         s.metrics(),
     )
-        .into_response()
+        .into_response())
 }
 
-async fn reservations(State(s): State<Arc<Service>>) -> Response {
-    Json(json!({"reservations": s.reservations()})).into_response()
+async fn reservations(State(s): State<Arc<Api>>, headers: HeaderMap) -> ApiResult<Response> {
+    let scope = s.read_scope(&headers, "read the reservations")?;
+    let rows: Vec<ReservationEntry> = s
+        .reservations()
+        .into_iter()
+        .filter(|r| r.accounts.iter().any(|a| scope.covers(a.as_str())))
+        .collect();
+    Ok(Json(json!({ "reservations": rows })).into_response())
 }
 
-async fn reserve(State(s): State<Arc<Service>>, body: Bytes) -> ApiResult<Response> {
+async fn reserve(
+    State(s): State<Arc<Api>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    s.check(&headers, Action::Operate, "make a reservation")?;
     let entry: ReservationEntry = parse_body(&body)?;
     let placed = s.reserve(entry)?;
     Ok((StatusCode::CREATED, Json(placed)).into_response())
 }
 
-async fn unreserve(State(s): State<Arc<Service>>, Path(name): Path<String>) -> ApiResult<Response> {
+async fn unreserve(
+    State(s): State<Arc<Api>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> ApiResult<Response> {
+    s.check(&headers, Action::Operate, "remove a reservation")?;
     if s.unreserve(&name)? {
         Ok(StatusCode::NO_CONTENT.into_response())
     } else {

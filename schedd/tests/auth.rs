@@ -1,0 +1,314 @@
+//! The scheduler's API with tokens, route by route: no token is a 401, a role that may not is a
+//! 403; tenant team-a submits, reads, cancels and checkpoints its own jobs only and cannot tell
+//! team-b's jobs from jobs that do not exist; queue, share and reservations show it its own
+//! rows; a node reads its own GPUs of the allocation feed; reservations are for operators.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use chrono::TimeZone;
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+use gpuledger_auth::{Guard, Role, TokenFile};
+use gpuledger_model::time::ManualClock;
+use gpuledger_model::ClusterConfig;
+use gpuledger_schedd::executor::LocalExecutor;
+use gpuledger_schedd::{http, Service, ServiceConfig};
+use gpuledger_scheduler::SchedulerOptions;
+
+const T0_MS: i64 = 1_780_272_000_000;
+
+fn cluster() -> ClusterConfig {
+    ClusterConfig::from_toml_str(
+        "version = 1\n[cluster]\nname = \"two\"\n[[node_pools]]\nname = \"p\"\nprefix = \"gpu\"\n\
+         count = 2\ngpus_per_node = 4\ngpu_model = \"h100-sxm\"\n\
+         [[partitions]]\nname = \"train\"\npriority_tier = 20\ndefault = true\n\
+         [prices]\nversion = \"v\"\neffective_from = \"2026-01-01\"\ncurrency = \"USD\"\n\
+         gpu_hour = { h100-sxm = \"1\" }\n\
+         [[accounts]]\nid = \"team-a\"\nname = \"A\"\nweight = 1\n\
+         [[accounts]]\nid = \"team-b\"\nname = \"B\"\nweight = 1\n",
+        "two.toml",
+    )
+    .unwrap()
+}
+
+struct Fixture {
+    service: Arc<Service>,
+    app: axum::Router,
+    operator: String,
+    a: String,
+    b: String,
+    finance: String,
+    node1: String,
+    _dir: tempfile::TempDir,
+}
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let config = ServiceConfig {
+        options: SchedulerOptions::parse("fairshare+backfill").unwrap(),
+        dir: dir.path().join("scheduler"),
+        billing_reservations: None,
+        aggregator: None,
+        aggregator_token: None,
+        usage_every: Duration::from_secs(60),
+        storage_scans: None,
+    };
+    let executor = Box::new(LocalExecutor::new(dir.path().join("scheduler/jobs")));
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let service = Arc::new(Service::open(cluster(), config, executor, clock).unwrap());
+    let now = chrono::Utc.with_ymd_and_hms(2026, 6, 1, 0, 0, 0).unwrap();
+    let mut file = TokenFile::default();
+    let mut issue = |role, account: Option<&str>, node: Option<&str>| {
+        file.issue(
+            role,
+            "t",
+            account.map(|a| a.parse().unwrap()),
+            node.map(str::to_owned),
+            now,
+        )
+        .unwrap()
+    };
+    let (operator, a, b, finance, node1) = (
+        issue(Role::Operator, None, None),
+        issue(Role::Tenant, Some("team-a"), None),
+        issue(Role::Tenant, Some("team-b"), None),
+        issue(Role::Finance, None, None),
+        issue(Role::Node, None, Some("gpu001")),
+    );
+    let app = http::router_with(Arc::clone(&service), Guard::new(&file, []));
+    Fixture {
+        service,
+        app,
+        operator,
+        a,
+        b,
+        finance,
+        node1,
+        _dir: dir,
+    }
+}
+
+async fn call(
+    f: &Fixture,
+    token: Option<&str>,
+    method: &str,
+    uri: &str,
+    body: Option<Value>,
+) -> (StatusCode, Value) {
+    let mut req = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("content-type", "application/json");
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    let req = req
+        .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
+        .unwrap();
+    let resp = f.app.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+fn job(account: &str, gpus: u32) -> Value {
+    json!({"command": "trap 'exit 0' TERM; while :; do sleep 0.1; done", "account": account, "gpus": gpus, "time_limit": "1h"})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_checks_its_token_and_tenants_stay_apart() {
+    let f = fixture();
+    let (op, a, b) = (
+        Some(f.operator.as_str()),
+        Some(f.a.as_str()),
+        Some(f.b.as_str()),
+    );
+    // Submitting: into one's own account only; without a token not at all.
+    assert_eq!(
+        call(&f, None, "POST", "/api/v1/jobs", Some(job("team-a", 4)))
+            .await
+            .0,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        call(&f, a, "POST", "/api/v1/jobs", Some(job("team-b", 4)))
+            .await
+            .0,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        call(
+            &f,
+            Some(&f.node1),
+            "POST",
+            "/api/v1/jobs",
+            Some(job("team-a", 4))
+        )
+        .await
+        .0,
+        StatusCode::FORBIDDEN
+    );
+    let (s, ja) = call(&f, a, "POST", "/api/v1/jobs", Some(job("team-a", 4))).await;
+    assert_eq!(s, StatusCode::CREATED, "{ja}");
+    let (s, jb) = call(&f, b, "POST", "/api/v1/jobs", Some(job("team-b", 4))).await;
+    assert_eq!(s, StatusCode::CREATED, "{jb}");
+    let (ja, jb) = (
+        ja["job_id"].as_str().unwrap().to_owned(),
+        jb["job_id"].as_str().unwrap().to_owned(),
+    );
+    let service = Arc::clone(&f.service);
+    tokio::task::spawn_blocking(move || service.tick().unwrap())
+        .await
+        .unwrap();
+
+    // team-b's job looks to team-a exactly like a job that does not exist.
+    for (method, path) in [("GET", ""), ("DELETE", ""), ("POST", "/checkpoint")] {
+        let (s_b, body_b) = call(&f, a, method, &format!("/api/v1/jobs/{jb}{path}"), None).await;
+        let (s_n, body_n) = call(&f, a, method, &format!("/api/v1/jobs/999{path}"), None).await;
+        assert_eq!(
+            (s_b, s_n),
+            (StatusCode::NOT_FOUND, StatusCode::NOT_FOUND),
+            "{method} {path}"
+        );
+        assert_eq!(
+            body_b["error"]["message"]
+                .as_str()
+                .unwrap()
+                .replace(&jb, "ID"),
+            body_n["error"]["message"]
+                .as_str()
+                .unwrap()
+                .replace("999", "ID"),
+            "{method} {path}"
+        );
+    }
+    assert_eq!(
+        call(&f, a, "GET", &format!("/api/v1/jobs/{ja}"), None)
+            .await
+            .0,
+        StatusCode::OK
+    );
+    // Lists hold one's own rows.
+    let (_, q) = call(&f, a, "GET", "/api/v1/queue", None).await;
+    let ids: Vec<&str> = q["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [ja.as_str()]);
+    let (_, q) = call(&f, Some(&f.finance), "GET", "/api/v1/queue", None).await;
+    assert_eq!(
+        q["jobs"].as_array().unwrap().len(),
+        2,
+        "finance reads every account"
+    );
+    let (_, share) = call(&f, a, "GET", "/api/v1/share", None).await;
+    let accounts: Vec<&str> = share["accounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["account"].as_str().unwrap())
+        .collect();
+    assert_eq!(accounts, ["team-a"]);
+    // Reservations: operators make them; a tenant sees those it may use.
+    let reservation = json!({"name": "b-only", "start": "2026-06-02T00:00:00Z", "end": "2026-06-03T00:00:00Z", "accounts": ["team-b"], "nodes": 1});
+    assert_eq!(
+        call(
+            &f,
+            a,
+            "POST",
+            "/api/v1/reservations",
+            Some(reservation.clone())
+        )
+        .await
+        .0,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        call(&f, op, "POST", "/api/v1/reservations", Some(reservation))
+            .await
+            .0,
+        StatusCode::CREATED
+    );
+    let (_, r) = call(&f, a, "GET", "/api/v1/reservations", None).await;
+    assert!(r["reservations"].as_array().unwrap().is_empty(), "{r}");
+    let (_, r) = call(&f, b, "GET", "/api/v1/reservations", None).await;
+    assert_eq!(r["reservations"].as_array().unwrap().len(), 1);
+    assert_eq!(
+        call(&f, b, "DELETE", "/api/v1/reservations/b-only", None)
+            .await
+            .0,
+        StatusCode::FORBIDDEN
+    );
+    // The allocation feed: a node sees its own GPUs, a tenant nothing.
+    let (s, all) = call(&f, op, "GET", "/api/v1/allocations", None).await;
+    assert_eq!(s, StatusCode::OK);
+    let nodes = |v: &Value| -> Vec<String> {
+        let mut n: Vec<String> = v["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| g["node"].as_str().unwrap().to_owned())
+            .collect();
+        n.dedup();
+        n
+    };
+    assert_eq!(nodes(&all), ["gpu001", "gpu002"]);
+    let (_, mine) = call(&f, Some(&f.node1), "GET", "/api/v1/allocations", None).await;
+    assert_eq!(nodes(&mine), ["gpu001"]);
+    assert_eq!(
+        call(&f, a, "GET", "/api/v1/allocations", None).await.0,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        call(&f, None, "GET", "/api/v1/allocations", None).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    // /metrics for operators; /healthz for anyone.
+    assert_eq!(
+        call(&f, a, "GET", "/metrics", None).await.0,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        call(&f, op, "GET", "/metrics", None).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        call(&f, None, "GET", "/healthz", None).await.0,
+        StatusCode::OK
+    );
+    // Cancelling one's own job works; the operator cancels anyone's.
+    assert_eq!(
+        call(&f, a, "DELETE", &format!("/api/v1/jobs/{ja}"), None)
+            .await
+            .0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        call(&f, op, "DELETE", &format!("/api/v1/jobs/{jb}"), None)
+            .await
+            .0,
+        StatusCode::OK
+    );
+    let service = Arc::clone(&f.service);
+    tokio::task::spawn_blocking(move || {
+        for _ in 0..50 {
+            service.tick().unwrap();
+            if service.queue().is_empty() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    })
+    .await
+    .unwrap();
+}
