@@ -378,6 +378,7 @@ async fn metrics(State(s): State<Arc<Service>>, headers: HeaderMap) -> Response 
     }
     s.metrics
         .set_pending_rows(s.ingestor.store().pending_rows());
+    s.metrics.set_quarantined(s.query.quarantined().len());
     (
         [(
             header::CONTENT_TYPE,

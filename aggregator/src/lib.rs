@@ -9,7 +9,8 @@
 //! - [`wal`]: the write-ahead log that makes an acknowledged batch durable;
 //! - [`store`]: Parquet writers (temporary name, then rename) for samples, rollups, job events;
 //! - [`rollup`]: per job x GPU x hour sums, exact in GPU-seconds;
-//! - [`query`]: DataFusion tables and the indicator queries;
+//! - [`query`]: DataFusion tables and the indicator queries; [`quarantine`] sets corrupt files
+//!   aside so the rest is served;
 //! - [`status`]: the status page at `/`, [`svg`] its charts (and the simulator's);
 //! - [`allocation`]: usage from job runs' allocations, for clusters billed by allocation;
 //! - [`live`]: the jobs waiting and running now, followed from accepted job events;
@@ -23,6 +24,7 @@ pub mod ingest;
 pub mod layout;
 pub mod live;
 pub mod metrics;
+pub mod quarantine;
 pub mod query;
 pub mod rollup;
 pub mod status;

@@ -44,6 +44,7 @@ pub struct Metrics {
     samples: IntCounter,
     bytes: IntCounter,
     wal_bytes: IntGauge,
+    quarantined: IntGauge,
     pending_rows: IntGauge,
     flushes: IntCounter,
     last_flush: Gauge,
@@ -175,6 +176,7 @@ impl Metrics {
             samples: register(&r, IntCounter::new("gpuledger_ingest_samples_total", "Samples accepted.").expect("valid metric")),
             bytes: register(&r, IntCounter::new("gpuledger_ingest_bytes_total", "Bytes of Arrow IPC received in accepted batches.").expect("valid metric")),
             wal_bytes: register(&r, IntGauge::new("gpuledger_wal_bytes", "Bytes in the write-ahead log not yet checkpointed.").expect("valid metric")),
+            quarantined: register(&r, IntGauge::new("gpuledger_quarantined_files", "Corrupt Parquet files set aside under DATA/quarantine/ since start; queries read the rest.").expect("valid metric")),
             pending_rows: register(&r, IntGauge::new("gpuledger_pending_rows", "Sample rows stored since the last flush to Parquet.").expect("valid metric")),
             flushes: register(&r, IntCounter::new("gpuledger_flushes_total", "Flushes of the store to Parquet.").expect("valid metric")),
             last_flush: register(&r, Gauge::new("gpuledger_last_flush_timestamp_seconds", "When the last flush finished (Unix time).").expect("valid metric")),
@@ -531,6 +533,11 @@ impl Metrics {
 
     pub fn set_wal_bytes(&self, bytes: u64) {
         self.wal_bytes.set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    }
+
+    pub fn set_quarantined(&self, files: usize) {
+        self.quarantined
+            .set(i64::try_from(files).unwrap_or(i64::MAX));
     }
 
     pub fn set_pending_rows(&self, rows: u64) {

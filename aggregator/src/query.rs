@@ -24,6 +24,8 @@ use crate::{io_err, Error, Result};
 /// A query session over a data directory.
 pub struct Query {
     ctx: SessionContext,
+    layout: Layout,
+    quarantined: std::sync::Mutex<Vec<crate::quarantine::Quarantined>>,
 }
 
 impl std::fmt::Debug for Query {
@@ -139,6 +141,15 @@ pub struct AccountUsage {
     pub gpu_seconds: i64,
 }
 
+/// Whether a failed query failed reading a file (rather than on its SQL or its arithmetic).
+fn reads_a_file(e: &datafusion::error::DataFusionError) -> bool {
+    use datafusion::error::DataFusionError as E;
+    matches!(
+        e.find_root(),
+        E::ParquetError(_) | E::IoError(_) | E::ObjectStore(_)
+    ) || e.to_string().to_ascii_lowercase().contains("parquet")
+}
+
 /// Rows of a batch as JSON objects.
 pub fn batch_to_json_rows(batch: &RecordBatch) -> Result<Vec<serde_json::Value>> {
     let mut buf = Vec::new();
@@ -203,8 +214,11 @@ fn str_at(col: &ArrayRef, row: usize) -> Result<Option<String>> {
 }
 
 impl Query {
-    /// Registers the tables of the data directory at `root`.
+    /// Registers the tables of the data directory at `root`, after setting aside files whose
+    /// footer does not read.
     pub async fn open(layout: &Layout) -> Result<Self> {
+        let quarantined =
+            crate::quarantine::quarantine_corrupt(layout, crate::quarantine::Depth::Footer)?;
         // DataFusion caches each directory's file listing for good by default; the aggregator
         // writes new files every flush and compaction replaces them, so every query lists.
         let runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
@@ -229,12 +243,48 @@ impl Query {
             ctx.register_listing_table(table.sql_name(), url, options, Some(schema), None)
                 .await?;
         }
-        Ok(Query { ctx })
+        Ok(Query {
+            ctx,
+            layout: layout.clone(),
+            quarantined: std::sync::Mutex::new(quarantined),
+        })
     }
 
-    /// Runs SQL over the tables.
+    /// The files this session set aside as corrupt.
+    pub fn quarantined(&self) -> Vec<crate::quarantine::Quarantined> {
+        self.quarantined
+            .lock()
+            .map(|q| q.clone())
+            .unwrap_or_default()
+    }
+
+    /// After a query failed while reading: sets aside the files that do not read (footers
+    /// first, then whole files) and says whether any was.
+    fn quarantine_after_failure(&self) -> Result<bool> {
+        use crate::quarantine::{quarantine_corrupt, Depth};
+        let mut found = quarantine_corrupt(&self.layout, Depth::Footer)?;
+        if found.is_empty() {
+            found = quarantine_corrupt(&self.layout, Depth::Full)?;
+        }
+        let any = !found.is_empty();
+        if let Ok(mut q) = self.quarantined.lock() {
+            q.extend(found);
+        }
+        Ok(any)
+    }
+
+    /// Runs SQL over the tables. A query that fails reading a corrupt file runs again once
+    /// that file is set aside.
     pub async fn sql(&self, sql: &str) -> Result<Vec<RecordBatch>> {
-        Ok(self.ctx.sql(sql).await?.collect().await?)
+        let first = self.ctx.sql(sql).await?.collect().await;
+        match first {
+            Ok(batches) => Ok(batches),
+            Err(e) if reads_a_file(&e) && self.quarantine_after_failure()? => {
+                tracing::warn!(error = %e, "query failed on a corrupt file; retried without it");
+                Ok(self.ctx.sql(sql).await?.collect().await?)
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Runs an operator's SQL: queries only, no DDL (which could read any file), no DML, no
@@ -244,12 +294,15 @@ impl Query {
             .with_allow_ddl(false)
             .with_allow_dml(false)
             .with_allow_statements(false);
-        Ok(self
-            .ctx
-            .sql_with_options(sql, options)
-            .await?
-            .collect()
-            .await?)
+        let frame = self.ctx.sql_with_options(sql, options).await?;
+        match frame.clone().collect().await {
+            Ok(batches) => Ok(batches),
+            Err(e) if reads_a_file(&e) && self.quarantine_after_failure()? => {
+                tracing::warn!(error = %e, "query failed on a corrupt file; retried without it");
+                Ok(frame.collect().await?)
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Per account, project, job, node, GPU model and hour, the GPU-seconds of

@@ -62,7 +62,16 @@ pub fn invoice(args: InvoiceArgs) -> anyhow::Result<()> {
     };
     let input = runtime.block_on(async {
         let query = Query::open(&layout).await?;
-        billing_input_from(&query, &layout, &period, reservations, source).await
+        let input = billing_input_from(&query, &layout, &period, reservations, source).await?;
+        for f in gpuledger_aggregator::quarantine::quarantined_files(&layout)? {
+            let reason = std::fs::read_to_string(f.with_extension("parquet.reason")).unwrap_or_default();
+            eprintln!(
+                "warning: {} is in quarantine ({}): this invoice lacks what it held; restore the file to its table and run again",
+                f.display(),
+                reason.trim()
+            );
+        }
+        anyhow::Ok(input)
     })?;
     if input.usage.is_empty() && input.storage.is_empty() && input.reservations.is_empty() {
         println!(

@@ -295,6 +295,86 @@ async fn every_query_sees_the_files_of_every_flush_so_far() {
     assert_eq!(s["gpu_seconds"].as_i64(), Some(busy), "{s}");
 }
 
+/// The Parquet files of a table, sorted.
+fn parquet_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for day in std::fs::read_dir(dir).unwrap() {
+        for f in std::fs::read_dir(day.unwrap().path()).unwrap() {
+            let p = f.unwrap().path();
+            if p.extension().is_some_and(|x| x == "parquet") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_file_is_set_aside_and_the_rest_is_served() {
+    let api = api().await;
+    api.ingest("node001", 0, ipc(0..80, "node001")).await;
+    api.stored().await;
+    api.ingest("node001", 1, ipc(80..200, "node001")).await;
+    assert_eq!(api.stored().await.0, 200);
+    let root = api._dir.path();
+    let samples = parquet_files(&root.join("samples"));
+    assert_eq!(samples.len(), 2);
+    // Garble the data pages of the first file and keep its footer: only reading it fails.
+    let mut bytes = std::fs::read(&samples[0]).unwrap();
+    let len = bytes.len();
+    for b in &mut bytes[8..len / 2] {
+        *b = 0x5a;
+    }
+    std::fs::write(&samples[0], bytes).unwrap();
+    let (status, reply) = api
+        .post_json(
+            "/api/v1/query",
+            json!({"sql": "SELECT COUNT(*) AS n FROM samples"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    assert_eq!(reply["rows"][0]["n"], 120, "the other file is served");
+    assert!(!samples[0].exists());
+    let moved = gpuledger_aggregator::quarantine::quarantined_files(
+        &gpuledger_aggregator::layout::Layout::new(root),
+    )
+    .unwrap();
+    assert_eq!(moved.len(), 1);
+    assert!(
+        moved[0].starts_with(root.join("quarantine/samples")),
+        "{moved:?}"
+    );
+    let reason = std::fs::read_to_string(moved[0].with_extension("parquet.reason")).unwrap();
+    assert!(!reason.trim().is_empty());
+    let (_, _, metrics) = api.get("/metrics").await;
+    assert!(
+        metrics.contains("gpuledger_quarantined_files 1"),
+        "{metrics}"
+    );
+    // A torn rollup file is found when the tables are opened, before any query fails.
+    let rollups = parquet_files(&root.join("rollups/hourly"));
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&rollups[1])
+        .unwrap();
+    file.set_len(100).unwrap();
+    let query =
+        gpuledger_aggregator::query::Query::open(&gpuledger_aggregator::layout::Layout::new(root))
+            .await
+            .unwrap();
+    assert_eq!(query.quarantined().len(), 1);
+    assert_eq!(query.quarantined()[0].table, "rollups_hourly");
+    let rows = query
+        .sql("SELECT SUM(gpu_seconds) AS s FROM rollups_hourly")
+        .await
+        .unwrap();
+    assert!(
+        rows[0].num_rows() == 1,
+        "the rest of the rollups are served"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_low_watermark_closes_gaps_and_must_not_pass_the_batch() {
     let api = api().await;
