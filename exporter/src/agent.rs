@@ -80,14 +80,20 @@ impl Shared {
     }
 
     fn publish_spool(&self) {
-        let (bytes, batches, dropped) = {
+        let (bytes, batches, dropped, lost) = {
             let spool = lock(&self.spool);
-            (spool.bytes(), spool.len() as u64, spool.dropped())
+            (
+                spool.bytes(),
+                spool.len() as u64,
+                spool.dropped(),
+                spool.lost(),
+            )
         };
         self.update(|s| {
             s.health.spool_bytes = bytes;
             s.health.spool_batches = batches;
             s.health.spool_dropped_total = dropped;
+            s.health.spool_lost_total = lost;
         });
     }
 }

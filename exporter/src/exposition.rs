@@ -26,6 +26,7 @@ pub struct Health {
     pub spool_bytes: u64,
     pub spool_batches: u64,
     pub spool_dropped_total: u64,
+    pub spool_lost_total: u64,
     pub last_push_timestamp_seconds: Option<f64>,
 }
 
@@ -318,7 +319,7 @@ pub fn render(s: &Snapshot, format: Format) -> String {
 fn render_health(out: &mut Out, s: &Snapshot) {
     let h = &s.health;
     let src = [("source", s.source)];
-    let counters: [(&str, &str, f64); 7] = [
+    let counters: [(&str, &str, f64); 8] = [
         (
             "gpuledger_exporter_samples_total",
             "GPU samples taken.",
@@ -351,8 +352,13 @@ fn render_health(out: &mut Out, s: &Snapshot) {
         ),
         (
             "gpuledger_exporter_spool_dropped_batches_total",
-            "Batches dropped because the spool was full (samples lost).",
+            "Batches dropped because the spool was full, its bound or its disk (samples lost; the newest kept).",
             h.spool_dropped_total as f64,
+        ),
+        (
+            "gpuledger_exporter_spool_lost_batches_total",
+            "Batches that could not be spooled at all (a write error with nothing older to drop).",
+            h.spool_lost_total as f64,
         ),
     ];
     for (name, help, v) in counters {

@@ -43,15 +43,36 @@ pub struct Spool {
     /// Sequence numbers and sizes of the spooled batches, oldest first.
     queued: std::collections::VecDeque<(u64, u64)>,
     dropped: u64,
+    lost: u64,
+}
+
+impl SpoolError {
+    /// The disk (or the quota) is full: dropping older batches makes room.
+    pub fn is_disk_full(&self) -> bool {
+        match self {
+            SpoolError::Io { source, .. } => {
+                source.kind() == std::io::ErrorKind::StorageFull
+                    || source.kind() == std::io::ErrorKind::QuotaExceeded
+                    // ENOSPC, EDQUOT on Linux
+                    || matches!(source.raw_os_error(), Some(28 | 122))
+            }
+            SpoolError::BadState { .. } => false,
+        }
+    }
 }
 
 fn write_durably(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
     let path = dir.join(name);
     let tmp = dir.join(format!(".{name}.tmp"));
-    let mut f = File::create(&tmp).map_err(io(&tmp))?;
-    f.write_all(bytes)
-        .and_then(|()| f.sync_all())
-        .map_err(io(&tmp))?;
+    let written = File::create(&tmp).and_then(|mut f| {
+        f.write_all(bytes)?;
+        f.sync_all()
+    });
+    if let Err(e) = written {
+        // Half a file helps nobody and holds space a retry needs.
+        let _ = fs::remove_file(&tmp);
+        return Err(io(&tmp)(e));
+    }
     fs::rename(&tmp, &path).map_err(io(&path))?;
     File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
 }
@@ -93,16 +114,37 @@ impl Spool {
             next_seq: stored.max(after_queued),
             queued: queued.into(),
             dropped: 0,
+            lost: 0,
         })
     }
 
     /// Spools a batch (Arrow IPC stream bytes) under the next sequence number, durably;
-    /// returns that number. Drops the oldest batches when the bound is passed.
+    /// returns that number. Drops the oldest batches when the bound is passed, and when the
+    /// disk is full (the newest data is what is kept); a batch that cannot be written even
+    /// with nothing older left is lost and counted ([`Self::lost`]).
     pub fn push(&mut self, ipc: &[u8]) -> Result<u64> {
-        let seq = self.next_seq;
-        write_durably(&self.dir, NEXT_SEQ, (seq + 1).to_string().as_bytes())?;
-        self.next_seq = seq + 1;
-        write_durably(&self.dir, &Self::name(seq), ipc)?;
+        let seq = loop {
+            match self.write_next(ipc) {
+                Ok(seq) => break seq,
+                Err(e) if e.is_disk_full() && !self.queued.is_empty() => {
+                    let Some((old, size)) = self.queued.front().copied() else {
+                        continue;
+                    };
+                    self.remove(old)?;
+                    self.dropped += 1;
+                    tracing::error!(
+                        seq = old,
+                        bytes = size,
+                        error = %e,
+                        "spool disk full: dropped the oldest batch to keep the newest; those samples are lost"
+                    );
+                }
+                Err(e) => {
+                    self.lost += 1;
+                    return Err(e);
+                }
+            }
+        };
         self.queued.push_back((seq, ipc.len() as u64));
         while self.bytes() > self.max_bytes && self.queued.len() > 1 {
             let Some((old, size)) = self.queued.front().copied() else {
@@ -117,6 +159,16 @@ impl Spool {
                 "spool full: dropped the oldest batch; these samples are lost"
             );
         }
+        Ok(seq)
+    }
+
+    /// Writes the batch under the next number. The number is taken first and never given
+    /// again, even when the batch itself fails to write (the aggregator closes such gaps).
+    fn write_next(&mut self, ipc: &[u8]) -> Result<u64> {
+        let seq = self.next_seq;
+        write_durably(&self.dir, NEXT_SEQ, (seq + 1).to_string().as_bytes())?;
+        self.next_seq = seq + 1;
+        write_durably(&self.dir, &Self::name(seq), ipc)?;
         Ok(seq)
     }
 
@@ -170,9 +222,16 @@ impl Spool {
         self.queued.iter().map(|(_, b)| b).sum()
     }
 
-    /// Batches dropped because the spool was full, since it was opened.
+    /// Batches dropped because the spool was full (its bound or its disk), since it was
+    /// opened.
     pub fn dropped(&self) -> u64 {
         self.dropped
+    }
+
+    /// Batches that could not be spooled at all (the disk full with nothing older to drop,
+    /// or another write error), since it was opened.
+    pub fn lost(&self) -> u64 {
+        self.lost
     }
 
     pub fn next_seq(&self) -> u64 {
