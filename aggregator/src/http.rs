@@ -55,6 +55,8 @@ pub const NODE_HEADER: &str = "x-gpuledger-node";
 pub const SEQ_HEADER: &str = "x-gpuledger-seq";
 /// Optional header: the node will never send a sequence number below this again.
 pub const LOW_SEQ_HEADER: &str = "x-gpuledger-low-seq";
+/// Optional header: the node's clock when it sent the batch (Unix ms), to measure its offset.
+pub const SENT_AT_HEADER: &str = "x-gpuledger-sent-at";
 /// Largest request body accepted.
 pub const MAX_BODY_BYTES: usize = 64 << 20;
 
@@ -311,11 +313,42 @@ async fn ingest_batch(
             format!("must not be above the batch's own sequence number {seq}"),
         ));
     }
+    let skew = match headers.get(SENT_AT_HEADER) {
+        None => None,
+        Some(_) => {
+            let sent_at: i64 = header_text(headers, SENT_AT_HEADER)?
+                .parse()
+                .map_err(|_| ApiError::bad(SENT_AT_HEADER, "not Unix milliseconds"))?;
+            Some(crate::clock_skew::assess(sent_at, s.clock.now_ms()))
+        }
+    };
+    if let Some(skew) = skew {
+        s.metrics.observe_clock(&node, skew);
+    }
+    if let Some(crate::clock_skew::Skew::Refused { offset_s }) = skew {
+        return Err(ApiError::Invalid {
+            total: 1,
+            errors: vec![RowError {
+                row: None,
+                field: SENT_AT_HEADER.to_owned(),
+                message: format!(
+                    "{}, more than {} s: fix its time sync (NTP, chrony); the batch is refused, nothing was stored",
+                    crate::clock_skew::describe(offset_s),
+                    crate::clock_skew::REFUSE_ABOVE_MS / 1000
+                ),
+            }],
+        });
+    }
     let bytes = body.len();
     let service = Arc::clone(s);
     blocking(move || {
-        let batch = decode_ipc(&body)
+        let mut batch = decode_ipc(&body)
             .map_err(|e| ApiError::bad("body", format!("not an Arrow IPC stream: {e}")))?;
+        if let Some(crate::clock_skew::Skew::Corrected { offset_s }) = skew {
+            // Onto the aggregator's time line before anything checks or stores it.
+            batch = crate::clock_skew::shift_times(&batch, -offset_s * 1000)
+                .map_err(|e| ApiError::bad("body", format!("moving the sample times: {e}")))?;
+        }
         let outcome = service
             .ingestor
             .ingest_samples_from(&node, seq, low, &batch)?;

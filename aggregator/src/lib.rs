@@ -4,7 +4,8 @@
 //! hive layout of DESIGN.md, with exact hourly rollups beside the raw samples. Indicators are
 //! DataFusion SQL over those files ([`query`]).
 //!
-//! - [`validate`]: per-row checks of a sample batch, naming row and field;
+//! - [`validate`]: per-row checks of a sample batch, naming row and field; [`clock_skew`]: a
+//!   node's clock offset, corrected or refused;
 //! - [`ingest`]: the one ingest path (HTTP and the demo alike): validate, de-duplicate, store;
 //! - [`wal`]: the write-ahead log that makes an acknowledged batch durable;
 //! - [`store`]: Parquet writers (temporary name, then rename) for samples, rollups, job events;
@@ -18,6 +19,7 @@
 //!   parsing.
 
 pub mod allocation;
+pub mod clock_skew;
 pub mod events;
 pub mod http;
 pub mod ingest;

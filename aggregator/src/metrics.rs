@@ -45,6 +45,9 @@ pub struct Metrics {
     bytes: IntCounter,
     wal_bytes: IntGauge,
     quarantined: IntGauge,
+    clock_offset: IntGaugeVec,
+    clock_corrected: IntCounter,
+    clock_nodes: Mutex<std::collections::HashSet<String>>,
     pending_rows: IntGauge,
     flushes: IntCounter,
     last_flush: Gauge,
@@ -171,11 +174,14 @@ impl Metrics {
             job_gpus: gauge_vec(&r, "gpuledger_job_gpus", "GPUs held by each running job.", &["hpc_job", "account", "project"]),
             job_mfu: register(&r, GaugeVec::new(Opts::new("gpuledger_job_mfu_ratio", "Each running job's MFU so far, with its source (reported or tensor_active_proxy)."), &["hpc_job", "account", "project", "source"]).expect("valid metric")),
             batches: counter_vec(&r, "gpuledger_ingest_batches_total", "Sample batches received, by outcome (accepted, duplicate, refused).", &["outcome"]),
-            refused: counter_vec(&r, "gpuledger_ingest_refused_batches_total", "Batches refused, by reason (header, decode, schema, invalid_rows, unauthorized, unavailable).", &["reason"]),
+            refused: counter_vec(&r, "gpuledger_ingest_refused_batches_total", "Batches refused, by reason (header, decode, schema, invalid_rows, clock, unauthorized, unavailable).", &["reason"]),
             refused_values: counter_vec(&r, "gpuledger_ingest_refused_values_total", "Bad values found in refused batches, by field.", &["field"]),
             samples: register(&r, IntCounter::new("gpuledger_ingest_samples_total", "Samples accepted.").expect("valid metric")),
             bytes: register(&r, IntCounter::new("gpuledger_ingest_bytes_total", "Bytes of Arrow IPC received in accepted batches.").expect("valid metric")),
             wal_bytes: register(&r, IntGauge::new("gpuledger_wal_bytes", "Bytes in the write-ahead log not yet checkpointed.").expect("valid metric")),
+            clock_offset: gauge_vec(&r, "gpuledger_node_clock_offset_seconds", "Each pushing node's clock offset from the aggregator's at its last push (positive: ahead).", &["node"]),
+            clock_corrected: register(&r, IntCounter::new("gpuledger_ingest_clock_corrected_batches_total", "Batches whose sample times were moved onto the aggregator's clock (node off by more than 2 s and up to an hour).").expect("valid metric")),
+            clock_nodes: Mutex::new(std::collections::HashSet::new()),
             quarantined: register(&r, IntGauge::new("gpuledger_quarantined_files", "Corrupt Parquet files set aside under DATA/quarantine/ since start; queries read the rest.").expect("valid metric")),
             pending_rows: register(&r, IntGauge::new("gpuledger_pending_rows", "Sample rows stored since the last flush to Parquet.").expect("valid metric")),
             flushes: register(&r, IntCounter::new("gpuledger_flushes_total", "Flushes of the store to Parquet.").expect("valid metric")),
@@ -271,6 +277,13 @@ impl Metrics {
                 ("refused", Some("decode"))
             }
             Err(ApiError::BadRequest { .. }) => ("refused", Some("header")),
+            Err(ApiError::Invalid { errors, .. })
+                if errors
+                    .iter()
+                    .any(|e| e.field == crate::http::SENT_AT_HEADER) =>
+            {
+                ("refused", Some("clock"))
+            }
             Err(ApiError::Invalid { errors, .. }) => {
                 for e in errors {
                     self.refused_values
@@ -533,6 +546,38 @@ impl Metrics {
 
     pub fn set_wal_bytes(&self, bytes: u64) {
         self.wal_bytes.set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    }
+
+    /// Notes a node's clock offset (bounded to the first 10,000 nodes seen).
+    pub fn observe_clock(&self, node: &str, skew: crate::clock_skew::Skew) {
+        use crate::clock_skew::Skew;
+        {
+            let mut nodes = lock(&self.clock_nodes);
+            if !nodes.contains(node) {
+                if nodes.len() >= 10_000 {
+                    return;
+                }
+                nodes.insert(node.to_owned());
+            }
+        }
+        let before = self.clock_offset.with_label_values(&[node]).get();
+        self.clock_offset
+            .with_label_values(&[node])
+            .set(skew.offset_s());
+        match skew {
+            Skew::Corrected { offset_s } | Skew::Refused { offset_s } if before != offset_s => {
+                tracing::warn!(
+                    node,
+                    offset_s,
+                    corrected = matches!(skew, Skew::Corrected { .. }),
+                    "node clock off"
+                );
+            }
+            _ => {}
+        }
+        if matches!(skew, Skew::Corrected { .. }) {
+            self.clock_corrected.inc();
+        }
     }
 
     pub fn set_quarantined(&self, files: usize) {

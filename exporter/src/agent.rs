@@ -349,6 +349,7 @@ fn push_once(
     node: &str,
     seq: u64,
     body: &[u8],
+    sent_at_ms: i64,
 ) -> Pushed {
     let mut request = agent.post(format!("{}/api/v1/ingest", url.trim_end_matches('/')));
     if let Some(token) = token {
@@ -361,6 +362,8 @@ fn push_once(
         // Batches go oldest first: nothing below this one will ever be sent again (each was
         // acknowledged, refused, or dropped from a full spool).
         .header("x-gpuledger-low-seq", seq.to_string())
+        // The node's clock when it sent: the aggregator measures the node's offset from it.
+        .header("x-gpuledger-sent-at", sent_at_ms.to_string())
         .send(body);
     match response {
         Ok(mut r) => {
@@ -416,6 +419,7 @@ pub fn run_pusher(config: &AgentConfig, clock: &dyn Clock, shared: &Shared) {
             &config.node,
             seq,
             &bytes,
+            clock.now_ms(),
         ) {
             Pushed::Acknowledged => {
                 backoff = Duration::ZERO;

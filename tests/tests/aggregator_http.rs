@@ -295,6 +295,53 @@ async fn every_query_sees_the_files_of_every_flush_so_far() {
     assert_eq!(s["gpu_seconds"].as_i64(), Some(busy), "{s}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_minutes_off_is_moved_onto_the_aggregators_clock_and_hours_off_is_refused() {
+    let api = api().await;
+    let now = T0 + 2 * 3_600_000; // the harness's clock
+    let push = |seq: u64, node_clock_ahead_ms: i64| {
+        // The node stamps its samples and its send with its own clock.
+        let body = encode_ipc(&sample_batch(0..16, T0 + node_clock_ahead_ms, "node001")).unwrap();
+        Request::post("/api/v1/ingest")
+            .header(NODE_HEADER, "node001")
+            .header(SEQ_HEADER, seq.to_string())
+            .header(
+                gpuledger_aggregator::http::SENT_AT_HEADER,
+                (now + node_clock_ahead_ms).to_string(),
+            )
+            .body(Body::from(body))
+            .unwrap()
+    };
+    let (status, reply, _) = api.call(push(0, 180_000)).await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    api.stored().await;
+    let (_, r) = api
+        .post_json(
+            "/api/v1/query",
+            json!({"sql": "SELECT MIN(CAST(time AS BIGINT)) AS t FROM samples"}),
+        )
+        .await;
+    assert_eq!(
+        r["rows"][0]["t"], T0,
+        "three minutes ahead: moved back three minutes"
+    );
+    let before = api.stored().await;
+    let (status, reply, _) = api.call(push(1, 2 * 3_600_000)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{reply}");
+    assert_eq!(reply["errors"][0]["field"], "x-gpuledger-sent-at");
+    let message = reply["errors"][0]["message"].as_str().unwrap();
+    assert!(message.contains("7200 s ahead"), "{message}");
+    assert_eq!(api.stored().await, before, "nothing stored");
+    let (_, _, metrics) = api.get("/metrics").await;
+    for line in [
+        "gpuledger_node_clock_offset_seconds{node=\"node001\"} 7200",
+        "gpuledger_ingest_clock_corrected_batches_total 1",
+        "gpuledger_ingest_refused_batches_total{reason=\"clock\"} 1",
+    ] {
+        assert!(metrics.contains(line), "missing {line} in\n{metrics}");
+    }
+}
+
 /// The Parquet files of a table, sorted.
 fn parquet_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();
