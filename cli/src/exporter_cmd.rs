@@ -308,9 +308,12 @@ async fn serve_metrics(listen: SocketAddr, shared: Arc<Shared>) -> anyhow::Resul
         "gpuledger exporter listening on http://{}",
         listener.local_addr()?
     ));
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await?;
+    // Only Prometheus scrapes here: a few connections are plenty.
+    let limits = crate::http_server::HttpLimits {
+        max_connections: 64,
+        ..Default::default()
+    };
+    crate::http_server::serve(listener, app, limits, shutdown).await?;
     Ok(())
 }
 

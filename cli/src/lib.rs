@@ -9,6 +9,7 @@ pub mod billing_glue;
 pub mod dashboards_cmd;
 pub mod defaults;
 pub mod exporter_cmd;
+pub mod http_server;
 pub mod invoice_cmd;
 pub mod pipeline;
 pub mod scheduler_cmd;

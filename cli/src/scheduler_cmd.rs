@@ -88,6 +88,8 @@ pub struct ServeArgs {
     /// Routes open without a token, with --tokens: `metrics`.
     #[arg(long, value_delimiter = ',')]
     public: Vec<gpuledger_auth::Public>,
+    #[command(flatten)]
+    limits: crate::http_server::HttpLimits,
 }
 
 /// A duration that may be under a second (`500ms`, `2s`).
@@ -272,9 +274,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 }
             })
         };
-        axum::serve(listener, http::router_with(Arc::clone(&service), guard))
-            .with_graceful_shutdown(shutdown)
-            .await?;
+        let app = http::router_with(Arc::clone(&service), guard);
+        crate::http_server::serve(listener, app, args.limits, shutdown).await?;
         cycles.abort();
         // Jobs keep running: a restarted scheduler adopts them from its state file.
         let s = Arc::clone(&service);

@@ -63,6 +63,8 @@ pub struct AggregatorArgs {
     /// without a token), `status` (the status page, every account on it).
     #[arg(long, value_delimiter = ',')]
     pub public: Vec<gpuledger_auth::Public>,
+    #[command(flatten)]
+    pub limits: crate::http_server::HttpLimits,
 }
 
 /// The guard of a service from its `--tokens` and `--public` options.
@@ -192,9 +194,13 @@ async fn serve(
         root.display()
     );
     let flusher = tokio::spawn(flush_loop(Arc::clone(&service), args.clone()));
-    axum::serve(listener, router(Arc::clone(&service)))
-        .with_graceful_shutdown(shutdown)
-        .await?;
+    crate::http_server::serve(
+        listener,
+        router(Arc::clone(&service)),
+        args.limits,
+        shutdown,
+    )
+    .await?;
     flusher.abort();
     let stats = tokio::task::spawn_blocking(move || ingestor.flush()).await??;
     service.metrics.count_flush(clock.now_ms());

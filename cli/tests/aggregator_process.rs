@@ -1,7 +1,7 @@
 //! The aggregator as a real process over real HTTP on loopback: `kill -9` while nodes push,
 //! restart, nodes re-send every batch they sent: every acknowledged batch comes back as a
 //! duplicate, and after a clean shutdown (SIGTERM) the stored samples are exactly the ones
-//! sent, none twice.
+//! sent, none twice. Slow clients are cut off without stalling it.
 
 mod common;
 
@@ -325,4 +325,95 @@ fn the_jobs_waiting_and_running_come_back_after_a_kill_9() {
         "{page}"
     );
     terminate(aggregator);
+}
+
+/// Reads until the aggregator closes the connection; what it sent. Fails if it keeps the
+/// connection open ten seconds without a word.
+fn read_until_closed(s: &mut std::net::TcpStream) -> String {
+    use std::io::Read;
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return String::from_utf8_lossy(&got).into_owned(),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) => panic!("the aggregator kept the connection open: {e}"),
+        }
+    }
+}
+
+#[test]
+fn slow_clients_cannot_stall_the_aggregator_and_nothing_half_sent_is_stored() {
+    use std::io::Write;
+    use std::net::TcpStream;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap();
+    let aggregator = spawn(
+        &[
+            "aggregator",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data,
+            "--max-connections",
+            "3",
+            "--header-timeout",
+            "1s",
+            "--request-timeout",
+            "2s",
+        ],
+        Stdio::inherit(),
+    );
+    let addr = aggregator.url.trim_start_matches("http://").to_owned();
+    // Two clients dribble their headers, a third sends a batch's headers and a tenth of it.
+    let mut dribblers: Vec<TcpStream> = (0..2)
+        .map(|_| {
+            let mut s = TcpStream::connect(&addr).unwrap();
+            s.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n")
+                .unwrap();
+            s
+        })
+        .collect();
+    let now_ms = chrono::Utc::now().timestamp_millis();
+    let body = batch("node000", 0, now_ms - now_ms.rem_euclid(1000) - 3_600_000);
+    let mut half_sender = TcpStream::connect(&addr).unwrap();
+    write!(
+        half_sender,
+        "POST /api/v1/ingest HTTP/1.1\r\nhost: x\r\nx-gpuledger-node: node000\r\n\
+         x-gpuledger-seq: 0\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    half_sender.write_all(&body[..body.len() / 10]).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+
+    let mut fourth = TcpStream::connect(&addr).unwrap();
+    let refused = read_until_closed(&mut fourth);
+    assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
+
+    for d in &mut dribblers {
+        assert_eq!(read_until_closed(d), "", "closed without an answer");
+    }
+    let timed_out = read_until_closed(&mut half_sender);
+    assert!(timed_out.starts_with("HTTP/1.1 408"), "{timed_out}");
+    assert!(timed_out.contains("within 2s"), "{timed_out}");
+
+    // The service is whole: the same batch sent properly is accepted, not a duplicate.
+    let agent = agent();
+    assert_eq!(
+        push(&agent, &aggregator.url, "node000", 0, &body).as_deref(),
+        Some("accepted")
+    );
+    terminate(aggregator);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let query = Query::open(&Layout::new(dir.path())).await.unwrap();
+        assert_eq!(
+            scalar(&query, "SELECT COUNT(*) FROM samples").await,
+            ROWS as i64
+        );
+    });
 }
