@@ -12,8 +12,6 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
-use arrow::ipc::reader::StreamReader;
-use arrow::ipc::writer::StreamWriter;
 use arrow::record_batch::RecordBatch;
 
 use crate::{io_err, Error, Result};
@@ -49,23 +47,7 @@ pub struct WalRecord {
     pub batch: RecordBatch,
 }
 
-/// Encodes a batch as an Arrow IPC stream.
-pub fn encode_ipc(batch: &RecordBatch) -> Result<Vec<u8>> {
-    let mut out = Vec::with_capacity(batch.get_array_memory_size() / 2 + 1024);
-    let mut w = StreamWriter::try_new(&mut out, &batch.schema())?;
-    w.write(batch)?;
-    w.finish()?;
-    drop(w);
-    Ok(out)
-}
-
-/// Decodes an Arrow IPC stream into one batch (several are concatenated).
-pub fn decode_ipc(bytes: &[u8]) -> Result<RecordBatch> {
-    let reader = StreamReader::try_new(bytes, None)?;
-    let schema = reader.schema();
-    let batches = reader.collect::<Result<Vec<_>, _>>()?;
-    Ok(arrow::compute::concat_batches(&schema, &batches)?)
-}
+pub use gpuledger_model::wire::{decode_ipc, encode_ipc};
 
 fn encode_record(kind: RecordKind, source: &str, seq: u64, ipc: &[u8]) -> Result<Vec<u8>> {
     let source_len = u16::try_from(source.len())

@@ -8,6 +8,7 @@
 
 pub mod allocation;
 pub mod config;
+pub mod event_json;
 pub mod gpu;
 pub mod ids;
 pub mod job;
@@ -19,6 +20,8 @@ pub mod stats;
 pub mod tenant;
 pub mod time;
 pub mod units;
+pub mod validate;
+pub mod wire;
 
 pub use allocation::{Allocation, NodeGpus};
 pub use config::{ClusterConfig, ConfigError};

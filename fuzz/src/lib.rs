@@ -1,0 +1,3 @@
+//! gpuledger's fuzz targets (`fuzz_targets/`) and their shared harness.
+
+pub mod harness;

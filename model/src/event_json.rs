@@ -1,0 +1,184 @@
+//! Job events as JSON, checked field by field so a refusal names the row and the field.
+
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+use crate::job::{JobEvent, JobEventKind};
+
+use crate::validate::{RowError, MAX_REPORTED_ERRORS};
+
+const FIELDS: [&str; 12] = [
+    "time_ms",
+    "job_id",
+    "account",
+    "project",
+    "kind",
+    "partition",
+    "gpus",
+    "allocation",
+    "time_limit_s",
+    "outcome",
+    "exit_code",
+    "achieved_flops",
+];
+
+struct Row<'a> {
+    index: usize,
+    object: &'a Map<String, Value>,
+    errors: &'a mut Vec<RowError>,
+}
+
+impl Row<'_> {
+    fn error(&mut self, field: &str, message: String) {
+        self.errors.push(RowError {
+            row: Some(self.index),
+            field: field.to_owned(),
+            message,
+        });
+    }
+
+    fn optional<T: DeserializeOwned>(&mut self, field: &str) -> Option<T> {
+        let value = self.object.get(field).filter(|v| !v.is_null())?;
+        match T::deserialize(value) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                self.error(field, format!("{e} (got {value})"));
+                None
+            }
+        }
+    }
+
+    fn required<T: DeserializeOwned>(&mut self, field: &str) -> Option<T> {
+        if self.object.get(field).is_none_or(Value::is_null) {
+            self.error(field, "missing".into());
+            return None;
+        }
+        self.optional(field)
+    }
+}
+
+/// Parses every event; on any error returns all errors found (up to the reporting limit).
+pub fn parse_events(values: &[Value]) -> Result<Vec<JobEvent>, Vec<RowError>> {
+    let mut events = Vec::with_capacity(values.len());
+    let mut errors = Vec::new();
+    for (index, value) in values.iter().enumerate() {
+        let Some(object) = value.as_object() else {
+            errors.push(RowError {
+                row: Some(index),
+                field: String::new(),
+                message: format!("an event is a JSON object, got {value}"),
+            });
+            continue;
+        };
+        let mut row = Row {
+            index,
+            object,
+            errors: &mut errors,
+        };
+        if let Some(event) = parse_event(&mut row) {
+            events.push(event);
+        }
+        if errors.len() >= MAX_REPORTED_ERRORS {
+            break;
+        }
+    }
+    if errors.is_empty() {
+        Ok(events)
+    } else {
+        errors.truncate(MAX_REPORTED_ERRORS);
+        Err(errors)
+    }
+}
+
+fn parse_event(row: &mut Row<'_>) -> Option<JobEvent> {
+    let before = row.errors.len();
+    for key in row.object.keys() {
+        if !FIELDS.contains(&key.as_str()) {
+            let message = format!("unknown field; known: {}", FIELDS.join(", "));
+            row.error(key, message);
+        }
+    }
+    let event = JobEvent {
+        time_ms: row.required("time_ms")?,
+        job_id: row.required("job_id")?,
+        account: row.required("account")?,
+        project: row.optional("project"),
+        kind: row.required("kind")?,
+        partition: row.optional("partition"),
+        gpus: row.optional("gpus"),
+        allocation: row.optional("allocation"),
+        time_limit_s: row.optional("time_limit_s"),
+        outcome: row.optional("outcome"),
+        exit_code: row.optional("exit_code"),
+        achieved_flops: row.optional("achieved_flops"),
+    };
+    let needs = |kind: JobEventKind| event.kind == kind;
+    if needs(JobEventKind::Finished) && event.outcome.is_none() {
+        row.error("outcome", "a finished event needs its outcome".into());
+    }
+    if (needs(JobEventKind::Started) || needs(JobEventKind::Resumed)) && event.gpus.is_none() {
+        row.error(
+            "gpus",
+            "a started or resumed event needs the GPUs it holds".into(),
+        );
+    }
+    match (event.kind, event.achieved_flops) {
+        (JobEventKind::FlopsReported, None) => {
+            row.error(
+                "achieved_flops",
+                "a flops_reported event needs its figure".into(),
+            );
+        }
+        (_, Some(f)) if !f.is_finite() || f < 0.0 => {
+            row.error("achieved_flops", format!("{f} is not a FLOP/s figure"));
+        }
+        _ => {}
+    }
+    if let (Some(gpus), Some(alloc)) = (event.gpus, &event.allocation) {
+        if alloc.gpu_count() != gpus {
+            row.error(
+                "allocation",
+                format!("holds {} GPUs but `gpus` says {gpus}", alloc.gpu_count()),
+            );
+        }
+    }
+    (row.errors.len() == before).then_some(event)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn each_bad_field_is_named_with_its_row() {
+        let values = vec![
+            json!({"time_ms": 0, "job_id": "j1", "account": "team-a", "kind": "submitted", "gpus": 8}),
+            json!({"time_ms": "soon", "job_id": "j2", "account": "team-a", "kind": "submitted"}),
+            json!({"time_ms": 5, "job_id": "j3", "account": "team-a", "kind": "finished"}),
+            json!({"time_ms": 5, "job_id": "j4", "account": "team-a", "kind": "started", "gpus": 2, "allocation": "gpu001:0-3"}),
+            json!({"time_ms": 5, "job_id": "j5", "account": "team-a", "kind": "submitted", "colour": "red"}),
+        ];
+        let errors = parse_events(&values).unwrap_err();
+        let named: Vec<(Option<usize>, &str)> =
+            errors.iter().map(|e| (e.row, e.field.as_str())).collect();
+        assert_eq!(
+            named,
+            vec![
+                (Some(1), "time_ms"),
+                (Some(2), "outcome"),
+                (Some(3), "allocation"),
+                (Some(4), "colour"),
+            ]
+        );
+    }
+
+    #[test]
+    fn good_events_parse() {
+        let values = vec![json!({"time_ms": 1000, "job_id": "j1", "account": "team-a",
+            "project": "llm", "kind": "started", "gpus": 4, "allocation": "gpu001:0-3"})];
+        let events = parse_events(&values).unwrap();
+        assert_eq!(events[0].allocation.as_ref().unwrap().gpu_count(), 4);
+        assert_eq!(events[0].kind, JobEventKind::Started);
+    }
+}
