@@ -260,7 +260,8 @@ impl Wal {
     }
 
     /// Makes everything up to `position` durable. Concurrent callers share one fsync
-    /// (group commit): whoever syncs covers all that was written before it started.
+    /// (group commit): whoever syncs covers all that was written before it started. Locks
+    /// `synced`, then `active`, as [`Wal::rotate`] does.
     pub fn sync(&self, position: u64) -> Result<()> {
         let mut synced = lock(&self.synced);
         if *synced >= position {
@@ -286,6 +287,9 @@ impl Wal {
     /// Starts a new segment; returns the id of the one closed, which holds (with those before
     /// it) every record appended so far.
     pub fn rotate(&self) -> Result<u64> {
+        // The same order as `sync`: `synced`, then `active`. The other order deadlocks with a
+        // push waiting in `sync` (found by the soak).
+        let mut synced = lock(&self.synced);
         let mut active = lock(&self.active);
         let closed = active.id;
         let path = self.dir.join(segment_name(closed));
@@ -294,7 +298,7 @@ impl Wal {
         active.file = Self::create_segment(&self.dir, next)?;
         active.id = next;
         active.written = 0;
-        *lock(&self.synced) = next << 40;
+        *synced = next << 40;
         Ok(closed)
     }
 
@@ -338,6 +342,49 @@ mod tests {
             })
             .collect();
         job_events_to_batch(&events).unwrap()
+    }
+
+    /// Found by the 30-minute soak (docs/benchmarks.md): a flush's rotate and a push's group
+    /// commit took the log's two locks in opposite orders and stopped every ingest for good.
+    /// Pushes sync while a flusher rotates; all must finish (a deadlock fails at the deadline
+    /// instead of hanging the suite).
+    #[test]
+    fn rotating_while_pushes_commit_never_deadlocks() {
+        let dir = tempfile::tempdir().unwrap();
+        let (wal, _) = Wal::open(dir.path(), None).unwrap();
+        let wal = std::sync::Arc::new(wal);
+        let batch = events_batch(1);
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        for pusher in 0..4u64 {
+            let (wal, batch, done) = (std::sync::Arc::clone(&wal), batch.clone(), done_tx.clone());
+            std::thread::spawn(move || {
+                for seq in 0..300 {
+                    let source = format!("node{pusher}");
+                    let pos = wal
+                        .append(RecordKind::Samples, &source, seq, &batch)
+                        .unwrap();
+                    wal.sync(pos).unwrap();
+                }
+                done.send("pusher").unwrap();
+            });
+        }
+        {
+            let (wal, done) = (std::sync::Arc::clone(&wal), done_tx.clone());
+            std::thread::spawn(move || {
+                for _ in 0..100 {
+                    wal.rotate().unwrap();
+                }
+                done.send("flusher").unwrap();
+            });
+        }
+        drop(done_tx);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        for _ in 0..5 {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            done_rx
+                .recv_timeout(left)
+                .expect("a push or the flusher never finished: the log deadlocked");
+        }
     }
 
     #[test]
