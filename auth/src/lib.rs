@@ -14,6 +14,7 @@
 //! record, so the file can list and revoke tokens without holding them.
 //!
 //! This crate is pure policy: services turn [`Denied`] into their 401/403/404 responses.
+//! [`tls`] loads the certificates the listeners serve and the CAs the clients trust.
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
@@ -27,6 +28,8 @@ use subtle::ConstantTimeEq;
 
 use gpuledger_model::config::{line_col, parse_toml, ConfigError};
 use gpuledger_model::AccountId;
+
+pub mod tls;
 
 /// Version of the token file format.
 pub const TOKEN_FILE_VERSION: u32 = 1;

@@ -5,6 +5,8 @@
 //! - `render`: `/metrics` render time of the exporter for a number of GPUs (p50, p99).
 //! - `exporter`: a real exporter process sampling synthetic GPUs every second for a while;
 //!   its CPU time per sample and its resident memory.
+//! - `load` (`bench_load`): a thousand simulated exporters at a steady rate; latency
+//!   percentiles, memory over time, every sample stored once.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -87,6 +89,10 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 8)]
         gpus: u16,
     },
+    /// Many simulated exporters pushing to a real aggregator at a steady rate: ingest latency
+    /// percentiles, the aggregator's CPU and memory over time, every sample stored once. With
+    /// `--seconds 1800`, the soak test.
+    Load(crate::bench_load::LoadArgs),
 }
 
 /// Runs a measurement and prints its figures.
@@ -112,6 +118,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
             Ok(())
         }
         BenchCommand::Exporter { seconds, gpus } => exporter(seconds, gpus),
+        BenchCommand::Load(args) => crate::bench_load::run(&args),
         BenchCommand::Invoice {
             gpus,
             runs,
@@ -133,12 +140,12 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
     }
 }
 
-struct Service {
-    child: Child,
-    url: String,
+pub(crate) struct Service {
+    pub(crate) child: Child,
+    pub(crate) url: String,
 }
 
-fn spawn_self(args: &[&str]) -> anyhow::Result<Service> {
+pub(crate) fn spawn_self(args: &[&str]) -> anyhow::Result<Service> {
     spawn(&std::env::current_exe()?, args)
 }
 
@@ -160,7 +167,7 @@ fn spawn(binary: &Path, args: &[&str]) -> anyhow::Result<Service> {
 }
 
 /// Peak and current resident memory of a process, in bytes (Linux `/proc`).
-fn memory_of(pid: u32) -> Option<(u64, u64)> {
+pub(crate) fn memory_of(pid: u32) -> Option<(u64, u64)> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let kib = |key: &str| {
         status
@@ -173,7 +180,7 @@ fn memory_of(pid: u32) -> Option<(u64, u64)> {
 }
 
 /// User + system CPU seconds of a process (Linux `/proc`).
-fn cpu_seconds_of(pid: u32) -> Option<f64> {
+pub(crate) fn cpu_seconds_of(pid: u32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let after = stat.rsplit_once(')')?.1;
     let fields: Vec<&str> = after.split_whitespace().collect();
@@ -192,7 +199,7 @@ fn spawn_exporter(alone: Option<&Path>, args: &[&str]) -> anyhow::Result<Service
     }
 }
 
-fn stop(mut service: Service) -> anyhow::Result<()> {
+pub(crate) fn stop(mut service: Service) -> anyhow::Result<()> {
     let status = Command::new("kill")
         .args(["-TERM", &service.child.id().to_string()])
         .status()?;

@@ -9,14 +9,15 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use axum::extract::State;
-use axum::http::{header, HeaderMap};
-use axum::response::IntoResponse;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use gpuledger_exporter::agent::{run_pusher, run_sampler, AgentConfig, Shared};
 use gpuledger_exporter::dcgm::DcgmExporterSource;
 use gpuledger_exporter::exposition::{render, Format, Snapshot};
 use gpuledger_exporter::nvml::NvmlSource;
+use gpuledger_exporter::otlp::{self, OtlpConfig};
 use gpuledger_exporter::spool::Spool;
 use gpuledger_exporter::synthetic::SyntheticSource;
 use gpuledger_exporter::GpuSource;
@@ -97,6 +98,41 @@ pub struct ExporterArgs {
     /// Address of /metrics (`127.0.0.1:0` picks a free port; the address is printed).
     #[arg(long, default_value = "0.0.0.0:9401")]
     pub listen: SocketAddr,
+    /// Token file (`gpuledger token add`): /metrics then wants an operator's bearer token
+    /// (Prometheus's `authorization` in its scrape config). Without it /metrics is open.
+    #[arg(long, env = "GPULEDGER_TOKENS")]
+    pub tokens: Option<PathBuf>,
+    #[command(flatten)]
+    pub tls: crate::http_server::TlsArgs,
+    #[command(flatten)]
+    pub client_tls: crate::ClientTlsArgs,
+    /// Also export the GPU series over OTLP/HTTP (JSON) to this receiver, e.g.
+    /// `http://collector:4318` (`/v1/metrics` is appended).
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+    /// How often the OTLP export runs.
+    #[arg(long, default_value = "10s", value_parser = parse_interval)]
+    pub otlp_interval: Duration,
+    /// A header for the OTLP receiver, `KEY=VALUE` (repeat, or comma-separated as in
+    /// OTEL_EXPORTER_OTLP_HEADERS).
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_HEADERS", value_delimiter = ',', value_parser = parse_header)]
+    pub otlp_header: Vec<(String, String)>,
+}
+
+/// `KEY=VALUE`.
+fn parse_header(text: &str) -> Result<(String, String), String> {
+    let (key, value) = text
+        .split_once('=')
+        .ok_or_else(|| format!("`{text}`: expected KEY=VALUE"))?;
+    let key = key.trim();
+    if key.is_empty()
+        || !key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b))
+    {
+        return Err(format!("`{text}`: `{key}` is not a header name"));
+    }
+    Ok((key.to_owned(), value.trim().to_owned()))
 }
 
 /// The exporter's TOML file: the command-line options, typed, nothing else.
@@ -119,6 +155,13 @@ pub struct ExporterFile {
     pub job_mapping_dir: Option<PathBuf>,
     pub scheduler_url: Option<String>,
     pub listen: Option<SocketAddr>,
+    pub tokens: Option<PathBuf>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    pub ca_file: Option<PathBuf>,
+    pub otlp_endpoint: Option<String>,
+    pub otlp_interval: Option<String>,
+    pub otlp_header: Option<Vec<String>>,
 }
 
 impl ExporterFile {
@@ -131,6 +174,7 @@ impl ExporterFile {
         for (key, value) in [
             ("sample_interval", &file.sample_interval),
             ("push_interval", &file.push_interval),
+            ("otlp_interval", &file.otlp_interval),
         ] {
             if let Some(v) = value {
                 parse_interval(v)
@@ -169,6 +213,15 @@ impl ExporterFile {
         put("job-mapping-dir", path(&self.job_mapping_dir));
         put("scheduler-url", self.scheduler_url.clone());
         put("listen", self.listen.map(|l| l.to_string()));
+        put("tokens", path(&self.tokens));
+        put("tls-cert", path(&self.tls_cert));
+        put("tls-key", path(&self.tls_key));
+        put("ca-file", path(&self.ca_file));
+        put("otlp-endpoint", self.otlp_endpoint.clone());
+        put("otlp-interval", self.otlp_interval.clone());
+        for header in self.otlp_header.iter().flatten() {
+            put("otlp-header", Some(header.clone()));
+        }
         out
     }
 }
@@ -243,6 +296,8 @@ pub fn run(args: ExporterArgs) -> anyhow::Result<()> {
     if args.push_interval < args.sample_interval {
         bail!("--push-interval must not be shorter than --sample-interval");
     }
+    let guard = crate::serve::guard("exporter", args.tokens.as_deref(), &[])?;
+    let tls = args.tls.acceptor()?;
     let source = open_source(&args)?;
     let spool = Spool::open(&args.spool_dir, args.spool_max_bytes)
         .with_context(|| format!("opening the spool {}", args.spool_dir.display()))?;
@@ -270,6 +325,7 @@ pub fn run(args: ExporterArgs) -> anyhow::Result<()> {
             .map(crate::read_token_file)
             .transpose()?,
         max_backoff: Duration::from_secs(30),
+        tls: args.client_tls.config()?,
     };
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let sampler = {
@@ -284,28 +340,64 @@ pub fn run(args: ExporterArgs) -> anyhow::Result<()> {
             .name("pusher".into())
             .spawn(move || run_pusher(&config, clock.as_ref(), &shared))?
     };
+    let otlp = match &args.otlp_endpoint {
+        Some(endpoint) => {
+            let otlp = OtlpConfig {
+                endpoint: endpoint.clone(),
+                interval: args.otlp_interval,
+                headers: args.otlp_header.clone(),
+                tls: config.tls.clone(),
+            };
+            let (shared, clock) = (Arc::clone(&shared), Arc::clone(&clock));
+            Some(
+                std::thread::Builder::new()
+                    .name("otlp".into())
+                    .spawn(move || otlp::run_exporter(&otlp, clock.as_ref(), &shared))?,
+            )
+        }
+        None => None,
+    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(serve_metrics(args.listen, Arc::clone(&shared)))?;
+    let metrics = MetricsState {
+        shared: Arc::clone(&shared),
+        guard: Arc::new(guard),
+    };
+    runtime.block_on(serve_metrics(args.listen, metrics, tls))?;
     shared.stop();
     let _ = sampler.join();
     let _ = pusher.join();
+    if let Some(otlp) = otlp {
+        let _ = otlp.join();
+    }
     announce("gpuledger exporter stopped");
     Ok(())
 }
 
-async fn serve_metrics(listen: SocketAddr, shared: Arc<Shared>) -> anyhow::Result<()> {
+/// What the `/metrics` handler reads: the latest snapshot, and who may read it.
+#[derive(Clone)]
+struct MetricsState {
+    shared: Arc<Shared>,
+    guard: Arc<gpuledger_auth::Guard>,
+}
+
+async fn serve_metrics(
+    listen: SocketAddr,
+    state: MetricsState,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) -> anyhow::Result<()> {
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
-        .with_state(shared);
+        .with_state(state);
     let shutdown = crate::serve::shutdown_signal()?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("listening on {listen}"))?;
     announce(&format!(
-        "gpuledger exporter listening on http://{}",
+        "gpuledger exporter listening on {}://{}",
+        crate::http_server::scheme(tls.as_ref()),
         listener.local_addr()?
     ));
     // Only Prometheus scrapes here: a few connections are plenty.
@@ -313,15 +405,38 @@ async fn serve_metrics(listen: SocketAddr, shared: Arc<Shared>) -> anyhow::Resul
         max_connections: 64,
         ..Default::default()
     };
-    crate::http_server::serve(listener, app, limits, shutdown).await?;
+    crate::http_server::serve(listener, app, limits, tls, shutdown).await?;
     Ok(())
 }
 
-async fn metrics(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> impl IntoResponse {
+async fn metrics(State(state): State<MetricsState>, headers: HeaderMap) -> Response {
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(gpuledger_auth::bearer);
+    if let Err(denied) = state.guard.check(token, gpuledger_auth::Action::Metrics) {
+        let (status, message) = match denied {
+            gpuledger_auth::Denied::Unauthenticated => (
+                StatusCode::UNAUTHORIZED,
+                "a valid bearer token is needed to read /metrics",
+            ),
+            gpuledger_auth::Denied::Forbidden => (
+                StatusCode::FORBIDDEN,
+                "this token's role may not read /metrics (an operator's may)",
+            ),
+        };
+        let body = serde_json::json!({ "error": message });
+        return (
+            status,
+            [(header::WWW_AUTHENTICATE, "Bearer")],
+            axum::Json(body),
+        )
+            .into_response();
+    }
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
     let format = Format::from_accept(accept);
-    let body = render(&shared.snapshot(), format);
-    ([(header::CONTENT_TYPE, format.content_type())], body)
+    let body = render(&state.shared.snapshot(), format);
+    ([(header::CONTENT_TYPE, format.content_type())], body).into_response()
 }
 
 #[cfg(test)]
@@ -358,6 +473,15 @@ mod tests {
         assert!(expanded
             .windows(2)
             .any(|w| w[0] == "--push-interval" && w[1] == "10s"));
+        assert!(expanded
+            .windows(2)
+            .any(|w| w[0] == "--otlp-interval" && w[1] == "10s"));
+        use clap::Args;
+        // As main.rs parses: a later option wins over the file's.
+        let command = super::ExporterArgs::augment_args(clap::Command::new("exporter"))
+            .no_binary_name(true)
+            .args_override_self(true);
+        command.try_get_matches_from(&expanded[2..]).unwrap();
     }
 
     #[test]

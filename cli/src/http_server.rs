@@ -6,12 +6,17 @@
 //! `--write-stall-timeout` is disconnected. `axum::serve` does none of this: it sets no header
 //! time-out, so a client sending one header byte a minute holds a connection for good.
 //!
+//! With `--tls-cert` and `--tls-key` the loop serves HTTPS (rustls; the files are read again
+//! when they change): the TLS handshake must finish within the header time-out, and the stall
+//! guard sits under TLS, on the socket itself.
+//!
 //! A request cut off by the request time-out may still complete its work (ingest runs on a
 //! blocking thread that is not cancelled); the client sees 408 and retries, and the aggregator's
 //! per-node sequence numbers drop the repeat.
 
 use std::future::Future;
 use std::io;
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -31,6 +36,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Sleep;
+use tokio_rustls::TlsAcceptor;
 
 /// How long connections still open at shutdown may take to finish their request.
 const DRAIN: Duration = Duration::from_secs(30);
@@ -69,12 +75,48 @@ impl Default for HttpLimits {
     }
 }
 
-/// Serves `router` on `listener` within `limits` until `shutdown` resolves, then lets open
-/// requests finish (up to 30 s).
+/// HTTPS for a listener, as options of every service command.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct TlsArgs {
+    /// Serve HTTPS with this PEM certificate chain (with --tls-key); a renewed file is picked
+    /// up without a restart.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    /// The acceptor the options ask for: none for plain HTTP.
+    pub fn acceptor(&self) -> anyhow::Result<Option<TlsAcceptor>> {
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => {
+                let config = gpuledger_auth::tls::server_config(cert, key)?;
+                Ok(Some(TlsAcceptor::from(config)))
+            }
+            (None, None) => Ok(None),
+            _ => anyhow::bail!("--tls-cert and --tls-key go together"),
+        }
+    }
+}
+
+/// The URL scheme a listener serves.
+pub fn scheme(tls: Option<&TlsAcceptor>) -> &'static str {
+    if tls.is_some() {
+        "https"
+    } else {
+        "http"
+    }
+}
+
+/// Serves `router` on `listener` within `limits` (over TLS when `tls` is given) until
+/// `shutdown` resolves, then lets open requests finish (up to 30 s).
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     limits: HttpLimits,
+    tls: Option<TlsAcceptor>,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
     let router = router.layer(axum::middleware::from_fn_with_state(
@@ -101,13 +143,15 @@ pub async fn serve(
             },
         };
         let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
-            refusals.refuse(&stream, limits.max_connections);
+            // A TLS client could not read a plain answer: it is just closed.
+            refusals.refuse(&stream, limits.max_connections, tls.is_none());
             continue;
         };
         let router = router.clone();
         let stopped = stopped.clone();
+        let tls = tls.clone();
         connections.spawn(async move {
-            serve_connection(stream, router, limits, stopped).await;
+            serve_connection(stream, router, limits, tls, stopped).await;
             drop(permit);
         });
     }
@@ -131,10 +175,30 @@ async fn serve_connection(
     stream: TcpStream,
     router: Router,
     limits: HttpLimits,
-    mut stopped: watch::Receiver<bool>,
+    tls: Option<TlsAcceptor>,
+    stopped: watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
-    let io = TokioIo::new(StallGuard::new(stream, limits.write_stall_timeout.0));
+    let guarded = StallGuard::new(stream, limits.write_stall_timeout.0);
+    let Some(acceptor) = tls else {
+        return serve_http(guarded, router, limits, stopped).await;
+    };
+    match tokio::time::timeout(limits.header_timeout.0, acceptor.accept(guarded)).await {
+        Ok(Ok(stream)) => serve_http(stream, router, limits, stopped).await,
+        Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
+        Err(_) => tracing::debug!("TLS handshake not finished within the header time-out"),
+    }
+}
+
+async fn serve_http<S>(
+    stream: S,
+    router: Router,
+    limits: HttpLimits,
+    mut stopped: watch::Receiver<bool>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let io = TokioIo::new(stream);
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
@@ -189,8 +253,10 @@ struct Refusals {
 }
 
 impl Refusals {
-    fn refuse(&self, stream: &TcpStream, limit: usize) {
-        let _ = stream.try_write(REFUSAL);
+    fn refuse(&self, stream: &TcpStream, limit: usize, answer: bool) {
+        if answer {
+            let _ = stream.try_write(REFUSAL);
+        }
         let refused = self.count.fetch_add(1, Ordering::Relaxed) + 1;
         let mut last = self.last_logged.lock().unwrap_or_else(|p| p.into_inner());
         if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
@@ -309,6 +375,13 @@ mod tests {
     /// A server on a loopback port with a small page, a page bigger than any socket buffer and
     /// an echo that reads the whole body; returns its address and the signal that stops it.
     fn start(limits: HttpLimits) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
+        start_with(limits, None)
+    }
+
+    fn start_with(
+        limits: HttpLimits,
+        tls: Option<TlsAcceptor>,
+    ) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         std::thread::spawn(move || {
@@ -324,7 +397,7 @@ mod tests {
                     .route("/small", get(|| async { "ok\n" }))
                     .route("/big", get(|| async { vec![b'x'; BIG] }))
                     .route("/echo", post(|body: axum::body::Bytes| async move { body }));
-                serve(listener, router, limits, async {
+                serve(listener, router, limits, tls, async {
                     let _ = stop_rx.await;
                 })
                 .await
@@ -451,5 +524,69 @@ mod tests {
             std::net::TcpStream::connect(addr).is_err(),
             "still listening"
         );
+    }
+
+    /// A certificate for `localhost` and 127.0.0.1 in `dir`: (cert, key) paths.
+    fn certificate(dir: &std::path::Path) -> (PathBuf, PathBuf) {
+        let names = vec!["localhost".to_owned(), "127.0.0.1".to_owned()];
+        let pair = rcgen::generate_simple_self_signed(names).unwrap();
+        let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
+        std::fs::write(&cert, pair.cert.pem()).unwrap();
+        std::fs::write(&key, pair.signing_key.serialize_pem()).unwrap();
+        (cert, key)
+    }
+
+    #[test]
+    fn over_tls_a_client_trusting_the_ca_is_served_and_others_are_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = certificate(dir.path());
+        let tls = TlsArgs {
+            tls_cert: Some(cert.clone()),
+            tls_key: Some(key),
+        };
+        let (addr, _stop) = start_with(limits(4, 1), tls.acceptor().unwrap());
+        let client = |ca: Option<&std::path::Path>| -> ureq::Agent {
+            ureq::Agent::config_builder()
+                .tls_config(gpuledger_auth::tls::client_tls(ca).unwrap())
+                .build()
+                .into()
+        };
+        for host in ["localhost", "127.0.0.1"] {
+            let url = format!("https://{host}:{}/small", addr.port());
+            let answer = client(Some(&cert))
+                .get(&url)
+                .call()
+                .unwrap()
+                .body_mut()
+                .read_to_string()
+                .unwrap();
+            assert_eq!(answer, "ok\n");
+        }
+        // The Mozilla roots do not vouch for a private certificate.
+        let untrusted = client(None)
+            .get(format!("https://localhost:{}/small", addr.port()))
+            .call()
+            .unwrap_err();
+        assert!(
+            untrusted.to_string().to_lowercase().contains("certificate"),
+            "{untrusted}"
+        );
+        // Plain HTTP on the TLS port gets no answer, and frees its connection.
+        let mut plain = std::net::TcpStream::connect(addr).unwrap();
+        plain
+            .write_all(b"GET /small HTTP/1.1\r\nhost: x\r\n\r\n")
+            .unwrap();
+        let mut got = Vec::new();
+        plain
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let _ = plain.read_to_end(&mut got);
+        assert!(!String::from_utf8_lossy(&got).contains("ok"), "{got:?}");
+        // A client that opens a connection and never says hello is cut off at the header
+        // time-out.
+        let mut silent = std::net::TcpStream::connect(addr).unwrap();
+        let started = Instant::now();
+        assert_eq!(read_until_closed(&mut silent), 0);
+        assert!(started.elapsed() >= Duration::from_millis(900));
     }
 }

@@ -4,6 +4,7 @@
 
 pub mod adopt_cmd;
 pub mod bench;
+pub mod bench_load;
 pub mod bench_schedule;
 pub mod billing_glue;
 pub mod dashboards_cmd;
@@ -29,6 +30,22 @@ pub fn read_token_file(path: &std::path::Path) -> anyhow::Result<String> {
         anyhow::bail!("{}: expected one token on one line", path.display());
     }
     Ok(token.to_owned())
+}
+
+/// What a client trusts of an `https://` gpuledger service, as an option of every command that
+/// calls one.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct ClientTlsArgs {
+    /// PEM file of the CAs an `https://` aggregator or scheduler's certificate must chain to
+    /// (a cluster's private CA); default the Mozilla roots.
+    #[arg(long, env = "GPULEDGER_CA_FILE")]
+    pub ca_file: Option<std::path::PathBuf>,
+}
+
+impl ClientTlsArgs {
+    pub fn config(&self) -> anyhow::Result<ureq::tls::TlsConfig> {
+        Ok(gpuledger_auth::tls::client_tls(self.ca_file.as_deref())?)
+    }
 }
 
 /// Logs to stderr, filtered by `GPULEDGER_LOG` (default `warn`); both binaries call it.

@@ -90,6 +90,10 @@ pub struct ServeArgs {
     public: Vec<gpuledger_auth::Public>,
     #[command(flatten)]
     limits: crate::http_server::HttpLimits,
+    #[command(flatten)]
+    tls: crate::http_server::TlsArgs,
+    #[command(flatten)]
+    client_tls: crate::ClientTlsArgs,
 }
 
 /// A duration that may be under a second (`500ms`, `2s`).
@@ -237,6 +241,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .transpose()?,
         usage_every: Duration::from_secs(args.usage_every.as_secs().max(1)),
         storage_scans: Some(data_dir.join("storage").join("scans.csv")),
+        tls: args.client_tls.config()?,
     };
     let executor = Box::new(LocalExecutor::new(dir.join("jobs")));
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
@@ -247,6 +252,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    let tls = args.tls.acceptor()?;
     runtime.block_on(async move {
         let shutdown = shutdown_signal()?;
         let listener = tokio::net::TcpListener::bind(args.listen)
@@ -255,7 +261,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let addr = listener.local_addr()?;
         // Tests and scripts read this line to find the port.
         announce(&format!(
-            "gpuledger scheduler listening on http://{addr} state {}",
+            "gpuledger scheduler listening on {}://{addr} state {}",
+            crate::http_server::scheme(tls.as_ref()),
             dir.display()
         ));
         let cycles = {
@@ -275,7 +282,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             })
         };
         let app = http::router_with(Arc::clone(&service), guard);
-        crate::http_server::serve(listener, app, args.limits, shutdown).await?;
+        crate::http_server::serve(listener, app, args.limits, tls, shutdown).await?;
         cycles.abort();
         // Jobs keep running: a restarted scheduler adopts them from its state file.
         let s = Arc::clone(&service);
@@ -295,11 +302,21 @@ fn client_token() -> anyhow::Result<Option<String>> {
         .transpose()
 }
 
+/// What the client trusts of an `https://` scheduler: the CAs in `GPULEDGER_CA_FILE`, or the
+/// Mozilla roots.
+fn client_tls() -> anyhow::Result<ureq::tls::TlsConfig> {
+    crate::ClientTlsArgs {
+        ca_file: std::env::var_os("GPULEDGER_CA_FILE").map(Into::into),
+    }
+    .config()
+}
+
 /// One API call; a 4xx/5xx becomes an error carrying the service's message.
 fn request(method: &str, url: &str, body: Option<Value>) -> anyhow::Result<Value> {
     let agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_global(Some(Duration::from_secs(10)))
+        .tls_config(client_tls()?)
         .build()
         .new_agent();
     let bearer = client_token()?.map(|t| format!("Bearer {t}"));

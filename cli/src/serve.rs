@@ -65,6 +65,8 @@ pub struct AggregatorArgs {
     pub public: Vec<gpuledger_auth::Public>,
     #[command(flatten)]
     pub limits: crate::http_server::HttpLimits,
+    #[command(flatten)]
+    pub tls: crate::http_server::TlsArgs,
 }
 
 /// The guard of a service from its `--tokens` and `--public` options.
@@ -114,6 +116,7 @@ pub fn data_dir_path(text: &str) -> anyhow::Result<PathBuf> {
 pub fn run(args: AggregatorArgs) -> anyhow::Result<()> {
     let config = load_cluster(args.config.as_deref())?;
     let guard = guard("aggregator", args.tokens.as_deref(), &args.public)?;
+    let tls = args.tls.acceptor()?;
     let root = data_dir_path(&args.data_dir)?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let store = Arc::new(
@@ -152,7 +155,7 @@ pub fn run(args: AggregatorArgs) -> anyhow::Result<()> {
         // or running are rebuilt from the tables below.
         ingestor.flush().context("flushing what the log replayed")?;
     }
-    runtime.block_on(serve(args, config, ingestor, clock, root, guard))
+    runtime.block_on(serve(args, config, ingestor, clock, root, guard, tls))
 }
 
 async fn serve(
@@ -162,6 +165,7 @@ async fn serve(
     clock: Arc<dyn Clock>,
     root: PathBuf,
     guard: gpuledger_auth::Guard,
+    tls: Option<tokio_rustls::TlsAcceptor>,
 ) -> anyhow::Result<()> {
     let query = Query::open(&Layout::new(&root)).await?;
     let metrics = Metrics::new(&config);
@@ -190,7 +194,8 @@ async fn serve(
     let addr = listener.local_addr()?;
     // Tests and scripts read this line to find the port.
     println!(
-        "gpuledger aggregator listening on http://{addr} data-dir {}",
+        "gpuledger aggregator listening on {}://{addr} data-dir {}",
+        crate::http_server::scheme(tls.as_ref()),
         root.display()
     );
     let flusher = tokio::spawn(flush_loop(Arc::clone(&service), args.clone()));
@@ -198,6 +203,7 @@ async fn serve(
         listener,
         router(Arc::clone(&service)),
         args.limits,
+        tls,
         shutdown,
     )
     .await?;

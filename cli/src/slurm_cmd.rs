@@ -73,6 +73,8 @@ pub struct FollowArgs {
     /// The zone Slurm writes times in: `local` (the host's, Slurm's default) or `utc`.
     #[arg(long, default_value = "local", value_parser = ["local", "utc"])]
     slurm_time_zone: String,
+    #[command(flatten)]
+    client_tls: crate::ClientTlsArgs,
 }
 
 /// What the follower keeps between polls and restarts.
@@ -232,6 +234,7 @@ pub fn run(command: SlurmCommand) -> anyhow::Result<()> {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_global(Some(Duration::from_secs(10)))
+        .tls_config(args.client_tls.config()?)
         .build()
         .into();
     let stop = crate::serve::stop_flag()?;

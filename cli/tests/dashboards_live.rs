@@ -10,11 +10,11 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::browser::{screenshot_dir, Browser};
-use common::{free_port, scrape, spawn, Process};
+use common::{scrape, spawn, Process};
 
 const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
 
@@ -56,18 +56,6 @@ quota = { gpu_hours_per_day = 50 }
 projects = [{ id = "finetune" }]
 "#;
 
-struct Prometheus {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn host_port(url: &str) -> &str {
     url.trim_start_matches("http://").trim_end_matches('/')
 }
@@ -77,7 +65,7 @@ fn start_prometheus(
     exporters: &[&Process],
     aggregator: &Process,
     scheduler: &Process,
-) -> Prometheus {
+) -> Process {
     let rules = Path::new(REPO).join("dashboards/prometheus/gpuledger-rules.yml");
     let targets = |ps: &[&Process]| {
         ps.iter()
@@ -95,26 +83,7 @@ fn start_prometheus(
         targets(&[aggregator]),
         targets(&[scheduler]),
     );
-    let path = dir.join("prometheus.yml");
-    std::fs::write(&path, config).unwrap();
-    let port = free_port();
-    let child = Command::new("prometheus")
-        .arg(format!("--config.file={}", path.display()))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            dir.join("tsdb").display()
-        ))
-        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-        .arg("--log.level=warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("prometheus not found: ./scripts/test.sh installs Debian's `prometheus` package");
-    let url = format!("http://127.0.0.1:{port}");
-    wait_for("Prometheus to be ready", 60, || {
-        ureq::get(format!("{url}/-/ready")).call().is_ok()
-    });
-    Prometheus { child, url }
+    common::start_prometheus(dir, &config)
 }
 
 fn wait_for(what: &str, secs: u64, mut done: impl FnMut() -> bool) {

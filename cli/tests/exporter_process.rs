@@ -188,3 +188,148 @@ fn the_exporter_alone_samples_serves_and_stops_cleanly() {
         "the last samples were spooled at shutdown"
     );
 }
+
+/// What an OTLP/HTTP receiver started by the test got, and whether it answers 503 for now.
+#[derive(Default)]
+struct Receiver {
+    requests: std::sync::Mutex<Vec<(Option<String>, serde_json::Value)>>,
+    down: std::sync::atomic::AtomicBool,
+}
+
+/// An OTLP/HTTP metrics receiver on a loopback port (`POST /v1/metrics`, JSON), in its own
+/// thread; its base URL.
+fn start_receiver(receiver: std::sync::Arc<Receiver>) -> String {
+    use axum::http::{HeaderMap, StatusCode};
+    use std::sync::atomic::Ordering;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let app = axum::Router::new().route(
+                "/v1/metrics",
+                axum::routing::post(move |headers: HeaderMap, body: axum::body::Bytes| {
+                    let receiver = std::sync::Arc::clone(&receiver);
+                    async move {
+                        if receiver.down.load(Ordering::SeqCst) {
+                            return StatusCode::SERVICE_UNAVAILABLE;
+                        }
+                        let json = headers
+                            .get("content-type")
+                            .is_some_and(|v| v == "application/json");
+                        let Ok(value) = serde_json::from_slice(&body) else {
+                            return StatusCode::BAD_REQUEST;
+                        };
+                        if !json {
+                            return StatusCode::UNSUPPORTED_MEDIA_TYPE;
+                        }
+                        let key = headers
+                            .get("x-api-key")
+                            .and_then(|v| v.to_str().ok())
+                            .map(str::to_owned);
+                        receiver.requests.lock().unwrap().push((key, value));
+                        StatusCode::OK
+                    }
+                }),
+            );
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            axum::serve(listener, app).await.unwrap();
+        });
+    });
+    url
+}
+
+/// `(metric name, data points)` of an OTLP request.
+fn otlp_metrics(request: &serde_json::Value) -> Vec<(String, Vec<serde_json::Value>)> {
+    request["resourceMetrics"][0]["scopeMetrics"][0]["metrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            let data = m.get("gauge").or_else(|| m.get("sum")).unwrap();
+            (
+                m["name"].as_str().unwrap().to_owned(),
+                data["dataPoints"].as_array().unwrap().clone(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn the_same_gpu_series_go_to_an_otlp_receiver_and_an_outage_is_counted() {
+    use std::sync::atomic::Ordering;
+    let receiver = std::sync::Arc::new(Receiver::default());
+    let otlp_url = start_receiver(std::sync::Arc::clone(&receiver));
+    let dir = tempfile::tempdir().unwrap();
+    let exporter = spawn(&[
+        "exporter",
+        "--node",
+        "gpu007",
+        "--gpus",
+        "4",
+        "--listen",
+        "127.0.0.1:0",
+        "--spool-dir",
+        dir.path().join("spool").to_str().unwrap(),
+        "--otlp-endpoint",
+        &otlp_url,
+        "--otlp-interval",
+        "1s",
+        "--otlp-header",
+        "x-api-key=k123",
+    ]);
+    wait_for("two OTLP exports", || {
+        receiver.requests.lock().unwrap().len() >= 2
+    });
+    let (key, last) = receiver.requests.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(key.as_deref(), Some("k123"));
+    let resource = last["resourceMetrics"][0]["resource"]["attributes"].to_string();
+    assert!(resource.contains("\"gpu007\""), "{resource}");
+    let metrics = otlp_metrics(&last);
+    let util = &metrics
+        .iter()
+        .find(|(n, _)| n == "DCGM_FI_DEV_GPU_UTIL")
+        .unwrap()
+        .1;
+    assert_eq!(util.len(), 4, "a point per GPU");
+    // Every family of the page goes over OTLP under its name (counters without `_total`),
+    // except the page's families that had no sample.
+    let page = scrape(&exporter.url);
+    let mut page_families: Vec<String> = page
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter(|l| {
+            let name = l.split(' ').next().unwrap();
+            page.lines()
+                .any(|s| !s.starts_with('#') && s.starts_with(name))
+        })
+        .map(|l| {
+            let name = l.split(' ').next().unwrap();
+            name.strip_suffix("_total").unwrap_or(name).to_owned()
+        })
+        .collect();
+    let mut otlp_names: Vec<String> = metrics.iter().map(|(n, _)| n.clone()).collect();
+    page_families.sort();
+    otlp_names.sort();
+    assert_eq!(otlp_names, page_families);
+
+    // The receiver goes away: the exporter counts failures and keeps serving, then resumes.
+    receiver.down.store(true, Ordering::SeqCst);
+    wait_for("failed OTLP exports to be counted", || {
+        metric(
+            &exporter.url,
+            "gpuledger_exporter_otlp_exports_failed_total",
+        ) >= 2.0
+    });
+    let before = receiver.requests.lock().unwrap().len();
+    receiver.down.store(false, Ordering::SeqCst);
+    wait_for("OTLP exports to resume", || {
+        receiver.requests.lock().unwrap().len() > before
+    });
+    assert!(metric(&exporter.url, "gpuledger_exporter_otlp_exports_total") >= 3.0);
+    terminate(exporter);
+}

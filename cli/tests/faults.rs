@@ -248,8 +248,14 @@ fn a_kill_9_and_a_cut_off_exporter_leave_the_invoice_as_a_fault_free_run() {
     wait_for("every exporter to push", 60, || {
         exporters.iter().all(|e| pushed(e) >= 2.0)
     });
-    // One exporter is cut off from both aggregators for eight seconds.
-    tee.cut_until_ms.store(now_ms() + 8_000, Ordering::SeqCst);
+    // One exporter is cut off from both aggregators for eight seconds, or for
+    // GPULEDGER_FAULT_CUT_SECS (600 for the ten minutes, run as in docs/benchmarks.md).
+    let cut_secs: i64 = std::env::var("GPULEDGER_FAULT_CUT_SECS")
+        .ok()
+        .map(|v| v.parse().expect("GPULEDGER_FAULT_CUT_SECS: whole seconds"))
+        .unwrap_or(8);
+    tee.cut_until_ms
+        .store(now_ms() + cut_secs * 1000, Ordering::SeqCst);
     std::thread::sleep(Duration::from_secs(2));
     // kill -9 while they push; two seconds down; back on the same address and directory.
     under_test.child.kill().unwrap();
@@ -264,12 +270,16 @@ fn a_kill_9_and_a_cut_off_exporter_leave_the_invoice_as_a_fault_free_run() {
         "the exporters hold what the dead aggregator did not take"
     );
     let under_test = aggregator(&data, &listen);
-    wait_for("the cut to end and every spool to empty", 90, || {
-        now_ms() > tee.cut_until_ms.load(Ordering::SeqCst) + 2_000
-            && exporters
-                .iter()
-                .all(|e| metric(&scrape(&e.url), "gpuledger_exporter_spool_batches") == 0.0)
-    });
+    wait_for(
+        "the cut to end and every spool to empty",
+        90 + cut_secs as u64,
+        || {
+            now_ms() > tee.cut_until_ms.load(Ordering::SeqCst) + 2_000
+                && exporters
+                    .iter()
+                    .all(|e| metric(&scrape(&e.url), "gpuledger_exporter_spool_batches") == 0.0)
+        },
+    );
     for e in exporters {
         terminate(e);
     }
@@ -313,7 +323,7 @@ fn a_kill_9_and_a_cut_off_exporter_leave_the_invoice_as_a_fault_free_run() {
         for r in rows {
             assert_eq!(r["n"], r["d"], "no second twice: {r}");
             assert_eq!(r["n"], r["span"], "no second missing: {r}");
-            assert!(r["n"].as_i64().unwrap() >= 10, "{r}");
+            assert!(r["n"].as_i64().unwrap() >= cut_secs + 2, "{r}");
         }
     });
 }

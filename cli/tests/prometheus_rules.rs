@@ -59,6 +59,7 @@ fn the_scheduler_metrics_pass_promtool_check_metrics() {
         aggregator_token: None,
         usage_every: Duration::from_secs(60),
         storage_scans: None,
+        tls: Default::default(),
     };
     let executor = Box::new(LocalExecutor::new(dir.path().join("scheduler/jobs")));
     let clock = Arc::new(ManualClock::new(1_780_272_000_000));

@@ -242,7 +242,9 @@ fn token(file: &Path, role: &str, who: &[&str]) -> String {
 }
 
 #[test]
-fn with_tokens_each_service_and_client_proves_who_it_is() {
+/// Every service over HTTPS with tokens: each client proves who it is and checks whom it
+/// talks to (the cluster's CA), and a real Prometheus scrapes an exporter over TLS with a token.
+fn with_tokens_and_tls_each_service_and_client_proves_who_it_is() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("cluster.toml");
     std::fs::write(&config, CONFIG).unwrap();
@@ -253,41 +255,50 @@ fn with_tokens_each_service_and_client_proves_who_it_is() {
     let (op_file, node_file) = (dir.path().join("op-token"), dir.path().join("node-token"));
     std::fs::write(&op_file, &operator).unwrap();
     std::fs::write(&node_file, &node).unwrap();
-    let aggregator = spawn(
-        &[
-            "aggregator",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            dir.path().join("agg").to_str().unwrap(),
-            "--config",
-            config.to_str().unwrap(),
-            "--tokens",
-            tokens.to_str().unwrap(),
-        ],
-        Stdio::inherit(),
-    );
-    let sched = spawn(
-        &[
-            "scheduler",
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            dir.path().join("data").to_str().unwrap(),
-            "--config",
-            config.to_str().unwrap(),
-            "--aggregator",
-            &aggregator.url,
-            "--cycle",
-            "100ms",
-            "--tokens",
-            tokens.to_str().unwrap(),
-            "--aggregator-token-file",
-            op_file.to_str().unwrap(),
-        ],
-        Stdio::inherit(),
-    );
+    let (cert, key) = certificate(dir.path());
+    let (cert, key) = (cert.to_str().unwrap(), key.to_str().unwrap());
+    let tls = ["--tls-cert", cert, "--tls-key", key];
+    let with_tls =
+        |args: &[&str]| -> Vec<String> { args.iter().chain(&tls).map(|a| a.to_string()).collect() };
+    let spawn_tls = |args: &[&str]| {
+        let args = with_tls(args);
+        spawn(
+            &args.iter().map(String::as_str).collect::<Vec<_>>(),
+            Stdio::inherit(),
+        )
+    };
+    let aggregator = spawn_tls(&[
+        "aggregator",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        dir.path().join("agg").to_str().unwrap(),
+        "--config",
+        config.to_str().unwrap(),
+        "--tokens",
+        tokens.to_str().unwrap(),
+    ]);
+    assert!(aggregator.url.starts_with("https://"), "{}", aggregator.url);
+    let sched = spawn_tls(&[
+        "scheduler",
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        dir.path().join("data").to_str().unwrap(),
+        "--config",
+        config.to_str().unwrap(),
+        "--aggregator",
+        &aggregator.url,
+        "--cycle",
+        "100ms",
+        "--tokens",
+        tokens.to_str().unwrap(),
+        "--aggregator-token-file",
+        op_file.to_str().unwrap(),
+        "--ca-file",
+        cert,
+    ]);
     let url = sched.url.clone();
     let submit = |token: Option<&str>| {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpuledger"));
@@ -308,7 +319,7 @@ fn with_tokens_each_service_and_client_proves_who_it_is() {
         if let Some(t) = token {
             cmd.env("GPULEDGER_TOKEN", t);
         }
-        cmd.output().unwrap()
+        cmd.env("GPULEDGER_CA_FILE", cert).output().unwrap()
     };
     let refused = submit(None);
     assert!(!refused.status.success());
@@ -325,6 +336,7 @@ fn with_tokens_each_service_and_client_proves_who_it_is() {
     );
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
+        .tls_config(gpuledger_auth::tls::client_tls(Some(Path::new(cert))).unwrap())
         .build()
         .into();
     let get = |u: &str, t: &str| -> String {
@@ -341,32 +353,60 @@ fn with_tokens_each_service_and_client_proves_who_it_is() {
         get(&format!("{url}/api/v1/jobs/1"), &tenant).contains("\"running\"")
     });
     // The exporter reads its GPUs from the feed with its node token and pushes with it.
-    let exporter = spawn(
-        &[
-            "exporter",
-            "--node",
-            "gpu001",
-            "--gpus",
-            "4",
-            "--sample-interval",
-            "1s",
-            "--push-interval",
-            "1s",
-            "--listen",
-            "127.0.0.1:0",
-            "--scheduler-url",
-            &url,
-            "--aggregator-url",
-            &aggregator.url,
-            "--aggregator-token-file",
-            node_file.to_str().unwrap(),
-            "--spool-dir",
-            dir.path().join("spool").to_str().unwrap(),
-        ],
-        Stdio::inherit(),
-    );
+    let exporter = spawn_tls(&[
+        "exporter",
+        "--node",
+        "gpu001",
+        "--gpus",
+        "4",
+        "--sample-interval",
+        "1s",
+        "--push-interval",
+        "1s",
+        "--listen",
+        "127.0.0.1:0",
+        "--scheduler-url",
+        &url,
+        "--aggregator-url",
+        &aggregator.url,
+        "--aggregator-token-file",
+        node_file.to_str().unwrap(),
+        "--spool-dir",
+        dir.path().join("spool").to_str().unwrap(),
+        "--ca-file",
+        cert,
+        "--tokens",
+        tokens.to_str().unwrap(),
+    ]);
+    let metrics = |t: Option<&str>| {
+        let mut request = agent.get(format!("{}/metrics", exporter.url));
+        if let Some(t) = t {
+            request = request.header("authorization", format!("Bearer {t}"));
+        }
+        let mut response = request.call().unwrap();
+        let body = response.body_mut().read_to_string().unwrap();
+        (response.status().as_u16(), body)
+    };
     wait_for("the exporter to label job 1's GPUs", || {
-        scrape(&exporter.url).contains("hpc_job=\"1\",account=\"team-a\"")
+        metrics(Some(&operator))
+            .1
+            .contains("hpc_job=\"1\",account=\"team-a\"")
+    });
+    // The exporter's page is an operator's: no token is 401, a tenant's is 403.
+    let (status, body) = metrics(None);
+    assert_eq!(status, 401, "{body}");
+    assert!(body.contains("bearer token"), "{body}");
+    assert_eq!(metrics(Some(&tenant)).0, 403);
+    // Plain HTTP to a TLS listener gets nothing back.
+    let plain = agent
+        .get(exporter.url.replace("https://", "http://") + "/metrics")
+        .call();
+    assert!(plain.is_err(), "{plain:?}");
+    // A real Prometheus scrapes it over TLS with the operator's token.
+    let prometheus = start_prometheus(dir.path(), &exporter.url, cert, &op_file);
+    wait_for("Prometheus to scrape the exporter over TLS", || {
+        let answer = prometheus_query(&prometheus.1, "count(DCGM_FI_DEV_GPU_UTIL)");
+        answer.contains("\"4\"")
     });
     // The scheduler's events reach the aggregator with the operator's token, the samples with
     // the node's.
@@ -382,6 +422,7 @@ fn with_tokens_each_service_and_client_proves_who_it_is() {
     let cancel = Command::new(env!("CARGO_BIN_EXE_gpuledger"))
         .args(["scheduler", "cancel", "1", "--url", &url])
         .env("GPULEDGER_TOKEN", &tenant)
+        .env("GPULEDGER_CA_FILE", cert)
         .output()
         .unwrap();
     assert!(
@@ -394,4 +435,46 @@ fn with_tokens_each_service_and_client_proves_who_it_is() {
     });
     terminate(sched);
     terminate(aggregator);
+}
+
+/// A certificate for `localhost` and 127.0.0.1 (its own CA): (cert, key) paths.
+fn certificate(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let names = vec!["localhost".to_owned(), "127.0.0.1".to_owned()];
+    let pair = rcgen::generate_simple_self_signed(names).unwrap();
+    let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
+    std::fs::write(&cert, pair.cert.pem()).unwrap();
+    std::fs::write(&key, pair.signing_key.serialize_pem()).unwrap();
+    (cert, key)
+}
+
+/// Debian's Prometheus scraping `target_url` (https) every second with the bearer token in
+/// `token_file`, trusting `ca_file`; killed when dropped. Returns it and its URL.
+fn start_prometheus(
+    dir: &Path,
+    target_url: &str,
+    ca_file: &str,
+    token_file: &Path,
+) -> (Process, String) {
+    let target = target_url.trim_start_matches("https://");
+    let config = format!(
+        "global:\n  scrape_interval: 1s\nscrape_configs:\n\
+         \x20 - job_name: gpuledger-exporter\n    scheme: https\n\
+         \x20   tls_config:\n      ca_file: {ca_file}\n\
+         \x20   authorization:\n      credentials_file: {}\n\
+         \x20   static_configs:\n      - targets: [\"{target}\"]\n",
+        token_file.display()
+    );
+    let process = common::start_prometheus(dir, &config);
+    let url = process.url.clone();
+    (process, url)
+}
+
+/// The JSON answer of an instant query.
+fn prometheus_query(url: &str, query: &str) -> String {
+    ureq::get(format!("{url}/api/v1/query"))
+        .query("query", query)
+        .call()
+        .ok()
+        .and_then(|mut r| r.body_mut().read_to_string().ok())
+        .unwrap_or_default()
 }

@@ -10,10 +10,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
-use arrow::ipc::writer::StreamWriter;
 use gpuledger_model::rng::SplitMix64;
 use gpuledger_model::sample::SampleBatchBuilder;
 use gpuledger_model::time::Clock;
+use gpuledger_model::wire::encode_ipc;
 
 use crate::exposition::Snapshot;
 use crate::source::{sample_ref, GpuDevice, GpuSource, JobLabel};
@@ -36,6 +36,9 @@ pub struct AgentConfig {
     /// allocation feed (both read the same token file).
     pub aggregator_token: Option<String>,
     pub max_backoff: Duration,
+    /// What an `https://` aggregator or scheduler must present (the cluster's CA, or else the
+    /// Mozilla roots).
+    pub tls: ureq::tls::TlsConfig,
 }
 
 /// State shared by the loops and the `/metrics` handler.
@@ -79,6 +82,25 @@ impl Shared {
         self.stop.load(Ordering::SeqCst)
     }
 
+    /// Sleeps up to `period`, waking early when the exporter stops; whether it is stopping.
+    pub(crate) fn wait_or_stop(&self, period: Duration) -> bool {
+        let until = Instant::now() + period;
+        while !self.stopping() {
+            let Some(left) = until.checked_duration_since(Instant::now()) else {
+                return false;
+            };
+            std::thread::sleep(left.min(Duration::from_millis(50)));
+        }
+        true
+    }
+
+    pub(crate) fn count_otlp_export(&self, ok: bool) {
+        self.update(|s| {
+            s.health.otlp_exports_total += u64::from(ok);
+            s.health.otlp_exports_failed_total += u64::from(!ok);
+        });
+    }
+
     fn publish_spool(&self) {
         let (bytes, batches, dropped, lost) = {
             let spool = lock(&self.spool);
@@ -99,13 +121,22 @@ impl Shared {
 }
 
 /// Reads the job-mapping directory: file `<gpu index>` holds `job_id account [project]`.
-/// Returns a label per device, by position (MIG instances of a GPU share its file).
+/// Returns a label per device, by position; a MIG instance in slot S of GPU G reads `G-S`,
+/// else G's file.
 pub fn read_job_mapping(dir: &std::path::Path, devices: &[GpuDevice]) -> Vec<Option<JobLabel>> {
     devices
         .iter()
         .map(|d| {
             let i = d.index;
-            let text = std::fs::read_to_string(dir.join(i.to_string())).ok()?;
+            // A MIG instance (`<profile>/<slot>`) reads `<gpu>-<slot>` first, then its GPU's file.
+            let own = d
+                .mig_instance
+                .as_deref()
+                .and_then(|m| m.rsplit_once('/'))
+                .map(|(_, slot)| format!("{i}-{slot}"));
+            let text = own
+                .and_then(|name| std::fs::read_to_string(dir.join(name)).ok())
+                .or_else(|| std::fs::read_to_string(dir.join(i.to_string())).ok())?;
             let mut words = text.split_whitespace();
             let job_id = words.next()?.to_owned();
             let Some(account) = words.next() else {
@@ -127,13 +158,24 @@ pub fn read_job_mapping(dir: &std::path::Path, devices: &[GpuDevice]) -> Vec<Opt
 /// Labels from the scheduler's allocation feed (`GET /api/v1/allocations`), re-read at most
 /// every [`AllocationFeed::REFRESH`]; while the scheduler does not answer the last labels stand
 /// (a job keeps its GPUs while the scheduler restarts).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct AllocationFeed {
+    agent: ureq::Agent,
     last: Option<(Instant, Vec<Option<JobLabel>>)>,
 }
 
 impl AllocationFeed {
     pub const REFRESH: Duration = Duration::from_secs(5);
+
+    /// A feed read over connections that trust what `tls` says.
+    pub fn new(tls: ureq::tls::TlsConfig) -> Self {
+        let agent = ureq::Agent::config_builder()
+            .timeout_global(Some(Duration::from_secs(2)))
+            .tls_config(tls)
+            .build()
+            .into();
+        AllocationFeed { agent, last: None }
+    }
 
     /// This node's labels; `token` is the node's token (the scheduler with `--tokens` shows a
     /// node its own GPUs only).
@@ -149,7 +191,7 @@ impl AllocationFeed {
                 return labels.clone();
             }
         }
-        match fetch_allocations(url, token, node, devices) {
+        match fetch_allocations(&self.agent, url, token, node, devices) {
             Ok(labels) => {
                 self.last = Some((Instant::now(), labels.clone()));
                 labels
@@ -171,15 +213,13 @@ impl AllocationFeed {
 
 /// This node's GPUs in the scheduler's allocation feed, by device position.
 pub fn fetch_allocations(
+    agent: &ureq::Agent,
     url: &str,
     token: Option<&str>,
     node: &str,
     devices: &[GpuDevice],
 ) -> Result<Vec<Option<JobLabel>>, String> {
-    let mut request = ureq::get(format!("{}/api/v1/allocations", url.trim_end_matches('/')))
-        .config()
-        .timeout_global(Some(Duration::from_secs(2)))
-        .build();
+    let mut request = agent.get(format!("{}/api/v1/allocations", url.trim_end_matches('/')));
     if let Some(t) = token {
         request = request.header("authorization", format!("Bearer {t}"));
     }
@@ -223,7 +263,7 @@ pub fn run_sampler(
     let mut builder = SampleBatchBuilder::with_capacity(devices.len() * 16);
     let mut last_push = Instant::now();
     let interval_s = config.sample_interval.as_secs().max(1) as u32;
-    let mut feed = AllocationFeed::default();
+    let mut feed = AllocationFeed::new(config.tls.clone());
     while !shared.stopping() {
         let started = Instant::now();
         let now_ms = clock.now_ms();
@@ -317,16 +357,8 @@ fn spool_batch(builder: &mut SampleBatchBuilder, shared: &Shared) {
     let result = builder
         .finish()
         .map_err(|e| e.to_string())
-        .and_then(|batch| {
-            let mut bytes = Vec::new();
-            let mut w =
-                StreamWriter::try_new(&mut bytes, &batch.schema()).map_err(|e| e.to_string())?;
-            w.write(&batch)
-                .and_then(|()| w.finish())
-                .map_err(|e| e.to_string())?;
-            drop(w);
-            lock(&shared.spool).push(&bytes).map_err(|e| e.to_string())
-        });
+        .and_then(|batch| encode_ipc(&batch).map_err(|e| e.to_string()))
+        .and_then(|bytes| lock(&shared.spool).push(&bytes).map_err(|e| e.to_string()));
     if let Err(error) = result {
         tracing::error!(%error, "could not spool a batch; its samples are lost");
     }
@@ -392,6 +424,7 @@ pub fn run_pusher(config: &AgentConfig, clock: &dyn Clock, shared: &Shared) {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_global(Some(Duration::from_secs(30)))
+        .tls_config(config.tls.clone())
         .build()
         .into();
     let mut rng = SplitMix64::new(clock.now_ms() as u64);
@@ -493,5 +526,23 @@ mod tests {
         assert_eq!(labels[0].as_ref().unwrap().project.as_deref(), Some("llm"));
         assert!(labels[1].is_none(), "no file: idle");
         assert!(labels[2].is_none(), "job without account: idle, warned");
+    }
+
+    #[test]
+    fn a_mig_instance_reads_its_own_file_before_its_gpus() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("0"), "1 team-a\n").unwrap();
+        std::fs::write(dir.path().join("0-3"), "2 team-b\n").unwrap();
+        let mut devices =
+            crate::synthetic::synthetic_devices(1, "n", 2, gpuledger_model::GpuModel::H100Sxm);
+        for (d, slot) in devices.iter_mut().zip(["1g.10gb/3", "1g.10gb/4"]) {
+            d.index = 0;
+            d.mig_instance = Some(slot.to_owned());
+        }
+        let jobs: Vec<String> = read_job_mapping(dir.path(), &devices)
+            .into_iter()
+            .map(|l| l.unwrap().job_id)
+            .collect();
+        assert_eq!(jobs, ["2", "1"]);
     }
 }

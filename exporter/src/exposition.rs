@@ -28,6 +28,8 @@ pub struct Health {
     pub spool_dropped_total: u64,
     pub spool_lost_total: u64,
     pub last_push_timestamp_seconds: Option<f64>,
+    pub otlp_exports_total: u64,
+    pub otlp_exports_failed_total: u64,
 }
 
 /// What the last collection saw, per GPU, and the running totals.
@@ -69,12 +71,21 @@ impl Format {
     }
 }
 
+/// Where the exporter's series go: the text page here, OTLP in [`crate::otlp`]. Both get the
+/// same families and samples from [`emit`].
+pub trait Sink {
+    /// A new family; `kind` is `gauge` or `counter`.
+    fn family(&mut self, name: &str, kind: &str, help: &str);
+    /// A sample of the family last begun.
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64);
+}
+
 struct Out {
     text: String,
     format: Format,
 }
 
-impl Out {
+impl Sink for Out {
     fn family(&mut self, name: &str, kind: &str, help: &str) {
         let family = match (self.format, kind) {
             (Format::OpenMetrics, "counter") => name.strip_suffix("_total").unwrap_or(name),
@@ -217,6 +228,15 @@ pub fn render(s: &Snapshot, format: Format) -> String {
         text: String::with_capacity(256 + s.devices.len() * 1400),
         format,
     };
+    emit(s, &mut out);
+    if format == Format::OpenMetrics {
+        out.text.push_str("# EOF\n");
+    }
+    out.text
+}
+
+/// Every family of the snapshot, in page order, into `out`.
+pub fn emit(s: &Snapshot, out: &mut impl Sink) {
     let gpu_labels: Vec<(String, Option<&JobLabel>)> = s
         .devices
         .iter()
@@ -309,17 +329,13 @@ pub fn render(s: &Snapshot, format: Format) -> String {
             1.0,
         );
     }
-    render_health(&mut out, s);
-    if format == Format::OpenMetrics {
-        out.text.push_str("# EOF\n");
-    }
-    out.text
+    emit_health(out, s);
 }
 
-fn render_health(out: &mut Out, s: &Snapshot) {
+fn emit_health(out: &mut impl Sink, s: &Snapshot) {
     let h = &s.health;
     let src = [("source", s.source)];
-    let counters: [(&str, &str, f64); 8] = [
+    let counters: [(&str, &str, f64); 10] = [
         (
             "gpuledger_exporter_samples_total",
             "GPU samples taken.",
@@ -359,6 +375,16 @@ fn render_health(out: &mut Out, s: &Snapshot) {
             "gpuledger_exporter_spool_lost_batches_total",
             "Batches that could not be spooled at all (a write error with nothing older to drop).",
             h.spool_lost_total as f64,
+        ),
+        (
+            "gpuledger_exporter_otlp_exports_total",
+            "OTLP exports the receiver accepted.",
+            h.otlp_exports_total as f64,
+        ),
+        (
+            "gpuledger_exporter_otlp_exports_failed_total",
+            "OTLP exports that failed (the next interval sends the then latest values).",
+            h.otlp_exports_failed_total as f64,
         ),
     ];
     for (name, help, v) in counters {

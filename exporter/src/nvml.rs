@@ -3,15 +3,24 @@
 //! that names the library and the other sources, never a panic. XID errors arrive as NVML
 //! events, drained without waiting at each reading.
 //!
-//! Not yet read (no GPU on the machines this was written on): MIG instances and the Hopper
-//! GPM metrics; `scripts/nvml-on-device.sh` is ready for a machine
-//! with GPUs.
+//! A GPU in MIG mode is read as its MIG instances (NVML's slots are iterated and the empty ones
+//! skipped): each is a device with the parent's index and `mig_instance` = `<profile>/<slot>`,
+//! with its own memory and processes; NVML gives no utilization for an instance. On Hopper and
+//! later, GPM (GPU performance monitoring) gives SM activity, tensor activity and DRAM
+//! bandwidth between two samples, the MFU proxy without DCGM: one sample is kept per GPU and
+//! each reading covers the time since the previous one. GPM per MIG instance needs the
+//! instance's GPU-instance id, which nvml-wrapper 0.13 does not expose safely: instances have no
+//! GPM figures yet.
+//!
+//! Written and compiled without a GPU at hand: `scripts/nvml-on-device.sh` runs the source on a
+//! machine with one.
 
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
 use nvml_wrapper::enums::event::XidError;
+use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::error::NvmlError;
-use nvml_wrapper::{Device, EventSet, Nvml};
+use nvml_wrapper::{Device, EventSet, GpmSample, Nvml};
 
 use gpuledger_model::time::UnixMillis;
 use gpuledger_model::GpuModel;
@@ -21,14 +30,28 @@ use crate::source::{GpuDevice, GpuReading, GpuSource, Result, SourceError};
 /// The library NVML is loaded from.
 pub const NVML_LIBRARY: &str = "libnvidia-ml.so.1";
 
+/// `nvmlDeviceGetMigMode`'s "enabled".
+const MIG_ENABLED: u32 = 1;
+
+/// The GPM metrics read, in the order they fill a reading.
+const GPM_METRICS: [GpmMetricId; 3] = [
+    GpmMetricId::SmUtil,
+    GpmMetricId::AnyTensorUtil,
+    GpmMetricId::DramBwUtil,
+];
+
 /// Reads every GPU NVML sees.
 pub struct NvmlSource {
-    /// Loaded once for the life of the process (handles and event sets borrow it).
+    /// Loaded once for the life of the process (handles, samples and event sets borrow it).
+    nvml: &'static Nvml,
+    /// Aligned with `devices`: a whole GPU's handle, or a MIG instance's.
     handles: Vec<Device<'static>>,
+    /// Aligned with `devices`: the last GPM sample of a GPU that supports GPM.
+    gpm: Vec<Option<GpmSample<'static>>>,
     /// XID events of every GPU that supports them; `None` when none does.
     xid_events: Option<EventSet<'static>>,
     devices: Vec<GpuDevice>,
-    /// Last energy counter per GPU (mJ), to report energy per interval.
+    /// Last energy counter per device (mJ), to report energy per interval.
     last_energy_mj: Vec<Option<u64>>,
 }
 
@@ -65,8 +88,15 @@ impl NvmlSource {
         let count = nvml
             .device_count()
             .map_err(nvml_err("nvmlDeviceGetCount", None))?;
-        let mut devices = Vec::new();
-        let mut handles = Vec::new();
+        let mut source = NvmlSource {
+            nvml,
+            handles: Vec::new(),
+            gpm: Vec::new(),
+            xid_events: None,
+            devices: Vec::new(),
+            last_energy_mj: Vec::new(),
+        };
+        let mut parents = Vec::new();
         for i in 0..count {
             let device = nvml
                 .device_by_index(i)
@@ -76,24 +106,82 @@ impl NvmlSource {
                 .map_err(nvml_err("nvmlDeviceGetName", Some(i)))?;
             let model =
                 GpuModel::from_marketing_name(&name).ok_or(SourceError::UnknownModel(name))?;
-            devices.push(GpuDevice {
-                index: i as u16,
-                uuid: device
+            if device.mig_mode().is_ok_and(|m| m.current == MIG_ENABLED) {
+                source.add_mig_instances(&device, i, model)?;
+            } else {
+                let uuid = device
                     .uuid()
-                    .map_err(nvml_err("nvmlDeviceGetUUID", Some(i)))?,
-                model,
-                mig_instance: None,
-            });
-            handles.push(device);
+                    .map_err(nvml_err("nvmlDeviceGetUUID", Some(i)))?;
+                let gpm = first_gpm_sample(&device, i);
+                // The XID event set needs a handle of its own (handles are not `Clone`).
+                let handle = nvml
+                    .device_by_index(i)
+                    .map_err(nvml_err("nvmlDeviceGetHandleByIndex", Some(i)))?;
+                source.push(handle, gpm, i, uuid, model, None);
+            }
+            parents.push(device);
         }
-        let last_energy_mj = vec![None; devices.len()];
-        let xid_events = xid_event_set(nvml, &handles);
-        Ok(NvmlSource {
-            handles,
-            xid_events,
-            devices,
-            last_energy_mj,
-        })
+        source.xid_events = xid_event_set(nvml, &parents);
+        Ok(source)
+    }
+
+    fn push(
+        &mut self,
+        handle: Device<'static>,
+        gpm: Option<GpmSample<'static>>,
+        index: u32,
+        uuid: String,
+        model: GpuModel,
+        mig_instance: Option<String>,
+    ) {
+        self.devices.push(GpuDevice {
+            index: index as u16,
+            uuid,
+            model,
+            mig_instance,
+        });
+        self.handles.push(handle);
+        self.gpm.push(gpm);
+        self.last_energy_mj.push(None);
+    }
+
+    /// The MIG instances of GPU `index`, each a device; slots without an instance are skipped.
+    fn add_mig_instances(
+        &mut self,
+        parent: &Device<'static>,
+        index: u32,
+        model: GpuModel,
+    ) -> Result<()> {
+        let slots = parent
+            .mig_device_count()
+            .map_err(nvml_err("nvmlDeviceGetMaxMigDeviceCount", Some(index)))?;
+        let before = self.devices.len();
+        for slot in 0..slots {
+            let instance = match parent.mig_device_by_index(slot) {
+                Ok(instance) => instance,
+                Err(NvmlError::NotFound | NvmlError::InvalidArg) => continue,
+                Err(e) => {
+                    return Err(nvml_err("nvmlDeviceGetMigDeviceHandleByIndex", Some(index))(e))
+                }
+            };
+            let uuid = instance
+                .uuid()
+                .map_err(nvml_err("nvmlDeviceGetUUID", Some(index)))?;
+            let profile = instance
+                .name()
+                .ok()
+                .and_then(|n| mig_profile(&n).map(str::to_owned))
+                .unwrap_or_else(|| "mig".to_owned());
+            let mig_instance = Some(format!("{profile}/{slot}"));
+            self.push(instance, None, index, uuid, model, mig_instance);
+        }
+        if self.devices.len() == before {
+            tracing::warn!(
+                gpu = index,
+                "MIG is on but the GPU has no instances: nothing to read"
+            );
+        }
+        Ok(())
     }
 
     /// The last XID per GPU index among the events waiting now.
@@ -113,11 +201,16 @@ impl NvmlSource {
         last
     }
 
-    fn read_one(&mut self, i: u32) -> Result<GpuReading> {
-        let device = &self.handles[i as usize];
-        let util = device
-            .utilization_rates()
-            .map_err(nvml_err("nvmlDeviceGetUtilizationRates", Some(i)))?;
+    fn read_one(&mut self, position: usize) -> Result<GpuReading> {
+        let i = u32::from(self.devices[position].index);
+        let is_instance = self.devices[position].mig_instance.is_some();
+        let device = &self.handles[position];
+        // A MIG instance has no utilization in NVML; a whole GPU must have one.
+        let util = match device.utilization_rates() {
+            Ok(u) => Some(u.gpu as f32),
+            Err(_) if is_instance => None,
+            Err(e) => return Err(nvml_err("nvmlDeviceGetUtilizationRates", Some(i))(e)),
+        };
         let mem = device
             .memory_info()
             .map_err(nvml_err("nvmlDeviceGetMemoryInfo", Some(i)))?;
@@ -125,7 +218,9 @@ impl NvmlSource {
         let power_w = device.power_usage().ok().map(|mw| mw as f32 / 1000.0);
         let energy_mj = device.total_energy_consumption().ok();
         let processes = device.running_compute_processes().ok();
-        let slot = &mut self.last_energy_mj[i as usize];
+        let [sm_active, tensor_active, dram_active] = self.read_gpm(position);
+        let device = &self.handles[position];
+        let slot = &mut self.last_energy_mj[position];
         let energy_j = match (energy_mj, *slot) {
             (Some(now), Some(before)) if now >= before => Some((now - before) as f64 / 1000.0),
             _ => None,
@@ -133,10 +228,10 @@ impl NvmlSource {
         *slot = energy_mj;
         Ok(GpuReading {
             index: i as u16,
-            gpu_util_pct: Some(util.gpu as f32),
-            sm_active: None,
-            tensor_active: None,
-            dram_active: None,
+            gpu_util_pct: util,
+            sm_active,
+            tensor_active,
+            dram_active,
             sm_clock_mhz: device.clock_info(Clock::SM).ok(),
             mem_used_bytes: Some(mem.used),
             mem_total_bytes: Some(mem.total),
@@ -158,6 +253,49 @@ impl NvmlSource {
             processes: processes.map(|ps| u32::try_from(ps.len()).unwrap_or(u32::MAX)),
         })
     }
+
+    /// SM activity, tensor activity and DRAM bandwidth (percent) since the last GPM sample of
+    /// device `position`, which the new sample replaces. `None` each where GPM is unsupported
+    /// or a sample fails (the next reading starts again from a fresh sample).
+    fn read_gpm(&mut self, position: usize) -> [Option<f32>; 3] {
+        let Some(previous) = self.gpm[position].take() else {
+            return [None; 3];
+        };
+        let Ok(next) = self.handles[position].gpm_sample() else {
+            return [None; 3];
+        };
+        let figures = nvml_wrapper::gpm::gpm_metrics_get(self.nvml, &previous, &next, &GPM_METRICS);
+        self.gpm[position] = Some(next);
+        let Ok(results) = figures else {
+            return [None; 3];
+        };
+        let mut out = [None; 3];
+        for (slot, result) in out.iter_mut().zip(results) {
+            *slot = result.ok().map(|r| r.value.clamp(0.0, 100.0) as f32);
+        }
+        out
+    }
+}
+
+/// The first GPM sample of a GPU that supports GPM (Hopper and later); `None` otherwise.
+fn first_gpm_sample(device: &Device<'static>, index: u32) -> Option<GpmSample<'static>> {
+    if !device.gpm_support().unwrap_or(false) {
+        return None;
+    }
+    match device.gpm_sample() {
+        Ok(sample) => Some(sample),
+        Err(error) => {
+            tracing::warn!(gpu = index, %error, "GPM is supported but sampling failed: no SM or tensor activity");
+            None
+        }
+    }
+}
+
+/// The profile in a MIG instance's name: `NVIDIA H100 80GB HBM3 MIG 1g.10gb` -> `1g.10gb`.
+fn mig_profile(name: &str) -> Option<&str> {
+    let (_, profile) = name.rsplit_once(" MIG ")?;
+    let profile = profile.trim();
+    (!profile.is_empty()).then_some(profile)
 }
 
 /// One event set with every GPU registered for critical XID errors. A GPU that does not
@@ -204,10 +342,10 @@ impl GpuSource for NvmlSource {
 
     fn read(&mut self, _now_ms: UnixMillis) -> Result<Vec<GpuReading>> {
         let xids = self.drain_xids();
-        (0..self.devices.len() as u32)
-            .map(|i| {
-                let mut reading = self.read_one(i)?;
-                reading.xid = xids.get(&i).copied();
+        (0..self.devices.len())
+            .map(|position| {
+                let mut reading = self.read_one(position)?;
+                reading.xid = xids.get(&u32::from(reading.index)).copied();
                 Ok(reading)
             })
             .collect()
@@ -217,6 +355,19 @@ impl GpuSource for NvmlSource {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mig_instance_name_gives_its_profile() {
+        assert_eq!(
+            mig_profile("NVIDIA H100 80GB HBM3 MIG 1g.10gb"),
+            Some("1g.10gb")
+        );
+        assert_eq!(
+            mig_profile("NVIDIA A100-SXM4-40GB MIG 3g.20gb "),
+            Some("3g.20gb")
+        );
+        assert_eq!(mig_profile("NVIDIA H100 80GB HBM3"), None);
+    }
 
     #[test]
     fn missing_driver_is_a_clear_error_not_a_panic() {

@@ -73,12 +73,17 @@ pub struct ServiceConfig {
     /// `DATA/storage/scans.csv`, written by `gpuledger storage-scan`: the storage quota holds
     /// the jobs of accounts over it.
     pub storage_scans: Option<PathBuf>,
+    /// What an `https://` aggregator must present (the cluster's CA, or else the Mozilla
+    /// roots).
+    pub tls: ureq::tls::TlsConfig,
 }
 
 /// The service: scheduler, job table, executor, persisted state.
 #[derive(Debug)]
 pub struct Service {
     inner: Mutex<Inner>,
+    /// The aggregator's client: usage feed and job events.
+    agent: ureq::Agent,
     config: ServiceConfig,
     cluster: ClusterConfig,
     clock: Arc<dyn Clock>,
@@ -239,6 +244,11 @@ impl Service {
                 last_storage_s: i64::MIN,
                 counters: Counters::default(),
             }),
+            agent: ureq::Agent::config_builder()
+                .timeout_global(Some(Duration::from_secs(5)))
+                .tls_config(config.tls.clone())
+                .build()
+                .into(),
             config,
             cluster,
             clock,
@@ -788,10 +798,7 @@ impl Service {
             return None;
         }
         let url = format!("{base}/api/v1/usage");
-        let mut request = ureq::get(&url)
-            .config()
-            .timeout_global(Some(Duration::from_secs(5)))
-            .build();
+        let mut request = self.agent.get(&url);
         if let Some(token) = &self.config.aggregator_token {
             request = request.header("authorization", format!("Bearer {token}"));
         }
@@ -826,10 +833,9 @@ impl Service {
             "seq": seq,
             "events": events.iter().map(event_json).collect::<Vec<_>>(),
         });
-        let mut request = ureq::post(&format!("{base}/api/v1/events"))
-            .config()
-            .timeout_global(Some(Duration::from_secs(5)))
-            .build()
+        let mut request = self
+            .agent
+            .post(&format!("{base}/api/v1/events"))
             .header("content-type", "application/json");
         if let Some(token) = &self.config.aggregator_token {
             request = request.header("authorization", format!("Bearer {token}"));

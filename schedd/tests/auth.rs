@@ -57,6 +57,7 @@ fn fixture() -> Fixture {
         aggregator_token: None,
         usage_every: Duration::from_secs(60),
         storage_scans: None,
+        tls: Default::default(),
     };
     let executor = Box::new(LocalExecutor::new(dir.path().join("scheduler/jobs")));
     let clock = Arc::new(ManualClock::new(T0_MS));

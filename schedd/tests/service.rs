@@ -45,6 +45,7 @@ fn open(dir: &std::path::Path, clock: Arc<ManualClock>) -> Arc<Service> {
         aggregator_token: None,
         usage_every: Duration::from_secs(60),
         storage_scans: None,
+        tls: Default::default(),
     };
     let executor = Box::new(LocalExecutor::new(dir.join("scheduler/jobs")));
     Arc::new(Service::open(cluster(), config, executor, clock).unwrap())

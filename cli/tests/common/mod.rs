@@ -29,7 +29,7 @@ impl Drop for Process {
     }
 }
 
-/// Starts `gpuledger ARGS` and waits for its "listening on http://..." line.
+/// Starts `gpuledger ARGS` and waits for its "listening on http(s)://..." line.
 pub fn spawn(args: &[&str], stderr: Stdio) -> Process {
     spawn_binary(env!("CARGO_BIN_EXE_gpuledger"), args, stderr)
 }
@@ -48,7 +48,7 @@ pub fn spawn_binary(binary: &str, args: &[&str], stderr: Stdio) -> Process {
         .expect("reads");
     let url = line
         .split_whitespace()
-        .find(|w| w.starts_with("http://"))
+        .find(|w| w.starts_with("http://") || w.starts_with("https://"))
         .unwrap_or_else(|| panic!("no address in {line:?}"))
         .to_owned();
     Process { child, url }
@@ -61,6 +61,36 @@ pub fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// Debian's Prometheus with `config` (YAML) in `dir`, on a free loopback port, once it says it
+/// is ready; killed when dropped. Its URL is the process's.
+pub fn start_prometheus(dir: &std::path::Path, config: &str) -> Process {
+    let path = dir.join("prometheus.yml");
+    std::fs::write(&path, config).unwrap();
+    let port = free_port();
+    let child = Command::new("prometheus")
+        .arg(format!("--config.file={}", path.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.join("tsdb").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .arg("--log.level=warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("prometheus not found: ./scripts/test.sh installs Debian's `prometheus` package");
+    let url = format!("http://127.0.0.1:{port}");
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while ureq::get(format!("{url}/-/ready")).call().is_err() {
+        assert!(
+            std::time::Instant::now() < until,
+            "Prometheus did not get ready"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    Process { child, url }
 }
 
 /// What `promtool check metrics` (Debian's `prometheus` package) says of a `/metrics` page:
