@@ -296,7 +296,13 @@ pub fn run(args: ExporterArgs) -> anyhow::Result<()> {
     if args.push_interval < args.sample_interval {
         bail!("--push-interval must not be shorter than --sample-interval");
     }
-    let guard = crate::serve::guard("exporter", args.tokens.as_deref(), &[])?;
+    // The exporter's page is open by default, as dcgm-exporter's is (GPU readings and job ids,
+    // no usage totals or money); --tokens closes it.
+    let exposure = crate::serve::Exposure {
+        listen: args.listen,
+        allow_unauthenticated: true,
+    };
+    let guard = crate::serve::guard("exporter", args.tokens.as_deref(), &[], exposure)?;
     let tls = args.tls.acceptor()?;
     let source = open_source(&args)?;
     let spool = Spool::open(&args.spool_dir, args.spool_max_bytes)

@@ -85,6 +85,10 @@ pub struct ServeArgs {
     /// GPUs of the allocation feed, operators do the rest. Without it authentication is off.
     #[arg(long, env = "GPULEDGER_TOKENS")]
     tokens: Option<PathBuf>,
+    /// Serve without --tokens on an address other hosts can reach (every request then acts as
+    /// an operator): for a network you trust entirely.
+    #[arg(long)]
+    allow_unauthenticated: bool,
     /// Routes open without a token, with --tokens: `metrics`.
     #[arg(long, value_delimiter = ',')]
     public: Vec<gpuledger_auth::Public>,
@@ -222,7 +226,11 @@ pub fn run(command: SchedulerCommand) -> anyhow::Result<()> {
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let cluster = load_cluster(args.config.as_deref())?;
-    let guard = crate::serve::guard("scheduler", args.tokens.as_deref(), &args.public)?;
+    let exposure = crate::serve::Exposure {
+        listen: args.listen,
+        allow_unauthenticated: args.allow_unauthenticated,
+    };
+    let guard = crate::serve::guard("scheduler", args.tokens.as_deref(), &args.public, exposure)?;
     let options = SchedulerOptions::parse(&args.policy)
         .with_context(|| format!("unknown --policy `{}`", args.policy))?;
     // Absolute: jobs run in their own directories and write their exit status by this path.

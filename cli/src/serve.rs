@@ -55,10 +55,14 @@ pub struct AggregatorArgs {
     #[arg(long, value_delimiter = ',')]
     pub node: Vec<String>,
     /// Token file (`gpuledger token add`): every route then wants a bearer token of a role
-    /// allowed to use it. Without it authentication is off (a warning is logged): for loopback
-    /// tests and single-user installs only.
+    /// allowed to use it. Without it authentication is off (a warning is logged), which is
+    /// allowed on a loopback address only, unless --allow-unauthenticated.
     #[arg(long, env = "GPULEDGER_TOKENS")]
     pub tokens: Option<PathBuf>,
+    /// Serve without --tokens on an address other hosts can reach (every request then acts as
+    /// an operator): for a network you trust entirely.
+    #[arg(long)]
+    pub allow_unauthenticated: bool,
     /// Open routes to requests without a token, with --tokens: `metrics` (for a Prometheus
     /// without a token), `status` (the status page, every account on it).
     #[arg(long, value_delimiter = ',')]
@@ -69,11 +73,22 @@ pub struct AggregatorArgs {
     pub tls: crate::http_server::TlsArgs,
 }
 
-/// The guard of a service from its `--tokens` and `--public` options.
+/// Who a service's listener lets in without a token.
+#[derive(Clone, Copy, Debug)]
+pub struct Exposure {
+    pub listen: SocketAddr,
+    /// `--allow-unauthenticated`: no tokens even where other hosts can connect.
+    pub allow_unauthenticated: bool,
+}
+
+/// The guard of a service from its `--tokens` and `--public` options. Without tokens a service
+/// listens on loopback only, unless the operator says otherwise (as Redis's protected mode):
+/// a forgotten `--tokens` must not open every account's data to the network.
 pub fn guard(
     service: &str,
     tokens: Option<&std::path::Path>,
     public: &[gpuledger_auth::Public],
+    exposure: Exposure,
 ) -> anyhow::Result<gpuledger_auth::Guard> {
     match tokens {
         Some(path) => {
@@ -91,6 +106,12 @@ pub fn guard(
         None => {
             if !public.is_empty() {
                 bail!("--public opens routes of a service that has --tokens; without --tokens everything is open");
+            }
+            if !exposure.listen.ip().is_loopback() && !exposure.allow_unauthenticated {
+                bail!(
+                    "{service}: refusing to listen on {} without authentication, where other hosts can reach it; give --tokens FILE (`gpuledger token add`), listen on 127.0.0.1, or pass --allow-unauthenticated",
+                    exposure.listen
+                );
             }
             tracing::warn!(
                 service,
@@ -115,7 +136,11 @@ pub fn data_dir_path(text: &str) -> anyhow::Result<PathBuf> {
 /// Runs the service until SIGTERM or Ctrl-C.
 pub fn run(args: AggregatorArgs) -> anyhow::Result<()> {
     let config = load_cluster(args.config.as_deref())?;
-    let guard = guard("aggregator", args.tokens.as_deref(), &args.public)?;
+    let exposure = Exposure {
+        listen: args.listen,
+        allow_unauthenticated: args.allow_unauthenticated,
+    };
+    let guard = guard("aggregator", args.tokens.as_deref(), &args.public, exposure)?;
     let tls = args.tls.acceptor()?;
     let root = data_dir_path(&args.data_dir)?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
@@ -354,5 +379,26 @@ mod tests {
         );
         let err = data_dir_path("s3://bucket/prefix").unwrap_err().to_string();
         assert!(err.contains("s3://"), "{err}");
+    }
+
+    #[test]
+    fn without_tokens_a_service_listens_on_loopback_only_unless_told() {
+        let exposure = |listen: &str, allow_unauthenticated| Exposure {
+            listen: listen.parse().unwrap(),
+            allow_unauthenticated,
+        };
+        for loopback in ["127.0.0.1:9400", "[::1]:9400"] {
+            assert!(guard("aggregator", None, &[], exposure(loopback, false)).is_ok());
+        }
+        for open in ["0.0.0.0:9400", "10.1.2.3:9400", "[::]:9400"] {
+            let err = guard("aggregator", None, &[], exposure(open, false))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("refusing to listen on") && err.contains("--tokens"),
+                "{err}"
+            );
+            assert!(guard("aggregator", None, &[], exposure(open, true)).is_ok());
+        }
     }
 }

@@ -356,3 +356,30 @@ fn simulate_runs_its_own_job_format_with_preemption_and_a_reservation() {
     assert!(String::from_utf8_lossy(&run.stderr)
         .contains("bad.csv:2: `gpus`: `eight` is not a whole number"));
 }
+
+#[test]
+fn without_tokens_the_services_refuse_an_address_other_hosts_can_reach() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let data = data.to_str().unwrap();
+    for args in [
+        vec!["aggregator", "--listen", "0.0.0.0:0", "--data-dir", data],
+        vec![
+            "scheduler",
+            "serve",
+            "--listen",
+            "0.0.0.0:0",
+            "--data-dir",
+            data,
+        ],
+    ] {
+        let out = gpuledger(&args);
+        assert!(!out.status.success(), "{args:?} started");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("refusing to listen on 0.0.0.0:0 without authentication")
+                && stderr.contains("--tokens"),
+            "{stderr}"
+        );
+    }
+}
