@@ -20,6 +20,8 @@ use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::path::Path;
 use std::str::FromStr;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant, SystemTime};
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
@@ -510,8 +512,31 @@ impl Verifier {
 /// A service's authentication: tokens (or none: authentication off) and what is public.
 #[derive(Clone, Debug, Default)]
 pub struct Guard {
-    verifier: Option<Verifier>,
+    verifier: Option<Arc<RwLock<Verifier>>>,
+    /// The token file, when the guard follows it (see [`Guard::follow`]).
+    source: Option<Arc<TokenSource>>,
     public: BTreeSet<Public>,
+}
+
+/// The token file a guard re-reads when it changes, so `gpuledger token add|revoke` takes
+/// effect on a running service without a restart.
+#[derive(Debug)]
+struct TokenSource {
+    path: std::path::PathBuf,
+    state: Mutex<SourceState>,
+}
+
+#[derive(Debug)]
+struct SourceState {
+    checked: Instant,
+    modified: Option<SystemTime>,
+}
+
+/// How often a followed token file is looked at (one `stat`).
+const TOKEN_FILE_CHECK: Duration = Duration::from_secs(1);
+
+fn modified(path: &Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
 }
 
 impl Guard {
@@ -523,8 +548,52 @@ impl Guard {
 
     pub fn new(file: &TokenFile, public: impl IntoIterator<Item = Public>) -> Self {
         Guard {
-            verifier: Some(Verifier::new(file)),
+            verifier: Some(Arc::new(RwLock::new(Verifier::new(file)))),
+            source: None,
             public: public.into_iter().collect(),
+        }
+    }
+
+    /// A guard of the token file at `path`, read now and again within a second of each change:
+    /// a revoked token stops working, an added one starts, without a restart. A file that
+    /// cannot be read or parsed later keeps the tokens last read (and is logged).
+    pub fn follow(path: &Path, public: impl IntoIterator<Item = Public>) -> Result<Self> {
+        let written = modified(path);
+        let file = TokenFile::load(path)?;
+        let mut guard = Guard::new(&file, public);
+        guard.source = Some(Arc::new(TokenSource {
+            path: path.to_owned(),
+            state: Mutex::new(SourceState {
+                checked: Instant::now(),
+                modified: written,
+            }),
+        }));
+        Ok(guard)
+    }
+
+    /// Re-reads the followed file if it changed since it was last read.
+    fn refresh(&self) {
+        let (Some(source), Some(verifier)) = (&self.source, &self.verifier) else {
+            return;
+        };
+        let mut state = source.state.lock().unwrap_or_else(|p| p.into_inner());
+        if state.checked.elapsed() < TOKEN_FILE_CHECK {
+            return;
+        }
+        state.checked = Instant::now();
+        let written = modified(&source.path);
+        if written == state.modified {
+            return;
+        }
+        match TokenFile::load(&source.path) {
+            Ok(file) => {
+                *verifier.write().unwrap_or_else(|p| p.into_inner()) = Verifier::new(&file);
+                state.modified = written;
+                tracing::info!(path = %source.path.display(), tokens = file.tokens.len(), "token file reloaded");
+            }
+            Err(error) => {
+                tracing::warn!(%error, "token file changed but cannot be read; keeping the tokens read before");
+            }
         }
     }
 
@@ -542,10 +611,12 @@ impl Guard {
         let Some(verifier) = &self.verifier else {
             return Ok(Principal::Operator);
         };
-        match token {
-            None => Ok(Principal::Anonymous),
-            Some(t) => verifier.verify(t).ok_or(Denied::Unauthenticated),
-        }
+        let Some(t) = token else {
+            return Ok(Principal::Anonymous);
+        };
+        self.refresh();
+        let verifier = verifier.read().unwrap_or_else(|p| p.into_inner());
+        verifier.verify(t).ok_or(Denied::Unauthenticated)
     }
 
     /// The principal of `token` if it may do `action`.
@@ -578,6 +649,51 @@ mod tests {
 
     fn account(a: &str) -> AccountId {
         a.parse().unwrap()
+    }
+
+    #[test]
+    fn a_followed_token_file_takes_revocations_and_new_tokens_without_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens.toml");
+        let mut file = TokenFile::default();
+        let kept = file
+            .issue(Role::Operator, "ops", None, None, now())
+            .unwrap();
+        let revoked = file
+            .issue(Role::Tenant, "a", Some(account("team-a")), None, now())
+            .unwrap();
+        file.save(&path).unwrap();
+        let guard = Guard::follow(&path, []).unwrap();
+        assert_eq!(
+            guard.principal(Some(&revoked)),
+            Ok(Principal::Tenant(account("team-a")))
+        );
+
+        file.revoke("a").unwrap();
+        let added = file.issue(Role::Finance, "fin", None, None, now()).unwrap();
+        file.save(&path).unwrap();
+        // Within the check interval the tokens read before stand; then the new file does.
+        std::thread::sleep(TOKEN_FILE_CHECK + Duration::from_millis(100));
+        bump_mtime(&path);
+        assert_eq!(
+            guard.principal(Some(&revoked)),
+            Err(Denied::Unauthenticated)
+        );
+        assert_eq!(guard.principal(Some(&added)), Ok(Principal::Finance));
+        assert_eq!(guard.principal(Some(&kept)), Ok(Principal::Operator));
+
+        // A broken rewrite keeps the tokens read before.
+        std::fs::write(&path, "version = 1\n[[tokens]\n").unwrap();
+        std::thread::sleep(TOKEN_FILE_CHECK + Duration::from_millis(100));
+        bump_mtime(&path);
+        assert_eq!(guard.principal(Some(&added)), Ok(Principal::Finance));
+    }
+
+    /// Moves a file's mtime a second on, so a rewrite within one clock tick is still seen.
+    fn bump_mtime(path: &Path) {
+        let f = std::fs::File::options().write(true).open(path).unwrap();
+        f.set_modified(modified(path).unwrap() + Duration::from_secs(1))
+            .unwrap();
     }
 
     #[test]

@@ -99,9 +99,9 @@ pub fn guard(
                     path.display()
                 );
             }
-            let file = gpuledger_auth::TokenFile::load(path)?;
-            tracing::info!(service, tokens = file.tokens.len(), public = ?public, "authentication on");
-            Ok(gpuledger_auth::Guard::new(&file, public.iter().copied()))
+            let guard = gpuledger_auth::Guard::follow(path, public.iter().copied())?;
+            tracing::info!(service, file = %path.display(), public = ?public, "authentication on; the token file is followed");
+            Ok(guard)
         }
         None => {
             if !public.is_empty() {

@@ -1,7 +1,7 @@
 //! `gpuledger token`: the token file the services read (`--tokens FILE`). A new token is printed
 //! once and only its SHA-256 is kept; `list` shows ids, names and roles; `revoke` removes one.
-//! A running service reads the file at start: restart it (or send SIGHUP where supported) after
-//! a change.
+//! A running service follows the file: an added or revoked token takes effect within a second,
+//! without a restart.
 
 use std::path::PathBuf;
 

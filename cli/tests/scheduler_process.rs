@@ -433,6 +433,35 @@ fn with_tokens_and_tls_each_service_and_client_proves_who_it_is() {
     wait_for("job 1 to be cancelled", || {
         get(&format!("{url}/api/v1/jobs/1"), &tenant).contains("\"cancelled\"")
     });
+    // A revoked token is refused by both running services, without a restart.
+    let revoke = Command::new(env!("CARGO_BIN_EXE_gpuledger"))
+        .args([
+            "token",
+            "revoke",
+            "--file",
+            tokens.to_str().unwrap(),
+            "tenant",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        revoke.status.success(),
+        "{}",
+        String::from_utf8_lossy(&revoke.stderr)
+    );
+    let status = |u: String| {
+        agent
+            .get(u)
+            .header("authorization", format!("Bearer {tenant}"))
+            .call()
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    wait_for("both services to refuse the revoked token", || {
+        status(format!("{url}/api/v1/jobs/1")) == 401
+            && status(format!("{}/api/v1/accounts/team-a/summary", aggregator.url)) == 401
+    });
     terminate(sched);
     terminate(aggregator);
 }
