@@ -11,10 +11,10 @@ mod common;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::browser::{screenshot_dir, Browser};
-use common::{scrape, spawn, Process};
+use common::{scrape, spawn, wait_for, Process};
 
 const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
 
@@ -84,14 +84,6 @@ fn start_prometheus(
         targets(&[scheduler]),
     );
     common::start_prometheus(dir, &config)
-}
-
-fn wait_for(what: &str, secs: u64, mut done: impl FnMut() -> bool) {
-    let until = Instant::now() + Duration::from_secs(secs);
-    while !done() {
-        assert!(Instant::now() < until, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 fn submit(scheduler: &str, body: serde_json::Value) -> String {

@@ -6,12 +6,11 @@
 mod common;
 
 use std::process::Stdio;
-use std::time::{Duration, Instant};
 
 use gpuledger_aggregator::layout::Layout;
 use gpuledger_aggregator::query::Query;
 
-use common::{scrape, terminate, Process};
+use common::{scrape, terminate, wait_for, Process};
 
 fn spawn(args: &[&str]) -> Process {
     common::spawn(args, Stdio::null())
@@ -24,14 +23,6 @@ fn metric(url: &str, name: &str) -> f64 {
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no {name} in\n{text}"))
-}
-
-fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 fn scalar_of(query: &Query, rt: &tokio::runtime::Runtime, sql: &str) -> i64 {
@@ -74,7 +65,7 @@ fn batches_spooled_across_an_outage_and_a_kill_9_arrive_exactly_once() {
 
     // The aggregator is down: batches pile up in the spool.
     let mut exporter = spawn(&exporter_args);
-    wait_for("spooled batches", || {
+    wait_for("spooled batches", 60, || {
         metric(&exporter.url, "gpuledger_exporter_spool_batches") >= 3.0
     });
     assert!(metric(&exporter.url, "gpuledger_exporter_pushes_failed_total") >= 1.0);
@@ -96,7 +87,7 @@ fn batches_spooled_across_an_outage_and_a_kill_9_arrive_exactly_once() {
         "--data-dir",
         data.to_str().unwrap(),
     ]);
-    wait_for("the spool to drain", || {
+    wait_for("the spool to drain", 60, || {
         metric(&exporter.url, "gpuledger_exporter_pushes_total") >= 4.0
             && metric(&exporter.url, "gpuledger_exporter_spool_batches") == 0.0
     });
@@ -174,7 +165,7 @@ fn the_exporter_alone_samples_serves_and_stops_cleanly() {
         &["--config", config.to_str().unwrap()],
         Stdio::null(),
     );
-    wait_for("a collection", || {
+    wait_for("a collection", 60, || {
         metric(&exporter.url, "gpuledger_exporter_samples_total") >= 2.0
     });
     let page = scrape(&exporter.url);
@@ -282,7 +273,7 @@ fn the_same_gpu_series_go_to_an_otlp_receiver_and_an_outage_is_counted() {
         "--otlp-header",
         "x-api-key=k123",
     ]);
-    wait_for("two OTLP exports", || {
+    wait_for("two OTLP exports", 60, || {
         receiver.requests.lock().unwrap().len() >= 2
     });
     let (key, last) = receiver.requests.lock().unwrap().last().cloned().unwrap();
@@ -319,7 +310,7 @@ fn the_same_gpu_series_go_to_an_otlp_receiver_and_an_outage_is_counted() {
 
     // The receiver goes away: the exporter counts failures and keeps serving, then resumes.
     receiver.down.store(true, Ordering::SeqCst);
-    wait_for("failed OTLP exports to be counted", || {
+    wait_for("failed OTLP exports to be counted", 60, || {
         metric(
             &exporter.url,
             "gpuledger_exporter_otlp_exports_failed_total",
@@ -327,7 +318,7 @@ fn the_same_gpu_series_go_to_an_otlp_receiver_and_an_outage_is_counted() {
     });
     let before = receiver.requests.lock().unwrap().len();
     receiver.down.store(false, Ordering::SeqCst);
-    wait_for("OTLP exports to resume", || {
+    wait_for("OTLP exports to resume", 60, || {
         receiver.requests.lock().unwrap().len() > before
     });
     assert!(metric(&exporter.url, "gpuledger_exporter_otlp_exports_total") >= 3.0);

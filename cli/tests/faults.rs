@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -21,7 +21,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::post;
 
-use common::{free_port, scrape, spawn, terminate, Process};
+use common::{free_port, scrape, spawn, terminate, wait_for, Process};
 
 const NODES: usize = 10;
 const CUT_NODE: &str = "gpu003";
@@ -147,14 +147,6 @@ fn metric(page: &str, name: &str) -> f64 {
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
         .unwrap_or(0.0)
-}
-
-fn wait_for(what: &str, secs: u64, mut done: impl FnMut() -> bool) {
-    let until = Instant::now() + Duration::from_secs(secs);
-    while !done() {
-        assert!(Instant::now() < until, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 fn invoices(data: &Path, months: &[String]) -> BTreeMap<String, String> {

@@ -8,9 +8,8 @@ mod common;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
-use common::{scrape, spawn, terminate, Process};
+use common::{scrape, spawn, terminate, wait_for, Process};
 
 const CONFIG: &str = "version = 1\n[cluster]\nname = \"one\"\n[[node_pools]]\nname = \"p\"\n\
     prefix = \"gpu\"\ncount = 1\ngpus_per_node = 4\ngpu_model = \"h100-sxm\"\n\
@@ -56,14 +55,6 @@ fn job(url: &str, id: &str) -> serde_json::Value {
     serde_json::from_str(&text).unwrap()
 }
 
-fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
-    let until = Instant::now() + Duration::from_secs(30);
-    while !done() {
-        assert!(Instant::now() < until, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 #[test]
 fn jobs_run_report_to_the_aggregator_and_survive_a_scheduler_restart() {
     let dir = tempfile::tempdir().unwrap();
@@ -106,13 +97,13 @@ fn jobs_run_report_to_the_aggregator_and_survive_a_scheduler_restart() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout), "Submitted job 1\n");
-    wait_for("job 1 to complete", || {
+    wait_for("job 1 to complete", 30, || {
         job(&url, "1")["state"] == "completed"
     });
     assert_eq!(job(&url, "1")["exit_code"], 0);
     let seen = std::fs::read_to_string(data.join("scheduler/jobs/1/seen")).unwrap();
     assert_eq!(seen, "0,1\n");
-    wait_for("the aggregator to count the finished job", || {
+    wait_for("the aggregator to count the finished job", 30, || {
         scrape(&aggregator.url)
             .contains("gpuledger_jobs_finished_total{account=\"team-a\",outcome=\"completed\"} 1")
     });
@@ -139,7 +130,7 @@ fn jobs_run_report_to_the_aggregator_and_survive_a_scheduler_restart() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    wait_for("job 2 to run", || job(&url, "2")["state"] == "running");
+    wait_for("job 2 to run", 30, || job(&url, "2")["state"] == "running");
     let queue = cli(&["scheduler", "queue", "--url", &url]);
     let table = String::from_utf8_lossy(&queue.stdout).to_string();
     assert!(
@@ -166,7 +157,7 @@ fn jobs_run_report_to_the_aggregator_and_survive_a_scheduler_restart() {
         ],
         Stdio::inherit(),
     );
-    wait_for("the exporter to label GPU 3 with job 2", || {
+    wait_for("the exporter to label GPU 3 with job 2", 30, || {
         scrape(&exporter.url).contains(
             "DCGM_FI_DEV_GPU_UTIL{gpu=\"3\",Hostname=\"gpu001\",hpc_job=\"2\",account=\"team-a\",project=\"\"}",
         )
@@ -191,7 +182,7 @@ fn jobs_run_report_to_the_aggregator_and_survive_a_scheduler_restart() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    wait_for("job 2 to be cancelled", || {
+    wait_for("job 2 to be cancelled", 30, || {
         job(&url, "2")["state"] == "cancelled"
     });
 
@@ -349,7 +340,7 @@ fn with_tokens_and_tls_each_service_and_client_proves_who_it_is() {
             .read_to_string()
             .unwrap()
     };
-    wait_for("job 1 to run", || {
+    wait_for("job 1 to run", 30, || {
         get(&format!("{url}/api/v1/jobs/1"), &tenant).contains("\"running\"")
     });
     // The exporter reads its GPUs from the feed with its node token and pushes with it.
@@ -387,7 +378,7 @@ fn with_tokens_and_tls_each_service_and_client_proves_who_it_is() {
         let body = response.body_mut().read_to_string().unwrap();
         (response.status().as_u16(), body)
     };
-    wait_for("the exporter to label job 1's GPUs", || {
+    wait_for("the exporter to label job 1's GPUs", 30, || {
         metrics(Some(&operator))
             .1
             .contains("hpc_job=\"1\",account=\"team-a\"")
@@ -404,7 +395,7 @@ fn with_tokens_and_tls_each_service_and_client_proves_who_it_is() {
     assert!(plain.is_err(), "{plain:?}");
     // A real Prometheus scrapes it over TLS with the operator's token.
     let prometheus = start_prometheus(dir.path(), &exporter.url, cert, &op_file);
-    wait_for("Prometheus to scrape the exporter over TLS", || {
+    wait_for("Prometheus to scrape the exporter over TLS", 30, || {
         let answer = prometheus_query(&prometheus.1, "count(DCGM_FI_DEV_GPU_UTIL)");
         answer.contains("\"4\"")
     });
@@ -412,6 +403,7 @@ fn with_tokens_and_tls_each_service_and_client_proves_who_it_is() {
     // the node's.
     wait_for(
         "the aggregator to count the running job and the samples",
+        30,
         || {
             let page = get(&format!("{}/metrics", aggregator.url), &operator);
             page.contains("gpuledger_jobs_running{account=\"team-a\"} 1")
@@ -430,7 +422,7 @@ fn with_tokens_and_tls_each_service_and_client_proves_who_it_is() {
         "{}",
         String::from_utf8_lossy(&cancel.stderr)
     );
-    wait_for("job 1 to be cancelled", || {
+    wait_for("job 1 to be cancelled", 30, || {
         get(&format!("{url}/api/v1/jobs/1"), &tenant).contains("\"cancelled\"")
     });
     // A revoked token is refused by both running services, without a restart.
@@ -458,7 +450,7 @@ fn with_tokens_and_tls_each_service_and_client_proves_who_it_is() {
             .status()
             .as_u16()
     };
-    wait_for("both services to refuse the revoked token", || {
+    wait_for("both services to refuse the revoked token", 30, || {
         status(format!("{url}/api/v1/jobs/1")) == 401
             && status(format!("{}/api/v1/accounts/team-a/summary", aggregator.url)) == 401
     });

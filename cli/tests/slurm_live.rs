@@ -11,12 +11,12 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
 use common::slurm::Slurm;
-use common::{scrape, spawn, terminate, Process};
+use common::{scrape, spawn, terminate, wait_for, Process};
 
 const CONFIG: &str = r#"version = 1
 [cluster]
@@ -45,14 +45,6 @@ id = "teamb"
 name = "Team B"
 weight = 1
 "#;
-
-fn wait_for(what: &str, secs: u64, mut done: impl FnMut() -> bool) {
-    let until = Instant::now() + Duration::from_secs(secs);
-    while !done() {
-        assert!(Instant::now() < until, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(250));
-    }
-}
 
 /// What Slurm's completion log says of a job: (account, state, submit, start, end) in Unix
 /// seconds, read here with plain string handling, not gpuledger's parser.

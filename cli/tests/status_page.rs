@@ -9,12 +9,12 @@ mod common;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
 use common::browser::{screenshot_dir, Browser};
-use common::{spawn, terminate};
+use common::{spawn, terminate, wait_for};
 
 const CONFIG: &str = r#"version = 1
 [cluster]
@@ -78,14 +78,6 @@ fn get(url: &str, token: &str) -> (u16, Value) {
         status,
         serde_json::from_str(&text).unwrap_or(Value::String(text)),
     )
-}
-
-fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
-    let until = Instant::now() + Duration::from_secs(60);
-    while !done() {
-        assert!(Instant::now() < until, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 fn now_ms() -> i64 {
@@ -310,7 +302,7 @@ fn the_status_page_shows_each_token_its_own_figures_in_a_real_browser() {
         Stdio::inherit(),
     );
     let window = format!("from={}&to={}", t - 3_600_000, t + 3_600_000);
-    wait_for("both tenants' GPU-hours to be stored", || {
+    wait_for("both tenants' GPU-hours to be stored", 60, || {
         ["team-a", "team-b"].iter().all(|a| {
             let (_, s) = get(
                 &format!("{url}/api/v1/accounts/{a}/summary?{window}"),

@@ -54,6 +54,18 @@ pub fn spawn_binary(binary: &str, args: &[&str], stderr: Stdio) -> Process {
     Process { child, url }
 }
 
+/// Polls `done` every 100 ms until it holds; fails the test after `secs` seconds.
+pub fn wait_for(what: &str, secs: u64, mut done: impl FnMut() -> bool) {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while !done() {
+        assert!(
+            std::time::Instant::now() < until,
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 /// A loopback port free a moment ago.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -82,14 +94,9 @@ pub fn start_prometheus(dir: &std::path::Path, config: &str) -> Process {
         .spawn()
         .expect("prometheus not found: ./scripts/test.sh installs Debian's `prometheus` package");
     let url = format!("http://127.0.0.1:{port}");
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while ureq::get(format!("{url}/-/ready")).call().is_err() {
-        assert!(
-            std::time::Instant::now() < until,
-            "Prometheus did not get ready"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    }
+    wait_for("Prometheus to be ready", 60, || {
+        ureq::get(format!("{url}/-/ready")).call().is_ok()
+    });
     Process { child, url }
 }
 
