@@ -105,20 +105,35 @@ struct Counters {
     stop: AtomicBool,
 }
 
-/// One simulated exporter: pushes `pushes` batches, the k-th at `start + k * every + phase`.
-#[allow(clippy::too_many_arguments)]
-fn exporter(
-    node: String,
+/// What every simulated exporter shares: where to push and when.
+struct Schedule {
     url: String,
     gpus: u16,
+    /// The first second batch 0 covers.
     first_second: i64,
+    /// Seconds of samples per batch, and between pushes.
     every: u64,
     pushes: u64,
     start: Instant,
+}
+
+/// One simulated exporter: pushes `schedule.pushes` batches, the k-th at
+/// `start + (k + 1) * every + phase`.
+fn exporter(
+    node: String,
     phase: Duration,
+    schedule: &Schedule,
     latencies: &Latencies,
     counters: &Counters,
 ) -> anyhow::Result<()> {
+    let Schedule {
+        ref url,
+        gpus,
+        first_second,
+        every,
+        pushes,
+        start,
+    } = *schedule;
     let devices = synthetic_devices(1, &node, gpus, GpuModel::H100Sxm);
     let profile = TelemetryProfile::generic("team-a".parse()?);
     let label = JobLabel {
@@ -149,7 +164,7 @@ fn exporter(
             }
             let sent = Instant::now();
             let outcome = agent
-                .post(&url)
+                .post(url)
                 .header("x-gpuledger-node", &node)
                 .header("x-gpuledger-seq", k.to_string())
                 .header(
@@ -218,26 +233,31 @@ pub fn run(args: &LoadArgs) -> anyhow::Result<()> {
         args.seconds,
         args.exporters * usize::from(args.gpus)
     );
+    let schedule = Arc::new(Schedule {
+        url,
+        gpus: args.gpus,
+        first_second,
+        every: args.push_every,
+        pushes,
+        start,
+    });
     let interval = Duration::from_secs(args.push_every);
     let threads: Vec<_> = (0..args.exporters)
         .map(|n| {
-            let (url, latencies, counters) =
-                (url.clone(), Arc::clone(&latencies), Arc::clone(&counters));
+            let (schedule, latencies, counters) = (
+                Arc::clone(&schedule),
+                Arc::clone(&latencies),
+                Arc::clone(&counters),
+            );
             let phase = interval.mul_f64(n as f64 / args.exporters as f64);
-            let (gpus, every) = (args.gpus, args.push_every);
             std::thread::Builder::new()
                 .name(format!("node{n:04}"))
                 .stack_size(256 << 10)
                 .spawn(move || {
                     exporter(
                         format!("node{n:04}"),
-                        url,
-                        gpus,
-                        first_second,
-                        every,
-                        pushes,
-                        start,
                         phase,
+                        &schedule,
                         &latencies,
                         &counters,
                     )
