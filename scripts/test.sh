@@ -7,7 +7,8 @@
 # Besides the Rust toolchain the tests need, from Debian: `prometheus` (a real Prometheus that
 # scrapes the services, and `promtool` for the rules), `chromium` with `chromium-driver` (the
 # status page and the dashboard previews in a real headless browser), and `slurm-wlm` with
-# `munge` (a real slurmctld and slurmd that the Slurm test starts on loopback). They are
+# `munge` (a real slurmctld and slurmd that the Slurm test starts on loopback); and from PyPI
+# moto's S3 server (an S3 endpoint on loopback for the `s3://` data directory). They are
 # installed here when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +26,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   $sudo apt-get update -q >/dev/null
   $sudo apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# moto's S3 server: a real S3 REST endpoint on loopback for the object-store data directory.
+if ! python3 -c "import moto.server, flask, flask_cors" >/dev/null 2>&1; then
+  echo "== installing moto's S3 server (Python) for the object-store test"
+  python3 -m pip install -q --disable-pip-version-check 'moto>=5,<6' flask flask-cors
 fi
 
 if ! command -v cargo >/dev/null 2>&1; then

@@ -1,13 +1,18 @@
 //! Where things live under the data directory (DESIGN.md, "Storage layout"). Any Parquet engine
-//! can read this hive layout.
+//! can read this hive layout. The tables may be in an object store ([`Objects`]); the rest
+//! (the write-ahead log, invoices, storage scans, reservations) is always on a local disk: the
+//! data directory itself when it is a path, the state directory when it is a URL.
 
 use std::path::{Path, PathBuf};
 
 use chrono::NaiveDate;
 
-/// The data directory's layout.
+use crate::objects::Objects;
+
+/// The data directory's layout: where the tables are and the local directory beside them.
 #[derive(Clone, Debug)]
 pub struct Layout {
+    tables: Objects,
     root: PathBuf,
 }
 
@@ -38,21 +43,41 @@ impl Table {
 }
 
 impl Layout {
+    /// A local data directory: tables and everything else under `root`.
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        Layout { root: root.into() }
+        let root = root.into();
+        Layout {
+            tables: Objects::Local(root.clone()),
+            root,
+        }
     }
 
+    /// Tables in `tables`, the local files under `local`.
+    pub fn with_tables(tables: Objects, local: impl Into<PathBuf>) -> Self {
+        Layout {
+            tables,
+            root: local.into(),
+        }
+    }
+
+    /// The local directory: the write-ahead log, invoices, storage scans, reservations.
     pub fn root(&self) -> &Path {
         &self.root
     }
 
-    pub fn table_dir(&self, table: Table) -> PathBuf {
-        self.root.join(table.dir())
+    /// Where the tables' files are.
+    pub fn tables(&self) -> &Objects {
+        &self.tables
     }
 
-    pub fn partition_dir(&self, table: Table, date: NaiveDate) -> PathBuf {
-        self.table_dir(table)
-            .join(format!("date={}", date.format("%Y-%m-%d")))
+    /// What to print for the data directory.
+    pub fn display(&self) -> String {
+        self.tables.display()
+    }
+
+    /// The key of a table's `date=` partition (`samples/date=2026-06-01`).
+    pub fn partition_key(table: Table, date: NaiveDate) -> String {
+        format!("{}/date={}", table.dir(), date.format("%Y-%m-%d"))
     }
 
     pub fn invoices_dir(&self, month: &str) -> PathBuf {

@@ -8,6 +8,8 @@
 //!   node's clock offset, corrected or refused;
 //! - [`ingest`]: the one ingest path (HTTP and the demo alike): validate, de-duplicate, store;
 //! - [`wal`]: the write-ahead log that makes an acknowledged batch durable;
+//! - [`objects`]: where the files live, a local directory or an object store (`file://`,
+//!   `s3://`), behind one set of calls;
 //! - [`store`]: Parquet writers (temporary name, then rename) for samples, rollups, job events;
 //! - [`rollup`]: per job x GPU x hour sums, exact in GPU-seconds;
 //! - [`query`]: DataFusion tables and the indicator queries; [`quarantine`] sets corrupt files
@@ -25,6 +27,7 @@ pub mod ingest;
 pub mod layout;
 pub mod live;
 pub mod metrics;
+pub mod objects;
 pub mod quarantine;
 pub mod query;
 pub mod rollup;
@@ -49,6 +52,14 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    #[error("{location}: {source}")]
+    ObjectStore {
+        location: String,
+        #[source]
+        source: object_store::Error,
+    },
+    #[error("{0}")]
+    Config(String),
     #[error("Arrow: {0}")]
     Arrow(#[from] arrow::error::ArrowError),
     #[error("Parquet: {0}")]

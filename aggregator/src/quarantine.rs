@@ -4,20 +4,18 @@
 //! read the others, and `/metrics` and the logs say what was set aside, so an operator can
 //! restore it from a backup (or re-ingest what the exporters still hold).
 
-use std::fs;
-use std::path::{Path, PathBuf};
-
 use parquet::file::reader::{FileReader, SerializedFileReader};
 
 use crate::layout::{Layout, Table};
-use crate::{io_err, Result};
+use crate::objects::{Entry, Objects};
+use crate::Result;
 
-/// One file moved aside.
+/// One file moved aside; `from` and `to` are keys under the data directory.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Quarantined {
     pub table: &'static str,
-    pub from: PathBuf,
-    pub to: PathBuf,
+    pub from: String,
+    pub to: String,
     pub reason: String,
 }
 
@@ -32,15 +30,18 @@ pub enum Depth {
 }
 
 /// Why a Parquet file does not read at `depth`, if it does not.
-pub fn check_file(path: &Path, depth: Depth) -> Option<String> {
-    let file = match fs::File::open(path) {
+pub fn check_file(objects: &Objects, entry: &Entry, depth: Depth) -> Option<String> {
+    let file = match objects.reader(entry) {
         Ok(f) => f,
         // Gone meanwhile (compacted, retained away): nothing to check.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(crate::Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            return None
+        }
         Err(e) => return Some(e.to_string()),
     };
     let reader = match SerializedFileReader::new(file) {
         Ok(r) => r,
+        Err(e) if gone(&e) => return None,
         Err(e) => return Some(e.to_string()),
     };
     if depth == Depth::Footer {
@@ -63,58 +64,53 @@ pub fn check_file(path: &Path, depth: Depth) -> Option<String> {
     None
 }
 
-fn parquet_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
-    let entries = match fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(io_err(dir)(e)),
-    };
-    for entry in entries {
-        let path = entry.map_err(io_err(dir))?.path();
-        if path.is_dir() {
-            parquet_files(&path, out)?;
-        } else if path.extension().is_some_and(|x| x == "parquet") {
-            out.push(path);
-        }
+/// A store's "not found" under the Parquet reader: the file went between list and read.
+fn gone(e: &parquet::errors::ParquetError) -> bool {
+    match e {
+        parquet::errors::ParquetError::External(inner) => matches!(
+            inner.downcast_ref::<crate::Error>(),
+            Some(crate::Error::ObjectStore {
+                source: object_store::Error::NotFound { .. },
+                ..
+            })
+        ),
+        _ => false,
     }
-    Ok(())
 }
+
+const QUARANTINE: &str = "quarantine";
+const REASON_SUFFIX: &str = ".reason";
 
 /// Checks every Parquet file of the data directory and moves the ones that do not read to
 /// `quarantine/`, beside a `.reason` note.
 pub fn quarantine_corrupt(layout: &Layout, depth: Depth) -> Result<Vec<Quarantined>> {
+    let objects = layout.tables();
     let mut out = Vec::new();
     for table in [Table::Samples, Table::RollupsHourly, Table::Jobs] {
-        let dir = layout.table_dir(table);
-        let mut files = Vec::new();
-        parquet_files(&dir, &mut files)?;
-        files.sort();
-        for path in files {
-            let Some(reason) = check_file(&path, depth) else {
+        for entry in objects.list(table.dir())? {
+            if !entry.key.ends_with(".parquet") {
+                continue;
+            }
+            let Some(reason) = check_file(objects, &entry, depth) else {
                 continue;
             };
-            let relative = path.strip_prefix(&dir).unwrap_or(&path);
-            let to = layout
-                .root()
-                .join("quarantine")
-                .join(table.dir())
-                .join(relative);
-            if let Some(parent) = to.parent() {
-                fs::create_dir_all(parent).map_err(io_err(parent))?;
-            }
-            fs::rename(&path, &to).map_err(io_err(&path))?;
-            let note = to.with_extension("parquet.reason");
-            fs::write(&note, format!("{reason}\n")).map_err(io_err(&note))?;
+            let to = format!("{QUARANTINE}/{}", entry.key);
+            objects.rename(&entry.key, &to)?;
+            objects.put(
+                &format!("{to}{REASON_SUFFIX}"),
+                format!("{reason}\n").into_bytes(),
+            )?;
             tracing::error!(
                 table = table.sql_name(),
-                file = %path.display(),
-                quarantined_to = %to.display(),
+                file = %entry.key,
+                data_dir = %layout.display(),
+                quarantined_to = %to,
                 reason = %reason,
                 "corrupt Parquet file set aside; queries read the rest"
             );
             out.push(Quarantined {
                 table: table.sql_name(),
-                from: path,
+                from: entry.key,
                 to,
                 reason,
             });
@@ -123,10 +119,29 @@ pub fn quarantine_corrupt(layout: &Layout, depth: Depth) -> Result<Vec<Quarantin
     Ok(out)
 }
 
+/// A file in quarantine: its key and the reason noted beside it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SetAside {
+    pub key: String,
+    pub reason: String,
+}
+
 /// Files in quarantine now (what an operator still has to deal with).
-pub fn quarantined_files(layout: &Layout) -> Result<Vec<PathBuf>> {
-    let mut files = Vec::new();
-    parquet_files(&layout.root().join("quarantine"), &mut files)?;
-    files.sort();
-    Ok(files)
+pub fn quarantined_files(layout: &Layout) -> Result<Vec<SetAside>> {
+    let objects = layout.tables();
+    let mut out = Vec::new();
+    for entry in objects.list(QUARANTINE)? {
+        if !entry.key.ends_with(".parquet") {
+            continue;
+        }
+        let reason = objects
+            .get(&format!("{}{REASON_SUFFIX}", entry.key))?
+            .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
+            .unwrap_or_default();
+        out.push(SetAside {
+            key: entry.key,
+            reason,
+        });
+    }
+    Ok(out)
 }

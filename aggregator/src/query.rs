@@ -19,7 +19,7 @@ use gpuledger_model::time::UnixMillis;
 
 use crate::layout::{Layout, Table};
 use crate::rollup::rollup_schema;
-use crate::{io_err, Error, Result};
+use crate::{Error, Result};
 
 /// A query session over a data directory.
 pub struct Query {
@@ -214,8 +214,8 @@ fn str_at(col: &ArrayRef, row: usize) -> Result<Option<String>> {
 }
 
 impl Query {
-    /// Registers the tables of the data directory at `root`, after setting aside files whose
-    /// footer does not read.
+    /// Registers the tables of the data directory (a path or an object store), after setting
+    /// aside files whose footer does not read.
     pub async fn open(layout: &Layout) -> Result<Self> {
         let quarantined =
             crate::quarantine::quarantine_corrupt(layout, crate::quarantine::Depth::Footer)?;
@@ -234,12 +234,13 @@ impl Query {
             (Table::RollupsHourly, rollup_schema()),
             (Table::Jobs, job_event_schema()),
         ] {
-            let dir = layout.table_dir(table);
-            std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
             let options = ListingOptions::new(Arc::new(ParquetFormat::default()))
                 .with_file_extension(".parquet")
                 .with_table_partition_cols(vec![("date".to_owned(), DataType::Utf8)]);
-            let url = format!("{}/", dir.canonicalize().map_err(io_err(&dir))?.display());
+            let (url, store) = layout.tables().table_url(table.dir())?;
+            if let Some((base, store)) = store {
+                ctx.register_object_store(&base, store);
+            }
             ctx.register_listing_table(table.sql_name(), url, options, Some(schema), None)
                 .await?;
         }

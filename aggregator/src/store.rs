@@ -3,7 +3,7 @@
 //! UTC day until it reaches its row bound; rollups and job events are written on flush.
 
 use std::collections::HashMap;
-use std::fs::{self, File};
+use std::fs::File;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -23,6 +23,7 @@ use gpuledger_model::sample::sample_schema;
 use gpuledger_model::time::{date_of_ms, MS_PER_DAY};
 
 use crate::layout::{Layout, Table};
+use crate::objects::{Entry, Objects};
 use crate::rollup::{rollup_schema, RollupAccumulator};
 use crate::{io_err, Error, Result};
 
@@ -44,26 +45,35 @@ struct CompactionJournal {
 
 /// Finishes the compaction a journal describes: when its output is in place the inputs are
 /// deleted; when it is not, nothing was changed. Returns the files deleted.
-fn finish_compaction(journal: &std::path::Path) -> Result<usize> {
-    let dir = journal.parent().unwrap_or(std::path::Path::new("."));
-    let bytes = fs::read(journal).map_err(io_err(journal))?;
-    let record: CompactionJournal = serde_json::from_slice(&bytes)
-        .map_err(|e| Error::Corrupt(format!("{}: {e}", journal.display())))?;
+fn finish_compaction(objects: &Objects, journal: &str) -> Result<usize> {
+    let dir = parent_key(journal);
+    let Some(bytes) = objects.get(journal)? else {
+        return Ok(0);
+    };
+    let record: CompactionJournal =
+        serde_json::from_slice(&bytes).map_err(|e| Error::Corrupt(format!("{journal}: {e}")))?;
     let mut removed = 0;
-    if dir.join(&record.output).exists() {
+    if objects.exists(&format!("{dir}/{}", record.output))? {
         for input in &record.inputs {
-            let path = dir.join(input);
-            match fs::remove_file(&path) {
-                Ok(()) => removed += 1,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(io_err(&path)(e)),
+            if objects.delete(&format!("{dir}/{input}"))? {
+                removed += 1;
             }
         }
-        crate::wal::sync_dir(dir)?;
+        objects.sync_dir(dir)?;
     }
-    fs::remove_file(journal).map_err(io_err(journal))?;
-    crate::wal::sync_dir(dir)?;
+    objects.delete(journal)?;
+    objects.sync_dir(dir)?;
     Ok(removed)
+}
+
+/// The directory part of a key.
+fn parent_key(key: &str) -> &str {
+    key.rsplit_once('/').map_or("", |(dir, _)| dir)
+}
+
+/// The file-name part of a key.
+fn file_name(key: &str) -> &str {
+    key.rsplit('/').next().unwrap_or(key)
 }
 
 /// Marks a file name's log-segment tag.
@@ -93,7 +103,8 @@ impl Default for StoreOptions {
 
 struct OpenFile {
     writer: ArrowWriter<File>,
-    dir: PathBuf,
+    /// The partition's key.
+    dir: String,
     seq: u64,
     tmp: PathBuf,
     rows: usize,
@@ -144,7 +155,7 @@ impl std::fmt::Debug for Detached<'_> {
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Store")
-            .field("root", &self.layout.root())
+            .field("tables", &self.layout.display())
             .finish()
     }
 }
@@ -161,12 +172,20 @@ fn writer_props(row_group_rows: usize) -> WriterProperties {
 }
 
 impl Store {
-    /// Opens (creating) the data directory.
+    /// Opens (creating) a local data directory.
     pub fn open(root: impl Into<PathBuf>, options: StoreOptions) -> Result<Self> {
-        let layout = Layout::new(root);
-        for table in [Table::Samples, Table::RollupsHourly, Table::Jobs] {
-            let dir = layout.table_dir(table);
-            fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        let root = root.into();
+        Self::open_at(Layout::with_tables(Objects::local(&root)?, root), options)
+    }
+
+    /// Opens a data directory whose tables may be in an object store.
+    pub fn open_at(layout: Layout, options: StoreOptions) -> Result<Self> {
+        std::fs::create_dir_all(layout.root()).map_err(io_err(layout.root()))?;
+        if let Some(root) = layout.tables().local_root() {
+            for table in [Table::Samples, Table::RollupsHourly, Table::Jobs] {
+                let dir = root.join(table.dir());
+                std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+            }
         }
         let run_tag = format!("{:x}", chrono::Utc::now().timestamp_millis());
         Ok(Store {
@@ -191,14 +210,17 @@ impl Store {
         &self.layout
     }
 
+    fn objects(&self) -> &Objects {
+        self.layout.tables()
+    }
+
     fn new_file(&self, table: Table, date: NaiveDate, schema: SchemaRef) -> Result<OpenFile> {
-        let dir = self.layout.partition_dir(table, date);
-        fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        let dir = Layout::partition_key(table, date);
         let seq = self.file_seq.fetch_add(1, Ordering::Relaxed);
-        let tmp = dir.join(format!(
-            ".part-{}-{}-{seq:05}.parquet.tmp",
+        let tmp = self.objects().staging_path(&format!(
+            "{dir}/part-{}-{}-{seq:05}.parquet",
             self.options.writer_id, self.run_tag
-        ));
+        ))?;
         let file = File::create(&tmp).map_err(io_err(&tmp))?;
         let writer = ArrowWriter::try_new(
             file,
@@ -235,11 +257,9 @@ impl Store {
     }
 
     fn close_file_as(&self, file: OpenFile, name: &str) -> Result<()> {
-        let path = file.dir.join(name);
-        let f = file.writer.into_inner()?;
-        f.sync_all().map_err(io_err(&file.tmp))?;
-        fs::rename(&file.tmp, &path).map_err(io_err(&path))?;
-        crate::wal::sync_dir(&file.dir)
+        drop(file.writer.into_inner()?);
+        self.objects()
+            .publish(&file.tmp, &format!("{}/{name}", file.dir))
     }
 
     /// The log segment a file of this writer was flushed for, if it was.
@@ -255,57 +275,42 @@ impl Store {
         let mut removed = 0;
         let own_tmp = format!(".part-{}-", self.options.writer_id);
         let own_journal = format!("{JOURNAL_PREFIX}part-{}-", self.options.writer_id);
-        self.walk_files(&mut |path| {
-            let is_journal = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(&own_journal));
-            if is_journal {
-                removed += finish_compaction(path)?;
+        for entry in self.table_files()? {
+            if file_name(&entry.key).starts_with(&own_journal) {
+                removed += finish_compaction(self.objects(), &entry.key)?;
             }
-            Ok(())
-        })?;
-        self.walk_files(&mut |path| {
-            let name = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or_default();
+        }
+        for entry in self.table_files()? {
+            let name = file_name(&entry.key);
             let unchecked = self
                 .file_segment(name)
                 .is_some_and(|s| checkpointed.is_none_or(|c| s > c));
             // Only this writer's: another aggregator may be writing its own right now.
             let temporary = name.starts_with(&own_tmp) && name.ends_with(".tmp");
-            if unchecked || temporary {
-                fs::remove_file(path).map_err(io_err(path))?;
+            if (unchecked || temporary) && self.objects().delete(&entry.key)? {
                 removed += 1;
             }
-            Ok(())
-        })?;
+        }
+        removed += self
+            .objects()
+            .remove_staged(&format!("part-{}-", self.options.writer_id))?;
         Ok(removed)
     }
 
-    /// This writer's finished files of one partition, by name.
-    fn partition_files(&self, dir: &std::path::Path) -> Result<Vec<PathBuf>> {
+    /// This writer's finished files of one partition, by key.
+    fn partition_files(&self, dir: &str) -> Result<Vec<Entry>> {
         let prefix = format!("part-{}-", self.options.writer_id);
-        let mut files = Vec::new();
-        match fs::read_dir(dir) {
-            Ok(entries) => {
-                for entry in entries {
-                    let path = entry.map_err(io_err(dir))?.path();
-                    let name = path
-                        .file_name()
-                        .and_then(|n| n.to_str())
-                        .unwrap_or_default();
-                    if name.starts_with(&prefix) && name.ends_with(".parquet") {
-                        files.push(path);
-                    }
+        Ok(self
+            .objects()
+            .list(dir)?
+            .into_iter()
+            .filter(|e| {
+                parent_key(&e.key) == dir && {
+                    let name = file_name(&e.key);
+                    name.starts_with(&prefix) && name.ends_with(".parquet")
                 }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(io_err(dir)(e)),
-        }
-        files.sort();
-        Ok(files)
+            })
+            .collect())
     }
 
     /// Merges this writer's files of one table partition into one when there are at least
@@ -319,20 +324,20 @@ impl Store {
         date: NaiveDate,
         min_files: usize,
     ) -> Result<Option<CompactStats>> {
-        let dir = self.layout.partition_dir(table, date);
+        let dir = Layout::partition_key(table, date);
         let inputs = self.partition_files(&dir)?;
         if inputs.len() < min_files.max(2) {
             return Ok(None);
         }
         let names: Vec<String> = inputs
             .iter()
-            .filter_map(|p| p.file_name()?.to_str().map(str::to_owned))
+            .map(|e| file_name(&e.key).to_owned())
             .collect();
         let segment = names.iter().filter_map(|n| self.file_segment(n)).max();
         let mut out: Option<OpenFile> = None;
         let mut rows = 0;
         for input in &inputs {
-            let file = File::open(input).map_err(io_err(input))?;
+            let file = self.objects().reader(input)?;
             let reader = ParquetRecordBatchReaderBuilder::try_new(file)?.build()?;
             for batch in reader {
                 let batch = batch?;
@@ -349,21 +354,15 @@ impl Store {
             return Ok(None);
         };
         let output = self.final_name(&out, segment);
-        let journal = dir.join(format!("{JOURNAL_PREFIX}{output}.json"));
+        let journal = format!("{dir}/{JOURNAL_PREFIX}{output}.json");
         let record = serde_json::to_vec(&CompactionJournal {
             output: output.clone(),
             inputs: names.clone(),
         })
         .map_err(|e| Error::Corrupt(format!("compaction journal: {e}")))?;
-        let write = || -> std::io::Result<()> {
-            let mut f = File::create(&journal)?;
-            std::io::Write::write_all(&mut f, &record)?;
-            f.sync_all()
-        };
-        write().map_err(io_err(&journal))?;
-        crate::wal::sync_dir(&dir)?;
+        self.objects().put(&journal, record)?;
         self.close_file_as(out, &output)?;
-        finish_compaction(&journal)?;
+        finish_compaction(self.objects(), &journal)?;
         Ok(Some(CompactStats {
             inputs: names.len(),
             rows,
@@ -379,7 +378,7 @@ impl Store {
     ) -> Result<Vec<CompactStats>> {
         let mut done = Vec::new();
         for table in [Table::Samples, Table::RollupsHourly, Table::Jobs] {
-            for (date, _) in self.partitions(table)? {
+            for date in self.partitions(table)? {
                 let min = if date < today { 2 } else { today_min_files };
                 done.extend(self.compact_partition(table, date, min)?);
             }
@@ -387,25 +386,13 @@ impl Store {
         Ok(done)
     }
 
-    fn walk_files(&self, visit: &mut dyn FnMut(&std::path::Path) -> Result<()>) -> Result<()> {
-        fn walk(
-            dir: &std::path::Path,
-            visit: &mut dyn FnMut(&std::path::Path) -> Result<()>,
-        ) -> Result<()> {
-            for entry in fs::read_dir(dir).map_err(io_err(dir))? {
-                let path = entry.map_err(io_err(dir))?.path();
-                if path.is_dir() {
-                    walk(&path, visit)?;
-                } else {
-                    visit(&path)?;
-                }
-            }
-            Ok(())
-        }
+    /// Every file of the three tables.
+    fn table_files(&self) -> Result<Vec<Entry>> {
+        let mut files = Vec::new();
         for table in [Table::Samples, Table::RollupsHourly, Table::Jobs] {
-            walk(&self.layout.table_dir(table), visit)?;
+            files.extend(self.objects().list(table.dir())?);
         }
-        Ok(())
+        Ok(files)
     }
 
     /// Appends validated samples: to the day's open Parquet file and to the rollups.
@@ -489,35 +476,33 @@ impl Store {
         Ok(files)
     }
 
-    /// The `date=` partitions of a table and their directories.
-    fn partitions(&self, table: Table) -> Result<Vec<(NaiveDate, PathBuf)>> {
-        let dir = self.layout.table_dir(table);
-        let mut out = Vec::new();
-        for entry in fs::read_dir(&dir).map_err(io_err(&dir))? {
-            let entry = entry.map_err(io_err(&dir))?;
-            let date = entry
-                .file_name()
-                .to_str()
-                .and_then(|n| n.strip_prefix("date="))
-                .and_then(|d| NaiveDate::parse_from_str(d, "%Y-%m-%d").ok());
-            if let Some(date) = date {
-                out.push((date, entry.path()));
-            }
-        }
-        Ok(out)
+    /// The `date=` partitions of a table that hold a file.
+    fn partitions(&self, table: Table) -> Result<Vec<NaiveDate>> {
+        let mut dates: Vec<NaiveDate> = self
+            .objects()
+            .list(table.dir())?
+            .iter()
+            .filter_map(|e| {
+                let rest = e.key.strip_prefix(table.dir())?.strip_prefix('/')?;
+                let (part, _) = rest.split_once('/')?;
+                NaiveDate::parse_from_str(part.strip_prefix("date=")?, "%Y-%m-%d").ok()
+            })
+            .collect();
+        dates.dedup();
+        Ok(dates)
     }
 
     /// Deletes raw-sample partitions of days before `keep_from` (rollups are kept). Returns
     /// the days deleted.
     pub fn apply_retention(&self, keep_from: NaiveDate) -> Result<Vec<NaiveDate>> {
         let mut deleted = Vec::new();
-        for (date, path) in self.partitions(Table::Samples)? {
+        for date in self.partitions(Table::Samples)? {
             if date < keep_from {
-                fs::remove_dir_all(&path).map_err(io_err(&path))?;
+                self.objects()
+                    .delete_dir(&Layout::partition_key(Table::Samples, date))?;
                 deleted.push(date);
             }
         }
-        deleted.sort();
         Ok(deleted)
     }
 }
@@ -578,6 +563,7 @@ fn split_by_date(batch: &RecordBatch) -> Result<Vec<(NaiveDate, RecordBatch)>> {
 mod tests {
     use super::*;
     use gpuledger_model::sample::{SampleBatchBuilder, SampleRow};
+    use std::path::Path;
 
     const T0: i64 = 1_780_272_000_000; // 2026-06-01T00:00:00Z
 
@@ -611,12 +597,12 @@ mod tests {
     }
 
     fn rows_in(store: &Store, table: Table) -> (usize, usize) {
-        let dir = store.layout.partition_dir(table, date_of_ms(T0));
+        let dir = Layout::partition_key(table, date_of_ms(T0));
         let files = store.partition_files(&dir).unwrap();
         let rows = files
             .iter()
             .map(|f| {
-                ParquetRecordBatchReaderBuilder::try_new(File::open(f).unwrap())
+                ParquetRecordBatchReaderBuilder::try_new(store.objects().reader(f).unwrap())
                     .unwrap()
                     .build()
                     .unwrap()
@@ -627,9 +613,24 @@ mod tests {
         (files.len(), rows)
     }
 
-    fn three_flushes(dir: &std::path::Path) -> Store {
-        let store = Store::open(
-            dir,
+    /// Both kinds of data directory: a path, and the same directory as a `file://` URL
+    /// through `object_store` (the code a bucket runs).
+    fn layouts(dir: &Path) -> Vec<Layout> {
+        let tables = dir.join("tables");
+        std::fs::create_dir_all(&tables).unwrap();
+        let url = format!("file://{}", tables.canonicalize().unwrap().display());
+        vec![
+            Layout::new(dir.join("plain")),
+            Layout::with_tables(
+                Objects::remote(&url, dir.join("state/staging")).unwrap(),
+                dir.join("state"),
+            ),
+        ]
+    }
+
+    fn three_flushes(layout: Layout) -> Store {
+        let store = Store::open_at(
+            layout,
             StoreOptions {
                 max_rows_per_file: None,
                 ..StoreOptions::default()
@@ -646,80 +647,105 @@ mod tests {
     #[test]
     fn compaction_merges_a_partition_into_one_file_with_the_same_rows() {
         let dir = tempfile::tempdir().unwrap();
-        let store = three_flushes(dir.path());
-        assert_eq!(rows_in(&store, Table::Samples), (3, 300));
-        let stats = store
-            .compact_partition(Table::Samples, date_of_ms(T0), 2)
-            .unwrap()
-            .unwrap();
-        assert_eq!(
-            stats,
-            CompactStats {
-                inputs: 3,
-                rows: 300
-            }
-        );
-        assert_eq!(rows_in(&store, Table::Samples), (1, 300));
-        assert_eq!(
-            store.remove_unchecked_files(Some(2)).unwrap(),
-            0,
-            "the output keeps a checkpointed segment tag"
-        );
-        assert_eq!(rows_in(&store, Table::Samples), (1, 300));
+        for layout in layouts(dir.path()) {
+            let store = three_flushes(layout);
+            assert_eq!(rows_in(&store, Table::Samples), (3, 300));
+            let stats = store
+                .compact_partition(Table::Samples, date_of_ms(T0), 2)
+                .unwrap()
+                .unwrap();
+            assert_eq!(
+                stats,
+                CompactStats {
+                    inputs: 3,
+                    rows: 300
+                }
+            );
+            assert_eq!(rows_in(&store, Table::Samples), (1, 300));
+            assert_eq!(
+                store.remove_unchecked_files(Some(2)).unwrap(),
+                0,
+                "the output keeps a checkpointed segment tag"
+            );
+            assert_eq!(rows_in(&store, Table::Samples), (1, 300));
+        }
     }
 
     #[test]
     fn retention_deletes_raw_days_before_the_bound_and_keeps_rollups() {
         let dir = tempfile::tempdir().unwrap();
-        let store = three_flushes(dir.path());
-        let day = date_of_ms(T0);
-        assert!(store.apply_retention(day).unwrap().is_empty());
-        assert_eq!(rows_in(&store, Table::Samples), (3, 300));
-        let next = day.succ_opt().unwrap();
-        assert_eq!(store.apply_retention(next).unwrap(), vec![day]);
-        assert_eq!(rows_in(&store, Table::Samples), (0, 0));
-        assert_eq!(
-            rows_in(&store, Table::RollupsHourly).0,
-            3,
-            "rollups are kept"
-        );
+        for layout in layouts(dir.path()) {
+            let store = three_flushes(layout);
+            let day = date_of_ms(T0);
+            assert!(store.apply_retention(day).unwrap().is_empty());
+            assert_eq!(rows_in(&store, Table::Samples), (3, 300));
+            let next = day.succ_opt().unwrap();
+            assert_eq!(store.apply_retention(next).unwrap(), vec![day]);
+            assert_eq!(rows_in(&store, Table::Samples), (0, 0));
+            assert_eq!(
+                rows_in(&store, Table::RollupsHourly).0,
+                3,
+                "rollups are kept"
+            );
+        }
+    }
+
+    #[test]
+    fn files_of_an_unfinished_flush_and_staged_leftovers_are_removed_on_recovery() {
+        let dir = tempfile::tempdir().unwrap();
+        for layout in layouts(dir.path()) {
+            let store = three_flushes(layout);
+            // A crash while writing: a staging file of this writer is left behind.
+            let staged = store
+                .objects()
+                .staging_path("samples/date=2026-06-01/part-agg0-x-00099.parquet")
+                .unwrap();
+            std::fs::write(&staged, b"half a file").unwrap();
+            // Segment 2 was never checkpointed: its files go, their rows are in the log.
+            assert_eq!(store.remove_unchecked_files(Some(1)).unwrap(), 3);
+            assert!(!staged.exists());
+            assert_eq!(rows_in(&store, Table::Samples), (2, 200));
+            assert_eq!(rows_in(&store, Table::RollupsHourly).0, 2);
+        }
     }
 
     #[test]
     fn a_compaction_cut_short_is_finished_or_forgotten_on_recovery() {
         for output_in_place in [true, false] {
             let dir = tempfile::tempdir().unwrap();
-            let store = three_flushes(dir.path());
-            let part = store.layout.partition_dir(Table::Samples, date_of_ms(T0));
-            let inputs = store.partition_files(&part).unwrap();
-            let saved: Vec<(PathBuf, Vec<u8>)> = inputs
-                .iter()
-                .map(|p| (p.clone(), fs::read(p).unwrap()))
-                .collect();
-            store
-                .compact_partition(Table::Samples, date_of_ms(T0), 2)
-                .unwrap();
-            let output = store.partition_files(&part).unwrap().remove(0);
-            // The crash: inputs still there, journal still there.
-            for (path, bytes) in &saved {
-                fs::write(path, bytes).unwrap();
-            }
-            let journal = CompactionJournal {
-                output: output.file_name().unwrap().to_str().unwrap().to_owned(),
-                inputs: saved
+            for layout in layouts(dir.path()) {
+                let store = three_flushes(layout);
+                let objects = store.objects().clone();
+                let part = Layout::partition_key(Table::Samples, date_of_ms(T0));
+                let inputs = store.partition_files(&part).unwrap();
+                let saved: Vec<(String, Vec<u8>)> = inputs
                     .iter()
-                    .map(|(p, _)| p.file_name().unwrap().to_str().unwrap().to_owned())
-                    .collect(),
-            };
-            let journal_path = part.join(format!("{JOURNAL_PREFIX}{}.json", journal.output));
-            fs::write(&journal_path, serde_json::to_vec(&journal).unwrap()).unwrap();
-            if !output_in_place {
-                fs::remove_file(&output).unwrap();
+                    .map(|e| (e.key.clone(), objects.get(&e.key).unwrap().unwrap()))
+                    .collect();
+                store
+                    .compact_partition(Table::Samples, date_of_ms(T0), 2)
+                    .unwrap();
+                let output = store.partition_files(&part).unwrap().remove(0);
+                // The crash: inputs still there, journal still there.
+                for (key, bytes) in &saved {
+                    objects.put(key, bytes.clone()).unwrap();
+                }
+                let journal = CompactionJournal {
+                    output: file_name(&output.key).to_owned(),
+                    inputs: saved.iter().map(|(k, _)| file_name(k).to_owned()).collect(),
+                };
+                let journal_key = format!("{part}/{JOURNAL_PREFIX}{}.json", journal.output);
+                objects
+                    .put(&journal_key, serde_json::to_vec(&journal).unwrap())
+                    .unwrap();
+                if !output_in_place {
+                    objects.delete(&output.key).unwrap();
+                }
+                store.remove_unchecked_files(Some(2)).unwrap();
+                let expected_files = if output_in_place { 1 } else { 3 };
+                assert_eq!(rows_in(&store, Table::Samples), (expected_files, 300));
+                assert!(!objects.exists(&journal_key).unwrap());
             }
-            store.remove_unchecked_files(Some(2)).unwrap();
-            let expected_files = if output_in_place { 1 } else { 3 };
-            assert_eq!(rows_in(&store, Table::Samples), (expected_files, 300));
-            assert!(!journal_path.exists());
         }
     }
 }

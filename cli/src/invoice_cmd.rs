@@ -52,7 +52,9 @@ pub fn invoice(args: InvoiceArgs) -> anyhow::Result<()> {
         Some(path) => read_reservations(path)?,
         None => default_reservations(&layout)?,
     };
-    let runtime = tokio::runtime::Builder::new_current_thread().build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let source = match args.usage.as_str() {
         "allocation" => UsageSource::Allocation {
             config: &config,
@@ -64,11 +66,10 @@ pub fn invoice(args: InvoiceArgs) -> anyhow::Result<()> {
         let query = Query::open(&layout).await?;
         let input = billing_input_from(&query, &layout, &period, reservations, source).await?;
         for f in gpuledger_aggregator::quarantine::quarantined_files(&layout)? {
-            let reason = std::fs::read_to_string(f.with_extension("parquet.reason")).unwrap_or_default();
             eprintln!(
                 "warning: {} is in quarantine ({}): this invoice lacks what it held; restore the file to its table and run again",
-                f.display(),
-                reason.trim()
+                layout.root().join(&f.key).display(),
+                f.reason
             );
         }
         anyhow::Ok(input)

@@ -11,7 +11,6 @@ use rust_decimal::Decimal;
 use gpuledger::defaults::{load_cluster, load_demo, load_price_book, DEFAULT_DATA_DIR};
 use gpuledger::pipeline::{self, Progress, RunOutput};
 use gpuledger::table;
-use gpuledger_aggregator::layout::Layout;
 use gpuledger_aggregator::query::{AccountIndicators, Query};
 use gpuledger_scheduler::SchedulerOptions;
 
@@ -160,8 +159,10 @@ struct ReportArgs {
     /// End of the window, YYYY-MM-DD (UTC, exclusive).
     #[arg(long)]
     to: chrono::NaiveDate,
+    /// Data directory: a path or an object-store URL (`s3://...`, `file://...`), as the
+    /// aggregator's --data-dir.
     #[arg(long, default_value = DEFAULT_DATA_DIR, env = "GPULEDGER_DATA_DIR")]
-    data_dir: PathBuf,
+    data_dir: String,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -416,8 +417,10 @@ fn print_summary(out: &RunOutput) {
 
 fn report(args: ReportArgs) -> anyhow::Result<()> {
     let ms = gpuledger_model::time::day_start_ms;
-    let layout = Layout::new(&args.data_dir);
-    let runtime = tokio::runtime::Builder::new_current_thread().build()?;
+    let layout = gpuledger::serve::open_layout(&args.data_dir, None, false)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let indicators = runtime.block_on(async {
         Query::open(&layout)
             .await?
@@ -434,7 +437,7 @@ fn report(args: ReportArgs) -> anyhow::Result<()> {
         "{} to {} (UTC), from {}: cluster utilization {} (target > 85%)",
         args.from,
         args.to,
-        args.data_dir.display(),
+        args.data_dir,
         pct(utilization)
     );
     print!(

@@ -3,7 +3,7 @@
 //! raw-sample retention, and on SIGTERM or Ctrl-C stops accepting, flushes and exits.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -11,6 +11,7 @@ use anyhow::{bail, Context};
 use gpuledger_aggregator::http::{router, Service};
 use gpuledger_aggregator::layout::Layout;
 use gpuledger_aggregator::metrics::Metrics;
+use gpuledger_aggregator::objects::Objects;
 use gpuledger_aggregator::query::Query;
 use gpuledger_aggregator::store::{Store, StoreOptions};
 use gpuledger_aggregator::{Ingestor, IngestorConfig};
@@ -25,9 +26,15 @@ pub struct AggregatorArgs {
     /// Address to listen on (`127.0.0.1:0` picks a free port; the chosen address is printed).
     #[arg(long, default_value = "127.0.0.1:9400", env = "GPULEDGER_LISTEN")]
     pub listen: SocketAddr,
-    /// Data directory: a path or a `file://` URL.
+    /// Data directory: a path, or an object-store URL for the tables (`s3://bucket/prefix`,
+    /// settings from the `AWS_*` variables; `file:///path` through the same code) with the
+    /// write-ahead log under --state-dir.
     #[arg(long, default_value = DEFAULT_DATA_DIR, env = "GPULEDGER_DATA_DIR")]
     pub data_dir: String,
+    /// Local directory for the write-ahead log and upload staging when --data-dir is a URL
+    /// (with a path they are under the data directory).
+    #[arg(long, env = "GPULEDGER_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
     /// Cluster config: accounts, projects, prices, fair-share half-life (default: the embedded
     /// seed cluster, examples/seed-cluster.toml).
     #[arg(long)]
@@ -86,7 +93,7 @@ pub struct Exposure {
 /// a forgotten `--tokens` must not open every account's data to the network.
 pub fn guard(
     service: &str,
-    tokens: Option<&std::path::Path>,
+    tokens: Option<&Path>,
     public: &[gpuledger_auth::Public],
     exposure: Exposure,
 ) -> anyhow::Result<gpuledger_auth::Guard> {
@@ -122,15 +129,28 @@ pub fn guard(
     }
 }
 
-/// A data directory given as a path or a URL. Only local paths are implemented so far.
-pub fn data_dir_path(text: &str) -> anyhow::Result<PathBuf> {
-    if let Some(path) = text.strip_prefix("file://") {
-        return Ok(PathBuf::from(path));
+/// The data directory given as a path or a URL. With a URL the tables are in the object
+/// store and the local files (write-ahead log, staging) under `state_dir`, which a writer must
+/// be given; a reader needs none.
+pub fn open_layout(
+    data_dir: &str,
+    state_dir: Option<&Path>,
+    writer: bool,
+) -> anyhow::Result<Layout> {
+    if !gpuledger_aggregator::objects::is_url(data_dir) {
+        return Ok(Layout::new(data_dir));
     }
-    if let Some((scheme, _)) = text.split_once("://") {
-        bail!("data directory `{text}`: `{scheme}://` object stores are not supported yet; use a local path or file://");
-    }
-    Ok(PathBuf::from(text))
+    let (state, staging) = match state_dir {
+        Some(dir) => (dir.to_path_buf(), dir.join("staging")),
+        None if writer => bail!(
+            "data directory {data_dir} is a URL: the write-ahead log must stay on a local disk; give --state-dir DIR"
+        ),
+        // A reader writes no file of its own: nothing is staged.
+        None => (std::env::temp_dir(), std::env::temp_dir()),
+    };
+    let objects = Objects::remote(data_dir, staging)
+        .with_context(|| format!("opening data directory {data_dir}"))?;
+    Ok(Layout::with_tables(objects, state))
 }
 
 /// Runs the service until SIGTERM or Ctrl-C.
@@ -142,18 +162,18 @@ pub fn run(args: AggregatorArgs) -> anyhow::Result<()> {
     };
     let guard = guard("aggregator", args.tokens.as_deref(), &args.public, exposure)?;
     let tls = args.tls.acceptor()?;
-    let root = data_dir_path(&args.data_dir)?;
+    let layout = open_layout(&args.data_dir, args.state_dir.as_deref(), true)?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let store = Arc::new(
-        Store::open(
-            &root,
+        Store::open_at(
+            layout.clone(),
             StoreOptions {
                 writer_id: args.writer_id.clone(),
                 max_rows_per_file: None,
                 ..StoreOptions::default()
             },
         )
-        .with_context(|| format!("opening data directory {}", root.display()))?,
+        .with_context(|| format!("opening data directory {}", layout.display()))?,
     );
     let ingest_config = IngestorConfig {
         known_nodes: args.node.iter().cloned().collect(),
@@ -180,7 +200,7 @@ pub fn run(args: AggregatorArgs) -> anyhow::Result<()> {
         // or running are rebuilt from the tables below.
         ingestor.flush().context("flushing what the log replayed")?;
     }
-    runtime.block_on(serve(args, config, ingestor, clock, root, guard, tls))
+    runtime.block_on(serve(args, config, ingestor, clock, layout, guard, tls))
 }
 
 async fn serve(
@@ -188,11 +208,11 @@ async fn serve(
     config: gpuledger_model::ClusterConfig,
     ingestor: Arc<Ingestor>,
     clock: Arc<dyn Clock>,
-    root: PathBuf,
+    layout: Layout,
     guard: gpuledger_auth::Guard,
     tls: Option<tokio_rustls::TlsAcceptor>,
 ) -> anyhow::Result<()> {
-    let query = Query::open(&Layout::new(&root)).await?;
+    let query = Query::open(&layout).await?;
     let metrics = Metrics::new(&config);
     let unfinished = query.unfinished_job_events().await?;
     let ended = query
@@ -221,7 +241,7 @@ async fn serve(
     println!(
         "gpuledger aggregator listening on {}://{addr} data-dir {}",
         crate::http_server::scheme(tls.as_ref()),
-        root.display()
+        layout.display()
     );
     let flusher = tokio::spawn(flush_loop(Arc::clone(&service), args.clone()));
     crate::http_server::serve(
@@ -371,14 +391,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn data_dir_accepts_paths_and_file_urls() {
-        assert_eq!(data_dir_path("/tmp/x").unwrap(), PathBuf::from("/tmp/x"));
-        assert_eq!(
-            data_dir_path("file:///tmp/x").unwrap(),
-            PathBuf::from("/tmp/x")
+    fn a_data_dir_url_wants_a_state_dir_to_write_and_names_what_it_cannot_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let plain = open_layout("/tmp/x", None, true).unwrap();
+        assert_eq!(plain.root(), Path::new("/tmp/x"));
+        let url = format!("file://{}", dir.path().display());
+        let err = open_layout(&url, None, true).unwrap_err().to_string();
+        assert!(err.contains("--state-dir"), "{err}");
+        let state = dir.path().join("state");
+        let remote = open_layout(&url, Some(&state), true).unwrap();
+        assert_eq!(remote.root(), state.as_path());
+        assert!(remote.tables().local_root().is_none());
+        let err = format!(
+            "{:#}",
+            open_layout("gopher://host/x", Some(&state), true).unwrap_err()
         );
-        let err = data_dir_path("s3://bucket/prefix").unwrap_err().to_string();
-        assert!(err.contains("s3://"), "{err}");
+        assert!(err.contains("gopher://") && err.contains("s3://"), "{err}");
     }
 
     #[test]

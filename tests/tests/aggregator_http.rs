@@ -388,12 +388,11 @@ async fn a_corrupt_file_is_set_aside_and_the_rest_is_served() {
     )
     .unwrap();
     assert_eq!(moved.len(), 1);
-    assert!(
-        moved[0].starts_with(root.join("quarantine/samples")),
-        "{moved:?}"
-    );
-    let reason = std::fs::read_to_string(moved[0].with_extension("parquet.reason")).unwrap();
+    assert!(moved[0].key.starts_with("quarantine/samples/"), "{moved:?}");
+    assert!(root.join(&moved[0].key).exists());
+    let reason = std::fs::read_to_string(root.join(format!("{}.reason", moved[0].key))).unwrap();
     assert!(!reason.trim().is_empty());
+    assert_eq!(reason.trim(), moved[0].reason);
     let (_, _, metrics) = api.get("/metrics").await;
     assert!(
         metrics.contains("gpuledger_quarantined_files 1"),
