@@ -615,3 +615,109 @@ impl parquet::file::reader::ChunkReader for FileReader {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use parquet::file::reader::{ChunkReader, Length};
+
+    /// A path, and the same kind of directory as a `file://` URL through `object_store`.
+    fn both(dir: &Path) -> Vec<Objects> {
+        let tables = dir.join("remote");
+        fs::create_dir_all(&tables).unwrap();
+        let url = format!("file://{}", tables.display());
+        vec![
+            Objects::local(dir.join("local")).unwrap(),
+            Objects::remote(&url, dir.join("staging")).unwrap(),
+        ]
+    }
+
+    #[test]
+    fn keys_are_listed_read_renamed_and_deleted_alike_on_a_path_and_a_store() {
+        let dir = tempfile::tempdir().unwrap();
+        for objects in both(dir.path()) {
+            objects
+                .put("jobs/date=2026-06-01/a.json", b"{}".to_vec())
+                .unwrap();
+            objects
+                .put("jobs/date=2026-06-02/b.json", b"[1]".to_vec())
+                .unwrap();
+            objects.put("samples/c.json", b"x".to_vec()).unwrap();
+            let keys: Vec<(String, u64)> = objects
+                .list("jobs")
+                .unwrap()
+                .into_iter()
+                .map(|e| (e.key, e.size))
+                .collect();
+            assert_eq!(
+                keys,
+                vec![
+                    ("jobs/date=2026-06-01/a.json".to_owned(), 2),
+                    ("jobs/date=2026-06-02/b.json".to_owned(), 3)
+                ],
+                "{objects:?}"
+            );
+            assert!(objects.list("nothing/here").unwrap().is_empty());
+            objects
+                .rename("jobs/date=2026-06-01/a.json", "quarantine/jobs/a.json")
+                .unwrap();
+            assert!(!objects.exists("jobs/date=2026-06-01/a.json").unwrap());
+            assert_eq!(
+                objects.get("quarantine/jobs/a.json").unwrap().as_deref(),
+                Some(&b"{}"[..])
+            );
+            assert!(objects.delete("quarantine/jobs/a.json").unwrap());
+            assert!(!objects.delete("quarantine/jobs/a.json").unwrap());
+            assert_eq!(objects.get("quarantine/jobs/a.json").unwrap(), None);
+            objects.delete_dir("jobs/date=2026-06-02").unwrap();
+            assert!(objects.list("jobs").unwrap().is_empty());
+            assert_eq!(objects.list("samples").unwrap().len(), 1);
+        }
+    }
+
+    #[test]
+    fn a_file_past_the_multipart_size_is_published_whole_and_read_back_in_ranges() {
+        let dir = tempfile::tempdir().unwrap();
+        for objects in both(dir.path()) {
+            let key = "samples/date=2026-06-01/part-big.parquet";
+            let staged = objects.staging_path(key).unwrap();
+            let len = 2 * MULTIPART_BYTES + 12_345;
+            let bytes: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
+            fs::write(&staged, &bytes).unwrap();
+            objects.publish(&staged, key).unwrap();
+            assert!(!staged.exists(), "the staging file is gone");
+            let entry = objects.list("samples").unwrap().remove(0);
+            assert_eq!(
+                entry,
+                Entry {
+                    key: key.to_owned(),
+                    size: len as u64
+                }
+            );
+            assert!(objects.get(key).unwrap().unwrap() == bytes, "{objects:?}");
+            let reader = objects.reader(&entry).unwrap();
+            assert_eq!(reader.len(), len as u64);
+            let start = MULTIPART_BYTES as u64 - 7;
+            let part = reader.get_bytes(start, 100).unwrap();
+            assert_eq!(&part[..], &bytes[start as usize..start as usize + 100]);
+            let mut tail = Vec::new();
+            reader
+                .get_read(len as u64 - 10)
+                .unwrap()
+                .read_to_end(&mut tail)
+                .unwrap();
+            assert_eq!(tail, &bytes[len - 10..]);
+        }
+    }
+
+    #[test]
+    fn a_url_of_an_unknown_scheme_is_refused_naming_what_works() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = Objects::parse("gopher://host/x", dir.path())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("gopher://") && err.contains("s3://"), "{err}");
+        assert!(is_url("s3://bucket/prefix") && is_url("file:///tmp/x"));
+        assert!(!is_url("/tmp/x") && !is_url("relative/dir") && !is_url("c:\\data"));
+    }
+}

@@ -213,6 +213,48 @@ fn str_at(col: &ArrayRef, row: usize) -> Result<Option<String>> {
     Ok(a.is_valid(row).then(|| a.value(row).to_owned()))
 }
 
+/// The schema with its string columns as string views. The Parquet reader then decodes a
+/// dictionary-encoded column (every tenant and job column) into views of the dictionary page
+/// instead of copying each row's string, and grouping by one takes DataFusion's view path: the
+/// monthly report's `GROUP BY account` and `COUNT(DISTINCT job_id)` spent most of their time
+/// copying and hashing those strings (docs/benchmarks.md).
+fn string_views(schema: &arrow::datatypes::Schema) -> arrow::datatypes::SchemaRef {
+    let fields: Vec<arrow::datatypes::Field> = schema
+        .fields()
+        .iter()
+        .map(|f| match f.data_type() {
+            DataType::Utf8 => f.as_ref().clone().with_data_type(DataType::Utf8View),
+            _ => f.as_ref().clone(),
+        })
+        .collect();
+    Arc::new(arrow::datatypes::Schema::new_with_metadata(
+        fields,
+        schema.metadata().clone(),
+    ))
+}
+
+/// A result batch with its string views as plain strings, for readers of [`job_event_schema`]
+/// and the like.
+pub fn plain_strings(batch: &RecordBatch) -> Result<RecordBatch> {
+    let schema = batch.schema();
+    let mut fields = Vec::with_capacity(schema.fields().len());
+    let mut columns = Vec::with_capacity(batch.num_columns());
+    for (field, column) in schema.fields().iter().zip(batch.columns()) {
+        if field.data_type() == &DataType::Utf8View {
+            fields.push(field.as_ref().clone().with_data_type(DataType::Utf8));
+            columns.push(cast(column, &DataType::Utf8)?);
+        } else {
+            fields.push(field.as_ref().clone());
+            columns.push(Arc::clone(column));
+        }
+    }
+    let schema = Arc::new(arrow::datatypes::Schema::new_with_metadata(
+        fields,
+        schema.metadata().clone(),
+    ));
+    Ok(RecordBatch::try_new(schema, columns)?)
+}
+
 impl Query {
     /// Registers the tables of the data directory (a path or an object store), after setting
     /// aside files whose footer does not read.
@@ -227,12 +269,20 @@ impl Query {
                     .with_list_files_cache_limit(0),
             )
             .build_arc()?;
-        let ctx =
-            SessionContext::new_with_config_rt(datafusion::prelude::SessionConfig::new(), runtime);
+        // DataFusion's own options can be tuned with `DATAFUSION_*` variables (e.g.
+        // DATAFUSION_EXECUTION_TARGET_PARTITIONS); unset, its defaults.
+        let mut config = datafusion::prelude::SessionConfig::from_env()?;
+        if std::env::var_os("DATAFUSION_EXECUTION_TARGET_PARTITIONS").is_none() {
+            // Two scan partitions per core: days differ in size, and with one per core the
+            // last file leaves a core idle (the monthly report is 8% faster on 2 cores).
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            config = config.with_target_partitions(2 * cores);
+        }
+        let ctx = SessionContext::new_with_config_rt(config, runtime);
         for (table, schema) in [
-            (Table::Samples, sample_schema()),
-            (Table::RollupsHourly, rollup_schema()),
-            (Table::Jobs, job_event_schema()),
+            (Table::Samples, string_views(&sample_schema())),
+            (Table::RollupsHourly, string_views(&rollup_schema())),
+            (Table::Jobs, string_views(&job_event_schema())),
         ] {
             let options = ListingOptions::new(Arc::new(ParquetFormat::default()))
                 .with_file_extension(".parquet")
@@ -615,12 +665,13 @@ impl Query {
         );
         let mut out = Vec::new();
         for b in self.sql(&sql).await? {
-            let events = gpuledger_model::job::job_events_from_batch(&b).map_err(|e| {
-                Error::Corrupt(format!(
-                    "job event row {}, `{}`: {}",
-                    e.row, e.field, e.message
-                ))
-            })?;
+            let events =
+                gpuledger_model::job::job_events_from_batch(&plain_strings(&b)?).map_err(|e| {
+                    Error::Corrupt(format!(
+                        "job event row {}, `{}`: {}",
+                        e.row, e.field, e.message
+                    ))
+                })?;
             out.extend(events);
         }
         Ok(out)

@@ -8,7 +8,6 @@
 //! The same command is the soak test (`--seconds 1800`): the report lines show whether latency
 //! or memory drift.
 
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -46,6 +45,10 @@ pub struct LoadArgs {
     /// A report line every this many seconds.
     #[arg(long, default_value_t = 10)]
     pub report_every: u64,
+    /// Tables in this object store (`s3://...`, `file://...`) instead of a temporary
+    /// directory; the log and staging stay in the temporary directory.
+    #[arg(long)]
+    pub data_dir: Option<String>,
 }
 
 /// Latencies of acknowledged pushes, in microseconds, with the second they were sent in.
@@ -200,7 +203,16 @@ pub fn run(args: &LoadArgs) -> anyhow::Result<()> {
         bail!("--push-every must be at least 1 and at most --seconds");
     }
     let dir = tempfile::tempdir()?;
-    let data_dir = dir.path().join("data");
+    let data_dir = match &args.data_dir {
+        Some(url) => url.clone(),
+        None => dir
+            .path()
+            .join("data")
+            .to_str()
+            .context("temporary path")?
+            .to_owned(),
+    };
+    let state_dir = dir.path().join("state");
     let max_connections = (args.exporters + 64).to_string();
     let aggregator = spawn_self(&[
         "aggregator",
@@ -209,7 +221,9 @@ pub fn run(args: &LoadArgs) -> anyhow::Result<()> {
         "--max-connections",
         &max_connections,
         "--data-dir",
-        data_dir.to_str().context("temporary path")?,
+        &data_dir,
+        "--state-dir",
+        state_dir.to_str().context("temporary path")?,
     ])?;
     let pid = aggregator.child.id();
     let url = format!("{}/api/v1/ingest", aggregator.url);
@@ -334,12 +348,12 @@ fn monitor(
 }
 
 /// Reads the stored samples back: `expected` rows, none twice.
-fn check_stored(data_dir: &Path, expected: u64) -> anyhow::Result<()> {
+fn check_stored(data_dir: &str, expected: u64) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     let (rows, distinct) = runtime.block_on(async {
-        let layout = gpuledger_aggregator::layout::Layout::new(data_dir);
+        let layout = crate::serve::open_layout(data_dir, None, false)?;
         let query = gpuledger_aggregator::query::Query::open(&layout).await?;
         let count = |sql: &'static str| {
             let query = &query;

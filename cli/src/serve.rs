@@ -307,24 +307,47 @@ async fn flush_loop(service: Arc<Service>, args: AggregatorArgs) {
         let retention_days = i64::from(args.raw_retention_days);
         let result = tokio::task::spawn_blocking(move || {
             let stats = s.ingestor.flush()?;
-            let keep_from = date_of_ms(s.clock.now_ms() - retention_days * 86_400_000);
-            let deleted = s.ingestor.store().apply_retention(keep_from)?;
             s.metrics.count_flush(s.clock.now_ms());
-            Ok::<_, gpuledger_aggregator::Error>((stats, deleted))
+            let keep_from = date_of_ms(s.clock.now_ms() - retention_days * 86_400_000);
+            Ok::<_, gpuledger_aggregator::Error>((
+                stats,
+                s.ingestor.store().apply_retention(keep_from),
+            ))
         })
         .await;
         match result {
-            Ok(Ok((stats, deleted))) => tracing::debug!(
-                sample_files = stats.sample_files,
-                rollup_rows = stats.rollup_rows,
-                job_event_files = stats.job_event_files,
-                retention_deleted_days = deleted.len(),
-                "flushed"
-            ),
-            Ok(Err(error)) => tracing::error!(%error, "flush failed"),
-            Err(error) => tracing::error!(%error, "flush task failed"),
+            Ok(Ok((stats, retention))) => {
+                tracing::debug!(
+                    sample_files = stats.sample_files,
+                    rollup_rows = stats.rollup_rows,
+                    job_event_files = stats.job_event_files,
+                    "flushed"
+                );
+                match retention {
+                    Ok(deleted) if !deleted.is_empty() => {
+                        tracing::info!(days = deleted.len(), "raw samples past retention deleted")
+                    }
+                    Ok(_) => {}
+                    // Stored data is safe; the next flush tries again.
+                    Err(error) => tracing::error!(%error, "retention failed"),
+                }
+            }
+            Ok(Err(error)) => exit_after_failed_flush(&error),
+            Err(error) => exit_after_failed_flush(&error),
         }
     }
+}
+
+/// The exit status after a failed flush (EX_TEMPFAIL).
+pub const FLUSH_FAILED_EXIT: i32 = 75;
+
+/// A flush that failed (a full disk, an object store away past its retries) has taken rows
+/// out of memory that only the write-ahead log still holds, so this process can store nothing
+/// more. It exits, as a crash would, and the supervisor's restart replays the log: the
+/// recovery that `kill -9` is tested against. Meanwhile exporters keep their batches.
+fn exit_after_failed_flush(error: &dyn std::fmt::Display) -> ! {
+    tracing::error!(error = %error, exit_status = FLUSH_FAILED_EXIT, "flush failed; exiting so that a restart replays the write-ahead log");
+    std::process::exit(FLUSH_FAILED_EXIT)
 }
 
 /// Installs the SIGTERM and SIGINT handlers now and returns a future that resolves on

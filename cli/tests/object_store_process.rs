@@ -3,7 +3,9 @@
 //! `moto_server`, which speaks the S3 REST protocol) and to one `file://` URL (object_store's
 //! local backend: the same code path). One of them is killed with SIGKILL while nodes push and
 //! restarted; every batch is then re-sent. What is in the store afterwards is exactly what was
-//! sent, once, and `gpuledger report` over the URL reads both writers' files.
+//! sent, once, and `gpuledger report` over the URL reads both writers' files. A flush the
+//! store refuses makes the aggregator exit (status 75) rather than carry on without those rows;
+//! its restart stores them.
 
 mod common;
 
@@ -277,4 +279,85 @@ fn two_aggregators_write_one_file_url_survive_a_kill_9_and_report_reads_both() {
         .join("state/a/wal/agg-a/checkpoint.json")
         .exists());
     assert!(!tables.join("wal").exists());
+}
+
+#[test]
+fn a_flush_the_store_refuses_exits_and_the_restart_stores_every_acknowledged_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let tables = dir.path().join("tables");
+    std::fs::create_dir_all(&tables).unwrap();
+    let url = format!("file://{}", tables.display());
+    let state = dir.path().join("state");
+    let start = || {
+        spawn(
+            &[
+                "aggregator",
+                "--listen",
+                "127.0.0.1:0",
+                "--flush-interval",
+                "1s",
+                "--data-dir",
+                &url,
+                "--state-dir",
+                state.to_str().unwrap(),
+            ],
+            Stdio::inherit(),
+        )
+    };
+    let now_ms = chrono::Utc::now().timestamp_millis();
+    let t0_ms = now_ms - now_ms.rem_euclid(1000) - 3_600_000;
+    let agent = agent();
+    let mut aggregator = start();
+    assert_eq!(
+        push(&agent, &aggregator.url, "node000", 0, t0_ms).as_deref(),
+        Some("accepted")
+    );
+    let rollups = tables.join("rollups");
+    wait_for("the first flush", 30, || rollups.exists());
+    // The store now refuses every rollup file: `rollups` is a file where its directory was.
+    let away = tables.join("rollups.away");
+    std::fs::rename(&rollups, &away).unwrap();
+    std::fs::write(&rollups, b"in the way").unwrap();
+    assert_eq!(
+        push(&agent, &aggregator.url, "node000", 1, t0_ms).as_deref(),
+        Some("accepted")
+    );
+    let status = loop {
+        if let Some(status) = aggregator.child.try_wait().unwrap() {
+            break status;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(status.code(), Some(75), "exits after the failed flush");
+    std::fs::remove_file(&rollups).unwrap();
+    std::fs::rename(&away, &rollups).unwrap();
+    let aggregator = start();
+    assert_eq!(
+        push(&agent, &aggregator.url, "node000", 1, t0_ms).as_deref(),
+        Some("duplicate"),
+        "batch 1 was acknowledged before the failure"
+    );
+    terminate(aggregator);
+    let layout = Layout::with_tables(
+        Objects::remote(&url, dir.path().join("r")).unwrap(),
+        dir.path().join("r"),
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let query = Query::open(&layout).await.unwrap();
+        let sent = 2 * ROWS as i64;
+        assert_eq!(scalar(&query, "SELECT COUNT(*) FROM samples").await, sent);
+        assert_eq!(
+            scalar(&query, "SELECT COUNT(DISTINCT time) FROM samples").await,
+            sent / 8,
+            "none twice"
+        );
+        assert_eq!(
+            scalar(&query, "SELECT SUM(gpu_seconds) FROM rollups_hourly").await,
+            sent
+        );
+    });
 }
