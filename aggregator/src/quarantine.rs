@@ -145,3 +145,48 @@ pub fn quarantined_files(layout: &Layout) -> Result<Vec<SetAside>> {
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_torn_file_is_set_aside_with_its_reason_on_a_path_and_in_a_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let tables = dir.path().join("remote");
+        std::fs::create_dir_all(&tables).unwrap();
+        let url = format!("file://{}", tables.display());
+        for layout in [
+            Layout::new(dir.path().join("local")),
+            Layout::with_tables(
+                Objects::remote(&url, dir.path().join("staging")).unwrap(),
+                dir.path().join("state"),
+            ),
+        ] {
+            let objects = layout.tables();
+            let key = "samples/date=2026-06-01/part-agg0-1-00000.parquet";
+            // The end of a Parquet file without its start: the footer's magic, no footer.
+            objects.put(key, b"torn copy PAR1".to_vec()).unwrap();
+            objects
+                .put("samples/date=2026-06-01/notes.txt", b"not parquet".to_vec())
+                .unwrap();
+            let moved = quarantine_corrupt(&layout, Depth::Footer).unwrap();
+            assert_eq!(moved.len(), 1, "{layout:?}");
+            assert_eq!(moved[0].from, key);
+            assert_eq!(moved[0].to, format!("quarantine/{key}"));
+            assert!(!objects.exists(key).unwrap());
+            let listed = quarantined_files(&layout).unwrap();
+            assert_eq!(listed.len(), 1);
+            assert_eq!(listed[0].key, moved[0].to);
+            assert_eq!(listed[0].reason, moved[0].reason);
+            assert!(!listed[0].reason.is_empty());
+            assert!(
+                objects.exists("samples/date=2026-06-01/notes.txt").unwrap(),
+                "only Parquet files are checked"
+            );
+            assert!(quarantine_corrupt(&layout, Depth::Footer)
+                .unwrap()
+                .is_empty());
+        }
+    }
+}

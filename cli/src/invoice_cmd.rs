@@ -23,8 +23,14 @@ pub struct InvoiceArgs {
     /// Revise only this account's invoice (the FOCUS file and the comparison still cover all).
     #[arg(long)]
     pub account: Option<String>,
+    /// Data directory: a path, or the tables' object-store URL (as the aggregator's) with the
+    /// invoices, storage scans and reservations under --state-dir.
     #[arg(long, default_value = DEFAULT_DATA_DIR, env = "GPULEDGER_DATA_DIR")]
-    pub data_dir: PathBuf,
+    pub data_dir: String,
+    /// Local directory for invoices, storage scans and `reservations.toml` when --data-dir
+    /// is a URL.
+    #[arg(long, env = "GPULEDGER_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
     /// Price book (default: the embedded seed price book, examples/seed-prices.toml).
     #[arg(long)]
     pub price_book: Option<PathBuf>,
@@ -47,7 +53,7 @@ pub fn invoice(args: InvoiceArgs) -> anyhow::Result<()> {
     let config = load_cluster(args.config.as_deref())?;
     let book = load_price_book(args.price_book.as_deref())?;
     let period = Period::month(&args.month).context("--month")?;
-    let layout = Layout::new(&args.data_dir);
+    let layout = crate::serve::open_layout(&args.data_dir, args.state_dir.as_deref(), true)?;
     let reservations = match &args.reservations {
         Some(path) => read_reservations(path)?,
         None => default_reservations(&layout)?,
@@ -75,11 +81,7 @@ pub fn invoice(args: InvoiceArgs) -> anyhow::Result<()> {
         anyhow::Ok(input)
     })?;
     if input.usage.is_empty() && input.storage.is_empty() && input.reservations.is_empty() {
-        println!(
-            "no usage in {} under {}",
-            args.month,
-            args.data_dir.display()
-        );
+        println!("no usage in {} under {}", args.month, args.data_dir);
         return Ok(());
     }
     let out = bill_month(

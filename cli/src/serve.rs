@@ -143,7 +143,7 @@ pub fn open_layout(
     let (state, staging) = match state_dir {
         Some(dir) => (dir.to_path_buf(), dir.join("staging")),
         None if writer => bail!(
-            "data directory {data_dir} is a URL: the write-ahead log must stay on a local disk; give --state-dir DIR"
+            "data directory {data_dir} is a URL: what is written beside the tables (the write-ahead log, invoices) stays on a local disk; give --state-dir DIR"
         ),
         // A reader writes no file of its own: nothing is staged.
         None => (std::env::temp_dir(), std::env::temp_dir()),

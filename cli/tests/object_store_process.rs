@@ -236,6 +236,41 @@ fn two_writers_and_a_kill_9(data_dir: &str, state: &std::path::Path) {
     assert_eq!(sent, 28_800);
     let hours = format!(" {:.1} ", sent as f64 / 3600.0);
     assert!(row.contains(&hours), "{hours} GPU-hours in {row:?}");
+
+    // The month's invoices from the tables in the store, written under the state directory.
+    let month = day.format("%Y-%m").to_string();
+    let billing = state.join("billing");
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuledger"))
+        .args([
+            "invoice",
+            "--month",
+            &month,
+            "--data-dir",
+            data_dir,
+            "--state-dir",
+        ])
+        .arg(&billing)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row = text
+        .lines()
+        .find(|l| l.contains("team-a"))
+        .unwrap_or_else(|| panic!("no team-a invoice in {text}"));
+    assert!(row.contains(&hours), "{hours} GPU-hours in {row:?}");
+    assert!(
+        billing
+            .join("invoices")
+            .join(&month)
+            .join("team-a")
+            .is_dir(),
+        "{text}"
+    );
 }
 
 #[test]
