@@ -15,9 +15,8 @@ use std::time::Duration;
 use gpuledger_aggregator::layout::Layout;
 use gpuledger_aggregator::objects::Objects;
 use gpuledger_aggregator::query::Query;
-use gpuledger_aggregator::wal::encode_ipc;
-use gpuledger_model::sample::{SampleBatchBuilder, SampleRow};
 
+use common::ingest::{agent, batch};
 use common::{free_port, scalar, spawn, terminate, wait_for, Process};
 
 const BATCHES: u64 = 12;
@@ -58,56 +57,24 @@ fn start_s3() -> S3Server {
     S3Server { child, endpoint }
 }
 
-fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(20)))
-        .build()
-        .into()
-}
-
-fn batch(node: &str, seq: u64, t0_ms: i64) -> Vec<u8> {
-    let mut b = SampleBatchBuilder::with_capacity(ROWS);
-    for i in 0..ROWS {
-        let step = seq as i64 * (ROWS / 8) as i64 + (i / 8) as i64;
-        b.push(&SampleRow {
-            time_ms: t0_ms + step * 1000,
-            interval_s: 1,
-            node: node.into(),
-            gpu_index: (i % 8) as u16,
-            gpu_uuid: format!("GPU-{node}-{}", i % 8),
-            gpu_model: "h100-sxm".into(),
-            mig_instance: None,
-            job_id: Some(format!("{node}-job")),
-            account: Some("team-a".into()),
-            project: None,
-            gpu_util_pct: Some(80.0),
-            sm_active: None,
-            tensor_active: Some(0.5),
-            dram_active: None,
-            sm_clock_mhz: None,
-            mem_used_bytes: Some(1 << 30),
-            mem_total_bytes: Some(80 << 30),
-            power_w: Some(500.0),
-            energy_j: None,
-            xid: None,
-        });
-    }
-    encode_ipc(&b.finish().unwrap()).unwrap()
-}
-
-/// Pushes one batch; the reply's status, `None` when the aggregator did not answer.
+/// Pushes batch `seq` of `node`; the reply's status, `None` when the aggregator did not answer.
 fn push(agent: &ureq::Agent, url: &str, node: &str, seq: u64, t0_ms: i64) -> Option<String> {
-    let mut response = agent
-        .post(format!("{url}/api/v1/ingest"))
-        .header("x-gpuledger-node", node)
-        .header("x-gpuledger-seq", seq.to_string())
-        .send(&batch(node, seq, t0_ms)[..])
-        .ok()?;
-    let text = response.body_mut().read_to_string().ok()?;
-    assert_eq!(response.status().as_u16(), 200, "{text}");
-    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
-    Some(json["status"].as_str().unwrap().to_owned())
+    common::ingest::push(agent, url, node, seq, &batch(node, seq, t0_ms, ROWS))
+}
+
+/// Runs `gpuledger ARGS` to completion; its standard output, once it succeeded.
+fn gpuledger(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuledger"))
+        .args(args)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{args:?}: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
 }
 
 fn start_writer(data_dir: &str, state: &std::path::Path, id: &str, nodes: &str) -> Process {
@@ -208,24 +175,15 @@ fn two_writers_and_a_kill_9(data_dir: &str, state: &std::path::Path) {
     let day = chrono::DateTime::from_timestamp_millis(t0_ms)
         .unwrap()
         .date_naive();
-    let out = Command::new(env!("CARGO_BIN_EXE_gpuledger"))
-        .args([
-            "report",
-            "--data-dir",
-            data_dir,
-            "--from",
-            &day.to_string(),
-            "--to",
-            &day.succ_opt().unwrap().to_string(),
-        ])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = gpuledger(&[
+        "report",
+        "--data-dir",
+        data_dir,
+        "--from",
+        &day.to_string(),
+        "--to",
+        &day.succ_opt().unwrap().to_string(),
+    ]);
     assert!(text.contains(data_dir), "{text}");
     let row = text
         .lines()
@@ -240,24 +198,15 @@ fn two_writers_and_a_kill_9(data_dir: &str, state: &std::path::Path) {
     // The month's invoices from the tables in the store, written under the state directory.
     let month = day.format("%Y-%m").to_string();
     let billing = state.join("billing");
-    let out = Command::new(env!("CARGO_BIN_EXE_gpuledger"))
-        .args([
-            "invoice",
-            "--month",
-            &month,
-            "--data-dir",
-            data_dir,
-            "--state-dir",
-        ])
-        .arg(&billing)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = gpuledger(&[
+        "invoice",
+        "--month",
+        &month,
+        "--data-dir",
+        data_dir,
+        "--state-dir",
+        billing.to_str().unwrap(),
+    ]);
     let row = text
         .lines()
         .find(|l| l.contains("team-a"))

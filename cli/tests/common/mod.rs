@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod browser;
+pub mod ingest;
 pub mod slurm;
 
 use std::io::{BufRead, BufReader};
