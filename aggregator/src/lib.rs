@@ -31,6 +31,7 @@ pub mod objects;
 pub mod quarantine;
 pub mod query;
 pub mod rollup;
+pub mod run_sum;
 pub mod status;
 pub mod store;
 pub mod svg;
