@@ -76,6 +76,20 @@ struct BatchUsage {
     proxy_seconds: u64,
 }
 
+impl BatchUsage {
+    fn add(&mut self, other: &BatchUsage) {
+        self.gpu_seconds += other.gpu_seconds;
+        self.proxy_sum += other.proxy_sum;
+        self.proxy_seconds += other.proxy_seconds;
+    }
+}
+
+/// A batch row's job, account, project and GPU model as sent.
+type RawLabels<'a> = (&'a str, Option<&'a str>, Option<&'a str>, &'a str);
+
+/// Job, account label, project label and GPU model: what one batch's usage is summed by.
+type UsageKey<'a> = (&'a str, &'a str, &'a str, &'a str);
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -356,34 +370,46 @@ impl Metrics {
             tensor.as_primitive::<Float32Type>(),
             clock.as_primitive::<UInt32Type>(),
         );
-        let mut rated: Option<(&str, f64)> = None;
-        let mut sums: HashMap<(&str, &str, &str, &str), BatchUsage> = HashMap::new();
+        // One GPU's samples come in time order, so consecutive rows nearly always share a
+        // job: labels are resolved and the map entered once per run of rows, not per row.
+        let mut sums: HashMap<UsageKey<'_>, BatchUsage> = HashMap::new();
+        let mut run: Option<(RawLabels<'_>, UsageKey<'_>, f64, BatchUsage)> = None;
         for row in 0..batch.num_rows() {
             if job.is_null(row) {
                 continue;
             }
-            let a = self.account_label(account.is_valid(row).then(|| account.value(row)));
-            let p = self.project_label(a, project.is_valid(row).then(|| project.value(row)));
-            let m = model.value(row);
-            let rated_mhz = match rated {
-                Some((name, mhz)) if name == m => mhz,
-                _ => {
-                    let mhz = m
-                        .parse::<GpuModel>()
-                        .map_or(f64::NAN, |g| f64::from(g.rated_sm_clock_mhz()));
-                    rated = Some((m, mhz));
-                    mhz
+            let raw = (
+                job.value(row),
+                account.is_valid(row).then(|| account.value(row)),
+                project.is_valid(row).then(|| project.value(row)),
+                model.value(row),
+            );
+            if run.as_ref().is_none_or(|(labels, ..)| *labels != raw) {
+                if let Some((_, key, _, usage)) = run.take() {
+                    sums.entry(key).or_default().add(&usage);
                 }
+                let a = self.account_label(raw.1);
+                let p = self.project_label(a, raw.2);
+                let rated_mhz = raw
+                    .3
+                    .parse::<GpuModel>()
+                    .map_or(f64::NAN, |g| f64::from(g.rated_sm_clock_mhz()));
+                run = Some((raw, (raw.0, a, p, raw.3), rated_mhz, BatchUsage::default()));
+            }
+            let Some((_, _, rated_mhz, u)) = run.as_mut() else {
+                continue;
             };
             let secs = u64::from(interval.value(row));
-            let u = sums.entry((job.value(row), a, p, m)).or_default();
             u.gpu_seconds += secs;
             if tensor.is_valid(row) && clock.is_valid(row) && rated_mhz.is_finite() {
                 u.proxy_sum += f64::from(tensor.value(row)) * f64::from(clock.value(row))
-                    / rated_mhz
+                    / *rated_mhz
                     * secs as f64;
                 u.proxy_seconds += secs;
             }
+        }
+        if let Some((_, key, _, usage)) = run {
+            sums.entry(key).or_default().add(&usage);
         }
         let mut live = lock(&self.live);
         for ((j, a, p, m), u) in sums {

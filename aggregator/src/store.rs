@@ -15,11 +15,12 @@ use arrow::record_batch::RecordBatch;
 use chrono::NaiveDate;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ArrowWriter;
-use parquet::basic::{Compression, ZstdLevel};
+use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::file::properties::WriterProperties;
+use parquet::schema::types::ColumnPath;
 
 use gpuledger_model::job::{job_events_to_batch, JobEvent};
-use gpuledger_model::sample::sample_schema;
+use gpuledger_model::sample::{col, sample_schema};
 use gpuledger_model::time::{date_of_ms, MS_PER_DAY};
 
 use crate::layout::{Layout, Table};
@@ -164,10 +165,30 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// Sample columns that almost never repeat a value within a row group: a dictionary page for
+/// them fills up and falls back to plain pages anyway, after interning every value (a fifth
+/// of the aggregator's CPU under load), and readers then decode both kinds of page.
+const PLAIN_SAMPLE_COLUMNS: [&str; 7] = [
+    col::GPU_UTIL_PCT,
+    col::SM_ACTIVE,
+    col::TENSOR_ACTIVE,
+    col::DRAM_ACTIVE,
+    col::MEM_USED_BYTES,
+    col::POWER_W,
+    col::ENERGY_J,
+];
+
 fn writer_props(row_group_rows: usize) -> WriterProperties {
-    WriterProperties::builder()
+    let mut props = WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::try_new(1).unwrap_or_default()))
-        .set_max_row_group_row_count(Some(row_group_rows))
+        .set_max_row_group_row_count(Some(row_group_rows));
+    for column in PLAIN_SAMPLE_COLUMNS {
+        props = props.set_column_dictionary_enabled(ColumnPath::from(column), false);
+    }
+    // Each GPU's times are a run of equal steps: deltas pack them into a few bits.
+    props
+        .set_column_dictionary_enabled(ColumnPath::from(col::TIME), false)
+        .set_column_encoding(ColumnPath::from(col::TIME), Encoding::DELTA_BINARY_PACKED)
         .build()
 }
 
