@@ -31,7 +31,7 @@ pub mod objects;
 pub mod quarantine;
 pub mod query;
 pub mod rollup;
-pub mod run_sum;
+pub mod runs;
 pub mod status;
 pub mod store;
 pub mod svg;

@@ -279,7 +279,7 @@ impl Query {
             config = config.with_target_partitions(2 * cores);
         }
         let ctx = SessionContext::new_with_config_rt(config, runtime);
-        ctx.register_udaf(crate::run_sum::sum_udaf());
+        crate::runs::register(&ctx);
         for (table, schema) in [
             (Table::Samples, string_views(&sample_schema())),
             (Table::RollupsHourly, string_views(&rollup_schema())),

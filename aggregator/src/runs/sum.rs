@@ -1,186 +1,39 @@
-//! `SUM` for the query sessions: DataFusion's, except that a grouped sum adds each run of
-//! consecutive rows of one group as a slice.
-//!
-//! Why: the stored tables are sorted by node, GPU and time, so consecutive rows nearly always
-//! belong to the same account, job and hour (a day of samples has runs of about 5,700 rows).
-//! DataFusion's grouped `SUM` adds every row into its group's slot in memory, so each addition
-//! waits for the store of the one before: in the monthly report, 45% of the samples of the
-//! hottest function sat on that one store. Here each run's values are summed in registers,
-//! eight lanes at a time (which the compiler vectorizes), and the run's total is added to the
-//! group once. Batches whose runs are short, or that carry nulls or a filter, take a per-row
-//! loop like DataFusion's.
-//!
-//! Everything else (name, signature and coercions, return types, the partial state, null
-//! semantics, the ungrouped and window accumulators, other input types) is DataFusion's `Sum`,
-//! which this wraps, and DataFusion supports overriding a built-in function by registering one
-//! of the same name. Integer sums are exactly DataFusion's (wrapping on overflow, as there);
-//! float sums can differ in the last bits, since additions happen in another order, as they
-//! already do between DataFusion runs with different partitioning.
+//! `SUM`'s grouped accumulator for Float64, Int64 and UInt64: each run of one group's rows is
+//! summed as a slice, in registers, eight lanes at a time (which the compiler vectorizes), and
+//! the run's total added to the group once. Batches whose runs are short, or that carry nulls
+//! or a filter, take a per-row loop like DataFusion's.
 
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, ArrowNativeTypeOp, AsArray, BooleanArray, PrimitiveArray};
 use arrow::buffer::NullBuffer;
-use arrow::datatypes::{
-    ArrowPrimitiveType, DataType, FieldRef, Float64Type, Int64Type, UInt64Type,
-};
-use datafusion::common::{Result, ScalarValue};
+use arrow::datatypes::{ArrowPrimitiveType, DataType, Float64Type, Int64Type, UInt64Type};
+use datafusion::common::Result;
 use datafusion::functions_aggregate::sum::Sum;
-use datafusion::logical_expr::expr::{
-    AggregateFunction, AggregateFunctionParams, WindowFunctionParams,
-};
-use datafusion::logical_expr::function::{
-    AccumulatorArgs, AggregateFunctionSimplification, StateFieldsArgs,
-};
-use datafusion::logical_expr::utils::AggregateOrderSensitivity;
-use datafusion::logical_expr::{
-    Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, EmitTo, Expr, GroupsAccumulator,
-    Operator, ReversedUDAF, SetMonotonicity, Signature, StatisticsArgs,
-};
+use datafusion::logical_expr::function::AccumulatorArgs;
+use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
 
-/// The `sum` to register in a session (`SessionContext::register_udaf`), replacing the
-/// built-in one.
-pub fn sum_udaf() -> AggregateUDF {
-    AggregateUDF::new_from_impl(RunSum::default())
-}
+use super::{counted_rows, RunGroups};
 
-/// DataFusion's `Sum` with a run-aware grouped accumulator.
-#[derive(Debug, Default, PartialEq, Eq, Hash)]
-pub struct RunSum {
-    inner: Sum,
-}
-
-impl AggregateUDFImpl for RunSum {
-    fn name(&self) -> &str {
-        self.inner.name()
+impl RunGroups for Sum {
+    fn has_run_groups(&self, args: &AccumulatorArgs) -> bool {
+        !args.is_distinct
+            && matches!(
+                args.return_field.data_type(),
+                DataType::Float64 | DataType::Int64 | DataType::UInt64
+            )
     }
 
-    fn signature(&self) -> &Signature {
-        self.inner.signature()
-    }
-
-    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
-        self.inner.return_type(arg_types)
-    }
-
-    fn accumulator(&self, acc_args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
-        self.inner.accumulator(acc_args)
-    }
-
-    fn aliases(&self) -> &[String] {
-        self.inner.aliases()
-    }
-
-    fn schema_name(&self, params: &AggregateFunctionParams) -> Result<String> {
-        self.inner.schema_name(params)
-    }
-
-    fn human_display(&self, params: &AggregateFunctionParams) -> Result<String> {
-        self.inner.human_display(params)
-    }
-
-    fn window_function_schema_name(&self, params: &WindowFunctionParams) -> Result<String> {
-        self.inner.window_function_schema_name(params)
-    }
-
-    fn display_name(&self, params: &AggregateFunctionParams) -> Result<String> {
-        self.inner.display_name(params)
-    }
-
-    fn window_function_display_name(&self, params: &WindowFunctionParams) -> Result<String> {
-        self.inner.window_function_display_name(params)
-    }
-
-    fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
-        self.inner.state_fields(args)
-    }
-
-    fn groups_accumulator_supported(&self, args: AccumulatorArgs) -> bool {
-        self.inner.groups_accumulator_supported(args)
-    }
-
-    fn create_groups_accumulator(
-        &self,
-        args: AccumulatorArgs,
-    ) -> Result<Box<dyn GroupsAccumulator>> {
-        if args.is_distinct {
-            return self.inner.create_groups_accumulator(args);
+    fn run_groups(&self, args: &AccumulatorArgs) -> Option<Box<dyn GroupsAccumulator>> {
+        if !self.has_run_groups(args) {
+            return None;
         }
         let data_type = args.return_field.data_type().clone();
-        Ok(match data_type {
+        Some(match data_type {
             DataType::Float64 => Box::new(RunSumAccumulator::<Float64Type>::new(data_type)),
             DataType::Int64 => Box::new(RunSumAccumulator::<Int64Type>::new(data_type)),
-            DataType::UInt64 => Box::new(RunSumAccumulator::<UInt64Type>::new(data_type)),
-            _ => return self.inner.create_groups_accumulator(args),
+            _ => Box::new(RunSumAccumulator::<UInt64Type>::new(data_type)),
         })
-    }
-
-    fn create_sliding_accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
-        self.inner.create_sliding_accumulator(args)
-    }
-
-    fn order_sensitivity(&self) -> AggregateOrderSensitivity {
-        self.inner.order_sensitivity()
-    }
-
-    fn simplify(&self) -> Option<AggregateFunctionSimplification> {
-        self.inner.simplify()
-    }
-
-    fn simplify_expr_op_literal(
-        &self,
-        agg_function: &AggregateFunction,
-        arg: &Expr,
-        op: Operator,
-        lit: &Expr,
-        arg_is_left: bool,
-    ) -> Result<Option<Expr>> {
-        self.inner
-            .simplify_expr_op_literal(agg_function, arg, op, lit, arg_is_left)
-    }
-
-    fn reverse_expr(&self) -> ReversedUDAF {
-        self.inner.reverse_expr()
-    }
-
-    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
-        self.inner.coerce_types(arg_types)
-    }
-
-    fn return_field(&self, arg_fields: &[FieldRef]) -> Result<FieldRef> {
-        self.inner.return_field(arg_fields)
-    }
-
-    fn is_nullable(&self) -> bool {
-        self.inner.is_nullable()
-    }
-
-    fn is_descending(&self) -> Option<bool> {
-        self.inner.is_descending()
-    }
-
-    fn value_from_stats(&self, statistics_args: &StatisticsArgs) -> Option<ScalarValue> {
-        self.inner.value_from_stats(statistics_args)
-    }
-
-    fn default_value(&self, data_type: &DataType) -> Result<ScalarValue> {
-        self.inner.default_value(data_type)
-    }
-
-    fn supports_null_handling_clause(&self) -> bool {
-        self.inner.supports_null_handling_clause()
-    }
-
-    fn supports_within_group_clause(&self) -> bool {
-        self.inner.supports_within_group_clause()
-    }
-
-    fn set_monotonicity(&self, data_type: &DataType) -> SetMonotonicity {
-        self.inner.set_monotonicity(data_type)
-    }
-
-    fn documentation(&self) -> Option<&Documentation> {
-        self.inner.documentation()
     }
 }
 
@@ -216,8 +69,7 @@ impl<T: ArrowPrimitiveType> RunSumAccumulator<T> {
         self.sums.resize(total_num_groups, T::Native::ZERO);
         self.seen.resize(total_num_groups, false);
         let data = values.values();
-        let filter = filter.map(filter_mask);
-        match NullBuffer::union(values.nulls(), filter.as_ref()) {
+        match counted_rows(values.nulls(), filter) {
             None => self.add_runs(group_indices, data),
             Some(valid) => {
                 let rows = group_indices.iter().zip(data.iter()).enumerate();
@@ -272,14 +124,6 @@ fn run_length(group_indices: &[usize], group: usize) -> usize {
             .iter()
             .position(|&g| g != group)
             .unwrap_or(group_indices.len() - whole)
-}
-
-/// A filter as validity: rows whose filter value is false or null do not count.
-fn filter_mask(filter: &BooleanArray) -> NullBuffer {
-    match filter.nulls() {
-        Some(nulls) => NullBuffer::new(nulls.inner() & filter.values()),
-        None => NullBuffer::new(filter.values().clone()),
-    }
 }
 
 /// The sum of a slice in eight independent lanes, so that additions do not wait on each other.
@@ -352,8 +196,7 @@ impl<T: ArrowPrimitiveType + Send> GroupsAccumulator for RunSumAccumulator<T> {
         // Each row's state is the sum of that one row: zero plus the value (so -0.0 becomes
         // 0.0, as when it is added to a group), null where the row does not count.
         let sums: PrimitiveArray<T> = values.unary(|v| T::Native::ZERO.add_wrapping(v));
-        let filter = opt_filter.map(filter_mask);
-        let nulls = NullBuffer::union(values.nulls(), filter.as_ref());
+        let nulls = counted_rows(values.nulls(), opt_filter);
         let (_, buffer, _) = sums.into_parts();
         Ok(vec![Arc::new(
             PrimitiveArray::<T>::new(buffer, nulls).with_data_type(self.data_type.clone()),
@@ -537,80 +380,5 @@ mod tests {
             state.is_null(1) && state.is_null(2),
             "null values and rows the filter drops do not count"
         );
-    }
-
-    /// The same SQL in a session with this `sum` and in one with DataFusion's gives the same
-    /// rows: grouped with runs and without, with nulls, FILTER, DISTINCT, types it delegates,
-    /// no GROUP BY, a window.
-    #[tokio::test]
-    async fn sql_answers_equal_datafusions() {
-        use arrow::array::{Decimal128Array, Float32Array, Int32Array, StringArray, UInt32Array};
-        use arrow::datatypes::{Field, Schema};
-        use arrow::record_batch::RecordBatch;
-        use datafusion::arrow::util::pretty::pretty_format_batches;
-        use datafusion::datasource::MemTable;
-        use datafusion::prelude::SessionContext;
-
-        let n = 5000;
-        let schema = Arc::new(Schema::new(vec![
-            Field::new("account", DataType::Utf8, true),
-            Field::new("i", DataType::Int32, true),
-            Field::new("u", DataType::UInt32, false),
-            Field::new("f", DataType::Float32, true),
-            Field::new("d", DataType::Decimal128(10, 2), false),
-        ]));
-        let account = StringArray::from_iter(
-            (0..n).map(|r| (r % 997 != 0).then(|| format!("team-{}", (r / 300) % 4))),
-        );
-        let i = Int32Array::from_iter((0..n).map(|r| (r % 13 != 0).then_some(r - 2000)));
-        let u = UInt32Array::from_iter_values((0..n).map(|r| (r % 50) as u32));
-        let f = Float32Array::from_iter((0..n).map(|r| (r % 17 != 0).then_some((r % 100) as f32)));
-        let d = Decimal128Array::from_iter_values((0..n).map(|r| r as i128))
-            .with_precision_and_scale(10, 2)
-            .unwrap();
-        let batch = RecordBatch::try_new(
-            schema.clone(),
-            vec![
-                Arc::new(account),
-                Arc::new(i),
-                Arc::new(u),
-                Arc::new(f),
-                Arc::new(d),
-            ],
-        )
-        .unwrap();
-        let queries = [
-            "SELECT account, SUM(i), SUM(u), SUM(f), SUM(d), SUM(f * u), COUNT(*) FROM t GROUP BY account ORDER BY account",
-            "SELECT u, SUM(i), SUM(f) FROM t GROUP BY u ORDER BY u",
-            "SELECT account, SUM(i) FILTER (WHERE u > 10), SUM(DISTINCT u), SUM(CASE WHEN f IS NOT NULL THEN u END) FROM t GROUP BY account ORDER BY account",
-            "SELECT SUM(i), SUM(f), SUM(d) FROM t",
-            "SELECT u, SUM(i) OVER (ORDER BY u, i ROWS BETWEEN 3 PRECEDING AND CURRENT ROW) FROM t ORDER BY u, i LIMIT 50",
-        ];
-        let slices = |batch: &RecordBatch, rows: usize| -> Vec<RecordBatch> {
-            (0..batch.num_rows())
-                .step_by(rows)
-                .map(|offset| batch.slice(offset, rows.min(batch.num_rows() - offset)))
-                .collect()
-        };
-        let theirs = SessionContext::new();
-        let ours = SessionContext::new();
-        ours.register_udaf(sum_udaf());
-        for ctx in [&theirs, &ours] {
-            let table = MemTable::try_new(
-                schema.clone(),
-                vec![slices(&batch, 700), slices(&batch, 1100)],
-            )
-            .unwrap();
-            ctx.register_table("t", Arc::new(table)).unwrap();
-        }
-        for sql in queries {
-            let expected = theirs.sql(sql).await.unwrap().collect().await.unwrap();
-            let got = ours.sql(sql).await.unwrap().collect().await.unwrap();
-            assert_eq!(
-                pretty_format_batches(&got).unwrap().to_string(),
-                pretty_format_batches(&expected).unwrap().to_string(),
-                "{sql}"
-            );
-        }
     }
 }
