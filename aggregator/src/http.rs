@@ -344,14 +344,16 @@ async fn ingest_batch(
     blocking(move || {
         let mut batch = decode_ipc(&body)
             .map_err(|e| ApiError::bad("body", format!("not an Arrow IPC stream: {e}")))?;
+        let mut sent_ipc = Some(&body[..]);
         if let Some(crate::clock_skew::Skew::Corrected { offset_s }) = skew {
             // Onto the aggregator's time line before anything checks or stores it.
             batch = crate::clock_skew::shift_times(&batch, -offset_s * 1000)
                 .map_err(|e| ApiError::bad("body", format!("moving the sample times: {e}")))?;
+            sent_ipc = None;
         }
         let outcome = service
             .ingestor
-            .ingest_samples_from(&node, seq, low, &batch)?;
+            .ingest_samples_from(&node, seq, low, &batch, sent_ipc)?;
         if matches!(outcome, IngestOutcome::Accepted { .. }) {
             service.metrics.count_usage(&batch);
         }

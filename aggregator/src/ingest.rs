@@ -20,6 +20,22 @@ use crate::validate::{validate_samples, RowError, Rules};
 use crate::wal::{sync_dir, RecordKind, Wal};
 use crate::{io_err, Error, Result};
 
+/// A batch to log and store, with the Arrow IPC stream it arrived as where it is unchanged.
+#[derive(Clone, Copy)]
+struct Record<'a> {
+    batch: &'a RecordBatch,
+    ipc: Option<&'a [u8]>,
+}
+
+impl Record<'_> {
+    fn append_to(self, wal: &Wal, kind: RecordKind, source: &str, seq: u64) -> Result<u64> {
+        match self.ipc {
+            Some(ipc) => wal.append_ipc(kind, source, seq, ipc),
+            None => wal.append(kind, source, seq, self.batch),
+        }
+    }
+}
+
 /// Ingest rules.
 #[derive(Clone, Debug)]
 pub struct IngestorConfig {
@@ -249,19 +265,21 @@ impl Ingestor {
         seq: u64,
         batch: &RecordBatch,
     ) -> Result<IngestOutcome> {
-        self.ingest_samples_from(node, seq, None, batch)
+        self.ingest_samples_from(node, seq, None, batch, None)
     }
 
-    /// [`Ingestor::ingest_samples`] with the sender's low watermark: it will never send a
-    /// number below `low` again (at most `seq`).
+    /// [`Ingestor::ingest_samples`] with the sender's low watermark (it will never send a
+    /// number below `low` again, at most `seq`) and, where `batch` is exactly what it sent, the
+    /// Arrow IPC stream it came as, which the log then keeps instead of encoding it again.
     pub fn ingest_samples_from(
         &self,
         node: &str,
         seq: u64,
         low: Option<u64>,
         batch: &RecordBatch,
+        sent_ipc: Option<&[u8]>,
     ) -> Result<IngestOutcome> {
-        let outcome = self.ingest_samples_once(node, seq, batch)?;
+        let outcome = self.ingest_samples_once(node, seq, batch, sent_ipc)?;
         if let Some(low) = low {
             if let Some(window) = lock(&self.seen).get_mut(&(RecordKind::Samples, node.to_owned()))
             {
@@ -276,6 +294,7 @@ impl Ingestor {
         node: &str,
         seq: u64,
         batch: &RecordBatch,
+        sent_ipc: Option<&[u8]>,
     ) -> Result<IngestOutcome> {
         let rules = Rules {
             node,
@@ -284,7 +303,11 @@ impl Ingestor {
             future_tolerance_ms: self.config.future_tolerance_ms,
             max_age_ms: i64::from(self.config.raw_retention_days) * 86_400_000,
         };
-        self.ingest(RecordKind::Samples, node, Some(seq), batch, |batch| {
+        let record = Record {
+            batch,
+            ipc: sent_ipc,
+        };
+        self.ingest(RecordKind::Samples, node, Some(seq), record, |batch| {
             validate_samples(batch, &rules)
                 .map_err(|(errors, _total): (Vec<RowError>, usize)| Error::Invalid(errors))
         })
@@ -302,7 +325,11 @@ impl Ingestor {
             return Ok(IngestOutcome::Accepted { rows: 0 });
         }
         let batch = job_events_to_batch(events)?;
-        self.ingest(RecordKind::JobEvents, source, seq, &batch, |_| Ok(()))
+        let record = Record {
+            batch: &batch,
+            ipc: None,
+        };
+        self.ingest(RecordKind::JobEvents, source, seq, record, |_| Ok(()))
     }
 
     fn ingest(
@@ -310,9 +337,10 @@ impl Ingestor {
         kind: RecordKind,
         source: &str,
         seq: Option<u64>,
-        batch: &RecordBatch,
+        record: Record<'_>,
         validate: impl FnOnce(&RecordBatch) -> Result<()>,
     ) -> Result<IngestOutcome> {
+        let batch = record.batch;
         if self.has_failed() {
             return Err(Error::Unavailable(
                 "an earlier write failed; restart the aggregator to recover from its log".into(),
@@ -341,7 +369,7 @@ impl Ingestor {
         let position = {
             let _gate = self.gate.read().unwrap_or_else(|p| p.into_inner());
             let position = match &self.wal {
-                Some(wal) => match wal.append(kind, source, seq.unwrap_or(0), batch) {
+                Some(wal) => match record.append_to(wal, kind, source, seq.unwrap_or(0)) {
                     Ok(p) => Some(p),
                     Err(e) => {
                         settle(false);

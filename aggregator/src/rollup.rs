@@ -57,6 +57,57 @@ pub struct RollupSums {
     pub energy_j: f64,
 }
 
+/// Open rows of one batch, at most: past this they are merged and the search starts over, so
+/// a batch with thousands of keys costs a bounded search per row.
+const MAX_OPEN_ROWS: usize = 64;
+
+/// A rollup key whose strings are still in the batch.
+#[derive(Clone, Copy, PartialEq)]
+struct BorrowedKey<'a> {
+    hour_ms: UnixMillis,
+    gpu_index: u16,
+    node: &'a str,
+    gpu_model: &'a str,
+    job_id: Option<&'a str>,
+    account: Option<&'a str>,
+    project: Option<&'a str>,
+}
+
+impl BorrowedKey<'_> {
+    fn to_owned(self) -> RollupKey {
+        RollupKey {
+            hour_ms: self.hour_ms,
+            node: self.node.to_owned(),
+            gpu_index: self.gpu_index,
+            gpu_model: self.gpu_model.to_owned(),
+            job_id: self.job_id.map(str::to_owned),
+            account: self.account.map(str::to_owned),
+            project: self.project.map(str::to_owned),
+        }
+    }
+}
+
+/// One key's sums over the rows of a batch so far, and its GPU model's rated SM clock.
+struct OpenRow<'a> {
+    key: BorrowedKey<'a>,
+    rated: f64,
+    sums: RollupSums,
+}
+
+impl<'a> OpenRow<'a> {
+    fn new(key: BorrowedKey<'a>) -> Self {
+        let rated = key
+            .gpu_model
+            .parse::<GpuModel>()
+            .map_or(f64::NAN, |m| f64::from(m.rated_sm_clock_mhz()));
+        OpenRow {
+            key,
+            rated,
+            sums: RollupSums::default(),
+        }
+    }
+}
+
 /// Accumulates rollups from sample batches.
 #[derive(Debug, Default)]
 pub struct RollupAccumulator {
@@ -105,40 +156,39 @@ impl RollupAccumulator {
         let total = batch.column(16).as_primitive::<UInt64Type>();
         let energy = batch.column(18).as_primitive::<Float64Type>();
 
-        let mut current: Option<(RollupKey, f64)> = None;
-        let mut sums = RollupSums::default();
+        // Batches come time-major (every GPU of a node at one time, then the next time), so
+        // consecutive rows belong to different keys: each key of the batch is summed in an
+        // open row, found by a short search, and the key's strings are copied once per batch.
+        let mut open: Vec<OpenRow<'_>> = Vec::new();
+        let mut last = 0;
         for i in 0..batch.num_rows() {
-            let hour = hour_start_ms(time.value(i));
-            let same = current.as_ref().is_some_and(|(k, _)| {
-                k.hour_ms == hour
-                    && k.gpu_index == gpu.value(i)
-                    && k.node == node.value(i)
-                    && k.job_id.as_deref() == opt_str(job, i)
-                    && k.gpu_model == model.value(i)
-            });
-            if !same {
-                if let Some((key, _)) = current.take() {
-                    self.merge(key, std::mem::take(&mut sums));
+            let key = BorrowedKey {
+                hour_ms: hour_start_ms(time.value(i)),
+                gpu_index: gpu.value(i),
+                node: node.value(i),
+                gpu_model: model.value(i),
+                job_id: opt_str(job, i),
+                account: opt_str(account, i),
+                project: opt_str(project, i),
+            };
+            let found = match open.get(last) {
+                Some(row) if row.key == key => Some(last),
+                _ => open.iter().position(|row| row.key == key),
+            };
+            last = match found {
+                Some(slot) => slot,
+                None => {
+                    if open.len() == MAX_OPEN_ROWS {
+                        for row in open.drain(..) {
+                            self.merge(row.key.to_owned(), row.sums);
+                        }
+                    }
+                    open.push(OpenRow::new(key));
+                    open.len() - 1
                 }
-                let rated = model
-                    .value(i)
-                    .parse::<GpuModel>()
-                    .map(|m| f64::from(m.rated_sm_clock_mhz()))
-                    .unwrap_or(f64::NAN);
-                current = Some((
-                    RollupKey {
-                        hour_ms: hour,
-                        node: node.value(i).to_owned(),
-                        gpu_index: gpu.value(i),
-                        gpu_model: model.value(i).to_owned(),
-                        job_id: opt_str(job, i).map(str::to_owned),
-                        account: opt_str(account, i).map(str::to_owned),
-                        project: opt_str(project, i).map(str::to_owned),
-                    },
-                    rated,
-                ));
-            }
-            let rated = current.as_ref().map(|(_, r)| *r).unwrap_or(f64::NAN);
+            };
+            let OpenRow { rated, sums, .. } = &mut open[last];
+            let rated = *rated;
             let secs = i64::from(interval.value(i));
             let s = secs as f64;
             sums.gpu_seconds += secs;
@@ -172,8 +222,8 @@ impl RollupAccumulator {
                 sums.energy_j += energy.value(i);
             }
         }
-        if let Some((key, _)) = current {
-            self.merge(key, sums);
+        for row in open {
+            self.merge(row.key.to_owned(), row.sums);
         }
     }
 
@@ -318,4 +368,63 @@ fn rollup_batch(rows: &[(RollupKey, RollupSums)]) -> Result<RecordBatch, ArrowEr
         f64s(|s| s.energy_j),
     ];
     RecordBatch::try_new(rollup_schema(), columns)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuledger_model::sample::{SampleBatchBuilder, SampleRow};
+
+    /// 100 GPUs (more than the open rows a batch keeps), sampled time-major over an hour
+    /// boundary, two jobs and an idle GPU, in two batches: every key's sums equal a sum per
+    /// key over the rows.
+    #[test]
+    fn sums_per_key_equal_the_rows_in_time_major_batches_with_many_keys() {
+        let hour = 1_780_272_000_000; // 2026-06-01T00:00:00Z
+        let row = |t: i64, gpu: u16| SampleRow {
+            time_ms: hour - 20_000 + t * 10_000,
+            interval_s: 10,
+            node: "node001".into(),
+            gpu_index: gpu,
+            gpu_uuid: format!("GPU-{gpu}"),
+            gpu_model: "h100-sxm".into(),
+            job_id: (gpu != 99).then(|| format!("{}", 1000 + gpu / 50)),
+            account: (gpu != 99).then(|| "team-a".into()),
+            gpu_util_pct: Some(f32::from(gpu) / 2.0 + t as f32),
+            tensor_active: Some(0.5),
+            sm_clock_mhz: Some(1830), // the H100 SXM's rated clock: the proxy is the activity
+            ..SampleRow::default()
+        };
+        let mut expected: HashMap<(i64, u16), (i64, i64, f64)> = HashMap::new();
+        let mut acc = RollupAccumulator::default();
+        for times in [0..3, 3..5] {
+            let mut builder = SampleBatchBuilder::with_capacity(500);
+            for t in times {
+                for gpu in 0..100 {
+                    let r = row(t, gpu);
+                    let e = expected.entry((hour_start_ms(r.time_ms), gpu)).or_default();
+                    e.0 += 10;
+                    e.1 += 1;
+                    e.2 += f64::from(r.gpu_util_pct.unwrap_or_default()) * 10.0;
+                    builder.push(&r);
+                }
+            }
+            acc.add(&builder.finish().unwrap());
+        }
+        assert_eq!(acc.len(), expected.len(), "one rollup row per GPU and hour");
+        for (key, sums) in &acc.rows {
+            let (seconds, samples, util) = expected[&(key.hour_ms, key.gpu_index)];
+            assert_eq!(
+                (sums.gpu_seconds, sums.samples),
+                (seconds, samples),
+                "{key:?}"
+            );
+            assert!((sums.util_pct_sum - util).abs() < 1e-9, "{key:?}");
+            assert_eq!(key.job_id.is_none(), key.gpu_index == 99);
+            assert!(
+                (sums.mfu_proxy_sum - 0.5 * seconds as f64).abs() < 1e-9,
+                "{key:?}"
+            );
+        }
+    }
 }

@@ -52,16 +52,17 @@ pub use gpuledger_model::wire::{decode_ipc, encode_ipc};
 fn encode_record(kind: RecordKind, source: &str, seq: u64, ipc: &[u8]) -> Result<Vec<u8>> {
     let source_len = u16::try_from(source.len())
         .map_err(|_| Error::Corrupt(format!("source name of {} bytes", source.len())))?;
-    let mut payload = Vec::with_capacity(1 + 8 + 2 + source.len() + ipc.len());
-    payload.push(kind as u8);
-    payload.extend_from_slice(&seq.to_le_bytes());
-    payload.extend_from_slice(&source_len.to_le_bytes());
-    payload.extend_from_slice(source.as_bytes());
-    payload.extend_from_slice(ipc);
-    let mut out = Vec::with_capacity(HEADER + payload.len());
-    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    out.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
-    out.extend_from_slice(&payload);
+    let payload_len = 1 + 8 + 2 + source.len() + ipc.len();
+    let mut out = Vec::with_capacity(HEADER + payload_len);
+    out.extend_from_slice(&(payload_len as u32).to_le_bytes());
+    out.extend_from_slice(&[0; 4]); // the payload's CRC, below
+    out.push(kind as u8);
+    out.extend_from_slice(&seq.to_le_bytes());
+    out.extend_from_slice(&source_len.to_le_bytes());
+    out.extend_from_slice(source.as_bytes());
+    out.extend_from_slice(ipc);
+    let crc = crc32fast::hash(&out[HEADER..]);
+    out[4..8].copy_from_slice(&crc.to_le_bytes());
     Ok(out)
 }
 
@@ -246,7 +247,13 @@ impl Wal {
         seq: u64,
         batch: &RecordBatch,
     ) -> Result<u64> {
-        let record = encode_record(kind, source, seq, &encode_ipc(batch)?)?;
+        self.append_ipc(kind, source, seq, &encode_ipc(batch)?)
+    }
+
+    /// [`Wal::append`] of a batch already encoded as an Arrow IPC stream (the request body it
+    /// was decoded from, which replay decodes the same way), so it is not encoded again.
+    pub fn append_ipc(&self, kind: RecordKind, source: &str, seq: u64, ipc: &[u8]) -> Result<u64> {
+        let record = encode_record(kind, source, seq, ipc)?;
         let mut active = lock(&self.active);
         let path = self.dir.join(segment_name(active.id));
         active.file.write_all(&record).map_err(io_err(&path))?;
