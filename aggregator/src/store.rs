@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use arrow::array::{AsArray, BooleanArray};
-use arrow::compute::filter_record_batch;
+use arrow::compute::{concat_batches, filter_record_batch};
 use arrow::datatypes::{SchemaRef, TimestampMillisecondType};
 use arrow::record_batch::RecordBatch;
 use chrono::NaiveDate;
@@ -109,6 +109,39 @@ struct OpenFile {
     seq: u64,
     tmp: PathBuf,
     rows: usize,
+    /// Small batches waiting to be written as one: a write costs about the same for 80 rows
+    /// as for thousands (every column's writer runs), and a node's push holds a few seconds.
+    pending: Vec<RecordBatch>,
+    pending_rows: usize,
+}
+
+/// Rows gathered before a write to an open file.
+const COALESCE_ROWS: usize = 8192;
+
+impl OpenFile {
+    fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        if self.pending.is_empty() && batch.num_rows() >= COALESCE_ROWS {
+            self.writer.write(batch)?;
+            return Ok(());
+        }
+        self.pending.push(batch.clone());
+        self.pending_rows += batch.num_rows();
+        if self.pending_rows >= COALESCE_ROWS {
+            self.write_pending()?;
+        }
+        Ok(())
+    }
+
+    fn write_pending(&mut self) -> Result<()> {
+        let Some(first) = self.pending.first() else {
+            return Ok(());
+        };
+        let batch = concat_batches(&first.schema(), &self.pending)?;
+        self.pending.clear();
+        self.pending_rows = 0;
+        self.writer.write(&batch)?;
+        Ok(())
+    }
 }
 
 /// What a flush wrote.
@@ -254,6 +287,8 @@ impl Store {
             seq,
             tmp,
             rows: 0,
+            pending: Vec::new(),
+            pending_rows: 0,
         })
     }
 
@@ -277,7 +312,8 @@ impl Store {
         )
     }
 
-    fn close_file_as(&self, file: OpenFile, name: &str) -> Result<()> {
+    fn close_file_as(&self, mut file: OpenFile, name: &str) -> Result<()> {
+        file.write_pending()?;
         drop(file.writer.into_inner()?);
         self.objects()
             .publish(&file.tmp, &format!("{}/{name}", file.dir))
@@ -366,7 +402,7 @@ impl Store {
                     out = Some(self.new_file(table, date, batch.schema())?);
                 }
                 if let Some(out) = out.as_mut() {
-                    out.writer.write(&batch)?;
+                    out.write(&batch)?;
                 }
                 rows += batch.num_rows();
             }
@@ -430,7 +466,7 @@ impl Store {
                 *slot = Some(self.new_file(Table::Samples, date, sample_schema())?);
             }
             let Some(open) = slot.as_mut() else { continue };
-            open.writer.write(&part)?;
+            open.write(&part)?;
             open.rows += part.num_rows();
             if self
                 .options
@@ -491,7 +527,7 @@ impl Store {
         for (date, events) in dates {
             let batch = job_events_to_batch(&events)?;
             let mut file = self.new_file(Table::Jobs, date, batch.schema())?;
-            file.writer.write(&batch)?;
+            file.write(&batch)?;
             self.close_file(file, segment)?;
         }
         Ok(files)
@@ -546,7 +582,7 @@ impl Detached<'_> {
             let mut file = self
                 .store
                 .new_file(Table::RollupsHourly, date, rollup_schema())?;
-            file.writer.write(&batch)?;
+            file.write(&batch)?;
             self.store.close_file(file, self.segment)?;
             stats.rollup_files += 1;
         }
