@@ -331,11 +331,9 @@ impl Objects {
                     Err(e) => Err(io_err(&path)(e)),
                 }
             }
-            Objects::Remote(_) => {
-                for entry in self.list(key_dir)? {
-                    self.delete(&entry.key)?;
-                }
-                Ok(())
+            Objects::Remote(r) => {
+                let keys: Vec<String> = self.list(key_dir)?.into_iter().map(|e| e.key).collect();
+                r.delete_all(key_dir, &keys)
             }
         }
     }
@@ -563,6 +561,28 @@ impl Remote {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(true),
             Err(e) => Err(self.object_err(key)(e)),
         }
+    }
+
+    /// Deletes the keys of a directory in bulk (S3's DeleteObjects: a thousand keys a request);
+    /// keys already gone are not an error.
+    fn delete_all(&self, key_dir: &str, keys: &[String]) -> Result<()> {
+        let store = Arc::clone(&self.store);
+        let paths: Vec<object_store::Result<ObjectPath>> =
+            keys.iter().map(|key| Ok(self.path(key))).collect();
+        let results: Vec<object_store::Result<ObjectPath>> = self.block(async move {
+            use futures_util::StreamExt;
+            store
+                .delete_stream(futures_util::stream::iter(paths).boxed())
+                .collect()
+                .await
+        });
+        for result in results {
+            match result {
+                Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(self.object_err(key_dir)(e)),
+            }
+        }
+        Ok(())
     }
 
     fn rename(&self, from: &str, to: &str) -> Result<()> {

@@ -248,6 +248,31 @@ fn two_aggregators_write_one_s3_prefix_survive_a_kill_9_and_report_reads_both() 
         .unwrap();
     let xml = listing.body_mut().read_to_string().unwrap();
     assert!(xml.contains("<Key>cluster-1/rollups/hourly/date="), "{xml}");
+
+    // Retention drops a partition with one bulk request (S3's DeleteObjects): its keys go,
+    // the prefix's others stay.
+    let objects = Objects::remote("s3://ledger/cluster-1", dir.path().join("staging")).unwrap();
+    for i in 0..3 {
+        objects
+            .put(
+                &format!("scratch/date=2026-06-01/part-{i}.parquet"),
+                vec![i; 16],
+            )
+            .unwrap();
+    }
+    objects.delete_dir("scratch/date=2026-06-01").unwrap();
+    let list = |prefix: &str| {
+        let mut listing = agent()
+            .get(format!(
+                "{}/ledger?list-type=2&prefix=cluster-1/{prefix}",
+                server.endpoint
+            ))
+            .call()
+            .unwrap();
+        listing.body_mut().read_to_string().unwrap()
+    };
+    assert!(!list("scratch/").contains("<Key>"), "{}", list("scratch/"));
+    assert!(list("rollups/hourly/").contains("<Key>cluster-1/rollups/hourly/date="));
 }
 
 #[test]
