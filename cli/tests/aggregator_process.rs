@@ -14,7 +14,7 @@ use gpuledger_aggregator::layout::Layout;
 use gpuledger_aggregator::query::Query;
 
 use common::ingest::{agent, push};
-use common::{scalar, spawn, terminate, Process};
+use common::{assert_stored_once, scalar, spawn, terminate, Process};
 
 const NODES: usize = 4;
 const BATCHES: u64 = 40;
@@ -108,22 +108,7 @@ fn kill_9_during_ingest_loses_nothing_acknowledged_and_stores_nothing_twice() {
     runtime.block_on(async {
         let query = Query::open(&Layout::new(dir.path())).await.unwrap();
         let sent = (NODES * BATCHES as usize * ROWS) as i64;
-        assert_eq!(scalar(&query, "SELECT COUNT(*) FROM samples").await, sent);
-        assert_eq!(
-            scalar(
-                &query,
-                "SELECT COUNT(*) FROM (SELECT node, gpu_index, time FROM samples \
-                 GROUP BY node, gpu_index, time HAVING COUNT(*) > 1)"
-            )
-            .await,
-            0,
-            "no sample stored twice"
-        );
-        assert_eq!(
-            scalar(&query, "SELECT SUM(gpu_seconds) FROM rollups_hourly").await,
-            sent,
-            "rollups hold exactly the samples' GPU-seconds (1 s each)"
-        );
+        assert_stored_once(&query, sent).await;
     });
 }
 

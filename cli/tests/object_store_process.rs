@@ -17,7 +17,7 @@ use gpuledger_aggregator::objects::Objects;
 use gpuledger_aggregator::query::Query;
 
 use common::ingest::{agent, batch};
-use common::{free_port, scalar, spawn, terminate, wait_for, Process};
+use common::{assert_stored_once, free_port, scalar, spawn, terminate, wait_for, Process};
 
 const BATCHES: u64 = 12;
 const ROWS: usize = 600;
@@ -154,22 +154,7 @@ fn two_writers_and_a_kill_9(data_dir: &str, state: &std::path::Path) {
     runtime.block_on(async {
         let layout = Layout::with_tables(tables.clone(), state.join("reader"));
         let query = Query::open(&layout).await.unwrap();
-        assert_eq!(scalar(&query, "SELECT COUNT(*) FROM samples").await, sent);
-        assert_eq!(
-            scalar(
-                &query,
-                "SELECT COUNT(*) FROM (SELECT node, gpu_index, time FROM samples \
-                 GROUP BY node, gpu_index, time HAVING COUNT(*) > 1)"
-            )
-            .await,
-            0,
-            "no sample stored twice"
-        );
-        assert_eq!(
-            scalar(&query, "SELECT SUM(gpu_seconds) FROM rollups_hourly").await,
-            sent,
-            "rollups hold exactly the samples' GPU-seconds"
-        );
+        assert_stored_once(&query, sent).await;
     });
 
     let day = chrono::DateTime::from_timestamp_millis(t0_ms)
@@ -239,14 +224,17 @@ fn two_aggregators_write_one_s3_prefix_survive_a_kill_9_and_report_reads_both() 
     let dir = tempfile::tempdir().unwrap();
     two_writers_and_a_kill_9("s3://ledger/cluster-1", dir.path());
     // The objects are in the bucket under the prefix, as any S3 client sees them.
-    let mut listing = agent()
-        .get(format!(
-            "{}/ledger?list-type=2&prefix=cluster-1/rollups/hourly/",
-            server.endpoint
-        ))
-        .call()
-        .unwrap();
-    let xml = listing.body_mut().read_to_string().unwrap();
+    let list = |prefix: &str| {
+        let mut listing = agent()
+            .get(format!(
+                "{}/ledger?list-type=2&prefix=cluster-1/{prefix}",
+                server.endpoint
+            ))
+            .call()
+            .unwrap();
+        listing.body_mut().read_to_string().unwrap()
+    };
+    let xml = list("rollups/hourly/");
     assert!(xml.contains("<Key>cluster-1/rollups/hourly/date="), "{xml}");
 
     // Retention drops a partition with one bulk request (S3's DeleteObjects): its keys go,
@@ -261,26 +249,22 @@ fn two_aggregators_write_one_s3_prefix_survive_a_kill_9_and_report_reads_both() 
             .unwrap();
     }
     objects.delete_dir("scratch/date=2026-06-01").unwrap();
-    let list = |prefix: &str| {
-        let mut listing = agent()
-            .get(format!(
-                "{}/ledger?list-type=2&prefix=cluster-1/{prefix}",
-                server.endpoint
-            ))
-            .call()
-            .unwrap();
-        listing.body_mut().read_to_string().unwrap()
-    };
     assert!(!list("scratch/").contains("<Key>"), "{}", list("scratch/"));
     assert!(list("rollups/hourly/").contains("<Key>cluster-1/rollups/hourly/date="));
+}
+
+/// A tables directory under `dir` and its `file://` URL.
+fn file_url(dir: &std::path::Path) -> (std::path::PathBuf, String) {
+    let tables = dir.join("tables");
+    std::fs::create_dir_all(&tables).unwrap();
+    let url = format!("file://{}", tables.display());
+    (tables, url)
 }
 
 #[test]
 fn two_aggregators_write_one_file_url_survive_a_kill_9_and_report_reads_both() {
     let dir = tempfile::tempdir().unwrap();
-    let tables = dir.path().join("tables");
-    std::fs::create_dir_all(&tables).unwrap();
-    let url = format!("file://{}", tables.display());
+    let (tables, url) = file_url(dir.path());
     two_writers_and_a_kill_9(&url, &dir.path().join("state"));
     // The write-ahead logs stayed on the state directories, not among the tables.
     assert!(dir
@@ -293,9 +277,7 @@ fn two_aggregators_write_one_file_url_survive_a_kill_9_and_report_reads_both() {
 #[test]
 fn a_flush_the_store_refuses_exits_and_the_restart_stores_every_acknowledged_batch() {
     let dir = tempfile::tempdir().unwrap();
-    let tables = dir.path().join("tables");
-    std::fs::create_dir_all(&tables).unwrap();
-    let url = format!("file://{}", tables.display());
+    let (tables, url) = file_url(dir.path());
     let state = dir.path().join("state");
     let start = || {
         spawn(

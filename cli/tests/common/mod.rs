@@ -153,6 +153,27 @@ pub fn terminate(mut p: Process) {
     assert!(status.success(), "{status:?}");
 }
 
+/// `sent` samples stored, none twice, and the rollups holding exactly their GPU-seconds
+/// (`sent` of them: one-second samples).
+pub async fn assert_stored_once(query: &Query, sent: i64) {
+    assert_eq!(scalar(query, "SELECT COUNT(*) FROM samples").await, sent);
+    assert_eq!(
+        scalar(
+            query,
+            "SELECT COUNT(*) FROM (SELECT node, gpu_index, time FROM samples \
+             GROUP BY node, gpu_index, time HAVING COUNT(*) > 1)"
+        )
+        .await,
+        0,
+        "no sample stored twice"
+    );
+    assert_eq!(
+        scalar(query, "SELECT SUM(gpu_seconds) FROM rollups_hourly").await,
+        sent,
+        "rollups hold exactly the samples' GPU-seconds (1 s each)"
+    );
+}
+
 /// The first value of the first row of `sql`, as an integer.
 pub async fn scalar(query: &Query, sql: &str) -> i64 {
     let batches = query.sql(sql).await.unwrap();
