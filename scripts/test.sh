@@ -46,6 +46,15 @@ echo "== gpuledger tests (target dir: $CARGO_TARGET_DIR)"
 if rustfmt --version >/dev/null 2>&1; then
   cargo fmt --all -- --check
 fi
+# The crate graph keeps the house rules (ARCHITECTURE.md: dependencies that must never appear).
+bash scripts/check-deps.sh
+python3 scripts/check-cycles.py
+# The lints the root manifest declares, every warning an error, over every target.
+if ! cargo clippy --version >/dev/null 2>&1; then
+  echo "== installing clippy"
+  rustup component add clippy
+fi
+cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
 # The README's first command is `cargo run --release -- demo`: `cargo run` must pick the main
 # binary (there are two). Checked from the manifest, without another build.

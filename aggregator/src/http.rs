@@ -41,7 +41,8 @@ use gpuledger_model::{AccountId, JobId};
 
 use gpuledger_auth::{Action, Denied, Guard, Principal, Scope};
 
-use crate::events::parse_events;
+use crate::api_error::ApiError;
+use crate::events::{parse_events, EventBatch, EVENTS_PATH};
 use crate::ingest::{IngestOutcome, Ingestor};
 use crate::metrics::Metrics;
 use crate::query::{fill_job_figures, AccountIndicators, Query};
@@ -49,14 +50,8 @@ use crate::validate::RowError;
 use crate::wal::decode_ipc;
 use crate::Error;
 
-/// Header naming the node that pushed a batch.
-pub const NODE_HEADER: &str = "x-gpuledger-node";
-/// Header carrying the node's batch sequence number.
-pub const SEQ_HEADER: &str = "x-gpuledger-seq";
-/// Optional header: the node will never send a sequence number below this again.
-pub const LOW_SEQ_HEADER: &str = "x-gpuledger-low-seq";
-/// Optional header: the node's clock when it sent the batch (Unix ms), to measure its offset.
-pub const SENT_AT_HEADER: &str = "x-gpuledger-sent-at";
+use gpuledger_model::usage::{decay_factor, AccountUsage, UsageFeed, USAGE_PATH};
+use gpuledger_model::wire::{INGEST_PATH, LOW_SEQ_HEADER, NODE_HEADER, SENT_AT_HEADER, SEQ_HEADER};
 /// Largest request body accepted.
 pub const MAX_BODY_BYTES: usize = 64 << 20;
 
@@ -82,9 +77,9 @@ impl std::fmt::Debug for Service {
 /// The API's routes over `service`.
 pub fn router(service: Arc<Service>) -> Router {
     Router::new()
-        .route("/api/v1/ingest", post(ingest))
-        .route("/api/v1/events", post(events))
-        .route("/api/v1/usage", get(usage))
+        .route(INGEST_PATH, post(ingest))
+        .route(EVENTS_PATH, post(events))
+        .route(USAGE_PATH, get(usage))
         .route("/api/v1/accounts/{account}/summary", get(account_summary))
         .route("/api/v1/jobs/{id}", get(job))
         .route("/api/v1/query", post(query))
@@ -98,99 +93,12 @@ pub fn router(service: Arc<Service>) -> Router {
         .with_state(service)
 }
 
-/// An error as the client sees it.
-#[derive(Debug)]
-pub enum ApiError {
-    /// 400: the request itself is malformed (headers, body encoding, parameters).
-    BadRequest {
-        field: String,
-        message: String,
-    },
-    /// 422: well-formed, but rows are invalid; nothing was stored.
-    Invalid {
-        errors: Vec<RowError>,
-        total: usize,
-    },
-    /// 401: no token where one is needed, or one nobody issued.
-    Unauthenticated(String),
-    /// 403: a valid token whose role may not do this.
-    Forbidden(String),
-    NotFound(String),
-    Unavailable(String),
-    Internal(String),
-}
-
-impl ApiError {
-    fn bad(field: &str, message: impl Into<String>) -> Self {
-        ApiError::BadRequest {
-            field: field.to_owned(),
-            message: message.into(),
-        }
-    }
-}
-
-impl From<Error> for ApiError {
-    fn from(e: Error) -> Self {
-        match e {
-            Error::Invalid(errors) => ApiError::Invalid {
-                total: errors.len(),
-                errors,
-            },
-            Error::Unavailable(m) => ApiError::Unavailable(m),
-            other => ApiError::Internal(other.to_string()),
-        }
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let (status, body) = match self {
-            ApiError::BadRequest { field, message } => (
-                StatusCode::BAD_REQUEST,
-                json!({"error": format!("`{field}`: {message}"), "errors": [{"row": null, "field": field, "message": message}]}),
-            ),
-            ApiError::Invalid { errors, total } => (
-                StatusCode::UNPROCESSABLE_ENTITY,
-                json!({
-                    "error": format!("batch refused: {total} bad value(s); nothing was stored"),
-                    "errors": errors,
-                }),
-            ),
-            ApiError::Unauthenticated(m) => {
-                return (
-                    StatusCode::UNAUTHORIZED,
-                    [(header::WWW_AUTHENTICATE, "Bearer realm=\"gpuledger\"")],
-                    Json(json!({"error": m})),
-                )
-                    .into_response()
-            }
-            ApiError::Forbidden(m) => (StatusCode::FORBIDDEN, json!({"error": m})),
-            ApiError::NotFound(m) => (StatusCode::NOT_FOUND, json!({"error": m})),
-            ApiError::Unavailable(m) => (StatusCode::SERVICE_UNAVAILABLE, json!({"error": m})),
-            ApiError::Internal(m) => {
-                tracing::error!(error = %m, "request failed");
-                (StatusCode::INTERNAL_SERVER_ERROR, json!({"error": m}))
-            }
-        };
-        (status, Json(body)).into_response()
-    }
-}
-
 type ApiResult<T> = Result<T, ApiError>;
 
 /// The bearer token of a request; a malformed `Authorization` header is a 401.
 fn bearer_token(headers: &HeaderMap) -> ApiResult<Option<&str>> {
-    match headers.get(header::AUTHORIZATION) {
-        None => Ok(None),
-        Some(v) => v
-            .to_str()
-            .ok()
-            .and_then(gpuledger_auth::bearer)
-            .map(Some)
-            .ok_or_else(|| {
-                ApiError::Unauthenticated("`Authorization` must be `Bearer <token>`".into())
-            }),
-    }
+    gpuledger_service::bearer_token(headers)
+        .map_err(|_| ApiError::Unauthenticated("`Authorization` must be `Bearer <token>`".into()))
 }
 
 const COOKIE: &str = "gpuledger_token";
@@ -207,11 +115,10 @@ fn cookie_token(headers: &HeaderMap) -> Option<&str> {
 }
 
 fn denied(d: Denied, what: &str) -> ApiError {
+    let (_, message) = gpuledger_service::denied_message(d, what);
     match d {
-        Denied::Unauthenticated => ApiError::Unauthenticated(format!(
-            "{what} needs a bearer token (`Authorization: Bearer <token>`)"
-        )),
-        Denied::Forbidden => ApiError::Forbidden(format!("this token's role may not {what}")),
+        Denied::Unauthenticated => ApiError::Unauthenticated(message),
+        Denied::Forbidden => ApiError::Forbidden(message),
     }
 }
 
@@ -362,22 +269,13 @@ async fn ingest_batch(
     .await
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct EventsRequest {
-    source: String,
-    #[serde(default)]
-    seq: Option<u64>,
-    events: Vec<Value>,
-}
-
 async fn events(
     State(s): State<Arc<Service>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Json<IngestReply>> {
     authorize(&s, &headers, Action::PostEvents, "post job events")?;
-    let request: EventsRequest = serde_json::from_slice(&body)
+    let request: EventBatch = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad("body", format!("not an events request: {e}")))?;
     let parsed = parse_events(&request.events).map_err(|errors| ApiError::Invalid {
         total: errors.len(),
@@ -457,26 +355,11 @@ struct UsageParams {
     half_life: Option<String>,
 }
 
-/// The fair-share feed.
-#[derive(Debug, Serialize)]
-struct UsageReply {
-    at_ms: UnixMillis,
-    half_life_s: u64,
-    /// Decayed GPU-hours per account, and per project below it.
-    accounts: BTreeMap<String, AccountUsage>,
-}
-
-#[derive(Debug, Default, Serialize)]
-struct AccountUsage {
-    decayed_gpu_hours: f64,
-    projects: BTreeMap<String, f64>,
-}
-
 async fn usage(
     State(s): State<Arc<Service>>,
     headers: HeaderMap,
     QueryParams(p): QueryParams<UsageParams>,
-) -> ApiResult<Json<UsageReply>> {
+) -> ApiResult<Json<UsageFeed>> {
     let who = principal(&s, &headers, "read the usage feed")?;
     let scope = if who.may(Action::ReadAll, s.guard.public()) {
         Scope::All
@@ -507,7 +390,7 @@ async fn usage(
     }
     let mut rows = s.query.hourly_usage(at_ms).await?;
     rows.retain(|r| scope.covers(&r.account));
-    Ok(Json(UsageReply {
+    Ok(Json(UsageFeed {
         at_ms,
         half_life_s: half_life.as_secs(),
         accounts: decayed_usage(&rows, at_ms, half_life.as_secs()),
@@ -525,7 +408,7 @@ fn decayed_usage(
     for r in rows {
         let mid_ms = (r.hour_ms + 1_800_000).min(at_ms);
         let elapsed_s = (at_ms - mid_ms) as f64 / 1000.0;
-        let hours = r.gpu_seconds as f64 / 3600.0 * (-elapsed_s / half_life_s as f64).exp2();
+        let hours = r.gpu_seconds as f64 / 3600.0 * decay_factor(elapsed_s, half_life_s as f64);
         let account = out.entry(r.account.clone()).or_default();
         account.decayed_gpu_hours += hours;
         if let Some(project) = &r.project {

@@ -14,13 +14,18 @@
 //! - [`rollup`]: per job x GPU x hour sums, exact in GPU-seconds;
 //! - [`query`]: DataFusion tables and the indicator queries; [`quarantine`] sets corrupt files
 //!   aside so the rest is served;
-//! - [`status`]: the status page at `/`, [`svg`] its charts (and the simulator's);
+//! - [`status`]: the status page at `/` (its charts are `gpuledger-charts`');
 //! - [`allocation`]: usage from job runs' allocations, for clusters billed by allocation;
+//!   [`billing_source`]: the tables as billing's usage source;
 //! - [`live`]: the jobs waiting and running now, followed from accepted job events;
 //! - [`http`]: the axum API over all of it, [`metrics`] its `/metrics`, [`events`] job-event
-//!   parsing.
+//!   parsing;
+//! - [`serve`]: the service: recovery, the listener, the flush, compaction and retention
+//!   loop, shutdown.
 
 pub mod allocation;
+pub mod api_error;
+pub mod billing_source;
 pub mod clock_skew;
 pub mod http;
 pub mod ingest;
@@ -32,9 +37,9 @@ pub mod quarantine;
 pub mod query;
 pub mod rollup;
 pub mod runs;
+pub mod serve;
 pub mod status;
 pub mod store;
-pub mod svg;
 pub mod wal;
 
 /// The sample checks and the job-event parser live with the wire format in `gpuledger-model`,
@@ -73,6 +78,21 @@ pub enum Error {
     Unavailable(String),
     #[error("stored data is not as expected: {0}")]
     Corrupt(String),
+    #[error(transparent)]
+    Service(#[from] gpuledger_service::Error),
+    /// What was being done when `cause` happened.
+    #[error("{what}: {cause}")]
+    Context { what: String, cause: Box<Error> },
+}
+
+impl Error {
+    /// This error, said to have happened while doing `what`.
+    pub fn context(self, what: impl Into<String>) -> Error {
+        Error::Context {
+            what: what.into(),
+            cause: Box::new(self),
+        }
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

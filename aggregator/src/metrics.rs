@@ -24,7 +24,7 @@ use gpuledger_model::sample::col;
 use gpuledger_model::time::UnixMillis;
 use gpuledger_model::GpuModel;
 
-use crate::http::ApiError;
+use crate::api_error::ApiError;
 use crate::live::{Change, LiveJob, LiveJobs, MfuSource};
 
 /// Queue-wait histogram buckets, in seconds: ten seconds to a week.
@@ -294,7 +294,7 @@ impl Metrics {
             Err(ApiError::Invalid { errors, .. })
                 if errors
                     .iter()
-                    .any(|e| e.field == crate::http::SENT_AT_HEADER) =>
+                    .any(|e| e.field == gpuledger_model::wire::SENT_AT_HEADER) =>
             {
                 ("refused", Some("clock"))
             }

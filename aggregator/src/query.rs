@@ -34,37 +34,12 @@ impl std::fmt::Debug for Query {
     }
 }
 
-/// GPU-seconds of one job (or an account's unattributed use, `job_id` `None`) on one node and
-/// GPU model in one hour, with the MFU proxy's sums: what billing prices.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct BillableHour {
-    pub account: String,
-    pub project: Option<String>,
-    pub job_id: Option<String>,
-    pub node: String,
-    pub gpu_model: String,
-    pub hour_ms: UnixMillis,
-    pub gpu_seconds: i64,
-    pub mfu_proxy_sum: f64,
-    pub mfu_seconds: i64,
-}
-
-/// GPU-seconds sampled on GPUs that ran no job, per node, model and hour.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct IdleHourRow {
-    pub node: String,
-    pub gpu_model: String,
-    pub hour_ms: UnixMillis,
-    pub gpu_seconds: i64,
-}
-
-/// A job's MFU from its own FLOP/s report: achieved FLOP/s over its GPUs' peak.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct ReportedMfu {
-    pub job_id: String,
-    pub achieved_flops: f64,
-    pub gpus: i64,
-}
+/// What billing prices, in the rows billing defines: GPU-seconds of one job (or an account's
+/// unattributed use, `job_id` `None`) per node, GPU model and hour with the MFU proxy's sums;
+/// idle GPU-seconds per node, model and hour; jobs' FLOP/s reports.
+pub use gpuledger_billing::source::{
+    IdleGpuHour as IdleHourRow, MeteredHour as BillableHour, ReportedFlops as ReportedMfu,
+};
 
 /// The seed's indicators for one account over a window.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]

@@ -20,8 +20,8 @@ use gpuledger_model::GpuModel;
 
 use crate::live::LiveJob;
 use crate::query::{AccountIndicators, Query};
-use crate::svg::{self, escape, Series};
 use crate::Result;
+use gpuledger_charts::{self as svg, escape, Series};
 
 /// The seed's targets (DESIGN.md, "Monitoring").
 pub mod target {

@@ -2,16 +2,24 @@
 //! (versions, time-of-use bands, storage price, MFU weighting, reservation and idle policies,
 //! each account's billing model), turns usage (integer GPU-seconds per account, project, job,
 //! GPU model and hour; byte-seconds of storage; reservations) into priced invoice lines,
-//! revises invoices when late data arrives, and renders them (CSV, JSON, HTML, FOCUS).
-//! Reading usage from storage is the caller's business; no clock is read here.
+//! revises invoices when late data arrives, and renders them (CSV, JSON, HTML, FOCUS). No
+//! clock is read here: times come in as arguments.
 //!
 //! - [`pricebook`]: the versioned price book file and its validation;
 //! - [`engine`]: lines, rounding once per line, largest-remainder splits, revisions;
-//! - [`render`]: the invoice files and the model comparison.
+//! - [`render`]: the invoice files and the model comparison;
+//! - [`source`]: the [`source::UsageSource`] seam a store implements (the aggregator's tables
+//!   do), and the policy that turns its rows into a [`BillingInput`] (which MFU is billed);
+//! - [`storage`]: tenant directories scanned and the scans recorded and read back;
+//! - [`invoices`]: each account's revisions on disk, the month's exports, the reservations
+//!   file. These two and nothing else touch files.
 
 pub mod engine;
+pub mod invoices;
 pub mod pricebook;
 pub mod render;
+pub mod source;
+pub mod storage;
 
 use gpuledger_model::GpuModel;
 
@@ -37,6 +45,22 @@ pub enum Error {
     BadPeriod(String),
     #[error("an amount is too large for exact decimal arithmetic")]
     Overflow,
+    /// A row or file billing reads that does not say what it must; the message names it.
+    #[error("{0}")]
+    Input(String),
+    #[error("{path}: {message}")]
+    Io { path: String, message: String },
+}
+
+impl Error {
+    /// An I/O failure on `path`, for `map_err`.
+    pub fn io(path: impl AsRef<std::path::Path>) -> impl FnOnce(std::io::Error) -> Error {
+        let path = path.as_ref().display().to_string();
+        move |e| Error::Io {
+            path,
+            message: e.to_string(),
+        }
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

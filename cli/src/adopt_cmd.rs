@@ -9,7 +9,7 @@ use gpuledger_adapters::slurm::assoc;
 use gpuledger_adapters::slurm::jobs::AccountMap;
 use gpuledger_model::ClusterConfig;
 
-use crate::defaults::load_cluster;
+use gpuledger_sim::seed::load_cluster;
 
 #[derive(clap::Subcommand, Debug)]
 pub enum ImportCommand {
@@ -75,49 +75,6 @@ fn without_accounts(base: &str) -> String {
     out
 }
 
-/// The account map's text: `slurm_account account [project]` per line.
-pub fn account_map_text(map: &AccountMap, accounts: &[gpuledger_model::tenant::Account]) -> String {
-    let mut out = String::from(
-        "# slurm_account gpuledger_account [project], from gpuledger import slurm-assoc\n",
-    );
-    for a in accounts {
-        out.push_str(&format!("{} {}\n", a.id, a.id));
-    }
-    for (slurm, (account, project)) in &map.projects {
-        out.push_str(&format!("{slurm} {account} {project}\n"));
-    }
-    out
-}
-
-/// Reads an account map file (see [`account_map_text`]).
-pub fn read_account_map(path: &Path) -> anyhow::Result<AccountMap> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let mut map = AccountMap::default();
-    for (i, line) in text.lines().enumerate() {
-        let t = line.trim();
-        if t.is_empty() || t.starts_with('#') {
-            continue;
-        }
-        let cells: Vec<&str> = t.split_whitespace().collect();
-        match cells.as_slice() {
-            [_, _] => {}
-            [slurm, account, project] => {
-                map.projects.insert(
-                    (*slurm).to_owned(),
-                    ((*account).to_owned(), (*project).to_owned()),
-                );
-            }
-            _ => anyhow::bail!(
-                "{}:{}: expected `slurm_account account [project]`",
-                path.display(),
-                i + 1
-            ),
-        }
-    }
-    Ok(map)
-}
-
 pub fn import(command: ImportCommand) -> anyhow::Result<()> {
     match command {
         ImportCommand::SlurmAssoc {
@@ -145,7 +102,7 @@ pub fn import(command: ImportCommand) -> anyhow::Result<()> {
                 }
                 None => {
                     // Checked against the seed cluster's nodes, partitions and prices.
-                    let seed = without_accounts(crate::defaults::SEED_CLUSTER_TOML);
+                    let seed = without_accounts(gpuledger_sim::seed::SEED_CLUSTER_TOML);
                     ClusterConfig::from_toml_str(&format!("{seed}\n{accounts}"), &origin)?;
                     accounts
                 }
@@ -153,7 +110,7 @@ pub fn import(command: ImportCommand) -> anyhow::Result<()> {
             write_out(out.as_deref(), &whole)?;
             if let Some(path) = account_map {
                 let map = AccountMap::from_accounts(&import.accounts);
-                std::fs::write(&path, account_map_text(&map, &import.accounts))
+                std::fs::write(&path, map.to_text(&import.accounts))
                     .with_context(|| format!("writing {}", path.display()))?;
             }
             let projects: usize = import.accounts.iter().map(|a| a.projects.len()).sum();

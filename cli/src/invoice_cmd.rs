@@ -4,16 +4,17 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use gpuledger_aggregator::layout::Layout;
 use gpuledger_aggregator::query::Query;
 use gpuledger_billing::Period;
 
-use crate::billing_glue::{
-    bill_month, billing_input_from, default_reservations, read_reservations, record_scan,
-    scan_tenant_dirs, UsageSource,
-};
-use crate::defaults::{load_cluster, load_price_book, DEFAULT_DATA_DIR};
+use gpuledger_aggregator::billing_source::TablesUsage;
+use gpuledger_billing::invoices::{bill_month, read_reservations, reservations_in};
+use gpuledger_billing::source::{gather, Metering};
+use gpuledger_billing::storage::{read_storage_scans, record_scan, scan_tenant_dirs};
+
 use crate::table;
+use gpuledger_aggregator::serve::DEFAULT_DATA_DIR;
+use gpuledger_sim::seed::{load_cluster, load_price_book};
 
 #[derive(clap::Args, Debug)]
 pub struct InvoiceArgs {
@@ -53,39 +54,38 @@ pub fn invoice(args: InvoiceArgs) -> anyhow::Result<()> {
     let config = load_cluster(args.config.as_deref())?;
     let book = load_price_book(args.price_book.as_deref())?;
     let period = Period::month(&args.month).context("--month")?;
-    let layout = crate::serve::open_layout(&args.data_dir, args.state_dir.as_deref(), true)?;
+    let layout =
+        gpuledger_aggregator::serve::open_layout(&args.data_dir, args.state_dir.as_deref(), true)?;
     let reservations = match &args.reservations {
         Some(path) => read_reservations(path)?,
-        None => default_reservations(&layout)?,
+        None => reservations_in(layout.root())?,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let source = match args.usage.as_str() {
-        "allocation" => UsageSource::Allocation {
-            config: &config,
+    let metering = match args.usage.as_str() {
+        "allocation" => Metering::Allocation {
             now_ms: chrono::Utc::now().timestamp_millis(),
         },
-        _ => UsageSource::Telemetry,
+        _ => Metering::Telemetry,
     };
-    let input = runtime.block_on(async {
-        let query = Query::open(&layout).await?;
-        let input = billing_input_from(&query, &layout, &period, reservations, source).await?;
-        for f in gpuledger_aggregator::quarantine::quarantined_files(&layout)? {
-            eprintln!(
-                "warning: {} is in quarantine ({}): this invoice lacks what it held; restore the file to its table and run again",
-                layout.root().join(&f.key).display(),
-                f.reason
-            );
-        }
-        anyhow::Ok(input)
-    })?;
+    let query = runtime.block_on(Query::open(&layout))?;
+    let source = TablesUsage::new(&query, &runtime).with_config(&config);
+    let storage = read_storage_scans(layout.root())?;
+    let input = gather(&source, &period, metering, storage, reservations)?;
+    for f in gpuledger_aggregator::quarantine::quarantined_files(&layout)? {
+        eprintln!(
+            "warning: {} is in quarantine ({}): this invoice lacks what it held; restore the file to its table and run again",
+            layout.root().join(&f.key).display(),
+            f.reason
+        );
+    }
     if input.usage.is_empty() && input.storage.is_empty() && input.reservations.is_empty() {
         println!("no usage in {} under {}", args.month, args.data_dir);
         return Ok(());
     }
     let out = bill_month(
-        &layout,
+        &layout.invoices_dir(&period.name),
         &period,
         &input,
         &book,
@@ -166,7 +166,7 @@ pub fn storage_scan(args: StorageScanArgs) -> anyhow::Result<()> {
     for name in &unknown {
         tracing::warn!(directory = %name, root = %args.root.display(), "not an account of the tenant tree; not recorded");
     }
-    let path = record_scan(&Layout::new(&args.data_dir), time, &rows)?;
+    let path = record_scan(&args.data_dir, time, &rows)?;
     let table_rows: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {

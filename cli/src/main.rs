@@ -3,16 +3,17 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use rust_decimal::Decimal;
 
-use gpuledger::defaults::{load_cluster, load_demo, load_price_book, DEFAULT_DATA_DIR};
-use gpuledger::pipeline::{self, Progress, RunOutput};
 use gpuledger::table;
 use gpuledger_aggregator::query::{AccountIndicators, Query};
+use gpuledger_aggregator::serve::DEFAULT_DATA_DIR;
 use gpuledger_scheduler::SchedulerOptions;
+use gpuledger_sim::demo::{self as pipeline, Progress, RunOutput};
+use gpuledger_sim::seed::{load_cluster, load_demo, load_price_book};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -46,14 +47,14 @@ enum Command {
     /// Run the per-node exporter: read GPUs (synthetic or NVML), label them with their jobs,
     /// serve /metrics in dcgm-exporter's names, and push batches to the aggregator through a
     /// durable spool.
-    Exporter(gpuledger::exporter_cmd::ExporterArgs),
+    Exporter(gpuledger_exporter::daemon::ExporterOptions),
     /// Measure: ingest throughput over loopback, /metrics render time, the exporter's CPU
     /// and memory (figures for docs/benchmarks.md).
     #[command(subcommand)]
-    Bench(gpuledger::bench::BenchCommand),
+    Bench(gpuledger_bench::BenchCommand),
     /// Run the aggregator service: HTTP ingest with a write-ahead log, Parquet store,
     /// indicators, the fair-share usage feed and /metrics.
-    Aggregator(gpuledger::serve::AggregatorArgs),
+    Aggregator(gpuledger_aggregator::serve::ServeOptions),
     /// The live scheduler: `serve` runs it; `submit`, `cancel`, `queue`, `share`, `reserve`
     /// and `unreserve` talk to it.
     #[command(subcommand)]
@@ -166,17 +167,19 @@ struct ReportArgs {
 }
 
 fn main() -> anyhow::Result<()> {
-    gpuledger::init_logging();
-    let args = gpuledger::exporter_cmd::expand_config_file(std::env::args().collect())?;
-    match Cli::parse_from(args).command {
+    gpuledger_service::init_logging();
+    match Cli::parse_from(expand_exporter_config(std::env::args().collect())?).command {
         Command::Demo(args) => demo(args),
         Command::Invoice(args) => gpuledger::invoice_cmd::invoice(args),
         Command::StorageScan(args) => gpuledger::invoice_cmd::storage_scan(args),
         Command::Report(args) => report(args),
         Command::Simulate(args) => simulate(args),
-        Command::Aggregator(args) => gpuledger::serve::run(args),
-        Command::Exporter(args) => gpuledger::exporter_cmd::run(args),
-        Command::Bench(command) => gpuledger::bench::run(command),
+        Command::Aggregator(args) => {
+            let cluster = load_cluster(args.config.as_deref())?;
+            Ok(gpuledger_aggregator::serve::run(args, cluster)?)
+        }
+        Command::Exporter(args) => Ok(gpuledger_exporter::daemon::run(args)?),
+        Command::Bench(command) => gpuledger_bench::run(command),
         Command::Scheduler(command) => gpuledger::scheduler_cmd::run(command),
         Command::Dashboards(command) => gpuledger::dashboards_cmd::run(command),
         Command::Token(command) => gpuledger::token_cmd::run(command),
@@ -185,6 +188,23 @@ fn main() -> anyhow::Result<()> {
         Command::Export(command) => gpuledger::adopt_cmd::export(command),
         Command::CheckConfig { file } => check_config(&file),
     }
+}
+
+/// `gpuledger exporter --config FILE ...`: the file's options go before the typed ones, which
+/// win (the exporter owns the file's format). Other command lines pass through unchanged.
+fn expand_exporter_config(mut argv: Vec<String>) -> anyhow::Result<Vec<String>> {
+    use clap::Args;
+    if argv.get(1).map(String::as_str) != Some("exporter") {
+        return Ok(argv);
+    }
+    let typed = argv.split_off(2);
+    let command = gpuledger_exporter::daemon::ExporterOptions::augment_args(clap::Command::new(
+        "gpuledger exporter",
+    ));
+    argv.extend(gpuledger_exporter::daemon::expand_config_file(
+        typed, &command,
+    )?);
+    Ok(argv)
 }
 
 struct Bar(ProgressBar);
@@ -205,30 +225,6 @@ impl Progress for Bar {
 }
 
 /// Removes the outputs of an earlier demo, refusing to touch a directory that holds anything else.
-fn clear_demo_outputs(dir: &Path) -> anyhow::Result<()> {
-    if !dir.exists() {
-        return Ok(());
-    }
-    const OURS: [&str; 6] = ["samples", "rollups", "jobs", "invoices", "wal", "storage"];
-    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
-        let name = entry?.file_name();
-        if !OURS.contains(&name.to_string_lossy().as_ref()) {
-            bail!(
-                "{} holds `{}`, which gpuledger did not write; choose another --data-dir",
-                dir.display(),
-                name.to_string_lossy()
-            );
-        }
-    }
-    for sub in OURS {
-        let p = dir.join(sub);
-        if p.exists() {
-            std::fs::remove_dir_all(&p).with_context(|| format!("removing {}", p.display()))?;
-        }
-    }
-    Ok(())
-}
-
 fn demo(args: DemoArgs) -> anyhow::Result<()> {
     let config = load_cluster(args.config.as_deref())?;
     let mut spec = load_demo(args.spec.as_deref())?;
@@ -245,7 +241,7 @@ fn demo(args: DemoArgs) -> anyhow::Result<()> {
         )
     })?;
     let prices = load_price_book(args.price_book.as_deref())?;
-    clear_demo_outputs(&args.data_dir)?;
+    pipeline::clear_outputs(&args.data_dir)?;
     println!(
         "gpuledger demo: cluster `{}` ({} nodes, {} GPUs), {} days from {}, policy {}, samples every {} s",
         config.cluster.name,
@@ -417,7 +413,7 @@ fn print_summary(out: &RunOutput) {
 
 fn report(args: ReportArgs) -> anyhow::Result<()> {
     let ms = gpuledger_model::time::day_start_ms;
-    let layout = gpuledger::serve::open_layout(&args.data_dir, None, false)?;
+    let layout = gpuledger_aggregator::serve::open_layout(&args.data_dir, None, false)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -481,7 +477,7 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
                 .context("--trace needs --vc-nodes")?;
             let vc_nodes = parse_vc_nodes(&read(vc_path)?, &vc_path.display().to_string())?;
             let nodes = args.nodes.context("--trace needs --nodes")?;
-            let config = gpuledger::simulate::trace_cluster(nodes, &jobs, &vc_nodes)?;
+            let config = gpuledger_sim::report::trace_cluster(nodes, &jobs, &vc_nodes)?;
             (config, jobs)
         }
         (None, Some(file)) => (
@@ -517,7 +513,7 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
     .context("a reservation cannot be placed")?;
     bar.finish_and_clear();
     let elapsed = started.elapsed();
-    let md = gpuledger::simulate::write_outputs(&args.out, &config, &result)?;
+    let md = gpuledger_sim::report::write_outputs(&args.out, &config, &result)?;
     print!("{md}");
     if let (Some(data_dir), Some(month)) = (&args.data_dir, &args.month) {
         store_simulated_month(
@@ -537,7 +533,7 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Stores a simulated month as telemetry and job events in `data_dir` and prints its invoices.
+/// Stores a simulated month as telemetry and job events in `data_dir` and prints what it billed.
 fn store_simulated_month(
     config: &gpuledger_model::ClusterConfig,
     result: &gpuledger_scheduler::SimResult,
@@ -545,47 +541,16 @@ fn store_simulated_month(
     month: &str,
     price_book: Option<&Path>,
 ) -> anyhow::Result<()> {
-    let period = gpuledger_billing::Period::month(month)
-        .with_context(|| format!("--month `{month}` is not YYYY-MM"))?;
-    let start = chrono::DateTime::from_timestamp(period.start, 0).context("month start")?;
-    let spec = pipeline::DemoSpec {
-        sample_interval_s: 10,
-        workload: gpuledger_scheduler::workload::WorkloadSpec {
-            seed: 1,
-            start,
-            days: ((period.end - period.start) / 86_400) as u32,
-            teams: Vec::new(),
-            fixed_jobs: Vec::new(),
-        },
-        telemetry: Vec::new(),
-    };
     let prices = load_price_book(price_book)?;
-    let stored = pipeline::store_and_bill(
-        config,
-        &spec,
-        result,
-        &prices,
-        data_dir,
-        month,
-        period.start,
-        period.end,
-        &pipeline::Quiet,
-    )?;
-    let billed: i64 = stored.invoices.iter().map(|i| i.gpu_seconds()).sum();
-    let allocated: i64 = result
-        .records
-        .iter()
-        .flat_map(|r| &r.runs)
-        .map(|run| {
-            let end = run.end_s.unwrap_or(result.horizon_s).min(period.end);
-            i64::from(run.gpus) * (end - run.start_s.max(period.start)).max(0)
-        })
-        .sum();
+    let month_out = pipeline::store_simulated_month(config, result, data_dir, month, &prices)
+        .with_context(|| format!("storing --month `{month}`"))?;
     println!(
-        "stored {month}: {} samples, {} invoices under {}; {allocated} GPU-seconds allocated in the month, {billed} billed",
-        stored.samples,
-        stored.invoices.len(),
-        data_dir.display()
+        "stored {month}: {} samples, {} invoices under {}; {} GPU-seconds allocated in the month, {} billed",
+        month_out.stored.samples,
+        month_out.stored.invoices.len(),
+        data_dir.display(),
+        month_out.allocated_gpu_seconds,
+        month_out.billed_gpu_seconds
     );
     Ok(())
 }

@@ -2,28 +2,20 @@
 //! `cancel`, `queue`, `share`, `reserve`, `unreserve`), which speak its HTTP API as `sbatch`,
 //! `scancel`, `squeue`, `sshare` and `scontrol create reservation` would.
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use serde_json::{json, Value};
 
-use gpuledger_model::time::{Clock, SystemClock};
-use gpuledger_model::DurationSpec;
-use gpuledger_schedd::executor::LocalExecutor;
-use gpuledger_schedd::{http, Service, ServiceConfig};
-use gpuledger_scheduler::SchedulerOptions;
+use gpuledger_schedd::serve::ServeOptions;
 
-use crate::defaults::{load_cluster, DEFAULT_DATA_DIR};
-use crate::serve::{announce, shutdown_signal};
 use crate::table;
+use gpuledger_sim::seed::load_cluster;
 
 #[derive(clap::Subcommand, Debug)]
 pub enum SchedulerCommand {
     /// Run the scheduler service: HTTP API, scheduling cycles, jobs run as local processes.
-    Serve(ServeArgs),
+    Serve(ServeOptions),
     /// Submit a job; prints its id.
     Submit(SubmitArgs),
     /// Cancel a job (a running one gets its checkpoint signal, then SIGKILL after its grace).
@@ -53,71 +45,6 @@ pub enum SchedulerCommand {
 }
 
 const DEFAULT_URL: &str = "http://127.0.0.1:9500";
-
-#[derive(clap::Args, Debug)]
-pub struct ServeArgs {
-    /// Address to listen on (`127.0.0.1:0` picks a free port; the chosen address is printed).
-    #[arg(long, default_value = "127.0.0.1:9500")]
-    listen: SocketAddr,
-    #[arg(long, default_value = DEFAULT_DATA_DIR, env = "GPULEDGER_DATA_DIR")]
-    data_dir: PathBuf,
-    /// Cluster config (default: the embedded seed cluster).
-    #[arg(long)]
-    config: Option<PathBuf>,
-    /// fifo or fairshare, optionally +backfill or +conservative.
-    #[arg(long, default_value = "fairshare+backfill")]
-    policy: String,
-    /// The aggregator's URL: job events go there and fair-share usage comes from its feed.
-    /// Without it, the scheduler counts its own allocations.
-    #[arg(long)]
-    aggregator: Option<String>,
-    /// A file holding an operator token for the aggregator, when it runs with --tokens.
-    #[arg(long, env = "GPULEDGER_AGGREGATOR_TOKEN_FILE")]
-    aggregator_token_file: Option<PathBuf>,
-    /// Time between scheduling cycles.
-    #[arg(long, default_value = "1s")]
-    cycle: DurationSpecMs,
-    /// How often the usage feed is read.
-    #[arg(long, default_value = "60s")]
-    usage_every: DurationSpec,
-    /// Token file (`gpuledger token add`, the same file the aggregator reads): every route
-    /// then wants a bearer token: tenants submit and see their own jobs, nodes read their own
-    /// GPUs of the allocation feed, operators do the rest. Without it authentication is off.
-    #[arg(long, env = "GPULEDGER_TOKENS")]
-    tokens: Option<PathBuf>,
-    /// Serve without --tokens on an address other hosts can reach (every request then acts as
-    /// an operator): for a network you trust entirely.
-    #[arg(long)]
-    allow_unauthenticated: bool,
-    /// Routes open without a token, with --tokens: `metrics`.
-    #[arg(long, value_delimiter = ',')]
-    public: Vec<gpuledger_auth::Public>,
-    #[command(flatten)]
-    limits: crate::http_server::HttpLimits,
-    #[command(flatten)]
-    tls: crate::http_server::TlsArgs,
-    #[command(flatten)]
-    client_tls: crate::ClientTlsArgs,
-}
-
-/// A duration that may be under a second (`500ms`, `2s`).
-#[derive(Clone, Copy, Debug)]
-pub struct DurationSpecMs(pub Duration);
-
-impl std::str::FromStr for DurationSpecMs {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        if let Some(ms) = s.strip_suffix("ms") {
-            return ms
-                .parse::<u64>()
-                .map(|v| DurationSpecMs(Duration::from_millis(v)))
-                .map_err(|_| format!("`{s}` is not a number of milliseconds"));
-        }
-        s.parse::<DurationSpec>()
-            .map(|d| DurationSpecMs(Duration::from_secs(d.as_secs())))
-            .map_err(|e| e.to_string())
-    }
-}
 
 #[derive(clap::Args, Debug)]
 pub struct SubmitArgs {
@@ -224,80 +151,9 @@ pub fn run(command: SchedulerCommand) -> anyhow::Result<()> {
     }
 }
 
-fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let cluster = load_cluster(args.config.as_deref())?;
-    let exposure = crate::serve::Exposure {
-        listen: args.listen,
-        allow_unauthenticated: args.allow_unauthenticated,
-    };
-    let guard = crate::serve::guard("scheduler", args.tokens.as_deref(), &args.public, exposure)?;
-    let options = SchedulerOptions::parse(&args.policy)
-        .with_context(|| format!("unknown --policy `{}`", args.policy))?;
-    // Absolute: jobs run in their own directories and write their exit status by this path.
-    let data_dir = std::path::absolute(&args.data_dir)
-        .with_context(|| format!("resolving {}", args.data_dir.display()))?;
-    let dir = data_dir.join("scheduler");
-    let config = ServiceConfig {
-        options,
-        dir: dir.clone(),
-        billing_reservations: Some(data_dir.join("reservations.toml")),
-        aggregator: args.aggregator.map(|u| u.trim_end_matches('/').to_owned()),
-        aggregator_token: args
-            .aggregator_token_file
-            .as_deref()
-            .map(crate::read_token_file)
-            .transpose()?,
-        usage_every: Duration::from_secs(args.usage_every.as_secs().max(1)),
-        storage_scans: Some(data_dir.join("storage").join("scans.csv")),
-        tls: args.client_tls.config()?,
-    };
-    let executor = Box::new(LocalExecutor::new(dir.join("jobs")));
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let service = Arc::new(
-        Service::open(cluster, config, executor, clock)
-            .with_context(|| format!("opening {}", dir.display()))?,
-    );
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    let tls = args.tls.acceptor()?;
-    runtime.block_on(async move {
-        let shutdown = shutdown_signal()?;
-        let listener = tokio::net::TcpListener::bind(args.listen)
-            .await
-            .with_context(|| format!("listening on {}", args.listen))?;
-        let addr = listener.local_addr()?;
-        // Tests and scripts read this line to find the port.
-        announce(&format!(
-            "gpuledger scheduler listening on {}://{addr} state {}",
-            crate::http_server::scheme(tls.as_ref()),
-            dir.display()
-        ));
-        let cycles = {
-            let service = Arc::clone(&service);
-            let every = args.cycle.0.max(Duration::from_millis(50));
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(every);
-                loop {
-                    tick.tick().await;
-                    let s = Arc::clone(&service);
-                    match tokio::task::spawn_blocking(move || s.tick()).await {
-                        Ok(Ok(_)) => {}
-                        Ok(Err(error)) => tracing::error!(%error, "scheduling cycle failed"),
-                        Err(error) => tracing::error!(%error, "scheduling cycle panicked"),
-                    }
-                }
-            })
-        };
-        let app = http::router_with(Arc::clone(&service), guard);
-        crate::http_server::serve(listener, app, args.limits, tls, shutdown).await?;
-        cycles.abort();
-        // Jobs keep running: a restarted scheduler adopts them from its state file.
-        let s = Arc::clone(&service);
-        tokio::task::spawn_blocking(move || s.tick()).await??;
-        announce("gpuledger scheduler stopped; state saved, jobs left running");
-        Ok(())
-    })
+fn serve(options: ServeOptions) -> anyhow::Result<()> {
+    let cluster = load_cluster(options.config.as_deref())?;
+    Ok(gpuledger_schedd::serve::run(options, cluster)?)
 }
 
 /// The client's bearer token: `GPULEDGER_TOKEN`, or the file `GPULEDGER_TOKEN_FILE` names.
@@ -306,17 +162,18 @@ fn client_token() -> anyhow::Result<Option<String>> {
         return Ok(Some(t.trim().to_owned()));
     }
     std::env::var_os("GPULEDGER_TOKEN_FILE")
-        .map(|p| crate::read_token_file(std::path::Path::new(&p)))
+        .map(|p| gpuledger_service::read_token_file(std::path::Path::new(&p)))
         .transpose()
+        .map_err(Into::into)
 }
 
 /// What the client trusts of an `https://` scheduler: the CAs in `GPULEDGER_CA_FILE`, or the
 /// Mozilla roots.
 fn client_tls() -> anyhow::Result<ureq::tls::TlsConfig> {
-    crate::ClientTlsArgs {
+    Ok(gpuledger_service::ClientTlsArgs {
         ca_file: std::env::var_os("GPULEDGER_CA_FILE").map(Into::into),
     }
-    .config()
+    .config()?)
 }
 
 /// One API call; a 4xx/5xx becomes an error carrying the service's message.

@@ -150,8 +150,8 @@ fn two_aggregators_share_one_data_directory_and_reports_read_both() {
         // The other aggregator does not own this node: refused, nothing stored there.
         let refused = agent
             .post(format!("{}/api/v1/ingest", other.url))
-            .header("x-gpuledger-node", &node)
-            .header("x-gpuledger-seq", "99")
+            .header(gpuledger_model::wire::NODE_HEADER, &node)
+            .header(gpuledger_model::wire::SEQ_HEADER, "99")
             .send(&batch(&node, 99, t0_ms)[..])
             .unwrap();
         assert_eq!(refused.status().as_u16(), 422);

@@ -2,9 +2,9 @@
 //! not a node at install time.
 
 use clap::Args;
-use gpuledger::exporter_cmd::ExporterArgs;
-use gpuledger::scheduler_cmd::ServeArgs;
-use gpuledger::serve::AggregatorArgs;
+use gpuledger_aggregator::serve::ServeOptions as AggregatorOptions;
+use gpuledger_exporter::daemon::ExporterOptions;
+use gpuledger_schedd::serve::ServeOptions as SchedulerOptions;
 
 /// The ExecStart line's arguments after the binary and, for `gpuledger`, its subcommand.
 fn exec_start_args(unit: &str) -> Vec<String> {
@@ -44,15 +44,15 @@ fn systemd_units_pass_accepted_arguments() {
     ));
     assert_eq!(exporter.first().map(String::as_str), Some("--source"));
     exporter.extend(["--node".into(), "gpu001".into()]);
-    accepts::<ExporterArgs>("exporter", &exporter);
+    accepts::<ExporterOptions>("exporter", &exporter);
     let aggregator = exec_start_args(include_str!(
         "../../deploy/systemd/gpuledger-aggregator.service"
     ));
-    accepts::<AggregatorArgs>("aggregator", &aggregator);
+    accepts::<AggregatorOptions>("aggregator", &aggregator);
     let unit = include_str!("../../deploy/systemd/gpuledger-scheduler.service");
     let scheduler = exec_start_args(unit);
     assert_eq!(scheduler.first().map(String::as_str), Some("serve"));
-    accepts::<ServeArgs>("scheduler serve", &scheduler[1..]);
+    accepts::<SchedulerOptions>("scheduler serve", &scheduler[1..]);
     assert!(
         unit.contains("KillMode=process"),
         "stopping the scheduler must not kill its jobs"
@@ -66,5 +66,5 @@ fn the_daemonset_passes_accepted_arguments() {
     let mut args = daemonset_args(yaml);
     assert!(args.len() > 10, "{args:?}");
     args.extend(["--node".into(), "gpu001".into()]);
-    accepts::<ExporterArgs>("exporter", &args);
+    accepts::<ExporterOptions>("exporter", &args);
 }

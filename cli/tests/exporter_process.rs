@@ -147,39 +147,6 @@ fn batches_spooled_across_an_outage_and_a_kill_9_arrive_exactly_once() {
     );
 }
 
-#[test]
-fn the_exporter_alone_samples_serves_and_stops_cleanly() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("exporter.toml");
-    let spool = dir.path().join("spool");
-    std::fs::write(
-        &config,
-        format!(
-            "node = \"gpu042\"\ngpus = 2\nlisten = \"127.0.0.1:0\"\nspool_dir = \"{}\"\n",
-            spool.display()
-        ),
-    )
-    .unwrap();
-    let exporter = common::spawn_binary(
-        env!("CARGO_BIN_EXE_gpuledger-exporter"),
-        &["--config", config.to_str().unwrap()],
-        Stdio::null(),
-    );
-    wait_for("a collection", 60, || {
-        metric(&exporter.url, "gpuledger_exporter_samples_total") >= 2.0
-    });
-    let page = scrape(&exporter.url);
-    assert!(
-        page.contains("gpuledger_gpu_up{gpu=\"1\",Hostname=\"gpu042\"} 1"),
-        "{page}"
-    );
-    terminate(exporter);
-    assert!(
-        spool.join("next-seq").exists(),
-        "the last samples were spooled at shutdown"
-    );
-}
-
 /// What an OTLP/HTTP receiver started by the test got, and whether it answers 503 for now.
 #[derive(Default)]
 struct Receiver {

@@ -44,12 +44,9 @@ fn forward(
     body: &[u8],
 ) -> Option<(u16, String)> {
     let mut req = agent.post(format!("{base}/api/v1/ingest"));
-    for name in [
-        "x-gpuledger-node",
-        "x-gpuledger-seq",
-        "x-gpuledger-low-seq",
-        "content-type",
-    ] {
+    use gpuledger_model::wire::{LOW_SEQ_HEADER, NODE_HEADER, SEQ_HEADER};
+    // Not the sent-at header: a batch the proxy holds back would read as a node clock behind.
+    for name in [NODE_HEADER, SEQ_HEADER, LOW_SEQ_HEADER, "content-type"] {
         if let Some(v) = headers.get(name).and_then(|v| v.to_str().ok()) {
             req = req.header(name, v);
         }
@@ -63,7 +60,7 @@ fn forward(
 
 async fn ingest(State(tee): State<Arc<Tee>>, headers: HeaderMap, body: Bytes) -> impl IntoResponse {
     let node = headers
-        .get("x-gpuledger-node")
+        .get(gpuledger_model::wire::NODE_HEADER)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_owned();

@@ -383,19 +383,22 @@ fn push_once(
     body: &[u8],
     sent_at_ms: i64,
 ) -> Pushed {
-    let mut request = agent.post(format!("{}/api/v1/ingest", url.trim_end_matches('/')));
+    use gpuledger_model::wire::{
+        INGEST_CONTENT_TYPE, INGEST_PATH, LOW_SEQ_HEADER, NODE_HEADER, SENT_AT_HEADER, SEQ_HEADER,
+    };
+    let mut request = agent.post(format!("{}{INGEST_PATH}", url.trim_end_matches('/')));
     if let Some(token) = token {
         request = request.header("authorization", format!("Bearer {token}"));
     }
     let response = request
-        .header("content-type", "application/vnd.apache.arrow.stream")
-        .header("x-gpuledger-node", node)
-        .header("x-gpuledger-seq", seq.to_string())
+        .header("content-type", INGEST_CONTENT_TYPE)
+        .header(NODE_HEADER, node)
+        .header(SEQ_HEADER, seq.to_string())
         // Batches go oldest first: nothing below this one will ever be sent again (each was
         // acknowledged, refused, or dropped from a full spool).
-        .header("x-gpuledger-low-seq", seq.to_string())
+        .header(LOW_SEQ_HEADER, seq.to_string())
         // The node's clock when it sent: the aggregator measures the node's offset from it.
-        .header("x-gpuledger-sent-at", sent_at_ms.to_string())
+        .header(SENT_AT_HEADER, sent_at_ms.to_string())
         .send(body);
     match response {
         Ok(mut r) => {

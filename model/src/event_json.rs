@@ -1,11 +1,48 @@
-//! Job events as JSON, checked field by field so a refusal names the row and the field.
+//! Job events as JSON, checked field by field so a refusal names the row and the field; and
+//! the batch a scheduler or follower posts them in ([`EventBatch`], `POST` to
+//! [`EVENTS_PATH`]), which the aggregator reads.
 
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::job::{JobEvent, JobEventKind};
 
 use crate::validate::{RowError, MAX_REPORTED_ERRORS};
+
+/// The route job events are posted to.
+pub const EVENTS_PATH: &str = "/api/v1/events";
+
+/// One post of job events: who sent them, the sender's batch number (the aggregator drops a
+/// batch it has taken before), and the events, each checked by [`parse_events`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventBatch {
+    pub source: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq: Option<u64>,
+    pub events: Vec<Value>,
+}
+
+impl EventBatch {
+    /// The batch `seq` of `source`'s events.
+    pub fn of(source: &str, seq: u64, events: &[JobEvent]) -> Self {
+        EventBatch {
+            source: source.to_owned(),
+            seq: Some(seq),
+            events: events.iter().map(event_json).collect(),
+        }
+    }
+}
+
+/// An event as the API takes it: absent fields left out.
+pub fn event_json(ev: &JobEvent) -> Value {
+    let mut v = serde_json::to_value(ev).unwrap_or_default();
+    if let Some(obj) = v.as_object_mut() {
+        obj.retain(|_, value| !value.is_null());
+    }
+    v
+}
 
 const FIELDS: [&str; 12] = [
     "time_ms",

@@ -7,6 +7,7 @@
 //! [`job::JOB_EVENT_SCHEMA_VERSION`] and [`config::CONFIG_VERSION`].
 
 pub mod allocation;
+pub mod billed_reservations;
 pub mod config;
 pub mod event_json;
 pub mod gpu;
@@ -17,9 +18,11 @@ pub mod quota;
 pub mod rng;
 pub mod sample;
 pub mod stats;
+pub mod storage_scan;
 pub mod tenant;
 pub mod time;
 pub mod units;
+pub mod usage;
 pub mod validate;
 pub mod wire;
 

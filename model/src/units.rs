@@ -243,6 +243,25 @@ impl fmt::Display for DurationSpec {
     }
 }
 
+/// A duration that may be under a second (`500ms`, `2s`).
+#[derive(Clone, Copy, Debug)]
+pub struct DurationSpecMs(pub Duration);
+
+impl FromStr for DurationSpecMs {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if let Some(ms) = s.strip_suffix("ms") {
+            return ms
+                .parse::<u64>()
+                .map(|v| DurationSpecMs(Duration::from_millis(v)))
+                .map_err(|_| format!("`{s}` is not a number of milliseconds"));
+        }
+        s.parse::<DurationSpec>()
+            .map(|d| DurationSpecMs(Duration::from_secs(d.as_secs())))
+            .map_err(|e| e.to_string())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,6 +9,19 @@ use arrow::ipc::writer::StreamWriter;
 use arrow::ipc::{root_as_message, MessageHeader, Precision, TimeUnit, Type};
 use arrow::record_batch::RecordBatch;
 
+/// The route a node pushes its batches to (`POST`).
+pub const INGEST_PATH: &str = "/api/v1/ingest";
+/// The content type of a pushed batch: one Arrow IPC stream.
+pub const INGEST_CONTENT_TYPE: &str = "application/vnd.apache.arrow.stream";
+/// Header naming the node that pushed a batch.
+pub const NODE_HEADER: &str = "x-gpuledger-node";
+/// Header carrying the node's batch sequence number.
+pub const SEQ_HEADER: &str = "x-gpuledger-seq";
+/// Optional header: the node will never send a sequence number below this again.
+pub const LOW_SEQ_HEADER: &str = "x-gpuledger-low-seq";
+/// Optional header: the node's clock when it sent the batch (Unix ms), to measure its offset.
+pub const SENT_AT_HEADER: &str = "x-gpuledger-sent-at";
+
 const CONTINUATION: u32 = 0xFFFF_FFFF;
 
 /// Encodes a batch as an Arrow IPC stream.

@@ -119,30 +119,16 @@ impl std::ops::Deref for Api {
 }
 
 fn denied(d: Denied, what: &str) -> ApiError {
-    match d {
-        Denied::Unauthenticated => ApiError {
-            status: StatusCode::UNAUTHORIZED,
-            field: Some("authorization".into()),
-            message: format!("{what} needs a bearer token (`Authorization: Bearer <token>`)"),
-        },
-        Denied::Forbidden => ApiError {
-            status: StatusCode::FORBIDDEN,
-            field: Some("authorization".into()),
-            message: format!("this token's role may not {what}"),
-        },
+    let (status, message) = gpuledger_service::denied_message(d, what);
+    ApiError {
+        status,
+        field: Some("authorization".into()),
+        message,
     }
 }
 
 fn token(headers: &HeaderMap) -> ApiResult<Option<&str>> {
-    match headers.get(header::AUTHORIZATION) {
-        None => Ok(None),
-        Some(v) => v
-            .to_str()
-            .ok()
-            .and_then(gpuledger_auth::bearer)
-            .map(Some)
-            .ok_or_else(|| denied(Denied::Unauthenticated, "a request")),
-    }
+    gpuledger_service::bearer_token(headers).map_err(|d| denied(d, "a request"))
 }
 
 impl Api {

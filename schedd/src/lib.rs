@@ -5,13 +5,23 @@
 //!   reaps exited jobs, delivers SIGKILL at grace and time-limit deadlines, takes fair-share usage
 //!   from the aggregator's feed (or accrues its own), runs one scheduling cycle and acts on it
 //!   (launch, checkpoint signal, resize), then saves its [`state::State`] and sends job events.
+//!   Split by concept: the jobs on the executor between cycles (`jobs.rs`), advance
+//!   reservations (`reservations.rs`), the storage scans, usage feed and job events on their
+//!   own schedule (`feeds.rs`), `/metrics` (`metrics.rs`).
+//! - [`aggregator`] is the link to the aggregator (usage in, events out) behind a trait.
 //! - [`http`] is the API (`squeue`/`sshare`-like views, submit, cancel, reservations, the
-//!   allocation feed exporters read).
+//!   allocation feed exporters read); [`serve`] runs it and the cycle loop.
 //! - On start the state file is read back: pending jobs queue again, running ones keep their
 //!   GPUs and their processes are adopted.
 
+pub mod aggregator;
 pub mod executor;
+mod feeds;
 pub mod http;
+mod jobs;
+mod metrics;
+mod reservations;
+pub mod serve;
 pub mod state;
 
 use std::collections::BTreeMap;
@@ -22,13 +32,16 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 use serde::Serialize;
 
+use gpuledger_model::billed_reservations::{BilledReservation, BilledReservations};
 use gpuledger_model::config::ClusterConfig;
 use gpuledger_model::job::{JobEvent, JobEventKind, Outcome};
+use gpuledger_model::storage_scan::{latest_scan, parse_scans};
 use gpuledger_model::time::{Clock, UnixSeconds};
 use gpuledger_model::{AccountId, Allocation, JobId, ProjectId};
 use gpuledger_scheduler::reservation::{reservations_toml, ReservationEntry};
 use gpuledger_scheduler::{Cycle, JobSpec, Preempting, Refusal, Scheduler, SchedulerOptions};
 
+use crate::aggregator::{AggregatorLink, HttpAggregator};
 use crate::executor::{Executor, ExitStatus, Launch};
 use crate::state::{JobInfo, JobState, State, SubmitRequest};
 
@@ -52,6 +65,8 @@ pub enum Error {
     UnknownJob(JobId),
     #[error(transparent)]
     Reservation(#[from] gpuledger_scheduler::reservation::ReservationError),
+    #[error(transparent)]
+    Service(#[from] gpuledger_service::Error),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -82,8 +97,8 @@ pub struct ServiceConfig {
 #[derive(Debug)]
 pub struct Service {
     inner: Mutex<Inner>,
-    /// The aggregator's client: usage feed and job events.
-    agent: ureq::Agent,
+    /// The aggregator: usage feed and job events.
+    aggregator: Option<Box<dyn AggregatorLink>>,
     config: ServiceConfig,
     cluster: ClusterConfig,
     clock: Arc<dyn Clock>,
@@ -244,15 +259,24 @@ impl Service {
                 last_storage_s: i64::MIN,
                 counters: Counters::default(),
             }),
-            agent: ureq::Agent::config_builder()
-                .timeout_global(Some(Duration::from_secs(5)))
-                .tls_config(config.tls.clone())
-                .build()
-                .into(),
+            aggregator: config.aggregator.as_deref().map(|base| {
+                Box::new(HttpAggregator::new(
+                    base,
+                    config.aggregator_token.clone(),
+                    config.tls.clone(),
+                )) as Box<dyn AggregatorLink>
+            }),
             config,
             cluster,
             clock,
         })
+    }
+
+    /// The same service reading usage from and sending events to `link` instead of the
+    /// configured aggregator (a test's feed, another transport).
+    pub fn with_aggregator(mut self, link: Box<dyn AggregatorLink>) -> Self {
+        self.aggregator = Some(link);
+        self
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -414,200 +438,6 @@ impl Service {
         out
     }
 
-    /// The Prometheus text exposition: jobs by state, pending jobs by account and reason,
-    /// GPUs allocated, idle and reserved, and counters of starts, preemptions, resizes and
-    /// cycles.
-    pub fn metrics(&self) -> String {
-        use std::fmt::Write as _;
-        let now = self.now_s();
-        let inner = self.lock();
-        let mut out = String::new();
-        let mut family = |name: &str, kind: &str, help: &str| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        };
-        family(
-            "gpuledger_scheduler_jobs",
-            "gauge",
-            "Jobs the scheduler holds now, by state.",
-        );
-        let running = inner
-            .sched
-            .running()
-            .filter(|r| r.preempting.is_none())
-            .count();
-        let preempting = inner.sched.running().count() - running;
-        let mut lines = vec![
-            ("pending", inner.sched.pending().len()),
-            ("preempting", preempting),
-            ("running", running),
-        ];
-        lines.sort();
-        let mut body = String::new();
-        for (state, n) in lines {
-            let _ = writeln!(body, "gpuledger_scheduler_jobs{{state=\"{state}\"}} {n}");
-        }
-        out.push_str(&body);
-        let mut pending: BTreeMap<(String, String), u64> = BTreeMap::new();
-        for p in inner.sched.pending() {
-            *pending
-                .entry((p.spec.account.to_string(), p.reason.to_string()))
-                .or_default() += 1;
-        }
-        let _ = writeln!(
-            out,
-            "# HELP gpuledger_scheduler_pending_jobs Pending jobs, by account and reason.\n# TYPE gpuledger_scheduler_pending_jobs gauge"
-        );
-        for ((account, reason), n) in &pending {
-            let _ = writeln!(
-                out,
-                "gpuledger_scheduler_pending_jobs{{account=\"{account}\",reason=\"{reason}\"}} {n}"
-            );
-        }
-        let cluster = inner.sched.cluster();
-        let mut allocated_on = vec![0u32; cluster.node_count()];
-        for r in inner.sched.running() {
-            for slot in &r.placement.0 {
-                allocated_on[slot.node] += slot.mask.count_ones();
-            }
-        }
-        let allocated: u32 = allocated_on.iter().sum();
-        let mut reserved_nodes: Vec<usize> = inner
-            .sched
-            .reservations()
-            .iter()
-            .filter(|r| r.start_s <= now && now < r.end_s)
-            .flat_map(|r| r.nodes.iter().copied())
-            .collect();
-        reserved_nodes.sort_unstable();
-        reserved_nodes.dedup();
-        let reserved: u32 = reserved_nodes
-            .iter()
-            .map(|n| cluster.node_spec(*n).gpus - allocated_on[*n])
-            .sum();
-        let idle = cluster.total_gpus() - allocated - reserved;
-        let _ = writeln!(
-            out,
-            "# HELP gpuledger_scheduler_gpus GPUs by state: allocated to running jobs, reserved (free, in an advance reservation in force), idle.\n# TYPE gpuledger_scheduler_gpus gauge"
-        );
-        for (state, n) in [
-            ("allocated", allocated),
-            ("idle", idle),
-            ("reserved", reserved),
-        ] {
-            let _ = writeln!(out, "gpuledger_scheduler_gpus{{state=\"{state}\"}} {n}");
-        }
-        let c = &inner.counters;
-        for (name, help, value) in [
-            (
-                "gpuledger_scheduler_jobs_started_total",
-                "Job starts (a requeued job starting again counts again).",
-                c.started as f64,
-            ),
-            (
-                "gpuledger_scheduler_preemptions_total",
-                "Jobs signalled to make room for a higher tier.",
-                c.preempted as f64,
-            ),
-            (
-                "gpuledger_scheduler_resizes_total",
-                "Elastic jobs grown or shrunk.",
-                c.resized as f64,
-            ),
-            (
-                "gpuledger_scheduler_cycles_total",
-                "Scheduling cycles run.",
-                c.cycles as f64,
-            ),
-            (
-                "gpuledger_scheduler_cycle_seconds_total",
-                "Time spent in scheduling cycles.",
-                c.cycle_seconds,
-            ),
-        ] {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
-            );
-        }
-        out
-    }
-
-    pub fn reservations(&self) -> Vec<ReservationEntry> {
-        self.lock().state.reservations.clone()
-    }
-
-    /// Adds an advance reservation and writes the reservations billing reads.
-    pub fn reserve(&self, entry: ReservationEntry) -> Result<ReservationEntry> {
-        let mut inner = self.lock();
-        let placed = inner.sched.add_reservation(entry.to_request())?;
-        let mut entry = entry;
-        entry.nodes = None;
-        entry.node_names = placed
-            .nodes
-            .iter()
-            .map(|n| inner.sched.cluster().node_spec(*n).id.clone())
-            .collect();
-        inner.state.reservations.push(entry.clone());
-        inner.dirty = true;
-        self.write_billing_reservations(&inner)?;
-        Ok(entry)
-    }
-
-    pub fn unreserve(&self, name: &str) -> Result<bool> {
-        let mut inner = self.lock();
-        let removed = inner.sched.remove_reservation(name).is_some();
-        inner.state.reservations.retain(|r| r.name != name);
-        inner.dirty = true;
-        self.write_billing_reservations(&inner)?;
-        Ok(removed)
-    }
-
-    /// Billing charges the owner of a reservation for its reserved-but-unused GPU-hours; it
-    /// reads them from this file.
-    fn write_billing_reservations(&self, inner: &Inner) -> Result<()> {
-        let Some(path) = &self.config.billing_reservations else {
-            return Ok(());
-        };
-        let mut out = String::from("# Written by `gpuledger scheduler`; billing reads it.\n");
-        for r in &inner.state.reservations {
-            let Some(first) = r.node_names.first() else {
-                continue;
-            };
-            let Some(spec) = self.cluster.nodes().into_iter().find(|n| &n.id == first) else {
-                continue;
-            };
-            let gpus: u32 = r.node_names.len() as u32 * spec.gpus;
-            let names: Vec<String> = r.node_names.iter().map(|n| format!("\"{n}\"")).collect();
-            out.push_str(&format!(
-                "\n[[reservations]]\nid = \"{}\"\naccount = \"{}\"\ngpu_model = \"{}\"\ngpus = {gpus}\nnodes = [{}]\nstart = \"{}\"\nend = \"{}\"\n",
-                r.name,
-                r.accounts[0],
-                spec.gpu_model,
-                names.join(", "),
-                r.start.to_rfc3339(),
-                r.end.to_rfc3339(),
-            ));
-        }
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(|source| Error::Io {
-                path: parent.to_owned(),
-                source,
-            })?;
-        }
-        std::fs::write(path, out).map_err(|source| Error::Io {
-            path: path.clone(),
-            source,
-        })?;
-        std::fs::write(
-            self.config.dir.join("reservations.toml"),
-            reservations_toml(&inner.state.reservations),
-        )
-        .map_err(|source| Error::Io {
-            path: self.config.dir.join("reservations.toml"),
-            source,
-        })
-    }
-
     fn grace_of(&self, info: &JobInfo) -> u64 {
         info.request
             .grace
@@ -645,7 +475,7 @@ impl Service {
                 }
                 inner.last_usage_s = now;
             }
-            None if self.config.aggregator.is_none() => inner.sched.accrue_usage(now),
+            None if self.aggregator.is_none() => inner.sched.accrue_usage(now),
             None => {}
         }
         if let Some(scan) = self.latest_storage_scan_if_due(&inner, now) {
@@ -775,130 +605,6 @@ impl Service {
             inner.dirty = true;
         }
     }
-
-    /// Bytes per account (project `None`: the account's total) and project in the newest scan
-    /// of the storage-scan file.
-    fn latest_storage_scan_if_due(
-        &self,
-        inner: &Inner,
-        now: UnixSeconds,
-    ) -> Option<Vec<(AccountId, Option<ProjectId>, u64)>> {
-        let path = self.config.storage_scans.as_ref()?;
-        if now.saturating_sub(inner.last_storage_s) < self.config.usage_every.as_secs() as i64 {
-            return None;
-        }
-        let text = std::fs::read_to_string(path).ok()?;
-        Some(latest_scan(&text))
-    }
-
-    fn fetch_usage_if_due(&self, now: UnixSeconds) -> Option<BTreeMap<String, f64>> {
-        let base = self.config.aggregator.as_ref()?;
-        let last = self.lock().last_usage_s;
-        if now.saturating_sub(last) < self.config.usage_every.as_secs() as i64 {
-            return None;
-        }
-        let url = format!("{base}/api/v1/usage");
-        let mut request = self.agent.get(&url);
-        if let Some(token) = &self.config.aggregator_token {
-            request = request.header("authorization", format!("Bearer {token}"));
-        }
-        let reply: serde_json::Value = match request
-            .call()
-            .and_then(|mut r| r.body_mut().read_to_string())
-            .map_err(|e| e.to_string())
-            .and_then(|text| serde_json::from_str(&text).map_err(|e| e.to_string()))
-        {
-            Ok(v) => v,
-            Err(e) => {
-                tracing::warn!(url, error = %e, "usage feed unavailable; keeping the last figures");
-                return None;
-            }
-        };
-        let accounts = reply.get("accounts")?.as_object()?;
-        Some(
-            accounts
-                .iter()
-                .filter_map(|(k, v)| Some((k.clone(), v.get("decayed_gpu_hours")?.as_f64()?)))
-                .collect(),
-        )
-    }
-
-    /// Sends events; on failure they go back to the outbox and are sent again next tick.
-    fn send_events(&self, events: Vec<JobEvent>, seq: u64) -> Result<()> {
-        let Some(base) = &self.config.aggregator else {
-            return Ok(());
-        };
-        let body = serde_json::json!({
-            "source": "gpuledger-scheduler",
-            "seq": seq,
-            "events": events.iter().map(event_json).collect::<Vec<_>>(),
-        });
-        let mut request = self
-            .agent
-            .post(&format!("{base}/api/v1/events"))
-            .header("content-type", "application/json");
-        if let Some(token) = &self.config.aggregator_token {
-            request = request.header("authorization", format!("Bearer {token}"));
-        }
-        let sent = request.send(body.to_string().as_bytes());
-        let mut inner = self.lock();
-        match sent {
-            Ok(_) => {
-                inner.state.event_seq = seq + 1;
-                inner.dirty = true;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, events = events.len(), "job events not delivered; will retry");
-                let mut back = events;
-                back.append(&mut inner.state.outbox);
-                inner.state.outbox = back;
-            }
-        }
-        Ok(())
-    }
-}
-
-/// The newest scan's rows of a `time,account,project,bytes,files` file, with each account's
-/// total under project `None`. Lines that do not parse are skipped (the file is billing's to
-/// validate).
-pub fn latest_scan(text: &str) -> Vec<(AccountId, Option<ProjectId>, u64)> {
-    let rows: Vec<(i64, AccountId, Option<ProjectId>, u64)> = text
-        .lines()
-        .skip(1)
-        .filter_map(|line| {
-            let cells: Vec<&str> = line.split(',').collect();
-            let time = cells.first()?.trim().parse().ok()?;
-            let account = AccountId::new(cells.get(1)?.trim()).ok()?;
-            let project = match cells.get(2)?.trim() {
-                "" => None,
-                p => Some(ProjectId::new(p).ok()?),
-            };
-            let bytes = cells.get(3)?.trim().parse().ok()?;
-            Some((time, account, project, bytes))
-        })
-        .collect();
-    let Some(newest) = rows.iter().map(|r| r.0).max() else {
-        return Vec::new();
-    };
-    let mut totals: BTreeMap<AccountId, u64> = BTreeMap::new();
-    let mut out = Vec::new();
-    for (_, account, project, bytes) in rows.into_iter().filter(|r| r.0 == newest) {
-        *totals.entry(account.clone()).or_default() += bytes;
-        if project.is_some() {
-            out.push((account, project, bytes));
-        }
-    }
-    out.extend(totals.into_iter().map(|(a, b)| (a, None, b)));
-    out
-}
-
-/// An event as the aggregator's API takes it: absent fields left out.
-pub fn event_json(ev: &JobEvent) -> serde_json::Value {
-    let mut v = serde_json::to_value(ev).unwrap_or_default();
-    if let Some(obj) = v.as_object_mut() {
-        obj.retain(|_, value| !value.is_null());
-    }
-    v
 }
 
 fn event(info: &JobInfo, now: UnixSeconds, kind: JobEventKind) -> JobEvent {
@@ -909,157 +615,4 @@ fn event(info: &JobInfo, now: UnixSeconds, kind: JobEventKind) -> JobEvent {
         info.request.project.clone(),
         kind,
     )
-}
-
-impl Inner {
-    /// Marks a job done and queues its `finished` event.
-    fn finish_record(
-        &mut self,
-        id: &JobId,
-        now: UnixSeconds,
-        state: JobState,
-        exit_code: Option<i32>,
-    ) -> Option<JobInfo> {
-        let job = self.state.jobs.get_mut(id)?;
-        job.state = state;
-        job.end_s = Some(now);
-        job.exit_code = exit_code;
-        job.reason = None;
-        job.estimated_start_s = None;
-        job.stopping = None;
-        let info = job.clone();
-        let mut ev = event(&info, now, JobEventKind::Finished);
-        ev.outcome = Some(match state {
-            JobState::Completed => Outcome::Completed,
-            JobState::Cancelled => Outcome::Cancelled,
-            JobState::Timeout => Outcome::Timeout,
-            _ => Outcome::Failed,
-        });
-        ev.exit_code = exit_code;
-        self.state.outbox.push(ev);
-        self.dirty = true;
-        Some(info)
-    }
-
-    /// Signals a running job to stop (cancel or time limit); SIGKILL follows at the deadline.
-    fn stop(&mut self, id: &JobId, now: UnixSeconds, grace_s: u64, why: JobState) {
-        let signal = self
-            .state
-            .jobs
-            .get(id)
-            .and_then(|j| signal_named(j.request.checkpoint_signal.as_deref()).ok())
-            .unwrap_or(Signal::SIGTERM);
-        let _ = self.executor.signal(id, signal);
-        if let Some(job) = self.state.jobs.get_mut(id) {
-            job.stopping = Some(why);
-            job.signal_s = Some(now);
-            job.kill_s = Some(now + grace_s as i64);
-        }
-        self.dirty = true;
-    }
-
-    fn reap(&mut self, now: UnixSeconds) {
-        for (id, status) in self.executor.reap() {
-            let Some(info) = self.state.jobs.get(&id).cloned() else {
-                continue;
-            };
-            let code = match status {
-                ExitStatus::Code(c) => Some(c),
-                ExitStatus::Killed => Some(137),
-            };
-            if info.state == JobState::Preempting && info.stopping.is_none() {
-                self.sched.requeue(&id, now);
-                if let Some(job) = self.state.jobs.get_mut(&id) {
-                    job.state = JobState::Pending;
-                    job.preemptions += 1;
-                    job.pid = None;
-                    job.allocation = None;
-                    job.preempted_by = None;
-                    job.signal_s = None;
-                    job.kill_s = None;
-                    job.exit_code = code;
-                }
-                let mut ev = event(&info, now, JobEventKind::Preempted);
-                ev.exit_code = code;
-                self.state.outbox.push(ev);
-                tracing::info!(job = %id, exit_code = ?code, "preempted job exited and is requeued");
-                self.dirty = true;
-                continue;
-            }
-            self.sched.finish(&id, now);
-            let state = match (info.stopping, status) {
-                (Some(why), _) => why,
-                (None, ExitStatus::Code(0)) => JobState::Completed,
-                _ => JobState::Failed,
-            };
-            tracing::info!(job = %id, exit_code = ?code, state = ?state, "job ended");
-            self.finish_record(&id, now, state, code);
-        }
-    }
-
-    /// SIGKILL for jobs past their grace; the time-limit signal for jobs past their limit.
-    fn deadlines(&mut self, now: UnixSeconds) {
-        let due: Vec<(JobId, bool)> = self
-            .state
-            .jobs
-            .values()
-            .filter(|j| matches!(j.state, JobState::Running | JobState::Preempting))
-            .filter_map(|j| {
-                if j.kill_s.is_some_and(|k| now >= k) {
-                    return Some((j.id.clone(), true));
-                }
-                let limit_end = j.start_s? + j.request.time_limit.as_secs() as i64;
-                (j.stopping.is_none() && j.kill_s.is_none() && now >= limit_end)
-                    .then(|| (j.id.clone(), false))
-            })
-            .collect();
-        for (id, kill) in due {
-            if kill {
-                let _ = self.executor.signal(&id, Signal::SIGKILL);
-            } else {
-                tracing::info!(job = %id, "time limit reached");
-                // Slurm's KillWait: a short grace, then SIGKILL.
-                self.stop(&id, now, 30, JobState::Timeout);
-            }
-        }
-    }
-
-    fn refresh_pending(&mut self) {
-        for p in self.sched.pending() {
-            if let Some(job) = self.state.jobs.get_mut(&p.spec.id) {
-                let reason = Some(p.reason.to_string());
-                if job.reason != reason || job.estimated_start_s != p.estimated_start_s {
-                    job.reason = reason;
-                    job.estimated_start_s = p.estimated_start_s;
-                }
-            }
-        }
-    }
-
-    /// dcgm-exporter's HPC job mapping, per node: `job-mapping/<node>/<gpu>` holds
-    /// `job_id account [project]` for each busy GPU.
-    fn write_job_mapping(&self, dir: &Path) -> Result<()> {
-        let root = dir.join("job-mapping");
-        let io = |path: &Path| {
-            let path = path.to_owned();
-            move |source| Error::Io { path, source }
-        };
-        let _ = std::fs::remove_dir_all(&root);
-        for r in self.sched.running() {
-            let alloc = self.sched.cluster().to_allocation(&r.placement);
-            for ng in &alloc.0 {
-                let node_dir = root.join(ng.node.as_str());
-                std::fs::create_dir_all(&node_dir).map_err(io(&node_dir))?;
-                for g in &ng.gpus {
-                    let line = match &r.spec.project {
-                        Some(p) => format!("{} {} {p}\n", r.spec.id, r.spec.account),
-                        None => format!("{} {}\n", r.spec.id, r.spec.account),
-                    };
-                    let file = node_dir.join(g.to_string());
-                    std::fs::write(&file, line).map_err(io(&file))?;
-                }
-            }
-        }
-        Ok(())
-    }
 }

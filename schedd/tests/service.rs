@@ -213,7 +213,9 @@ fn the_newest_storage_scan_gives_account_totals_and_projects() {
     let text = "time,account,project,bytes,files\n\
                 100,team-a,pretrain,5,1\n100,team-a,,7,1\n\
                 200,team-a,pretrain,11,1\n200,team-a,eval,2,1\n200,team-b,,3,1\n";
-    let mut rows: Vec<(String, Option<String>, u64)> = gpuledger_schedd::latest_scan(text)
+    use gpuledger_model::storage_scan::{latest_scan, parse_scans};
+    let lines = parse_scans(text, "scans.csv").unwrap();
+    let mut rows: Vec<(String, Option<String>, u64)> = latest_scan(&lines)
         .into_iter()
         .map(|(a, p, b)| (a.to_string(), p.map(|p| p.to_string()), b))
         .collect();
@@ -286,4 +288,90 @@ async fn an_elastic_job_is_told_of_its_new_gpus() {
         state(s, &e).is_done() && state(s, &other).is_done()
     });
     assert_eq!(state(&s, &e), JobState::Cancelled);
+}
+
+/// A usage feed and an events sink held in memory, in place of the aggregator (shared with
+/// the test through [`Shared`]).
+#[derive(Debug, Default)]
+struct FakeAggregator {
+    feed: std::sync::Mutex<gpuledger_model::usage::UsageFeed>,
+    posted: std::sync::Mutex<Vec<(u64, Vec<gpuledger_model::job::JobEvent>)>>,
+    down: std::sync::atomic::AtomicBool,
+}
+
+#[derive(Debug)]
+struct Shared(Arc<FakeAggregator>);
+
+impl gpuledger_schedd::aggregator::AggregatorLink for Shared {
+    fn usage(&self) -> Result<gpuledger_model::usage::UsageFeed, String> {
+        if self.0.down.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err("connection refused".into());
+        }
+        Ok(self.0.feed.lock().unwrap().clone())
+    }
+    fn post_events(
+        &self,
+        seq: u64,
+        events: &[gpuledger_model::job::JobEvent],
+    ) -> Result<(), String> {
+        if self.0.down.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err("connection refused".into());
+        }
+        self.0.posted.lock().unwrap().push((seq, events.to_vec()));
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_share_follows_the_usage_feed_and_events_go_out_once_it_is_back() {
+    use gpuledger_model::usage::AccountUsage;
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let fake = Arc::new(FakeAggregator::default());
+    fake.feed.lock().unwrap().accounts.insert(
+        "team-a".into(),
+        AccountUsage {
+            decayed_gpu_hours: 500.0,
+            ..AccountUsage::default()
+        },
+    );
+    fake.down.store(true, std::sync::atomic::Ordering::SeqCst);
+    let s = Arc::try_unwrap(open(dir.path(), Arc::clone(&clock))).unwrap();
+    let s = Arc::new(s.with_aggregator(Box::new(Shared(Arc::clone(&fake)))));
+    let (status, body) = call(
+        &s,
+        "POST",
+        "/api/v1/jobs",
+        Some(json!({"command": "sleep 0.2", "account": "team-b", "gpus": 1, "time_limit": "1h"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    s.tick().unwrap();
+    // The feed is away: no figures yet, and the submission's events wait in the outbox.
+    let share = |s: &Service, a: &str| s.share().into_iter().find(|r| r.account == a).unwrap();
+    assert_eq!(share(&s, "team-a").decayed_gpu_hours, 0.0);
+    assert!(fake.posted.lock().unwrap().is_empty());
+
+    fake.down.store(false, std::sync::atomic::Ordering::SeqCst);
+    clock.advance_ms(61_000);
+    s.tick().unwrap();
+    let (a, b) = (share(&s, "team-a"), share(&s, "team-b"));
+    assert!((a.decayed_gpu_hours - 500.0).abs() < 1e-6, "{a:?}");
+    assert!(
+        a.fair_share < b.fair_share,
+        "the heavy user ranks lower: {a:?} {b:?}"
+    );
+    let posted = fake.posted.lock().unwrap().clone();
+    let kinds: Vec<_> = posted
+        .iter()
+        .flat_map(|(_, e)| e.iter().map(|e| e.kind))
+        .collect();
+    assert!(
+        kinds.contains(&gpuledger_model::job::JobEventKind::Submitted),
+        "{posted:?}"
+    );
+    let seqs: Vec<u64> = posted.iter().map(|(seq, _)| *seq).collect();
+    let mut sorted = seqs.clone();
+    sorted.dedup();
+    assert_eq!(seqs, sorted, "each batch once, in order");
 }

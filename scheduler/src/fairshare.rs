@@ -17,11 +17,7 @@ pub struct FairShareParams {
 
 impl FairShareParams {
     fn decay(&self, elapsed_s: i64) -> f64 {
-        if elapsed_s <= 0 {
-            1.0
-        } else {
-            (-(elapsed_s as f64) / self.half_life_s).exp2()
-        }
+        gpuledger_model::usage::decay_factor(elapsed_s as f64, self.half_life_s)
     }
 }
 

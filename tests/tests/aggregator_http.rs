@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use gpuledger_aggregator::http::{LOW_SEQ_HEADER, NODE_HEADER, SEQ_HEADER};
+use gpuledger_model::wire::{LOW_SEQ_HEADER, NODE_HEADER, SEQ_HEADER};
 use serde_json::{json, Value};
 
 use common::{api, ipc, T0};
@@ -306,7 +306,7 @@ async fn a_node_minutes_off_is_moved_onto_the_aggregators_clock_and_hours_off_is
             .header(NODE_HEADER, "node001")
             .header(SEQ_HEADER, seq.to_string())
             .header(
-                gpuledger_aggregator::http::SENT_AT_HEADER,
+                gpuledger_model::wire::SENT_AT_HEADER,
                 (now + node_clock_ahead_ms).to_string(),
             )
             .body(Body::from(body))

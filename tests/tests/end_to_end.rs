@@ -5,10 +5,10 @@
 use std::collections::BTreeMap;
 
 use anyhow::Result;
-use gpuledger::pipeline::{self, DemoSpec, Quiet};
 use gpuledger_model::config::parse_toml;
 use gpuledger_model::ClusterConfig;
 use gpuledger_scheduler::SchedulerOptions;
+use gpuledger_sim::demo::{self as pipeline, DemoSpec, Quiet};
 use gpuledger_tests::{small_cluster_toml, SMALL_DAY_TOML};
 
 fn run_small(dir: &std::path::Path, policy: &str) -> Result<pipeline::RunOutput> {
@@ -16,8 +16,10 @@ fn run_small(dir: &std::path::Path, policy: &str) -> Result<pipeline::RunOutput>
     let spec: DemoSpec = parse_toml(SMALL_DAY_TOML, "small-day.toml")?;
     let options = SchedulerOptions::parse(policy).expect("known policy");
     // The seed price book: time-of-use bands, idle capacity on the platform's invoice.
-    let prices = gpuledger::defaults::load_price_book(None)?;
-    pipeline::run(&config, &spec, options, &prices, dir, &Quiet)
+    let prices = gpuledger_sim::seed::load_price_book(None)?;
+    Ok(pipeline::run(
+        &config, &spec, options, &prices, dir, &Quiet,
+    )?)
 }
 
 #[test]

@@ -1,10 +1,10 @@
 //! The example files parse, and every kind of config mistake names its field and line.
 
 use anyhow::Result;
-use gpuledger::defaults::{SEED_CLUSTER_TOML, SEED_DEMO_TOML};
-use gpuledger::pipeline::DemoSpec;
 use gpuledger_model::config::parse_toml;
 use gpuledger_model::{ClusterConfig, ConfigError};
+use gpuledger_sim::demo::DemoSpec;
+use gpuledger_sim::seed::{SEED_CLUSTER_TOML, SEED_DEMO_TOML};
 
 #[test]
 fn seed_cluster_is_the_seeds() -> Result<()> {
@@ -28,7 +28,7 @@ fn seed_cluster_is_the_seeds() -> Result<()> {
 #[test]
 fn seed_price_book_prices_every_model_of_the_seed_cluster() -> Result<()> {
     use gpuledger_billing::{BillingModel, PriceBook};
-    let book = PriceBook::from_toml_str(gpuledger::defaults::SEED_PRICES_TOML, "seed-prices.toml")?;
+    let book = PriceBook::from_toml_str(gpuledger_sim::seed::SEED_PRICES_TOML, "seed-prices.toml")?;
     let cluster = ClusterConfig::from_toml_str(SEED_CLUSTER_TOML, "seed-cluster.toml")?;
     let version = book.versions().next().expect("a version");
     for pool in &cluster.node_pools {

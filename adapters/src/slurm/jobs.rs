@@ -504,6 +504,51 @@ impl AccountMap {
             None => (slurm_account.to_owned(), None),
         }
     }
+
+    /// The map as a file: `slurm_account account [project]` per line, each account of
+    /// `accounts` mapped to itself, then every project.
+    pub fn to_text(&self, accounts: &[gpuledger_model::tenant::Account]) -> String {
+        let mut out = String::from(
+            "# slurm_account gpuledger_account [project], from gpuledger import slurm-assoc\n",
+        );
+        for a in accounts {
+            out.push_str(&format!("{} {}\n", a.id, a.id));
+        }
+        for (slurm, (account, project)) in &self.projects {
+            out.push_str(&format!("{slurm} {account} {project}\n"));
+        }
+        out
+    }
+
+    /// Reads a map file (see [`AccountMap::to_text`]); a bad line names `origin` and its number.
+    pub fn parse(text: &str, origin: &str) -> Result<Self> {
+        let mut map = AccountMap::default();
+        for (i, line) in text.lines().enumerate() {
+            let t = line.trim();
+            if t.is_empty() || t.starts_with('#') {
+                continue;
+            }
+            let cells: Vec<&str> = t.split_whitespace().collect();
+            match cells.as_slice() {
+                // An account mapped to itself: what an unmapped name does anyway.
+                [_, _] => {}
+                [slurm, account, project] => {
+                    map.projects.insert(
+                        (*slurm).to_owned(),
+                        ((*account).to_owned(), (*project).to_owned()),
+                    );
+                }
+                _ => {
+                    return Err(LineError {
+                        origin: origin.to_owned(),
+                        line: i + 1,
+                        message: "expected `slurm_account account [project]`".into(),
+                    })
+                }
+            }
+        }
+        Ok(map)
+    }
 }
 
 /// What the tracker has sent for one job.
@@ -857,5 +902,21 @@ JobId=15 JobName=wrap UserId=bob(1001) Account=teamb JobState=PENDING Reason=Res
             (end[0].kind, end[0].time_ms),
             (JobEventKind::Finished, 60_000)
         );
+    }
+
+    #[test]
+    fn an_account_map_reads_back_as_written_and_a_bad_line_is_named() {
+        let mut map = AccountMap::default();
+        map.projects
+            .insert("llm-pretrain".into(), ("team-a".into(), "pretrain".into()));
+        let accounts: Vec<gpuledger_model::tenant::Account> = Vec::new();
+        let text = map.to_text(&accounts);
+        assert_eq!(AccountMap::parse(&text, "map.txt").unwrap(), map);
+        assert_eq!(
+            map.resolve("llm-pretrain"),
+            ("team-a".into(), Some("pretrain".into()))
+        );
+        let err = AccountMap::parse("# c\nteam-b team-b\nx y z w\n", "map.txt").unwrap_err();
+        assert_eq!((err.origin.as_str(), err.line), ("map.txt", 3));
     }
 }

@@ -51,8 +51,8 @@ pub fn batch(node: &str, seq: u64, t0_ms: i64, rows: usize) -> Vec<u8> {
 pub fn push(agent: &ureq::Agent, url: &str, node: &str, seq: u64, body: &[u8]) -> Option<String> {
     let mut response = agent
         .post(format!("{url}/api/v1/ingest"))
-        .header("x-gpuledger-node", node)
-        .header("x-gpuledger-seq", seq.to_string())
+        .header(gpuledger_model::wire::NODE_HEADER, node)
+        .header(gpuledger_model::wire::SEQ_HEADER, seq.to_string())
         .send(body)
         .ok()?;
     let text = response.body_mut().read_to_string().ok()?;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use gpuledger_aggregator::http::{router, Service, NODE_HEADER, SEQ_HEADER};
+use gpuledger_aggregator::http::{router, Service};
 use gpuledger_aggregator::layout::Layout;
 use gpuledger_aggregator::metrics::Metrics;
 use gpuledger_aggregator::query::Query;
@@ -15,6 +15,7 @@ use gpuledger_aggregator::store::{Store, StoreOptions};
 use gpuledger_aggregator::wal::encode_ipc;
 use gpuledger_aggregator::{Ingestor, IngestorConfig};
 use gpuledger_model::time::ManualClock;
+use gpuledger_model::wire::{NODE_HEADER, SEQ_HEADER};
 use gpuledger_model::ClusterConfig;
 use gpuledger_tests::{sample_batch, small_cluster_toml};
 use http_body_util::BodyExt;

@@ -1,30 +1,61 @@
-//! `gpuledger exporter`: the per-node agent. Wires a GPU source, the sampling and push loops
-//! of `gpuledger_exporter::agent`, and `/metrics` over HTTP; on SIGTERM or Ctrl-C it spools what
-//! it collected, tries one last push, and exits (anything unsent stays in the spool).
+//! The exporter daemon: wires a GPU source, the sampling and push loops of [`crate::agent`],
+//! and `/metrics` over HTTP(S); on SIGTERM or Ctrl-C it spools what it collected, tries one last
+//! push, and returns (anything unsent stays in the spool). [`ExporterOptions`] is the one
+//! declaration of its options: the command line parses them, and a `--config` TOML file is
+//! checked against the same declaration ([`expand_config_file`]).
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use gpuledger_exporter::agent::{run_pusher, run_sampler, AgentConfig, Shared};
-use gpuledger_exporter::dcgm::DcgmExporterSource;
-use gpuledger_exporter::exposition::{render, Format, Snapshot};
-use gpuledger_exporter::nvml::NvmlSource;
-use gpuledger_exporter::otlp::{self, OtlpConfig};
-use gpuledger_exporter::spool::Spool;
-use gpuledger_exporter::synthetic::SyntheticSource;
-use gpuledger_exporter::GpuSource;
 use gpuledger_model::time::{Clock, SystemClock};
 use gpuledger_model::GpuModel;
+use gpuledger_service::{announce, ClientTlsArgs, Exposure, HttpLimits, TlsArgs};
 
-use crate::serve::announce;
+use crate::agent::{run_pusher, run_sampler, AgentConfig, Shared};
+use crate::dcgm::DcgmExporterSource;
+use crate::exposition::{render, Format, Snapshot};
+use crate::nvml::NvmlSource;
+use crate::otlp::{self, OtlpConfig};
+use crate::spool::{Spool, SpoolError};
+use crate::synthetic::SyntheticSource;
+use crate::{GpuSource, SourceError};
+
+/// Why the daemon cannot start or run.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}: {1}")]
+    Source(&'static str, #[source] SourceError),
+    #[error("opening the spool {}: {source}", dir.display())]
+    Spool { dir: PathBuf, source: SpoolError },
+    #[error(transparent)]
+    Service(#[from] gpuledger_service::Error),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+    /// A configuration file or option that cannot work; the message names file, line and key.
+    #[error("{0}")]
+    Usage(String),
+}
+
+impl Error {
+    fn io(what: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io {
+            what: what.into(),
+            source,
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Where GPU readings come from.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,9 +69,10 @@ pub enum SourceKind {
     DcgmExporter,
 }
 
-/// Options of `gpuledger exporter`.
+/// Options of the exporter (`gpuledger exporter`, `gpuledger-exporter`). A TOML file given
+/// with `--config` holds the same options ([`expand_config_file`]).
 #[derive(clap::Args, Debug, Clone)]
-pub struct ExporterArgs {
+pub struct ExporterOptions {
     /// A TOML file of these options (keys are the option names with `_`, e.g.
     /// `sample_interval = "1s"`); options given on the command line win over it.
     #[arg(long)]
@@ -103,9 +135,9 @@ pub struct ExporterArgs {
     #[arg(long, env = "GPULEDGER_TOKENS")]
     pub tokens: Option<PathBuf>,
     #[command(flatten)]
-    pub tls: crate::http_server::TlsArgs,
+    pub tls: TlsArgs,
     #[command(flatten)]
-    pub client_tls: crate::ClientTlsArgs,
+    pub client_tls: ClientTlsArgs,
     /// Also export the GPU series over OTLP/HTTP (JSON) to this receiver, e.g.
     /// `http://collector:4318` (`/v1/metrics` is appended).
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
@@ -135,105 +167,13 @@ fn parse_header(text: &str) -> Result<(String, String), String> {
     Ok((key.to_owned(), value.trim().to_owned()))
 }
 
-/// The exporter's TOML file: the command-line options, typed, nothing else.
-#[derive(Debug, Default, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ExporterFile {
-    pub node: Option<String>,
-    pub source: Option<String>,
-    pub gpus: Option<u16>,
-    pub gpu_model: Option<GpuModel>,
-    pub seed: Option<u64>,
-    pub dcgm_url: Option<String>,
-    pub dcgm_project_label: Option<String>,
-    pub sample_interval: Option<String>,
-    pub push_interval: Option<String>,
-    pub aggregator_url: Option<String>,
-    pub aggregator_token_file: Option<PathBuf>,
-    pub spool_dir: Option<PathBuf>,
-    pub spool_max_bytes: Option<u64>,
-    pub job_mapping_dir: Option<PathBuf>,
-    pub scheduler_url: Option<String>,
-    pub listen: Option<SocketAddr>,
-    pub tokens: Option<PathBuf>,
-    pub tls_cert: Option<PathBuf>,
-    pub tls_key: Option<PathBuf>,
-    pub ca_file: Option<PathBuf>,
-    pub otlp_endpoint: Option<String>,
-    pub otlp_interval: Option<String>,
-    pub otlp_header: Option<Vec<String>>,
-}
-
-impl ExporterFile {
-    /// Reads and checks a file; errors name the file, line and key.
-    pub fn load(path: &std::path::Path) -> anyhow::Result<Self> {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let file: ExporterFile =
-            gpuledger_model::config::parse_toml(&text, &path.display().to_string())?;
-        for (key, value) in [
-            ("sample_interval", &file.sample_interval),
-            ("push_interval", &file.push_interval),
-            ("otlp_interval", &file.otlp_interval),
-        ] {
-            if let Some(v) = value {
-                parse_interval(v)
-                    .map_err(|e| anyhow::anyhow!("{}: `{key}`: {e}", path.display()))?;
-            }
-        }
-        Ok(file)
-    }
-
-    /// The file as command-line options, to go before the ones typed.
-    pub fn to_args(&self) -> Vec<String> {
-        let mut out = Vec::new();
-        let mut put = |flag: &str, value: Option<String>| {
-            if let Some(v) = value {
-                out.push(format!("--{flag}"));
-                out.push(v);
-            }
-        };
-        let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
-        put("node", self.node.clone());
-        put("source", self.source.clone());
-        put("gpus", self.gpus.map(|g| g.to_string()));
-        put("gpu-model", self.gpu_model.map(|m| m.key().to_owned()));
-        put("seed", self.seed.map(|s| s.to_string()));
-        put("dcgm-url", self.dcgm_url.clone());
-        put("dcgm-project-label", self.dcgm_project_label.clone());
-        put("sample-interval", self.sample_interval.clone());
-        put("push-interval", self.push_interval.clone());
-        put("aggregator-url", self.aggregator_url.clone());
-        put("aggregator-token-file", path(&self.aggregator_token_file));
-        put("spool-dir", path(&self.spool_dir));
-        put(
-            "spool-max-bytes",
-            self.spool_max_bytes.map(|b| b.to_string()),
-        );
-        put("job-mapping-dir", path(&self.job_mapping_dir));
-        put("scheduler-url", self.scheduler_url.clone());
-        put("listen", self.listen.map(|l| l.to_string()));
-        put("tokens", path(&self.tokens));
-        put("tls-cert", path(&self.tls_cert));
-        put("tls-key", path(&self.tls_key));
-        put("ca-file", path(&self.ca_file));
-        put("otlp-endpoint", self.otlp_endpoint.clone());
-        put("otlp-interval", self.otlp_interval.clone());
-        for header in self.otlp_header.iter().flatten() {
-            put("otlp-header", Some(header.clone()));
-        }
-        out
-    }
-}
-
-/// Expands `gpuledger exporter --config FILE ...` into the file's options followed by the
-/// typed ones (which, parsed later, win). Other command lines pass through unchanged.
-pub fn expand_config_file(args: Vec<String>) -> anyhow::Result<Vec<String>> {
-    let Some(sub) = args.iter().position(|a| a == "exporter") else {
-        return Ok(args);
-    };
+/// Expands `--config FILE` in the exporter's arguments (`args` without the binary name and
+/// subcommand) into the file's options, placed before the typed ones so that those win when
+/// parsed. Each key of the file must be an option of `command` (its long name with `_` for
+/// `-`), and each value must parse as that option's value; errors name the file, line and key.
+pub fn expand_config_file(args: Vec<String>, command: &clap::Command) -> Result<Vec<String>> {
     let mut file = None;
-    for (i, a) in args.iter().enumerate().skip(sub + 1) {
+    for (i, a) in args.iter().enumerate() {
         if a == "--config" {
             file = args.get(i + 1).cloned();
         } else if let Some(v) = a.strip_prefix("--config=") {
@@ -243,11 +183,82 @@ pub fn expand_config_file(args: Vec<String>) -> anyhow::Result<Vec<String>> {
     let Some(file) = file else {
         return Ok(args);
     };
-    let extra = ExporterFile::load(std::path::Path::new(&file))?.to_args();
-    let mut out = args[..=sub].to_vec();
-    out.extend(extra);
-    out.extend_from_slice(&args[sub + 1..]);
+    let mut out = config_file_args(Path::new(&file), command)?;
+    out.extend(args);
     Ok(out)
+}
+
+/// A TOML file of options as command-line arguments.
+pub fn config_file_args(path: &Path, command: &clap::Command) -> Result<Vec<String>> {
+    let origin = path.display().to_string();
+    let text =
+        std::fs::read_to_string(path).map_err(|e| Error::io(format!("reading {origin}"), e))?;
+    let table: toml::Table = gpuledger_model::config::parse_toml(&text, &origin)
+        .map_err(|e| Error::Usage(e.to_string()))?;
+    let mut out = Vec::new();
+    for (key, value) in &table {
+        let at = format!("{origin}:{}", key_line(&text, key));
+        let long = key.replace('_', "-");
+        let arg = command
+            .get_arguments()
+            .find(|a| a.get_long() == Some(long.as_str()) && long != "config")
+            .ok_or_else(|| Error::Usage(format!("{at}: unknown key `{key}`")))?;
+        let values = match value {
+            toml::Value::Array(items) => items.iter().collect(),
+            one => vec![one],
+        };
+        for value in values {
+            let text = match value {
+                toml::Value::String(s) => s.clone(),
+                toml::Value::Integer(_) | toml::Value::Float(_) | toml::Value::Boolean(_) => {
+                    value.to_string()
+                }
+                _ => {
+                    return Err(Error::Usage(format!(
+                        "{at}: `{key}`: expected a string or a number"
+                    )))
+                }
+            };
+            check_value(arg, &text)
+                .map_err(|e| Error::Usage(format!("{at}: `{key}`: {}", clap_message(&e))))?;
+            out.push(format!("--{long}"));
+            out.push(text);
+        }
+    }
+    Ok(out)
+}
+
+/// Parses `value` as the option `arg` would be parsed on the command line (alone: its
+/// relations to other options are checked when the whole command line is).
+fn check_value(arg: &clap::Arg, value: &str) -> Result<(), clap::Error> {
+    let id = arg.get_id().clone();
+    let alone = clap::Arg::new(id.clone())
+        .long(id.clone())
+        .action(clap::ArgAction::Set)
+        .value_parser(arg.get_value_parser().clone());
+    clap::Command::new("config")
+        .no_binary_name(true)
+        .arg(alone)
+        .try_get_matches_from([format!("--{id}"), value.to_owned()])
+        .map(drop)
+}
+
+/// The line a top-level key is set on (1 when it cannot be found).
+fn key_line(text: &str, key: &str) -> usize {
+    text.lines()
+        .position(|l| {
+            l.trim_start()
+                .strip_prefix(key)
+                .is_some_and(|rest| rest.trim_start().starts_with('='))
+        })
+        .map_or(1, |i| i + 1)
+}
+
+/// A value parser's complaint without clap's `error:` prefix and usage lines.
+fn clap_message(error: &clap::Error) -> String {
+    let text = error.to_string();
+    let first = text.lines().next().unwrap_or_default();
+    first.strip_prefix("error: ").unwrap_or(first).to_owned()
 }
 
 /// `250ms`, `1s`, `2m`.
@@ -271,7 +282,7 @@ pub fn parse_interval(text: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-fn open_source(args: &ExporterArgs) -> anyhow::Result<Box<dyn GpuSource>> {
+fn open_source(args: &ExporterOptions) -> Result<Box<dyn GpuSource>> {
     Ok(match args.source {
         SourceKind::Synthetic => Box::new(SyntheticSource::new(
             args.seed,
@@ -279,34 +290,42 @@ fn open_source(args: &ExporterArgs) -> anyhow::Result<Box<dyn GpuSource>> {
             args.gpus,
             args.gpu_model,
         )),
-        SourceKind::Nvml => Box::new(NvmlSource::open().context("opening the NVML source")?),
+        SourceKind::Nvml => {
+            Box::new(NvmlSource::open().map_err(|e| Error::Source("opening the NVML source", e))?)
+        }
         SourceKind::DcgmExporter => Box::new(
             DcgmExporterSource::open_with(&args.dcgm_url, args.dcgm_project_label.as_deref())
-                .context("opening the dcgm-exporter source")?,
+                .map_err(|e| Error::Source("opening the dcgm-exporter source", e))?,
         ),
     })
 }
 
 /// Runs the exporter until SIGTERM or Ctrl-C.
-pub fn run(args: ExporterArgs) -> anyhow::Result<()> {
+pub fn run(args: ExporterOptions) -> Result<()> {
     if args.sample_interval.subsec_nanos() != 0 {
         // Samples carry their interval in whole seconds: that is what is billed.
-        bail!("--sample-interval must be a whole number of seconds (1s, 2s, ...)");
+        return Err(Error::Usage(
+            "--sample-interval must be a whole number of seconds (1s, 2s, ...)".into(),
+        ));
     }
     if args.push_interval < args.sample_interval {
-        bail!("--push-interval must not be shorter than --sample-interval");
+        return Err(Error::Usage(
+            "--push-interval must not be shorter than --sample-interval".into(),
+        ));
     }
     // The exporter's page is open by default, as dcgm-exporter's is (GPU readings and job ids,
     // no usage totals or money); --tokens closes it.
-    let exposure = crate::serve::Exposure {
+    let exposure = Exposure {
         listen: args.listen,
         allow_unauthenticated: true,
     };
-    let guard = crate::serve::guard("exporter", args.tokens.as_deref(), &[], exposure)?;
+    let guard = gpuledger_service::guard("exporter", args.tokens.as_deref(), &[], exposure)?;
     let tls = args.tls.acceptor()?;
     let source = open_source(&args)?;
-    let spool = Spool::open(&args.spool_dir, args.spool_max_bytes)
-        .with_context(|| format!("opening the spool {}", args.spool_dir.display()))?;
+    let spool = Spool::open(&args.spool_dir, args.spool_max_bytes).map_err(|e| Error::Spool {
+        dir: args.spool_dir.clone(),
+        source: e,
+    })?;
     let devices = source.devices().to_vec();
     let snapshot = Snapshot {
         node: args.node.clone(),
@@ -328,7 +347,7 @@ pub fn run(args: ExporterArgs) -> anyhow::Result<()> {
         aggregator_token: args
             .aggregator_token_file
             .as_deref()
-            .map(crate::read_token_file)
+            .map(gpuledger_service::read_token_file)
             .transpose()?,
         max_backoff: Duration::from_secs(30),
         tls: args.client_tls.config()?,
@@ -338,13 +357,15 @@ pub fn run(args: ExporterArgs) -> anyhow::Result<()> {
         let (shared, config, clock) = (Arc::clone(&shared), config.clone(), Arc::clone(&clock));
         std::thread::Builder::new()
             .name("sampler".into())
-            .spawn(move || run_sampler(source, &config, clock.as_ref(), &shared))?
+            .spawn(move || run_sampler(source, &config, clock.as_ref(), &shared))
+            .map_err(|e| Error::io("starting the sampler", e))?
     };
     let pusher = {
         let (shared, config, clock) = (Arc::clone(&shared), config.clone(), Arc::clone(&clock));
         std::thread::Builder::new()
             .name("pusher".into())
-            .spawn(move || run_pusher(&config, clock.as_ref(), &shared))?
+            .spawn(move || run_pusher(&config, clock.as_ref(), &shared))
+            .map_err(|e| Error::io("starting the pusher", e))?
     };
     let otlp = match &args.otlp_endpoint {
         Some(endpoint) => {
@@ -358,14 +379,16 @@ pub fn run(args: ExporterArgs) -> anyhow::Result<()> {
             Some(
                 std::thread::Builder::new()
                     .name("otlp".into())
-                    .spawn(move || otlp::run_exporter(&otlp, clock.as_ref(), &shared))?,
+                    .spawn(move || otlp::run_exporter(&otlp, clock.as_ref(), &shared))
+                    .map_err(|e| Error::io("starting the OTLP export", e))?,
             )
         }
         None => None,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .build()?;
+        .build()
+        .map_err(|e| Error::io("starting the runtime", e))?;
     let metrics = MetricsState {
         shared: Arc::clone(&shared),
         guard: Arc::new(guard),
@@ -392,35 +415,35 @@ async fn serve_metrics(
     listen: SocketAddr,
     state: MetricsState,
     tls: Option<tokio_rustls::TlsAcceptor>,
-) -> anyhow::Result<()> {
+) -> Result<()> {
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .with_state(state);
-    let shutdown = crate::serve::shutdown_signal()?;
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .with_context(|| format!("listening on {listen}"))?;
+    let shutdown = gpuledger_service::shutdown_signal()?;
+    let listener = gpuledger_service::bind(listen).await?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Error::io("the listener's address", e))?;
     announce(&format!(
-        "gpuledger exporter listening on {}://{}",
-        crate::http_server::scheme(tls.as_ref()),
-        listener.local_addr()?
+        "gpuledger exporter listening on {}://{addr}",
+        gpuledger_service::scheme(tls.as_ref()),
     ));
     // Only Prometheus scrapes here: a few connections are plenty.
-    let limits = crate::http_server::HttpLimits {
+    let limits = HttpLimits {
         max_connections: 64,
         ..Default::default()
     };
-    crate::http_server::serve(listener, app, limits, tls, shutdown).await?;
+    gpuledger_service::serve(listener, app, limits, tls, shutdown)
+        .await
+        .map_err(|e| Error::io(format!("serving /metrics on {addr}"), e))?;
     Ok(())
 }
 
 async fn metrics(State(state): State<MetricsState>, headers: HeaderMap) -> Response {
-    let token = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(gpuledger_auth::bearer);
-    if let Err(denied) = state.guard.check(token, gpuledger_auth::Action::Metrics) {
+    let checked = gpuledger_service::bearer_token(&headers)
+        .and_then(|token| state.guard.check(token, gpuledger_auth::Action::Metrics));
+    if let Err(denied) = checked {
         let (status, message) = match denied {
             gpuledger_auth::Denied::Unauthenticated => (
                 StatusCode::UNAUTHORIZED,
@@ -447,24 +470,22 @@ async fn metrics(State(state): State<MetricsState>, headers: HeaderMap) -> Respo
 
 #[cfg(test)]
 mod tests {
-    use super::parse_interval;
-    use std::time::Duration;
+    use super::*;
+    use clap::Args;
+
+    fn command() -> clap::Command {
+        ExporterOptions::augment_args(clap::Command::new("exporter"))
+            .no_binary_name(true)
+            .args_override_self(true)
+    }
 
     #[test]
     fn the_example_config_file_expands_and_flags_win() {
-        use super::expand_config_file;
         let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/exporter.toml");
-        let args: Vec<String> = [
-            "gpuledger",
-            "exporter",
-            "--config",
-            example,
-            "--node",
-            "gpu999",
-        ]
-        .map(String::from)
-        .into();
-        let expanded = expand_config_file(args).unwrap();
+        let args: Vec<String> = ["--config", example, "--node", "gpu999"]
+            .map(String::from)
+            .into();
+        let expanded = expand_config_file(args, &command()).unwrap();
         let node_flags: Vec<&String> = expanded
             .iter()
             .enumerate()
@@ -482,27 +503,40 @@ mod tests {
         assert!(expanded
             .windows(2)
             .any(|w| w[0] == "--otlp-interval" && w[1] == "10s"));
-        use clap::Args;
-        // As main.rs parses: a later option wins over the file's.
-        let command = super::ExporterArgs::augment_args(clap::Command::new("exporter"))
-            .no_binary_name(true)
-            .args_override_self(true);
-        command.try_get_matches_from(&expanded[2..]).unwrap();
+        let matches = command().try_get_matches_from(&expanded).unwrap();
+        let options =
+            <ExporterOptions as clap::FromArgMatches>::from_arg_matches(&matches).unwrap();
+        assert_eq!(options.node, "gpu999");
+        assert_eq!(options.gpus, 8);
+        assert_eq!(options.spool_max_bytes, 1 << 30);
     }
 
     #[test]
     fn a_bad_config_file_names_file_line_and_key() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("exporter.toml");
-        std::fs::write(&path, "node = \"n1\"\nsample_intervall = \"1s\"\n").unwrap();
-        let err = format!("{:#}", super::ExporterFile::load(&path).unwrap_err());
+        let err_of = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            config_file_args(&path, &command()).unwrap_err().to_string()
+        };
+        let err = err_of("node = \"n1\"\nsample_intervall = \"1s\"\n");
         assert!(
             err.contains("exporter.toml:2:") && err.contains("sample_intervall"),
             "{err}"
         );
-        std::fs::write(&path, "push_interval = \"10h\"\n").unwrap();
-        let err = format!("{:#}", super::ExporterFile::load(&path).unwrap_err());
-        assert!(err.contains("push_interval"), "{err}");
+        let err = err_of("node = \"n1\"\n\npush_interval = \"10h\"\n");
+        assert!(err.contains("exporter.toml:3: `push_interval`"), "{err}");
+        let err = err_of("gpus = 70000\n");
+        assert!(err.contains("exporter.toml:1: `gpus`"), "{err}");
+        let err = err_of("source = \"cuda\"\n");
+        assert!(err.contains("`source`") && err.contains("cuda"), "{err}");
+        let err = err_of("node = [\n");
+        assert!(err.contains("exporter.toml:"), "{err}");
+        let headers = {
+            std::fs::write(&path, "otlp_header = [\"a=1\", \"b=2\"]\n").unwrap();
+            config_file_args(&path, &command()).unwrap()
+        };
+        assert_eq!(headers, ["--otlp-header", "a=1", "--otlp-header", "b=2"]);
     }
 
     #[test]

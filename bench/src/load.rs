@@ -20,8 +20,8 @@ use gpuledger_exporter::synthetic::{synthetic_devices, synthetic_reading, Teleme
 use gpuledger_model::sample::SampleBatchBuilder;
 use gpuledger_model::GpuModel;
 
-use crate::bench::{cpu_seconds_of, memory_of, spawn_self, stop};
-use crate::simulate::percentile;
+use crate::process::{cpu_seconds_of, memory_of, spawn_self, stop};
+use gpuledger_model::stats::percentile;
 
 /// How long after its last push's time an exporter keeps retrying before the run fails (an
 /// aggregator that stops acknowledging must fail the benchmark, not hang it).
@@ -168,10 +168,10 @@ fn exporter(
             let sent = Instant::now();
             let outcome = agent
                 .post(url)
-                .header("x-gpuledger-node", &node)
-                .header("x-gpuledger-seq", k.to_string())
+                .header(gpuledger_model::wire::NODE_HEADER, &node)
+                .header(gpuledger_model::wire::SEQ_HEADER, k.to_string())
                 .header(
-                    "x-gpuledger-sent-at",
+                    gpuledger_model::wire::SENT_AT_HEADER,
                     chrono::Utc::now().timestamp_millis().to_string(),
                 )
                 .send(&body[..]);
@@ -353,7 +353,7 @@ fn check_stored(data_dir: &str, expected: u64) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let (rows, distinct) = runtime.block_on(async {
-        let layout = crate::serve::open_layout(data_dir, None, false)?;
+        let layout = gpuledger_aggregator::serve::open_layout(data_dir, None, false)?;
         let query = gpuledger_aggregator::query::Query::open(&layout).await?;
         let count = |sql: &'static str| {
             let query = &query;

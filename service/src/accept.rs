@@ -6,9 +6,9 @@
 //! `--write-stall-timeout` is disconnected. `axum::serve` does none of this: it sets no header
 //! time-out, so a client sending one header byte a minute holds a connection for good.
 //!
-//! With `--tls-cert` and `--tls-key` the loop serves HTTPS (rustls; the files are read again
-//! when they change): the TLS handshake must finish within the header time-out, and the stall
-//! guard sits under TLS, on the socket itself.
+//! Given a [`TlsAcceptor`] (from [`crate::TlsArgs`]) the loop serves HTTPS: the TLS handshake
+//! must finish within the header time-out, and the stall guard sits under TLS, on the socket
+//! itself.
 //!
 //! A request cut off by the request time-out may still complete its work (ingest runs on a
 //! blocking thread that is not cancelled); the client sees 408 and retries, and the aggregator's
@@ -16,7 +16,6 @@
 
 use std::future::Future;
 use std::io;
-use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -72,41 +71,6 @@ impl Default for HttpLimits {
             request_timeout: DurationSpec::from_secs(60),
             write_stall_timeout: DurationSpec::from_secs(30),
         }
-    }
-}
-
-/// HTTPS for a listener, as options of every service command.
-#[derive(clap::Args, Debug, Clone, Default)]
-pub struct TlsArgs {
-    /// Serve HTTPS with this PEM certificate chain (with --tls-key); a renewed file is picked
-    /// up without a restart.
-    #[arg(long, requires = "tls_key")]
-    pub tls_cert: Option<PathBuf>,
-    /// The PEM private key of --tls-cert.
-    #[arg(long, requires = "tls_cert")]
-    pub tls_key: Option<PathBuf>,
-}
-
-impl TlsArgs {
-    /// The acceptor the options ask for: none for plain HTTP.
-    pub fn acceptor(&self) -> anyhow::Result<Option<TlsAcceptor>> {
-        match (&self.tls_cert, &self.tls_key) {
-            (Some(cert), Some(key)) => {
-                let config = gpuledger_auth::tls::server_config(cert, key)?;
-                Ok(Some(TlsAcceptor::from(config)))
-            }
-            (None, None) => Ok(None),
-            _ => anyhow::bail!("--tls-cert and --tls-key go together"),
-        }
-    }
-}
-
-/// The URL scheme a listener serves.
-pub fn scheme(tls: Option<&TlsAcceptor>) -> &'static str {
-    if tls.is_some() {
-        "https"
-    } else {
-        "http"
     }
 }
 
@@ -527,7 +491,7 @@ mod tests {
     }
 
     /// A certificate for `localhost` and 127.0.0.1 in `dir`: (cert, key) paths.
-    fn certificate(dir: &std::path::Path) -> (PathBuf, PathBuf) {
+    fn certificate(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
         let names = vec!["localhost".to_owned(), "127.0.0.1".to_owned()];
         let pair = rcgen::generate_simple_self_signed(names).unwrap();
         let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
@@ -540,7 +504,7 @@ mod tests {
     fn over_tls_a_client_trusting_the_ca_is_served_and_others_are_not() {
         let dir = tempfile::tempdir().unwrap();
         let (cert, key) = certificate(dir.path());
-        let tls = TlsArgs {
+        let tls = crate::TlsArgs {
             tls_cert: Some(cert.clone()),
             tls_key: Some(key),
         };

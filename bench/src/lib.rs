@@ -1,16 +1,21 @@
-//! `gpuledger bench`: measurements that are not tests (docs/benchmarks.md records them).
+//! `gpuledger bench`: measurements that are not tests (docs/benchmarks.md records them). A
+//! harness like the tests, so `anyhow` is its error type, as it is theirs.
 //!
 //! - `ingest`: a real aggregator process on loopback, N node threads pushing pre-encoded
 //!   batches concurrently; samples acknowledged per second and the aggregator's peak RSS.
 //! - `render`: `/metrics` render time of the exporter for a number of GPUs (p50, p99).
 //! - `exporter`: a real exporter process sampling synthetic GPUs every second for a while;
 //!   its CPU time per sample and its resident memory.
-//! - `load` (`bench_load`): a thousand simulated exporters at a steady rate; latency
-//!   percentiles, memory over time, every sample stored once.
+//! - `load` ([`load`]): a thousand simulated exporters at a steady rate; latency
+//!   percentiles, memory over time, every sample stored once;
+//! - `schedule` ([`schedule`]): one scheduling cycle over a long queue;
+//! - [`process`]: the services under measurement as child processes, their CPU and memory.
 
-use std::io::{BufRead, BufReader};
+pub mod load;
+pub mod process;
+pub mod schedule;
+
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,7 +27,9 @@ use gpuledger_exporter::synthetic::{synthetic_devices, synthetic_reading, Teleme
 use gpuledger_model::sample::SampleBatchBuilder;
 use gpuledger_model::GpuModel;
 
-use crate::simulate::percentile;
+use gpuledger_model::stats::percentile;
+
+use crate::process::{cpu_seconds_of, memory_of, spawn, spawn_self, stop, Service};
 
 /// Which measurement.
 #[derive(clap::Subcommand, Debug, Clone)]
@@ -92,7 +99,7 @@ pub enum BenchCommand {
     /// Many simulated exporters pushing to a real aggregator at a steady rate: ingest latency
     /// percentiles, the aggregator's CPU and memory over time, every sample stored once. With
     /// `--seconds 1800`, the soak test.
-    Load(crate::bench_load::LoadArgs),
+    Load(load::LoadArgs),
 }
 
 /// Runs a measurement and prints its figures.
@@ -111,14 +118,11 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
             policies,
         } => {
             let policies: Vec<String> = policies.split(',').map(str::to_owned).collect();
-            print!(
-                "{}",
-                crate::bench_schedule::run(nodes, pending, cycles, &policies)?
-            );
+            print!("{}", schedule::run(nodes, pending, cycles, &policies)?);
             Ok(())
         }
         BenchCommand::Exporter { seconds, gpus } => exporter(seconds, gpus),
-        BenchCommand::Load(args) => crate::bench_load::run(&args),
+        BenchCommand::Load(args) => load::run(&args),
         BenchCommand::Invoice {
             gpus,
             runs,
@@ -140,54 +144,6 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
     }
 }
 
-pub(crate) struct Service {
-    pub(crate) child: Child,
-    pub(crate) url: String,
-}
-
-pub(crate) fn spawn_self(args: &[&str]) -> anyhow::Result<Service> {
-    spawn(&std::env::current_exe()?, args)
-}
-
-fn spawn(binary: &Path, args: &[&str]) -> anyhow::Result<Service> {
-    let mut child = Command::new(binary)
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()?;
-    let stdout = child.stdout.take().context("child stdout")?;
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line)?;
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .with_context(|| format!("no address in {line:?}"))?
-        .to_owned();
-    Ok(Service { child, url })
-}
-
-/// Peak and current resident memory of a process, in bytes (Linux `/proc`).
-pub(crate) fn memory_of(pid: u32) -> Option<(u64, u64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kib = |key: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(key))
-            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-            .map(|k| k * 1024)
-    };
-    Some((kib("VmHWM:")?, kib("VmRSS:")?))
-}
-
-/// User + system CPU seconds of a process (Linux `/proc`).
-pub(crate) fn cpu_seconds_of(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = stat.rsplit_once(')')?.1;
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    Some(ticks as f64 / 100.0)
-}
-
 fn spawn_exporter(alone: Option<&Path>, args: &[&str]) -> anyhow::Result<Service> {
     match alone {
         Some(binary) => spawn(binary, args),
@@ -197,17 +153,6 @@ fn spawn_exporter(alone: Option<&Path>, args: &[&str]) -> anyhow::Result<Service
             spawn_self(&with_sub)
         }
     }
-}
-
-pub(crate) fn stop(mut service: Service) -> anyhow::Result<()> {
-    let status = Command::new("kill")
-        .args(["-TERM", &service.child.id().to_string()])
-        .status()?;
-    if !status.success() {
-        bail!("could not signal pid {}", service.child.id());
-    }
-    service.child.wait()?;
-    Ok(())
 }
 
 fn node_batches(node: &str, batches: u64, rows: usize, t0_ms: i64) -> anyhow::Result<Vec<Vec<u8>>> {
@@ -277,8 +222,8 @@ fn ingest(nodes: usize, batches: u64, rows: usize) -> anyhow::Result<()> {
                 for (seq, body) in batches.iter().enumerate() {
                     let mut r = agent
                         .post(&url)
-                        .header("x-gpuledger-node", &node)
-                        .header("x-gpuledger-seq", seq.to_string())
+                        .header(gpuledger_model::wire::NODE_HEADER, &node)
+                        .header(gpuledger_model::wire::SEQ_HEADER, seq.to_string())
                         .send(&body[..])?;
                     if r.status() != 200 {
                         bail!("{node} batch {seq}: {}", r.body_mut().read_to_string()?);
@@ -332,7 +277,7 @@ fn dir_bytes(dir: &Path) -> u64 {
 }
 
 /// The SQL both engines run.
-pub const REPORT_SQL: &str = include_str!("../../bench/report.sql");
+pub const REPORT_SQL: &str = include_str!("../report.sql");
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -543,17 +488,23 @@ fn invoice_bench(
 ) -> anyhow::Result<()> {
     use gpuledger_billing::render::{focus_csv, invoice_csv, invoice_html, invoice_json};
     use gpuledger_billing::{charge, BillingModel, Period};
-    let book = crate::defaults::load_price_book(None)?;
+    let book = gpuledger_sim::seed::load_price_book(None)?;
     let period = Period::month(month)?;
     let t = Instant::now();
     let input = match data_dir {
         Some(dir) => {
             let layout = gpuledger_aggregator::layout::Layout::new(dir);
             let runtime = tokio::runtime::Builder::new_current_thread().build()?;
-            runtime.block_on(async {
-                let q = gpuledger_aggregator::query::Query::open(&layout).await?;
-                crate::billing_glue::billing_input(&q, &layout, &period, Vec::new()).await
-            })?
+            let q = runtime.block_on(gpuledger_aggregator::query::Query::open(&layout))?;
+            let source = gpuledger_aggregator::billing_source::TablesUsage::new(&q, &runtime);
+            let storage = gpuledger_billing::storage::read_storage_scans(layout.root())?;
+            gpuledger_billing::source::gather(
+                &source,
+                &period,
+                gpuledger_billing::source::Metering::Telemetry,
+                storage,
+                Vec::new(),
+            )?
         }
         None => synthetic_month(gpus, &period),
     };

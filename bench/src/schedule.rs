@@ -11,7 +11,7 @@ use gpuledger_model::rng::SplitMix64;
 use gpuledger_model::{AccountId, ClusterConfig, JobId};
 use gpuledger_scheduler::{JobSpec, Scheduler, SchedulerOptions};
 
-use crate::simulate::percentile;
+use gpuledger_model::stats::percentile;
 
 const ACCOUNTS: usize = 10;
 

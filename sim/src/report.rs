@@ -1,11 +1,11 @@
-//! `gpuledger simulate`: replays a job trace through the scheduler in virtual time and reports
-//! queueing, completion times, utilization and each tenant's share against its fair share.
+//! A trace replay's report (`gpuledger simulate`): the jobs through the scheduler in virtual
+//! time, then queueing, completion times, utilization and each tenant's share against its fair
+//! share, as `jobs.csv`, `report.md` and SVG plots.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use anyhow::Context;
 use chrono::NaiveDate;
 use rust_decimal::Decimal;
 
@@ -17,6 +17,8 @@ use gpuledger_model::{ClusterConfig, Currency, DurationSpec, GpuModel, Quota};
 use gpuledger_scheduler::trace::vc_account;
 use gpuledger_scheduler::{SimJob, SimResult};
 
+use crate::{Error, Result};
+
 /// A cluster of `nodes` x 8 GPUs with one partition and an account per tenant of the trace,
 /// weighted by its VC's nodes (1 where the VC has no row: no guaranteed share). Fair share
 /// counts usage against one day of the whole cluster (`usage_factor_gpu_hours`).
@@ -24,7 +26,7 @@ pub fn trace_cluster(
     nodes: u32,
     jobs: &[SimJob],
     vc_nodes: &BTreeMap<String, u32>,
-) -> anyhow::Result<ClusterConfig> {
+) -> Result<ClusterConfig> {
     let mut weights: BTreeMap<String, u32> = BTreeMap::new();
     for job in jobs {
         let vc = job
@@ -40,14 +42,14 @@ pub fn trace_cluster(
         .into_iter()
         .map(|(vc, weight)| {
             Ok(Account {
-                id: vc_account(&vc)?,
+                id: vc_account(&vc).map_err(|e| Error::Invalid(format!("VC `{vc}`: {e}")))?,
                 name: format!("Philly VC {vc}"),
                 weight,
                 quota: Quota::default(),
                 projects: Vec::new(),
             })
         })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+        .collect::<Result<Vec<_>>>()?;
     let config = ClusterConfig {
         version: gpuledger_model::config::CONFIG_VERSION,
         cluster: ClusterSection {
@@ -76,14 +78,18 @@ pub fn trace_cluster(
         scheduler: SchedulerConfig::default(),
         prices: PriceBookConfig {
             version: "trace".into(),
-            effective_from: NaiveDate::from_ymd_opt(2017, 1, 1).context("date")?,
+            effective_from: NaiveDate::from_ymd_opt(2017, 1, 1).unwrap_or_default(),
             currency: Currency::Usd,
             gpu_hour: [(GpuModel::A100, Decimal::ONE)].into(),
         },
         accounts,
     };
     let errors = config.validate();
-    anyhow::ensure!(errors.is_empty(), "trace cluster is invalid: {errors:?}");
+    if !errors.is_empty() {
+        return Err(Error::Invalid(format!(
+            "trace cluster is invalid: {errors:?}"
+        )));
+    }
     Ok(config)
 }
 
@@ -135,12 +141,8 @@ pub fn wait_stats<'a>(
 }
 
 /// Writes `jobs.csv` (times in seconds since the trace's first submission) and `report.md`.
-pub fn write_outputs(
-    out: &Path,
-    config: &ClusterConfig,
-    result: &SimResult,
-) -> anyhow::Result<String> {
-    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+pub fn write_outputs(out: &Path, config: &ClusterConfig, result: &SimResult) -> Result<String> {
+    std::fs::create_dir_all(out).map_err(Error::io(format!("creating {}", out.display())))?;
     let t0 = result.start_s;
     let refused: std::collections::HashSet<&str> = result
         .refused
@@ -178,7 +180,8 @@ pub fn write_outputs(
         );
     }
     let jobs_path = out.join("jobs.csv");
-    std::fs::write(&jobs_path, csv).with_context(|| format!("writing {}", jobs_path.display()))?;
+    std::fs::write(&jobs_path, csv)
+        .map_err(Error::io(format!("writing {}", jobs_path.display())))?;
 
     let all = wait_stats(result.records.iter(), result.horizon_s);
     let mut md = String::new();
@@ -268,7 +271,7 @@ pub fn write_outputs(
     );
     let report_path = out.join("report.md");
     std::fs::write(&report_path, &md)
-        .with_context(|| format!("writing {}", report_path.display()))?;
+        .map_err(Error::io(format!("writing {}", report_path.display())))?;
     Ok(md)
 }
 
@@ -311,8 +314,8 @@ fn write_charts(
     config: &ClusterConfig,
     result: &SimResult,
     by_account: &BTreeMap<&str, Vec<&gpuledger_scheduler::JobRecord>>,
-) -> anyhow::Result<()> {
-    let util = gpuledger_aggregator::svg::line_chart(
+) -> Result<()> {
+    let util = gpuledger_charts::line_chart(
         &format!(
             "GPUs in use, hourly mean ({}, {} GPUs)",
             result.options.name(),
@@ -339,7 +342,7 @@ fn write_charts(
             )
         })
         .collect();
-    let wait = gpuledger_aggregator::svg::paired_bars(
+    let wait = gpuledger_charts::paired_bars(
         "Queue wait by account (hours)",
         "hours",
         ("mean", "p99"),
@@ -347,7 +350,7 @@ fn write_charts(
     );
     for (name, svg) in [("utilization.svg", util), ("wait-by-account.svg", wait)] {
         let path = out.join(name);
-        std::fs::write(&path, svg).with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(&path, svg).map_err(Error::io(format!("writing {}", path.display())))?;
     }
     Ok(())
 }

@@ -2,7 +2,8 @@
 //! GPU's telemetry is synthesised from what the scheduler placed on it and pushed through the
 //! aggregator's ingest path into Parquet; billing prices the stored usage. Nothing is computed
 //! twice from different sources: the invoice comes from the stored rollups, not from the
-//! scheduler's records, so the end-to-end test can compare the two.
+//! scheduler's records, so the end-to-end test can compare the two. A trace replay's month is
+//! stored and billed the same way ([`store_simulated_month`]).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -10,12 +11,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use serde::Deserialize;
 
+use gpuledger_aggregator::billing_source::TablesUsage;
 use gpuledger_aggregator::query::{AccountIndicators, Query};
 use gpuledger_aggregator::store::{FlushStats, StoreOptions};
 use gpuledger_aggregator::{IngestOutcome, Ingestor, IngestorConfig, Store};
+use gpuledger_billing::invoices::bill_month;
+use gpuledger_billing::source::{gather, Metering};
+use gpuledger_billing::storage::read_storage_scans;
 use gpuledger_billing::{Invoice, Period, PriceBook};
 use gpuledger_exporter::synthetic::{
     synthesize_node, synthetic_devices, Segment, TelemetryProfile,
@@ -26,7 +30,7 @@ use gpuledger_model::ClusterConfig;
 use gpuledger_scheduler::workload::WorkloadSpec;
 use gpuledger_scheduler::{simulate, SchedulerOptions, SimResult};
 
-use crate::billing_glue::{bill_month, billing_input};
+use crate::{Error, Result};
 
 /// A demo month: the workload and how each team uses its GPUs.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -86,7 +90,7 @@ pub fn run(
     prices: &PriceBook,
     data_dir: &Path,
     progress: &dyn Progress,
-) -> anyhow::Result<RunOutput> {
+) -> Result<RunOutput> {
     let mut timings = Vec::new();
     let started = Instant::now();
     let jobs = spec.workload.generate();
@@ -149,7 +153,7 @@ pub fn store_and_bill(
     start_s: i64,
     end_s: i64,
     progress: &dyn Progress,
-) -> anyhow::Result<Stored> {
+) -> Result<Stored> {
     let mut timings = Vec::new();
     let t = Instant::now();
     let store = Arc::new(Store::open(data_dir, StoreOptions::default())?);
@@ -171,18 +175,27 @@ pub fn store_and_bill(
     timings.push(("telemetry + ingest + parquet", t.elapsed()));
 
     let t = Instant::now();
-    let runtime = tokio::runtime::Builder::new_current_thread().build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .map_err(Error::io("starting the query runtime"))?;
     let period = Period::month(month)?;
-    let (input, indicators, measured_utilization) = runtime.block_on(async {
-        let q = Query::open(store.layout()).await?;
-        let (from, to) = (start_s * 1000, end_s * 1000);
-        let input = billing_input(&q, store.layout(), &period, Vec::new()).await?;
+    let q = runtime.block_on(Query::open(store.layout()))?;
+    let storage = read_storage_scans(store.layout().root())?;
+    let input = gather(
+        &TablesUsage::new(&q, &runtime),
+        &period,
+        Metering::Telemetry,
+        storage,
+        Vec::new(),
+    )?;
+    let (from, to) = (start_s * 1000, end_s * 1000);
+    let (indicators, measured_utilization) = runtime.block_on(async {
         let indicators = q.account_indicators(from, to).await?;
         let utilization = q.cluster_utilization(from, to).await?;
-        anyhow::Ok((input, indicators, utilization))
+        Ok::<_, Error>((indicators, utilization))
     })?;
     let billed = bill_month(
-        store.layout(),
+        &store.layout().invoices_dir(&period.name),
         &period,
         &input,
         prices,
@@ -267,7 +280,7 @@ fn ingest_telemetry(
     start_s: i64,
     end_s: i64,
     progress: &dyn Progress,
-) -> anyhow::Result<(u64, u64)> {
+) -> Result<(u64, u64)> {
     let timelines = timelines(config, spec, sim);
     let nodes: Vec<(String, Vec<GpuDevice>)> = config
         .nodes()
@@ -289,10 +302,10 @@ fn ingest_telemetry(
     let workers = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
-    std::thread::scope(|scope| -> anyhow::Result<()> {
+    std::thread::scope(|scope| -> Result<()> {
         let handles: Vec<_> = (0..workers)
             .map(|_| {
-                scope.spawn(|| -> anyhow::Result<()> {
+                scope.spawn(|| -> Result<()> {
                     loop {
                         let day = next_day.fetch_add(1, Ordering::Relaxed);
                         if day >= days {
@@ -310,17 +323,24 @@ fn ingest_telemetry(
                                     from,
                                     to,
                                     spec.sample_interval_s,
-                                )?;
-                                match ingestor
-                                    .ingest_samples(node, hour as u64, &batch)
-                                    .with_context(|| format!("ingesting {node} hour {hour}"))?
-                                {
+                                )
+                                .map_err(|e| {
+                                    Error::Invalid(format!("synthesising {node} hour {hour}: {e}"))
+                                })?;
+                                match ingestor.ingest_samples(node, hour as u64, &batch).map_err(
+                                    |e| {
+                                        Error::from(e)
+                                            .context(format!("ingesting {node} hour {hour}"))
+                                    },
+                                )? {
                                     IngestOutcome::Accepted { rows } => {
                                         samples.fetch_add(rows, Ordering::Relaxed);
                                         batches.fetch_add(1, Ordering::Relaxed);
                                     }
                                     IngestOutcome::Duplicate => {
-                                        anyhow::bail!("node {node} hour {hour} was ingested twice")
+                                        return Err(Error::Invalid(format!(
+                                            "node {node} hour {hour} was ingested twice"
+                                        )))
                                     }
                                 }
                                 progress.advance(1);
@@ -332,7 +352,7 @@ fn ingest_telemetry(
             .collect();
         for h in handles {
             h.join()
-                .map_err(|_| anyhow::anyhow!("a telemetry worker panicked"))??;
+                .map_err(|_| Error::Invalid("a telemetry worker panicked".into()))??;
         }
         Ok(())
     })?;
@@ -341,4 +361,97 @@ fn ingest_telemetry(
         samples.load(Ordering::Relaxed) as u64,
         batches.load(Ordering::Relaxed) as u64,
     ))
+}
+
+/// What a demo writes under its data directory; [`clear_outputs`] removes only these.
+const OUTPUTS: [&str; 6] = ["samples", "rollups", "jobs", "invoices", "wal", "storage"];
+
+/// Empties `dir` of an earlier demo's outputs, and refuses a directory holding anything else
+/// (so `--data-dir ~` cannot remove a home directory's files).
+pub fn clear_outputs(dir: &Path) -> Result<()> {
+    if !dir.exists() {
+        return Ok(());
+    }
+    let entries =
+        std::fs::read_dir(dir).map_err(Error::io(format!("reading {}", dir.display())))?;
+    for entry in entries {
+        let name = entry
+            .map_err(Error::io(format!("reading {}", dir.display())))?
+            .file_name();
+        if !OUTPUTS.contains(&name.to_string_lossy().as_ref()) {
+            return Err(Error::Invalid(format!(
+                "{} holds `{}`, which gpuledger did not write; choose another --data-dir",
+                dir.display(),
+                name.to_string_lossy()
+            )));
+        }
+    }
+    for sub in OUTPUTS {
+        let p = dir.join(sub);
+        if p.exists() {
+            std::fs::remove_dir_all(&p).map_err(Error::io(format!("removing {}", p.display())))?;
+        }
+    }
+    Ok(())
+}
+
+/// What [`store_simulated_month`] stored: the month's figures and what was billed.
+#[derive(Debug)]
+pub struct StoredMonth {
+    pub stored: Stored,
+    /// GPU-seconds the scheduler allocated within the month.
+    pub allocated_gpu_seconds: i64,
+    /// GPU-seconds the month's invoices bill.
+    pub billed_gpu_seconds: i64,
+}
+
+/// Stores a simulated month (`YYYY-MM`) as telemetry and job events in `data_dir` and bills
+/// it: the path `gpuledger simulate --data-dir` takes after a trace replay.
+pub fn store_simulated_month(
+    config: &ClusterConfig,
+    result: &SimResult,
+    data_dir: &Path,
+    month: &str,
+    prices: &PriceBook,
+) -> Result<StoredMonth> {
+    let period = Period::month(month)?;
+    let start = chrono::DateTime::from_timestamp(period.start, 0)
+        .ok_or_else(|| Error::Invalid(format!("month `{month}` starts out of range")))?;
+    let spec = DemoSpec {
+        sample_interval_s: 10,
+        workload: WorkloadSpec {
+            seed: 1,
+            start,
+            days: ((period.end - period.start) / 86_400) as u32,
+            teams: Vec::new(),
+            fixed_jobs: Vec::new(),
+        },
+        telemetry: Vec::new(),
+    };
+    let stored = store_and_bill(
+        config,
+        &spec,
+        result,
+        prices,
+        data_dir,
+        month,
+        period.start,
+        period.end,
+        &Quiet,
+    )?;
+    let billed_gpu_seconds = stored.invoices.iter().map(|i| i.gpu_seconds()).sum();
+    let allocated_gpu_seconds = result
+        .records
+        .iter()
+        .flat_map(|r| &r.runs)
+        .map(|run| {
+            let end = run.end_s.unwrap_or(result.horizon_s).min(period.end);
+            i64::from(run.gpus) * (end - run.start_s.max(period.start)).max(0)
+        })
+        .sum();
+    Ok(StoredMonth {
+        stored,
+        allocated_gpu_seconds,
+        billed_gpu_seconds,
+    })
 }

@@ -1,0 +1,89 @@
+//! What a client is told when a request fails: one type for every route, turned into a status
+//! and a JSON body in one place (`{"error": ..., "errors": [{row, field, message}]}` for
+//! refused batches).
+
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+use crate::validate::RowError;
+use crate::Error;
+
+/// An error as the client sees it.
+#[derive(Debug)]
+pub enum ApiError {
+    /// 400: the request itself is malformed (headers, body encoding, parameters).
+    BadRequest {
+        field: String,
+        message: String,
+    },
+    /// 422: well-formed, but rows are invalid; nothing was stored.
+    Invalid {
+        errors: Vec<RowError>,
+        total: usize,
+    },
+    /// 401: no token where one is needed, or one nobody issued.
+    Unauthenticated(String),
+    /// 403: a valid token whose role may not do this.
+    Forbidden(String),
+    NotFound(String),
+    Unavailable(String),
+    Internal(String),
+}
+
+impl ApiError {
+    pub(crate) fn bad(field: &str, message: impl Into<String>) -> Self {
+        ApiError::BadRequest {
+            field: field.to_owned(),
+            message: message.into(),
+        }
+    }
+}
+
+impl From<Error> for ApiError {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Invalid(errors) => ApiError::Invalid {
+                total: errors.len(),
+                errors,
+            },
+            Error::Unavailable(m) => ApiError::Unavailable(m),
+            other => ApiError::Internal(other.to_string()),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, body) = match self {
+            ApiError::BadRequest { field, message } => (
+                StatusCode::BAD_REQUEST,
+                json!({"error": format!("`{field}`: {message}"), "errors": [{"row": null, "field": field, "message": message}]}),
+            ),
+            ApiError::Invalid { errors, total } => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                json!({
+                    "error": format!("batch refused: {total} bad value(s); nothing was stored"),
+                    "errors": errors,
+                }),
+            ),
+            ApiError::Unauthenticated(m) => {
+                return (
+                    StatusCode::UNAUTHORIZED,
+                    [(header::WWW_AUTHENTICATE, "Bearer realm=\"gpuledger\"")],
+                    Json(json!({"error": m})),
+                )
+                    .into_response()
+            }
+            ApiError::Forbidden(m) => (StatusCode::FORBIDDEN, json!({"error": m})),
+            ApiError::NotFound(m) => (StatusCode::NOT_FOUND, json!({"error": m})),
+            ApiError::Unavailable(m) => (StatusCode::SERVICE_UNAVAILABLE, json!({"error": m})),
+            ApiError::Internal(m) => {
+                tracing::error!(error = %m, "request failed");
+                (StatusCode::INTERNAL_SERVER_ERROR, json!({"error": m}))
+            }
+        };
+        (status, Json(body)).into_response()
+    }
+}

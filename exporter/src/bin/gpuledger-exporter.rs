@@ -1,0 +1,28 @@
+//! `gpuledger-exporter`: the node agent alone, for GPU nodes. The same daemon as
+//! `gpuledger exporter`, in a package that links nothing of the aggregator's query engine, so
+//! its binary and resident memory stay small (docs/benchmarks.md).
+
+use clap::{Args, Parser};
+use gpuledger_exporter::daemon::{self, ExporterOptions};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "gpuledger-exporter",
+    version,
+    args_override_self = true,
+    about = "gpuledger's per-node exporter: GPU telemetry with job and tenant labels"
+)]
+struct Cli {
+    #[command(flatten)]
+    options: ExporterOptions,
+}
+
+fn main() -> anyhow::Result<()> {
+    gpuledger_service::init_logging();
+    let options = ExporterOptions::augment_args(clap::Command::new("gpuledger-exporter"));
+    let typed: Vec<String> = std::env::args().skip(1).collect();
+    let args = daemon::expand_config_file(typed, &options)?;
+    let cli = Cli::parse_from(std::iter::once("gpuledger-exporter".to_owned()).chain(args));
+    daemon::run(cli.options)?;
+    Ok(())
+}

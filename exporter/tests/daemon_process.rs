@@ -1,0 +1,116 @@
+//! The node agent's own binary, `gpuledger-exporter`, as a real process: it takes its options
+//! from a TOML file, samples, serves `/metrics`, and at SIGTERM spools what it holds and exits
+//! cleanly. The exporter with an aggregator is tested in `cli/tests/exporter_process.rs`.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The running exporter; killed when dropped, so a failing test leaves nothing behind.
+struct Exporter {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Exporter {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Starts the binary and reads the address from its "listening on http://..." line.
+fn spawn(args: &[&str]) -> Exporter {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuledger-exporter"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("piped"))
+        .read_line(&mut line)
+        .expect("reads");
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_owned();
+    Exporter { child, url }
+}
+
+fn scrape(url: &str) -> String {
+    ureq::get(format!("{url}/metrics"))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap()
+}
+
+fn metric(page: &str, name: &str) -> Option<f64> {
+    page.lines()
+        .find(|l| l.starts_with(name) && !l.starts_with('#'))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn the_exporter_alone_samples_serves_and_stops_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("exporter.toml");
+    let spool = dir.path().join("spool");
+    std::fs::write(
+        &config,
+        format!(
+            "node = \"gpu042\"\ngpus = 2\nlisten = \"127.0.0.1:0\"\nspool_dir = \"{}\"\n",
+            spool.display()
+        ),
+    )
+    .unwrap();
+    let mut exporter = spawn(&["--config", config.to_str().unwrap()]);
+    let until = Instant::now() + Duration::from_secs(60);
+    let page = loop {
+        let page = scrape(&exporter.url);
+        if metric(&page, "gpuledger_exporter_samples_total").is_some_and(|n| n >= 2.0) {
+            break page;
+        }
+        assert!(Instant::now() < until, "no collection within 60 s:\n{page}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        page.contains("gpuledger_gpu_up{gpu=\"1\",Hostname=\"gpu042\"} 1"),
+        "{page}"
+    );
+    let pid = exporter.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let status = exporter.child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(
+        spool.join("next-seq").exists(),
+        "the last samples were spooled at shutdown"
+    );
+}
+
+#[test]
+fn a_config_file_with_an_unknown_key_is_refused_with_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("exporter.toml");
+    std::fs::write(&config, "node = \"gpu042\"\nspool_dri = \"/tmp/x\"\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuledger-exporter"))
+        .args(["--config", config.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("exporter.toml:2: unknown key `spool_dri`"),
+        "{stderr}"
+    );
+}

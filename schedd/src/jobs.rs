@@ -1,0 +1,158 @@
+//! Jobs on the executor between cycles: reaping those that exited (their outcome and end
+//! event), SIGKILL at grace and time-limit deadlines, stopping one, and the job mapping the
+//! exporters read.
+
+use super::*;
+
+impl Inner {
+    /// Marks a job done and queues its `finished` event.
+    pub(crate) fn finish_record(
+        &mut self,
+        id: &JobId,
+        now: UnixSeconds,
+        state: JobState,
+        exit_code: Option<i32>,
+    ) -> Option<JobInfo> {
+        let job = self.state.jobs.get_mut(id)?;
+        job.state = state;
+        job.end_s = Some(now);
+        job.exit_code = exit_code;
+        job.reason = None;
+        job.estimated_start_s = None;
+        job.stopping = None;
+        let info = job.clone();
+        let mut ev = event(&info, now, JobEventKind::Finished);
+        ev.outcome = Some(match state {
+            JobState::Completed => Outcome::Completed,
+            JobState::Cancelled => Outcome::Cancelled,
+            JobState::Timeout => Outcome::Timeout,
+            _ => Outcome::Failed,
+        });
+        ev.exit_code = exit_code;
+        self.state.outbox.push(ev);
+        self.dirty = true;
+        Some(info)
+    }
+
+    /// Signals a running job to stop (cancel or time limit); SIGKILL follows at the deadline.
+    pub(crate) fn stop(&mut self, id: &JobId, now: UnixSeconds, grace_s: u64, why: JobState) {
+        let signal = self
+            .state
+            .jobs
+            .get(id)
+            .and_then(|j| signal_named(j.request.checkpoint_signal.as_deref()).ok())
+            .unwrap_or(Signal::SIGTERM);
+        let _ = self.executor.signal(id, signal);
+        if let Some(job) = self.state.jobs.get_mut(id) {
+            job.stopping = Some(why);
+            job.signal_s = Some(now);
+            job.kill_s = Some(now + grace_s as i64);
+        }
+        self.dirty = true;
+    }
+
+    pub(crate) fn reap(&mut self, now: UnixSeconds) {
+        for (id, status) in self.executor.reap() {
+            let Some(info) = self.state.jobs.get(&id).cloned() else {
+                continue;
+            };
+            let code = match status {
+                ExitStatus::Code(c) => Some(c),
+                ExitStatus::Killed => Some(137),
+            };
+            if info.state == JobState::Preempting && info.stopping.is_none() {
+                self.sched.requeue(&id, now);
+                if let Some(job) = self.state.jobs.get_mut(&id) {
+                    job.state = JobState::Pending;
+                    job.preemptions += 1;
+                    job.pid = None;
+                    job.allocation = None;
+                    job.preempted_by = None;
+                    job.signal_s = None;
+                    job.kill_s = None;
+                    job.exit_code = code;
+                }
+                let mut ev = event(&info, now, JobEventKind::Preempted);
+                ev.exit_code = code;
+                self.state.outbox.push(ev);
+                tracing::info!(job = %id, exit_code = ?code, "preempted job exited and is requeued");
+                self.dirty = true;
+                continue;
+            }
+            self.sched.finish(&id, now);
+            let state = match (info.stopping, status) {
+                (Some(why), _) => why,
+                (None, ExitStatus::Code(0)) => JobState::Completed,
+                _ => JobState::Failed,
+            };
+            tracing::info!(job = %id, exit_code = ?code, state = ?state, "job ended");
+            self.finish_record(&id, now, state, code);
+        }
+    }
+
+    /// SIGKILL for jobs past their grace; the time-limit signal for jobs past their limit.
+    pub(crate) fn deadlines(&mut self, now: UnixSeconds) {
+        let due: Vec<(JobId, bool)> = self
+            .state
+            .jobs
+            .values()
+            .filter(|j| matches!(j.state, JobState::Running | JobState::Preempting))
+            .filter_map(|j| {
+                if j.kill_s.is_some_and(|k| now >= k) {
+                    return Some((j.id.clone(), true));
+                }
+                let limit_end = j.start_s? + j.request.time_limit.as_secs() as i64;
+                (j.stopping.is_none() && j.kill_s.is_none() && now >= limit_end)
+                    .then(|| (j.id.clone(), false))
+            })
+            .collect();
+        for (id, kill) in due {
+            if kill {
+                let _ = self.executor.signal(&id, Signal::SIGKILL);
+            } else {
+                tracing::info!(job = %id, "time limit reached");
+                // Slurm's KillWait: a short grace, then SIGKILL.
+                self.stop(&id, now, 30, JobState::Timeout);
+            }
+        }
+    }
+
+    pub(crate) fn refresh_pending(&mut self) {
+        for p in self.sched.pending() {
+            if let Some(job) = self.state.jobs.get_mut(&p.spec.id) {
+                let reason = Some(p.reason.to_string());
+                if job.reason != reason || job.estimated_start_s != p.estimated_start_s {
+                    job.reason = reason;
+                    job.estimated_start_s = p.estimated_start_s;
+                }
+            }
+        }
+    }
+
+    /// dcgm-exporter's HPC job mapping, per node: `job-mapping/<node>/<gpu>` holds
+    /// `job_id account [project]` for each busy GPU.
+    pub(crate) fn write_job_mapping(&self, dir: &Path) -> Result<()> {
+        let root = dir.join("job-mapping");
+        let io = |path: &Path| {
+            let path = path.to_owned();
+            move |source| Error::Io { path, source }
+        };
+        let _ = std::fs::remove_dir_all(&root);
+        for r in self.sched.running() {
+            let alloc = self.sched.cluster().to_allocation(&r.placement);
+            for ng in &alloc.0 {
+                let node_dir = root.join(ng.node.as_str());
+                std::fs::create_dir_all(&node_dir).map_err(io(&node_dir))?;
+                for g in &ng.gpus {
+                    let line = match &r.spec.project {
+                        Some(p) => format!("{} {} {p}\n", r.spec.id, r.spec.account),
+                        None => format!("{} {}\n", r.spec.id, r.spec.account),
+                    };
+                    let file = node_dir.join(g.to_string());
+                    std::fs::write(&file, line).map_err(io(&file))?;
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,165 @@
+//! The scheduler service (`gpuledger scheduler serve`): the HTTP API on the shared accept loop,
+//! a scheduling cycle every `--cycle`, and at SIGTERM or Ctrl-C one last cycle that saves the
+//! state. Jobs keep running across a restart: the next start adopts them.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpuledger_model::config::ClusterConfig;
+use gpuledger_model::time::{Clock, SystemClock};
+use gpuledger_model::units::DurationSpecMs;
+use gpuledger_model::DurationSpec;
+use gpuledger_scheduler::SchedulerOptions;
+use gpuledger_service::{announce, AccessArgs, ClientTlsArgs, HttpLimits, TlsArgs};
+
+use crate::executor::LocalExecutor;
+use crate::{http, Error, Result, Service, ServiceConfig};
+
+/// Options of the scheduler service.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ServeOptions {
+    /// Address to listen on (`127.0.0.1:0` picks a free port; the chosen address is printed).
+    #[arg(long, default_value = "127.0.0.1:9500")]
+    pub listen: SocketAddr,
+    #[arg(long, default_value = "./gpuledger-data", env = "GPULEDGER_DATA_DIR")]
+    pub data_dir: PathBuf,
+    /// Cluster config (default: the embedded seed cluster).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// fifo or fairshare, optionally +backfill or +conservative.
+    #[arg(long, default_value = "fairshare+backfill")]
+    pub policy: String,
+    /// The aggregator's URL: job events go there and fair-share usage comes from its feed.
+    /// Without it, the scheduler counts its own allocations.
+    #[arg(long)]
+    pub aggregator: Option<String>,
+    /// A file holding an operator token for the aggregator, when it runs with --tokens.
+    #[arg(long, env = "GPULEDGER_AGGREGATOR_TOKEN_FILE")]
+    pub aggregator_token_file: Option<PathBuf>,
+    /// Time between scheduling cycles.
+    #[arg(long, default_value = "1s")]
+    pub cycle: DurationSpecMs,
+    /// How often the usage feed is read.
+    #[arg(long, default_value = "60s")]
+    pub usage_every: DurationSpec,
+    // With a token file, tenants submit and see their own jobs, nodes read their own GPUs of
+    // the allocation feed, operators do the rest.
+    #[command(flatten)]
+    pub access: AccessArgs,
+    #[command(flatten)]
+    pub limits: HttpLimits,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+    #[command(flatten)]
+    pub client_tls: ClientTlsArgs,
+}
+
+fn invalid(field: &str, message: impl std::fmt::Display) -> Error {
+    Error::Invalid {
+        field: field.into(),
+        message: message.to_string(),
+    }
+}
+
+/// Runs the service under `cluster` until SIGTERM or Ctrl-C.
+pub fn run(options: ServeOptions, cluster: ClusterConfig) -> Result<()> {
+    let guard = options.access.guard("scheduler", options.listen)?;
+    let policy = SchedulerOptions::parse(&options.policy).ok_or_else(|| {
+        invalid(
+            "--policy",
+            format!(
+                "unknown `{}`: fifo or fairshare, optionally +backfill or +conservative",
+                options.policy
+            ),
+        )
+    })?;
+    // Absolute: jobs run in their own directories and write their exit status by this path.
+    let data_dir = std::path::absolute(&options.data_dir).map_err(|source| Error::Io {
+        path: options.data_dir.clone(),
+        source,
+    })?;
+    let dir = data_dir.join("scheduler");
+    let config = ServiceConfig {
+        options: policy,
+        dir: dir.clone(),
+        billing_reservations: Some(data_dir.join("reservations.toml")),
+        aggregator: options
+            .aggregator
+            .as_deref()
+            .map(|u| u.trim_end_matches('/').to_owned()),
+        aggregator_token: options
+            .aggregator_token_file
+            .as_deref()
+            .map(gpuledger_service::read_token_file)
+            .transpose()?,
+        usage_every: Duration::from_secs(options.usage_every.as_secs().max(1)),
+        storage_scans: Some(data_dir.join("storage").join("scans.csv")),
+        tls: options.client_tls.config()?,
+    };
+    let executor = Box::new(LocalExecutor::new(dir.join("jobs")));
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let service = Arc::new(Service::open(cluster, config, executor, clock)?);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|source| Error::Io {
+            path: "the runtime".into(),
+            source,
+        })?;
+    let tls = options.tls.acceptor()?;
+    runtime.block_on(serve(options, service, guard, tls, dir))
+}
+
+async fn serve(
+    options: ServeOptions,
+    service: Arc<Service>,
+    guard: gpuledger_auth::Guard,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    dir: PathBuf,
+) -> Result<()> {
+    let shutdown = gpuledger_service::shutdown_signal()?;
+    let listener = gpuledger_service::bind(options.listen).await?;
+    let addr = listener.local_addr().map_err(|source| Error::Io {
+        path: "the listener".into(),
+        source,
+    })?;
+    // Tests and scripts read this line to find the port.
+    announce(&format!(
+        "gpuledger scheduler listening on {}://{addr} state {}",
+        gpuledger_service::scheme(tls.as_ref()),
+        dir.display()
+    ));
+    let every = options.cycle.0.max(Duration::from_millis(50));
+    let cycles = tokio::spawn(cycle_loop(Arc::clone(&service), every));
+    let app = http::router_with(Arc::clone(&service), guard);
+    let served = gpuledger_service::serve(listener, app, options.limits, tls, shutdown).await;
+    cycles.abort();
+    served.map_err(|source| Error::Io {
+        path: addr.to_string().into(),
+        source,
+    })?;
+    // Jobs keep running: a restarted scheduler adopts them from its state file.
+    let s = Arc::clone(&service);
+    tokio::task::spawn_blocking(move || s.tick())
+        .await
+        .map_err(|e| invalid("shutdown", format!("the last cycle panicked: {e}")))??;
+    announce("gpuledger scheduler stopped; state saved, jobs left running");
+    Ok(())
+}
+
+/// One scheduling cycle every `every`, each on a blocking thread (it runs processes and writes
+/// the state file); a failed cycle is logged and the next one tries again.
+async fn cycle_loop(service: Arc<Service>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tick.tick().await;
+        let s = Arc::clone(&service);
+        match tokio::task::spawn_blocking(move || s.tick()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => tracing::error!(%error, "scheduling cycle failed"),
+            Err(error) => tracing::error!(%error, "scheduling cycle panicked"),
+        }
+    }
+}

@@ -1,0 +1,284 @@
+//! Admission and quotas: a job that could never run is refused at submission with the reason;
+//! a pending job over a running-job, GPU-hour or storage quota is held with Slurm's reason.
+
+use super::*;
+
+impl Scheduler {
+    pub(super) fn admit(&self, spec: &JobSpec) -> Result<u32, Refusal> {
+        if self.running.contains_key(&spec.id) || self.pending_ids.contains(&spec.id) {
+            return Err(Refusal::DuplicateId(spec.id.clone()));
+        }
+        let quota = self
+            .tenants
+            .effective_quota(&spec.account, spec.project.as_ref())
+            .ok_or_else(|| match &spec.project {
+                Some(p) if self.tenants.account(&spec.account).is_some() => {
+                    Refusal::UnknownProject {
+                        account: spec.account.clone(),
+                        project: p.clone(),
+                    }
+                }
+                _ => Refusal::UnknownAccount(spec.account.clone()),
+            })?;
+        let partition_name = spec.partition.as_deref().unwrap_or(&self.default_partition);
+        let partition = self
+            .partitions
+            .get(partition_name)
+            .ok_or_else(|| Refusal::UnknownPartition(partition_name.to_owned()))?;
+        if spec.gpus == 0 {
+            return Err(Refusal::NoGpus);
+        }
+        if let Some(min) = spec.min_gpus {
+            if min == 0 || min > spec.gpus {
+                return Err(Refusal::ElasticRange {
+                    min,
+                    max: spec.gpus,
+                });
+            }
+        }
+        if let Some(limit) = quota.max_gpus_per_job {
+            if spec.gpus > limit {
+                return Err(Refusal::TooManyGpus {
+                    asked: spec.gpus,
+                    limit,
+                });
+            }
+        }
+        let capacity = self
+            .capacity
+            .get(&spec.account)
+            .copied()
+            .unwrap_or_default();
+        if spec.min_size() > capacity {
+            return Err(Refusal::LargerThanCluster {
+                asked: spec.min_size(),
+                capacity,
+            });
+        }
+        if let Some(limit) = quota.max_run_time {
+            if spec.time_limit_s > limit.as_secs() {
+                return Err(Refusal::TimeLimit {
+                    asked_s: spec.time_limit_s,
+                    limit_s: limit.as_secs(),
+                    what: "quota max_run_time",
+                });
+            }
+        }
+        if let Some(limit_s) = partition.max_time_s {
+            if spec.time_limit_s > limit_s {
+                return Err(Refusal::TimeLimit {
+                    asked_s: spec.time_limit_s,
+                    limit_s,
+                    what: "partition max_time",
+                });
+            }
+        }
+        check_gpu_hours_ever_fit(spec, &quota)?;
+        Ok(partition.tier)
+    }
+
+    pub(super) fn limits_for(&self, spec: &JobSpec) -> JobLimits {
+        let account = self.tenants.account(&spec.account);
+        let quota = self
+            .tenants
+            .effective_quota(&spec.account, spec.project.as_ref())
+            .unwrap_or_default();
+        let project_quota = spec.project.as_ref().and_then(|p| {
+            account
+                .and_then(|a| a.projects.iter().find(|q| &q.id == p))
+                .map(|q| &q.quota)
+        });
+        JobLimits {
+            account: self.account_index.get(&spec.account).copied().unwrap_or(0),
+            running_limited: quota.max_running_jobs.is_some()
+                || account.is_some_and(|a| a.quota.max_running_jobs.is_some()),
+            gpu_hours_limited: account.is_some_and(|a| has_gpu_hour_quota(&a.quota))
+                || project_quota.is_some_and(has_gpu_hour_quota),
+            storage_limited: account.is_some_and(|a| a.quota.storage.is_some())
+                || project_quota.is_some_and(|q| q.storage.is_some()),
+            quota_priority: quota.priority.map_or(0.5, |p| f64::from(p) / 100.0),
+        }
+    }
+
+    /// The quota that keeps a job from starting now, if any.
+    pub(super) fn quota_hold(&self, job: &PendingJob, now: UnixSeconds) -> Option<PendingReason> {
+        let spec = &job.spec;
+        if job.limits.running_limited && self.at_job_limit(spec) {
+            return Some(PendingReason::AssocMaxJobsLimit);
+        }
+        if job.limits.storage_limited && self.over_storage_quota(spec) {
+            return Some(PendingReason::AssocGrpStorage);
+        }
+        if !job.limits.gpu_hours_limited {
+            return None;
+        }
+        let account = self.tenants.account(&spec.account)?;
+        let project_quota = spec
+            .project
+            .as_ref()
+            .and_then(|p| account.projects.iter().find(|q| &q.id == p))
+            .map(|p| &p.quota);
+        let scopes = std::iter::once(((spec.account.clone(), None), &account.quota))
+            .chain(project_quota.map(|q| ((spec.account.clone(), spec.project.clone()), q)));
+        for (key, quota) in scopes {
+            if let Some(reason) = self.gpu_hours_hold(spec, &key, quota, now) {
+                return Some(reason);
+            }
+        }
+        None
+    }
+
+    /// Bytes an account (project `None`) or a project keeps, as the last storage scan found.
+    pub fn set_storage_used(
+        &mut self,
+        account: &AccountId,
+        project: Option<&ProjectId>,
+        bytes: u64,
+    ) {
+        self.storage_used
+            .insert((account.clone(), project.cloned()), bytes);
+    }
+
+    pub(super) fn over_storage_quota(&self, spec: &JobSpec) -> bool {
+        let Some(account) = self.tenants.account(&spec.account) else {
+            return false;
+        };
+        let used = |project: Option<&ProjectId>| {
+            self.storage_used
+                .get(&(spec.account.clone(), project.cloned()))
+                .copied()
+                .unwrap_or(0)
+        };
+        if account.quota.storage.is_some_and(|q| used(None) > q.0) {
+            return true;
+        }
+        spec.project.as_ref().is_some_and(|p| {
+            account
+                .projects
+                .iter()
+                .find(|q| &q.id == p)
+                .and_then(|q| q.quota.storage)
+                .is_some_and(|q| used(Some(p)) > q.0)
+        })
+    }
+
+    pub(super) fn gpu_hours_hold(
+        &self,
+        spec: &JobSpec,
+        key: &WindowKey,
+        quota: &Quota,
+        now: UnixSeconds,
+    ) -> Option<PendingReason> {
+        if quota.gpu_hours_per_day.is_none() && quota.gpu_hours_per_week.is_none() {
+            return None;
+        }
+        let today = day_of(now);
+        let day_end = (today + 1) * DAY_S;
+        let gpus = i64::from(spec.min_size());
+        let limit_end = now.saturating_add(spec.time_limit_s as i64);
+        // Running jobs count for what they may still use: up to their time limits.
+        let committed = |until: UnixSeconds| -> i64 {
+            self.running
+                .values()
+                .filter(|r| r.spec.account == key.0 && (key.1.is_none() || r.spec.project == key.1))
+                .map(|r| {
+                    i64::from(r.placement.gpu_count())
+                        * (r.limit_end_s().min(until) - r.accrued_until).max(0)
+                })
+                .sum()
+        };
+        if let Some(limit) = quota.gpu_hours_per_day {
+            let used = self.windows.day(key, today) + committed(day_end);
+            let need = gpus * (limit_end.min(day_end) - now);
+            if used + need > limit as i64 * 3600 {
+                return Some(PendingReason::AssocGrpGpuHoursDay);
+            }
+        }
+        if let Some(limit) = quota.gpu_hours_per_week {
+            // The seven UTC days ending today: what was used, what running jobs may still use
+            // today, and this job's today. Later days are checked as later jobs start.
+            let used = self.windows.week(key, today) + committed(day_end);
+            let need = gpus * (limit_end.min(day_end) - now);
+            if used + need > limit as i64 * 3600 {
+                return Some(PendingReason::AssocGrpGpuHoursWeek);
+            }
+        }
+        None
+    }
+
+    pub(super) fn at_job_limit(&self, spec: &JobSpec) -> bool {
+        let Some(quota) = self
+            .tenants
+            .effective_quota(&spec.account, spec.project.as_ref())
+        else {
+            return true;
+        };
+        let Some(limit) = quota.max_running_jobs else {
+            return false;
+        };
+        let claimed = |project: Option<&ProjectId>| -> u32 {
+            self.claims
+                .iter()
+                .filter(|(id, c)| {
+                    *id != &spec.id
+                        && c.account == spec.account
+                        && (project.is_none() || c.project.as_ref() == project)
+                })
+                .count() as u32
+        };
+        let account_running = self
+            .running_per_account
+            .get(&spec.account)
+            .copied()
+            .unwrap_or(0)
+            + claimed(None);
+        let account_limit = self
+            .tenants
+            .account(&spec.account)
+            .and_then(|a| a.quota.max_running_jobs)
+            .unwrap_or(u32::MAX);
+        let project_running = spec
+            .project
+            .as_ref()
+            .and_then(|p| {
+                self.running_per_project
+                    .get(&(spec.account.clone(), p.clone()))
+            })
+            .copied()
+            .map(|n| n + claimed(spec.project.as_ref()))
+            .unwrap_or(account_running);
+        account_running >= account_limit || project_running >= limit
+    }
+}
+
+pub(super) fn has_gpu_hour_quota(q: &Quota) -> bool {
+    q.gpu_hours_per_day.is_some() || q.gpu_hours_per_week.is_some()
+}
+
+/// A job whose GPU-hours alone pass its quota's window could never start.
+pub(super) fn check_gpu_hours_ever_fit(spec: &JobSpec, quota: &Quota) -> Result<(), Refusal> {
+    let gpus = u64::from(spec.min_size());
+    if let Some(limit) = quota.gpu_hours_per_day {
+        // At most one whole day of a run falls in one UTC day.
+        let asked = gpus * spec.time_limit_s.min(DAY_S as u64);
+        if asked > limit * 3600 {
+            return Err(Refusal::GpuHours {
+                asked: asked.div_ceil(3600),
+                limit,
+                what: "quota gpu_hours_per_day",
+            });
+        }
+    }
+    if let Some(limit) = quota.gpu_hours_per_week {
+        // At most seven days of a run fall in one rolling week.
+        let asked = gpus * spec.time_limit_s.min(7 * DAY_S as u64);
+        if asked > limit * 3600 {
+            return Err(Refusal::GpuHours {
+                asked: asked.div_ceil(3600),
+                limit,
+                what: "quota gpu_hours_per_week",
+            });
+        }
+    }
+    Ok(())
+}

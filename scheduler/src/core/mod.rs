@@ -1,0 +1,799 @@
+//! The scheduling cycle: admission with quota checks, ordering of the queue (FIFO, or Slurm's
+//! multifactor priority with fair share, within priority tiers), node-granular placement,
+//! advance reservations, EASY and conservative backfill, preemption with a checkpoint grace,
+//! and elastic jobs. Pure and synchronous: time is an argument, so the simulator and a live
+//! service run the same code.
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+
+use gpuledger_model::config::{ClusterConfig, FairShareFormula, SchedulerConfig};
+use gpuledger_model::quota::Quota;
+use gpuledger_model::tenant::TenantTree;
+use gpuledger_model::time::UnixSeconds;
+use gpuledger_model::{AccountId, Allocation, JobId, ProjectId};
+
+use crate::cluster::{Cluster, NodeFilter, Placement};
+use crate::fairshare::{slurm_classic_factor, FairShareParams, UsageLedger};
+use crate::plan::Plan;
+use crate::reservation::{AdvanceReservation, ReservationError, ReservationRequest, Reservations};
+use crate::windows::{day_of, UsageWindows, WindowKey, DAY_S};
+
+mod admission;
+mod ordering;
+mod preemption;
+mod types;
+
+use admission::has_gpu_hour_quota;
+use preemption::PreemptionGate;
+pub use types::*;
+
+#[derive(Clone, Debug)]
+struct PartitionInfo {
+    tier: u32,
+    max_time_s: Option<u64>,
+    grace_s: Option<u64>,
+}
+
+/// The scheduler's whole state.
+#[derive(Clone, Debug)]
+pub struct Scheduler {
+    options: SchedulerOptions,
+    knobs: SchedulerConfig,
+    tenants: TenantTree,
+    /// Accounts in a fixed order, so per-cycle figures are vectors, not maps.
+    account_ids: Vec<AccountId>,
+    account_index: HashMap<AccountId, usize>,
+    /// The most GPUs each account's jobs could ever get.
+    capacity: HashMap<AccountId, u32>,
+    max_weight: f64,
+    formula: FairShareFormula,
+    partitions: HashMap<String, PartitionInfo>,
+    default_partition: String,
+    cluster: Cluster,
+    ledger: UsageLedger,
+    windows: UsageWindows,
+    /// Bytes kept per account (project `None`) and project, from storage scans.
+    storage_used: HashMap<WindowKey, u64>,
+    reservations: Reservations,
+    pending: Vec<PendingJob>,
+    pending_ids: HashSet<JobId>,
+    running: BTreeMap<JobId, RunningJob>,
+    running_per_account: HashMap<AccountId, u32>,
+    running_per_project: HashMap<(AccountId, ProjectId), u32>,
+    /// Preemptors waiting for their victims to exit.
+    claims: HashMap<JobId, Claim>,
+    last_cycle_s: UnixSeconds,
+}
+
+/// A preemptor waiting for its victims: it counts as running against its quota meanwhile, so
+/// that its own account's jobs do not take the slot its victims paid for.
+#[derive(Clone, Debug)]
+struct Claim {
+    account: AccountId,
+    project: Option<ProjectId>,
+    victims: Vec<JobId>,
+}
+
+/// Candidate sizes of a job, largest first: its size, or for an elastic job every size from
+/// its maximum down to its minimum (whole nodes above one node).
+fn sizes(spec: &JobSpec, gpus_per_node: u32) -> Vec<u32> {
+    let (min, max) = (spec.min_size(), spec.gpus);
+    if min == max {
+        return vec![max];
+    }
+    let step = if max > gpus_per_node {
+        gpus_per_node.max(1)
+    } else {
+        1
+    };
+    let mut out = vec![max];
+    let mut s = if step > 1 {
+        (max - 1) / step * step
+    } else {
+        max - 1
+    };
+    while s > min {
+        out.push(s);
+        s -= step;
+    }
+    out.push(min);
+    out
+}
+
+impl Scheduler {
+    pub fn new(config: &ClusterConfig, options: SchedulerOptions) -> Self {
+        let partitions = config
+            .partitions
+            .iter()
+            .map(|p| {
+                (
+                    p.name.clone(),
+                    PartitionInfo {
+                        tier: p.priority_tier,
+                        max_time_s: p.max_time.map(|d| d.as_secs()),
+                        grace_s: p.grace_time.map(|d| d.as_secs()),
+                    },
+                )
+            })
+            .collect();
+        let params = FairShareParams {
+            half_life_s: config.fair_share.half_life.as_secs() as f64,
+            factor_gpu_hours: config.fair_share.usage_factor_gpu_hours as f64,
+        };
+        let tenants = config.tenants();
+        let max_weight = tenants
+            .accounts()
+            .map(|a| f64::from(a.weight))
+            .fold(1.0, f64::max);
+        let account_ids: Vec<AccountId> = tenants.accounts().map(|a| a.id.clone()).collect();
+        let account_index = account_ids
+            .iter()
+            .enumerate()
+            .map(|(i, a)| (a.clone(), i))
+            .collect();
+        let cluster = Cluster::new(config.nodes());
+        let capacity = account_ids
+            .iter()
+            .map(|a| (a.clone(), cluster.capacity_for(a)))
+            .collect();
+        Scheduler {
+            options,
+            knobs: config.scheduler.clone(),
+            tenants,
+            account_ids,
+            account_index,
+            capacity,
+            max_weight,
+            formula: config.fair_share.formula,
+            partitions,
+            default_partition: config
+                .default_partition()
+                .map(|p| p.name.clone())
+                .unwrap_or_default(),
+            cluster,
+            ledger: UsageLedger::new(params),
+            windows: UsageWindows::tracking(
+                config
+                    .accounts
+                    .iter()
+                    .filter(|a| {
+                        has_gpu_hour_quota(&a.quota)
+                            || a.projects.iter().any(|p| has_gpu_hour_quota(&p.quota))
+                    })
+                    .map(|a| a.id.clone()),
+            ),
+            storage_used: HashMap::new(),
+            reservations: Reservations::default(),
+            pending: Vec::new(),
+            pending_ids: HashSet::new(),
+            running: BTreeMap::new(),
+            running_per_account: HashMap::new(),
+            running_per_project: HashMap::new(),
+            claims: HashMap::new(),
+            last_cycle_s: 0,
+        }
+    }
+
+    pub fn options(&self) -> SchedulerOptions {
+        self.options
+    }
+
+    pub fn knobs(&self) -> &SchedulerConfig {
+        &self.knobs
+    }
+
+    pub fn tenants(&self) -> &TenantTree {
+        &self.tenants
+    }
+
+    pub fn cluster(&self) -> &Cluster {
+        &self.cluster
+    }
+
+    pub fn pending(&self) -> &[PendingJob] {
+        &self.pending
+    }
+
+    pub fn running(&self) -> impl Iterator<Item = &RunningJob> {
+        self.running.values()
+    }
+
+    pub fn running_job(&self, id: &JobId) -> Option<&RunningJob> {
+        self.running.get(id)
+    }
+
+    pub fn ledger(&self) -> &UsageLedger {
+        &self.ledger
+    }
+
+    pub fn ledger_mut(&mut self) -> &mut UsageLedger {
+        &mut self.ledger
+    }
+
+    pub fn reservations(&self) -> &Reservations {
+        &self.reservations
+    }
+
+    /// The tier of a partition (the default one for `None`).
+    pub fn tier_of(&self, partition: Option<&str>) -> Option<u32> {
+        self.partitions
+            .get(partition.unwrap_or(&self.default_partition))
+            .map(|p| p.tier)
+    }
+
+    /// Admits a job to the queue, or refuses it if it could never run as asked.
+    pub fn submit(&mut self, spec: JobSpec) -> Result<(), Refusal> {
+        self.submit_with_history(spec, 0)
+    }
+
+    /// Admits a job that was already preempted `preemptions` times (a restart reading its
+    /// queue back).
+    pub fn submit_with_history(&mut self, spec: JobSpec, preemptions: u32) -> Result<(), Refusal> {
+        let tier = self.admit(&spec)?;
+        let limits = self.limits_for(&spec);
+        self.pending_ids.insert(spec.id.clone());
+        self.pending.push(PendingJob {
+            spec,
+            tier,
+            priority: 0.0,
+            reason: PendingReason::None,
+            estimated_start_s: None,
+            preemptions,
+            has_preempted: false,
+            limits: JobLimits::default(),
+        });
+        if let Some(job) = self.pending.last_mut() {
+            job.limits = limits;
+        }
+        Ok(())
+    }
+
+    /// Puts back a job that was running before a restart, on the GPUs it held. Refused when
+    /// the job is unknown to the config or its GPUs are taken.
+    pub fn restore_running(
+        &mut self,
+        spec: JobSpec,
+        start_s: UnixSeconds,
+        allocation: &Allocation,
+        preemptions: u32,
+        last_checkpoint_s: Option<UnixSeconds>,
+        preempting: Option<Preempting>,
+    ) -> Result<(), Refusal> {
+        let tier = self.admit(&spec)?;
+        let placement = self
+            .cluster
+            .from_allocation(allocation)
+            .filter(|p| self.cluster.is_free(p) && p.gpu_count() >= spec.min_size())
+            .ok_or_else(|| Refusal::DuplicateId(spec.id.clone()))?;
+        let limits = self.limits_for(&spec);
+        let pending = PendingJob {
+            spec,
+            tier,
+            priority: 0.0,
+            reason: PendingReason::None,
+            estimated_start_s: None,
+            preemptions,
+            has_preempted: false,
+            limits,
+        };
+        self.start(&pending, placement, start_s, false);
+        if let Some(job) = self.running.get_mut(&pending.spec.id) {
+            job.last_checkpoint_s = last_checkpoint_s;
+            job.preempting = preempting;
+        }
+        Ok(())
+    }
+
+    /// Removes a pending job (cancelled before it started).
+    pub fn cancel_pending(&mut self, id: &JobId) -> Option<JobSpec> {
+        let pos = self.pending.iter().position(|p| &p.spec.id == id)?;
+        self.claims.remove(id);
+        self.pending_ids.remove(id);
+        Some(self.pending.remove(pos).spec)
+    }
+
+    /// Records a checkpoint a running job reported: preempting it now loses less.
+    pub fn checkpointed(&mut self, id: &JobId, at: UnixSeconds) -> bool {
+        match self.running.get_mut(id) {
+            Some(job) => {
+                job.last_checkpoint_s = Some(at);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Adds an advance reservation, choosing its nodes when it asks for a count.
+    pub fn add_reservation(
+        &mut self,
+        req: ReservationRequest,
+    ) -> Result<AdvanceReservation, ReservationError> {
+        let running = &self.running;
+        let tenants = &self.tenants;
+        self.reservations
+            .add(
+                req,
+                &self.cluster,
+                |a| tenants.account(a).is_some(),
+                |node| {
+                    running
+                        .values()
+                        .filter(|j| j.placement.0.iter().any(|s| s.node == node))
+                        .map(|j| (j.limit_end_s(), j.spec.id.to_string()))
+                        .max()
+                },
+            )
+            .cloned()
+    }
+
+    pub fn remove_reservation(&mut self, name: &str) -> Option<AdvanceReservation> {
+        self.reservations.remove(name)
+    }
+
+    /// Charges running jobs' GPU-seconds up to `now` to their accounts' decayed usage and to
+    /// the daily quota windows. The simulator calls this; a live service replaces the decayed
+    /// usage with the aggregator's feed.
+    pub fn accrue_usage(&mut self, now: UnixSeconds) {
+        for job in self.running.values_mut() {
+            accrue(&mut self.ledger, &mut self.windows, job, now);
+        }
+        self.windows.prune(day_of(now));
+    }
+
+    /// A running job ended for good (finished, failed, killed at its limit, cancelled).
+    pub fn finish(&mut self, id: &JobId, now: UnixSeconds) -> Option<RunningJob> {
+        let mut job = self.running.remove(id)?;
+        accrue(&mut self.ledger, &mut self.windows, &mut job, now);
+        self.cluster.release(&job.placement);
+        decrement(&mut self.running_per_account, &job.spec.account);
+        if let Some(p) = &job.spec.project {
+            decrement(
+                &mut self.running_per_project,
+                &(job.spec.account.clone(), p.clone()),
+            );
+        }
+        Some(job)
+    }
+
+    /// A preempted job has exited: its GPUs are free and it waits in the queue again.
+    pub fn requeue(&mut self, id: &JobId, now: UnixSeconds) -> bool {
+        let Some(job) = self.finish(id, now) else {
+            return false;
+        };
+        let limits = self.limits_for(&job.spec);
+        self.pending_ids.insert(job.spec.id.clone());
+        self.pending.push(PendingJob {
+            spec: job.spec,
+            tier: job.tier,
+            priority: 0.0,
+            reason: PendingReason::None,
+            estimated_start_s: None,
+            preemptions: job.preemptions + 1,
+            has_preempted: false,
+            limits,
+        });
+        true
+    }
+
+    /// One scheduling cycle at `now`: starts what can start in priority order, preempts for
+    /// higher tiers, plans starts for backfill, grows elastic jobs into GPUs nobody waits for,
+    /// and sets the reason of every job left pending.
+    pub fn schedule(&mut self, now: UnixSeconds) -> Cycle {
+        self.last_cycle_s = now;
+        self.order_pending(now);
+        let depth = match self.options.backfill {
+            Backfill::Off => 0,
+            Backfill::Easy => 1,
+            Backfill::Conservative => self.knobs.backfill_depth.max(1) as usize,
+        };
+        let mut cycle = Cycle::default();
+        let mut plan: Option<Plan> = None;
+        let mut planned = 0usize;
+        let mut blocked = false;
+        // Within a cycle placement only gets harder (jobs start, plans are added), so a job of
+        // an account is hopeless where one no larger and no longer already failed.
+        let mut failures: Vec<Vec<(u32, u64)>> = vec![Vec::new(); self.account_ids.len().max(1)];
+        let mut pending = std::mem::take(&mut self.pending);
+        // A preemptor goes first: its victims' GPUs are freed for it, and a job ahead of it
+        // in the queue planning onto them would make it preempt again, in a loop.
+        if !self.claims.is_empty() {
+            pending.sort_by_key(|j| !self.claims.contains_key(&j.spec.id));
+        }
+        let mut gate = PreemptionGate::of(self.running.values());
+        // Jobs are updated in place and the started ones dropped at the end: the queue can
+        // hold many thousands of jobs and a cycle runs at every event.
+        let mut started_any = false;
+        let mut is_started = vec![false; pending.len()];
+        for (i, job) in pending.iter_mut().enumerate() {
+            if blocked {
+                // Strict order: everything behind the first job that cannot start waits.
+                for rest in pending[i..].iter_mut() {
+                    rest.reason = PendingReason::Priority;
+                    rest.estimated_start_s = None;
+                }
+                break;
+            }
+            job.estimated_start_s = None;
+            if let Some(reason) = self.quota_hold(job, now) {
+                job.reason = reason;
+                continue;
+            }
+            let (min, limit) = (job.spec.min_size(), job.spec.time_limit_s);
+            let hopeless = failures[job.limits.account]
+                .iter()
+                .any(|(g, l)| min >= *g && limit >= *l);
+            let draining = self.claim_draining(&job.spec.id);
+            if !draining {
+                // Its victims are gone: it goes first this cycle (sorted above), and if it
+                // still cannot start the claim lapses rather than hold a quota slot for ever.
+                self.claims.remove(&job.spec.id);
+            }
+            if !hopeless && !draining {
+                if let Some(p) = self.place_now(&job.spec, now, plan.as_ref()) {
+                    let backfilled = plan.as_ref().is_some_and(Plan::has_holds);
+                    let started = self.start(job, p, now, backfilled);
+                    self.note_start(started, now, &mut plan, &mut gate, &mut cycle);
+                    is_started[i] = true;
+                    started_any = true;
+                    continue;
+                }
+                if self.knobs.preemption && !job.has_preempted && gate.may_help(job.tier) {
+                    let window = match plan.as_ref() {
+                        Some(p) => p.window_now(&self.cluster, limit).into_owned(),
+                        None => self.cluster.clone(),
+                    };
+                    if let Some(p) = self.preempt_for(job, now, window, &mut cycle, &mut plan) {
+                        let started = self.start(job, p, now, false);
+                        self.note_start(started, now, &mut plan, &mut gate, &mut cycle);
+                        is_started[i] = true;
+                        started_any = true;
+                        continue;
+                    }
+                    job.has_preempted = self.claims.contains_key(&job.spec.id);
+                }
+            }
+            let entry = &mut failures[job.limits.account];
+            if !entry.iter().any(|(g, l)| min >= *g && limit >= *l) {
+                entry.push((min, limit));
+            }
+            job.reason = self.blocked_reason(&job.spec, planned == 0);
+            let must_plan = self.claims.contains_key(&job.spec.id);
+            if planned < depth || must_plan {
+                let plan = plan.get_or_insert_with(|| self.build_plan(now));
+                if let Some((t, p)) = self.plan_earliest(plan, &job.spec) {
+                    job.estimated_start_s = Some(t);
+                    plan.hold(t, t.saturating_add(limit as i64), p, &self.cluster);
+                    planned += 1;
+                }
+            }
+            if depth == 0 {
+                blocked = true;
+            }
+        }
+        if started_any {
+            let mut k = 0;
+            pending.retain(|_| {
+                k += 1;
+                !is_started[k - 1]
+            });
+        }
+        self.pending = pending;
+        if !self.pending.iter().any(|p| p.reason.waits_for_gpus()) {
+            self.grow_elastic(now, &mut cycle);
+        }
+        cycle
+    }
+
+    /// A job started in this cycle: the plan and the preemption gate learn of it, and the
+    /// cycle reports it.
+    fn note_start(
+        &self,
+        started: Started,
+        now: UnixSeconds,
+        plan: &mut Option<Plan>,
+        gate: &mut PreemptionGate,
+        cycle: &mut Cycle,
+    ) {
+        let running = &self.running[&started.job_id];
+        gate.add(running);
+        if let Some(plan) = plan.as_mut() {
+            plan.started(
+                started.job_id.clone(),
+                running.limit_end_s().max(now),
+                running.placement.clone(),
+            );
+        }
+        cycle.started.push(started);
+    }
+
+    /// The reason of a job that could not start: the reservation when one is what keeps it
+    /// off GPUs it could otherwise use; otherwise `Resources` for the first in line.
+    fn blocked_reason(&self, spec: &JobSpec, first: bool) -> PendingReason {
+        if !self.reservations.is_empty() {
+            let unreserved = sizes(spec, self.cluster.gpus_per_node_max())
+                .into_iter()
+                .any(|g| {
+                    self.cluster
+                        .find(g, &spec.account, &NodeFilter::none())
+                        .is_some()
+                });
+            if unreserved {
+                return PendingReason::ReqNodeNotAvail;
+            }
+        }
+        if first {
+            PendingReason::Resources
+        } else {
+            PendingReason::Priority
+        }
+    }
+
+    fn filter_for(&self, spec: &JobSpec, start: UnixSeconds, end: UnixSeconds) -> NodeFilter {
+        if self.reservations.is_empty() {
+            NodeFilter::none()
+        } else {
+            self.reservations
+                .filter(&self.cluster, &spec.account, start, end)
+        }
+    }
+
+    /// Where the job could start now without delaying any planned start: its largest size
+    /// that fits.
+    fn place_now(
+        &self,
+        spec: &JobSpec,
+        now: UnixSeconds,
+        plan: Option<&Plan>,
+    ) -> Option<Placement> {
+        let limit = spec.time_limit_s;
+        let filter = self.filter_for(spec, now, now.saturating_add(limit as i64));
+        let window = match plan {
+            Some(p) => p.window_now(&self.cluster, limit),
+            None => Cow::Borrowed(&self.cluster),
+        };
+        let candidates = sizes(spec, self.cluster.gpus_per_node_max());
+        if !self.reservations.is_empty() {
+            let end = now.saturating_add(limit as i64);
+            if let Some(reserved) =
+                self.reservations
+                    .usable_reserved(&self.cluster, &spec.account, now, end)
+            {
+                if let Some(p) = candidates
+                    .iter()
+                    .find_map(|g| window.find(*g, &spec.account, &reserved))
+                {
+                    return Some(p);
+                }
+            }
+        }
+        candidates
+            .into_iter()
+            .find_map(|g| window.find(g, &spec.account, &filter))
+    }
+
+    fn build_plan(&self, now: UnixSeconds) -> Plan {
+        Plan::new(
+            now,
+            self.running
+                .values()
+                .map(|j| (j.release_s(now), j.spec.id.clone(), j.placement.clone()))
+                .collect(),
+            self.reservations.boundaries(),
+        )
+    }
+
+    fn plan_earliest(&self, plan: &Plan, spec: &JobSpec) -> Option<(UnixSeconds, Placement)> {
+        let (min, limit) = (spec.min_size(), spec.time_limit_s);
+        plan.earliest(&self.cluster, min, limit, |cluster, t| {
+            let filter = self.filter_for(spec, t, t.saturating_add(limit as i64));
+            cluster.find(min, &spec.account, &filter)
+        })
+    }
+
+    fn start(
+        &mut self,
+        job: &PendingJob,
+        placement: Placement,
+        now: UnixSeconds,
+        backfilled: bool,
+    ) -> Started {
+        self.claims.remove(&job.spec.id);
+        self.pending_ids.remove(&job.spec.id);
+        self.cluster.take(&placement);
+        let allocation = self.cluster.to_allocation(&placement);
+        *self
+            .running_per_account
+            .entry(job.spec.account.clone())
+            .or_default() += 1;
+        if let Some(p) = &job.spec.project {
+            *self
+                .running_per_project
+                .entry((job.spec.account.clone(), p.clone()))
+                .or_default() += 1;
+        }
+        let started = Started {
+            job_id: job.spec.id.clone(),
+            allocation,
+            gpus: placement.gpu_count(),
+            backfilled,
+        };
+        self.running.insert(
+            job.spec.id.clone(),
+            RunningJob {
+                spec: job.spec.clone(),
+                tier: job.tier,
+                start_s: now,
+                placement,
+                last_checkpoint_s: None,
+                preempting: None,
+                preemptions: job.preemptions,
+                backfilled,
+                accrued_until: now,
+            },
+        );
+        started
+    }
+
+    /// Elastic jobs below their maximum take free GPUs nobody waits for.
+    fn grow_elastic(&mut self, now: UnixSeconds, cycle: &mut Cycle) {
+        let growable: Vec<JobId> = self
+            .running
+            .values()
+            .filter(|r| {
+                r.spec.is_elastic()
+                    && r.preempting.is_none()
+                    && r.placement.gpu_count() < r.spec.gpus
+            })
+            .map(|r| r.spec.id.clone())
+            .collect();
+        for id in growable {
+            if self.cluster.free_gpus() == 0 {
+                break;
+            }
+            let Some(r) = self.running.get(&id) else {
+                continue;
+            };
+            let filter = self.filter_for(&r.spec, r.start_s, r.limit_end_s());
+            let more = r.spec.gpus - r.placement.gpu_count();
+            let Some(extra) =
+                self.cluster
+                    .find_growth(&r.placement, more, &r.spec.account, &filter)
+            else {
+                continue;
+            };
+            self.cluster.take(&extra);
+            let Some(r) = self.running.get_mut(&id) else {
+                continue;
+            };
+            accrue(&mut self.ledger, &mut self.windows, r, now);
+            r.placement.extend(&extra);
+            cycle.resized.push(Resized {
+                job_id: id,
+                allocation: self.cluster.to_allocation(&r.placement),
+                gpus: r.placement.gpu_count(),
+            });
+        }
+    }
+
+    /// Checks the scheduler's invariants; tests call it after every step: no GPU held twice,
+    /// every job within its size, quotas of running jobs and GPU-hours kept, reservations
+    /// honoured.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut rebuilt = self.cluster.empty_like();
+        for job in self.running.values() {
+            if !rebuilt.is_free(&job.placement) {
+                return Err(format!(
+                    "job {} holds a GPU that another job holds",
+                    job.spec.id
+                ));
+            }
+            let n = job.placement.gpu_count();
+            if n < job.spec.min_size() || n > job.spec.gpus {
+                return Err(format!(
+                    "job {} holds {n} GPUs, asked {}..={}",
+                    job.spec.id,
+                    job.spec.min_size(),
+                    job.spec.gpus
+                ));
+            }
+            rebuilt.take(&job.placement);
+            for r in self.reservations.iter() {
+                let on_reserved = job.placement.0.iter().any(|s| r.nodes.contains(&s.node));
+                if on_reserved && !r.admits(&job.spec.account, job.start_s, job.limit_end_s()) {
+                    return Err(format!(
+                        "job {} of {} runs on nodes of reservation {} in its window",
+                        job.spec.id, job.spec.account, r.name
+                    ));
+                }
+            }
+        }
+        if rebuilt.free_gpus() != self.cluster.free_gpus() || !rebuilt.same_free(&self.cluster) {
+            return Err(format!(
+                "free GPUs {} do not match running jobs (expected {})",
+                self.cluster.free_gpus(),
+                rebuilt.free_gpus()
+            ));
+        }
+        for account in self.tenants.accounts() {
+            let n = self
+                .running_per_account
+                .get(&account.id)
+                .copied()
+                .unwrap_or(0);
+            let actual = self
+                .running
+                .values()
+                .filter(|j| j.spec.account == account.id)
+                .count() as u32;
+            if n != actual {
+                return Err(format!(
+                    "account {} counted {n} running jobs, has {actual}",
+                    account.id
+                ));
+            }
+            if account.quota.max_running_jobs.is_some_and(|l| n > l) {
+                return Err(format!(
+                    "account {} runs {n} jobs, over its quota",
+                    account.id
+                ));
+            }
+            let today = day_of(self.last_cycle_s);
+            let key = (account.id.clone(), None);
+            if let Some(limit) = account.quota.gpu_hours_per_day {
+                let used = self.windows.day(&key, today);
+                if used > limit as i64 * 3600 {
+                    return Err(format!(
+                        "account {} used {used} GPU-seconds today, over its {limit} GPU-hours",
+                        account.id
+                    ));
+                }
+            }
+            for project in &account.projects {
+                let running = self
+                    .running
+                    .values()
+                    .filter(|j| {
+                        j.spec.account == account.id && j.spec.project.as_ref() == Some(&project.id)
+                    })
+                    .count() as u32;
+                if project.quota.max_running_jobs.is_some_and(|l| running > l) {
+                    return Err(format!(
+                        "project {}/{} runs {running} jobs, over its quota",
+                        account.id, project.id
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn accrue(
+    ledger: &mut UsageLedger,
+    windows: &mut UsageWindows,
+    job: &mut RunningJob,
+    now: UnixSeconds,
+) {
+    let secs = now - job.accrued_until;
+    if secs <= 0 {
+        return;
+    }
+    let gpus = job.placement.gpu_count();
+    ledger.record(&job.spec.account, f64::from(gpus) * secs as f64, now);
+    windows.record(
+        &job.spec.account,
+        job.spec.project.as_ref(),
+        gpus,
+        job.accrued_until,
+        now,
+    );
+    job.accrued_until = now;
+}
+
+fn decrement<K: std::hash::Hash + Eq>(map: &mut HashMap<K, u32>, key: &K) {
+    if let Some(n) = map.get_mut(key) {
+        *n = n.saturating_sub(1);
+    }
+}

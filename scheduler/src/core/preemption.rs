@@ -1,0 +1,247 @@
+//! Preemption: which running jobs of lower tiers (or elastic jobs above their minimum) make
+//! room for a waiting job, their checkpoint grace, and the preemptor's claim on what they free.
+
+use super::*;
+
+impl Scheduler {
+    /// True while a preemptor waits for victims that have not exited yet.
+    pub(super) fn claim_draining(&self, id: &JobId) -> bool {
+        let Some(claim) = self.claims.get(id) else {
+            return false;
+        };
+        let still_exiting = claim.victims.iter().any(|v| {
+            self.running
+                .get(v)
+                .and_then(|r| r.preempting.as_ref())
+                .is_some_and(|p| &p.by == id)
+        });
+        still_exiting
+    }
+
+    pub(super) fn grace_s(&self, job: &RunningJob) -> u64 {
+        job.spec
+            .grace_s
+            .or_else(|| {
+                self.partitions
+                    .get(
+                        job.spec
+                            .partition
+                            .as_deref()
+                            .unwrap_or(&self.default_partition),
+                    )
+                    .and_then(|p| p.grace_s)
+            })
+            .unwrap_or(self.knobs.default_grace.as_secs())
+    }
+
+    /// Frees GPUs for `job` from lower tiers when it cannot start otherwise. Elastic jobs above
+    /// their minimum shrink first (they lose nothing, and a job of the same tier may take back
+    /// what an elastic job borrowed); then whole jobs of a lower tier that have run at least
+    /// `min_run_time`, those that would lose the least work first; then the set is pruned so no
+    /// more is freed than needed. Returns a placement when the job can start now (only shrinks
+    /// were needed); otherwise the victims are signalled and the job waits for them.
+    pub(super) fn preempt_for(
+        &mut self,
+        job: &PendingJob,
+        now: UnixSeconds,
+        mut trial: Cluster,
+        cycle: &mut Cycle,
+        plan: &mut Option<Plan>,
+    ) -> Option<Placement> {
+        struct Candidate {
+            id: JobId,
+            frees: Placement,
+            shrink_to: Option<u32>,
+            cost: i64,
+            tier: u32,
+            start_s: UnixSeconds,
+        }
+        let min_run = self.knobs.min_run_time.as_secs() as i64;
+        let mut candidates: Vec<Candidate> = self
+            .running
+            .values()
+            .filter(|r| r.preempting.is_none())
+            .filter_map(|r| {
+                let count = r.placement.gpu_count();
+                if r.spec.is_elastic() && count > r.spec.min_size() && r.tier <= job.tier {
+                    let mut kept = r.placement.clone();
+                    let frees = kept.shrink_to(r.spec.min_size());
+                    return Some(Candidate {
+                        id: r.spec.id.clone(),
+                        frees,
+                        shrink_to: Some(r.spec.min_size()),
+                        cost: 0,
+                        tier: r.tier,
+                        start_s: r.start_s,
+                    });
+                }
+                (r.tier < job.tier && now - r.start_s >= min_run).then(|| Candidate {
+                    id: r.spec.id.clone(),
+                    frees: r.placement.clone(),
+                    shrink_to: None,
+                    cost: i64::from(count) * r.work_at_risk_s(now),
+                    tier: r.tier,
+                    start_s: r.start_s,
+                })
+            })
+            .collect();
+        if candidates.is_empty() {
+            return None;
+        }
+        candidates.sort_by(|a, b| {
+            (a.cost, a.tier, std::cmp::Reverse(a.start_s), &a.id).cmp(&(
+                b.cost,
+                b.tier,
+                std::cmp::Reverse(b.start_s),
+                &b.id,
+            ))
+        });
+        let (min, limit) = (job.spec.min_size(), job.spec.time_limit_s);
+        let filter = self.filter_for(&job.spec, now, now.saturating_add(limit as i64));
+        let fits = |c: &Cluster| c.find(min, &job.spec.account, &filter).is_some();
+        let mut chosen: Vec<Candidate> = Vec::new();
+        for c in candidates {
+            release_into(&mut trial, &c.frees);
+            chosen.push(c);
+            if fits(&trial) {
+                break;
+            }
+        }
+        if !fits(&trial) {
+            return None;
+        }
+        // Prune: give back, most costly first, every victim the job can do without.
+        let mut i = chosen.len();
+        while i > 0 {
+            i -= 1;
+            trial.hold(&chosen[i].frees);
+            if fits(&trial) {
+                chosen.remove(i);
+            } else {
+                release_into(&mut trial, &chosen[i].frees);
+            }
+        }
+        // Shrink elastic jobs no further than needed: the largest size that still lets the job
+        // fit.
+        for c in chosen.iter_mut() {
+            let (Some(min_keep), Some(r)) = (c.shrink_to, self.running.get(&c.id)) else {
+                continue;
+            };
+            trial.hold(&c.frees);
+            let count = r.placement.gpu_count();
+            let step = if count > self.cluster.gpus_per_node_max() {
+                self.cluster.gpus_per_node_max().max(1)
+            } else {
+                1
+            };
+            let mut keep = count.saturating_sub(step).max(min_keep);
+            loop {
+                let mut kept = r.placement.clone();
+                let frees = kept.shrink_to(keep);
+                release_into(&mut trial, &frees);
+                if fits(&trial) || keep == min_keep {
+                    c.frees = frees;
+                    c.shrink_to = Some(keep);
+                    break;
+                }
+                trial.hold(&frees);
+                keep = keep.saturating_sub(step).max(min_keep);
+            }
+        }
+        let mut victims = Vec::new();
+        for c in chosen {
+            let grace = self
+                .running
+                .get(&c.id)
+                .map(|r| self.grace_s(r))
+                .unwrap_or(0);
+            let Some(r) = self.running.get_mut(&c.id) else {
+                continue;
+            };
+            match c.shrink_to {
+                Some(keep) => {
+                    let freed = r.placement.shrink_to(keep);
+                    accrue(&mut self.ledger, &mut self.windows, r, now);
+                    self.cluster.release(&freed);
+                    cycle.resized.push(Resized {
+                        job_id: c.id.clone(),
+                        allocation: self.cluster.to_allocation(&r.placement),
+                        gpus: r.placement.gpu_count(),
+                    });
+                    if let Some(plan) = plan.as_mut() {
+                        plan.released_at(&c.id, r.release_s(now), r.placement.clone());
+                    }
+                }
+                None => {
+                    let kill_s = now + grace as i64;
+                    r.preempting = Some(Preempting {
+                        by: job.spec.id.clone(),
+                        signal_s: now,
+                        kill_s,
+                    });
+                    cycle.preempted.push(Preemption {
+                        job_id: c.id.clone(),
+                        by: job.spec.id.clone(),
+                        kill_s,
+                    });
+                    if let Some(plan) = plan.as_mut() {
+                        plan.released_at(&c.id, kill_s, r.placement.clone());
+                    }
+                    victims.push(c.id);
+                }
+            }
+        }
+        if victims.is_empty() {
+            return self.place_now(&job.spec, now, plan.as_ref());
+        }
+        self.claims.insert(
+            job.spec.id.clone(),
+            Claim {
+                account: job.spec.account.clone(),
+                project: job.spec.project.clone(),
+                victims,
+            },
+        );
+        None
+    }
+}
+
+/// Whether preemption could free anything for a job of a given tier: only when a lower tier
+/// runs, or an elastic job of no higher tier is above its minimum. Checked before the search,
+/// which looks at every running job.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct PreemptionGate {
+    lowest_tier: Option<u32>,
+    lowest_shrinkable_tier: Option<u32>,
+}
+
+impl PreemptionGate {
+    pub(super) fn of<'a>(running: impl Iterator<Item = &'a RunningJob>) -> Self {
+        let mut gate = PreemptionGate::default();
+        for job in running {
+            gate.add(job);
+        }
+        gate
+    }
+
+    pub(super) fn add(&mut self, job: &RunningJob) {
+        self.lowest_tier = Some(self.lowest_tier.map_or(job.tier, |t| t.min(job.tier)));
+        if job.spec.is_elastic() && job.placement.gpu_count() > job.spec.min_size() {
+            self.lowest_shrinkable_tier = Some(
+                self.lowest_shrinkable_tier
+                    .map_or(job.tier, |t| t.min(job.tier)),
+            );
+        }
+    }
+
+    pub(super) fn may_help(&self, tier: u32) -> bool {
+        self.lowest_tier.is_some_and(|t| t < tier)
+            || self.lowest_shrinkable_tier.is_some_and(|t| t <= tier)
+    }
+}
+
+/// Frees GPUs in a trial copy, where some may already be free.
+pub(super) fn release_into(trial: &mut Cluster, placement: &Placement) {
+    trial.hold(placement);
+    trial.release(placement);
+}

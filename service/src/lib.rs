@@ -1,0 +1,76 @@
+//! What every gpuledger HTTP service (the aggregator, the scheduler, the exporter's `/metrics`)
+//! runs on, so that each has the same limits, the same TLS and the same door:
+//!
+//! - [`accept`]: the accept loop, with a connection limit, header, request and write-stall
+//!   time-outs, over plain TCP or TLS;
+//! - [`tls`]: the listener's certificate and what a client trusts, as command options;
+//! - [`door`]: who gets in, i.e. protected mode (no tokens only on loopback), the bearer token of a
+//!   request, the token file a client reads;
+//! - [`signals`]: SIGTERM and SIGINT as a future or a flag;
+//! - [`announce`]: the line on stdout that says a service is listening (scripts and tests
+//!   read the port from it).
+//!
+//! The services own their routes and policies; this crate owns none.
+
+pub mod accept;
+pub mod door;
+pub mod signals;
+pub mod tls;
+
+pub use accept::{serve, HttpLimits};
+pub use door::{bearer_token, denied_message, guard, read_token_file, AccessArgs, Exposure};
+pub use signals::{shutdown_signal, stop_flag};
+pub use tls::{scheme, ClientTlsArgs, TlsArgs};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Auth(#[from] gpuledger_auth::Error),
+    #[error(transparent)]
+    Tls(#[from] gpuledger_auth::tls::Error),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+    /// A setting that cannot work, with what to do instead.
+    #[error("{0}")]
+    Usage(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub fn io(what: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io {
+            what: what.into(),
+            source,
+        }
+    }
+}
+
+/// A line on stdout for whoever started the service; a closed stdout is not an error for a
+/// daemon (a supervisor may have stopped reading), so failures are ignored.
+pub fn announce(line: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
+}
+
+/// Logs to stderr, filtered by `GPULEDGER_LOG` (default `warn`); every binary calls it.
+pub fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("GPULEDGER_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// Binds `addr`, naming it when that fails.
+pub async fn bind(addr: std::net::SocketAddr) -> Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| Error::io(format!("listening on {addr}"), e))
+}
