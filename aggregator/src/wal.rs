@@ -4,8 +4,13 @@
 //! then deletes those segments. Recovery replays the segments after the checkpoint.
 //!
 //! A record is `[len u32][crc32 u32][payload]`, little-endian; the payload is
-//! `[kind u8][seq u64][source len u16][source][Arrow IPC stream]`. A torn record at the end of
-//! the last segment (a crash mid-write, never acknowledged) is cut off on recovery.
+//! `[kind u8][seq u64][source len u16][source][Arrow IPC stream]`.
+//!
+//! A full disk must not cost an acknowledged record: an append that fails part-way (ENOSPC)
+//! is cut back off the segment before the error is returned, so the next record follows the
+//! last whole one (where the cut itself fails, the log moves on to a new segment). On recovery
+//! a torn tail, of any segment (a crash mid-write, never acknowledged), is set aside under
+//! `torn/` with a report and cut off; it never stops a start.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
@@ -104,6 +109,8 @@ struct Active {
     id: u64,
     file: File,
     written: u64,
+    /// Set when a failed append could not be cut back: nothing more goes into this segment.
+    torn: bool,
 }
 
 /// The log of one aggregator.
@@ -155,8 +162,36 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
 #[derive(Debug, Default)]
 pub struct Recovered {
     pub records: Vec<WalRecord>,
-    /// Bytes of torn records cut off the end of the last segment.
+    /// Bytes of torn records cut off the ends of segments (set aside under `torn/`).
     pub truncated_bytes: u64,
+    /// Each torn tail: the segment, the byte it starts at, and where its bytes were put.
+    pub set_aside: Vec<TornTail>,
+}
+
+/// A torn tail found on recovery and set aside.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TornTail {
+    pub segment: u64,
+    pub offset: u64,
+    pub bytes: u64,
+    /// The copy of its bytes, when it could be written.
+    pub copy: Option<PathBuf>,
+}
+
+/// Copies a torn tail to `dir/torn/` (best effort: the report stands without it).
+fn set_aside(dir: &Path, id: u64, offset: usize, tail: &[u8]) -> Option<PathBuf> {
+    let torn = dir.join("torn");
+    let path = torn.join(format!("{}.{offset}.torn", segment_name(id)));
+    let written = fs::create_dir_all(&torn)
+        .and_then(|()| fs::write(&path, tail))
+        .and_then(|()| File::open(&path)?.sync_all());
+    match written {
+        Ok(()) => Some(path),
+        Err(error) => {
+            tracing::warn!(path = %path.display(), %error, "could not keep a copy of a torn record");
+            None
+        }
+    }
 }
 
 impl Wal {
@@ -182,14 +217,16 @@ impl Wal {
                 .map_err(io_err(&path))?;
             let (records, valid) = parse_segment(&bytes);
             if valid < bytes.len() {
-                if i + 1 != ids.len() {
-                    return Err(Error::Corrupt(format!(
-                        "{}: bad record at byte {valid} in a segment that is not the last",
-                        path.display()
-                    )));
-                }
-                recovered.truncated_bytes = (bytes.len() - valid) as u64;
-                tracing::warn!(path = %path.display(), valid_bytes = valid, cut_bytes = recovered.truncated_bytes, "cutting a torn record off the log");
+                let cut = (bytes.len() - valid) as u64;
+                let copy = set_aside(&dir, id, valid, &bytes[valid..]);
+                tracing::warn!(
+                    path = %path.display(),
+                    last_segment = i + 1 == ids.len(),
+                    valid_bytes = valid,
+                    cut_bytes = cut,
+                    copy = ?copy,
+                    "a torn record set aside and cut off the log"
+                );
                 let f = OpenOptions::new()
                     .write(true)
                     .open(&path)
@@ -197,6 +234,13 @@ impl Wal {
                 f.set_len(valid as u64)
                     .and_then(|()| f.sync_all())
                     .map_err(io_err(&path))?;
+                recovered.truncated_bytes += cut;
+                recovered.set_aside.push(TornTail {
+                    segment: id,
+                    offset: valid as u64,
+                    bytes: cut,
+                    copy,
+                });
             }
             for (kind, source, seq, ipc) in records {
                 recovered.records.push(WalRecord {
@@ -218,6 +262,7 @@ impl Wal {
                 id: next,
                 file,
                 written: 0,
+                torn: false,
             }),
             synced: Mutex::new(0),
         };
@@ -255,10 +300,45 @@ impl Wal {
     pub fn append_ipc(&self, kind: RecordKind, source: &str, seq: u64, ipc: &[u8]) -> Result<u64> {
         let record = encode_record(kind, source, seq, ipc)?;
         let mut active = lock(&self.active);
+        if active.torn {
+            self.move_on(&mut active)?;
+        }
         let path = self.dir.join(segment_name(active.id));
-        active.file.write_all(&record).map_err(io_err(&path))?;
+        if let Err(error) = active.file.write_all(&record) {
+            self.cut_back(&mut active);
+            return Err(io_err(&path)(error));
+        }
         active.written += record.len() as u64;
         Ok(self.position(&active))
+    }
+
+    /// After a failed append: the segment back to its last whole record, so that what is
+    /// appended next (and acknowledged) follows it. Where the cut fails the segment is marked
+    /// torn and the next append starts a new one; recovery sets the tail aside.
+    fn cut_back(&self, active: &mut Active) {
+        let path = self.dir.join(segment_name(active.id));
+        match active.file.set_len(active.written) {
+            Ok(()) => {
+                tracing::warn!(path = %path.display(), at = active.written, "a failed append cut back off the log")
+            }
+            Err(error) => {
+                tracing::error!(path = %path.display(), %error, "a failed append could not be cut back; the next record goes to a new segment");
+                active.torn = true;
+            }
+        }
+    }
+
+    /// Leaves a torn segment for a new one. Its whole records were written before the tear and
+    /// are synced by the next [`Wal::sync`] as usual (`sync` syncs the old file first).
+    fn move_on(&self, active: &mut Active) -> Result<()> {
+        let old = self.dir.join(segment_name(active.id));
+        active.file.sync_data().map_err(io_err(&old))?;
+        let next = active.id + 1;
+        active.file = Self::create_segment(&self.dir, next)?;
+        active.id = next;
+        active.written = 0;
+        active.torn = false;
+        Ok(())
     }
 
     fn position(&self, active: &Active) -> u64 {
@@ -305,6 +385,7 @@ impl Wal {
         active.file = Self::create_segment(&self.dir, next)?;
         active.id = next;
         active.written = 0;
+        active.torn = false;
         *synced = next << 40;
         Ok(closed)
     }
@@ -451,5 +532,107 @@ mod tests {
         let (records, valid) = parse_segment(&bytes);
         assert_eq!(records.len(), 1);
         assert_eq!(valid, payload.len());
+    }
+
+    #[test]
+    fn a_torn_tail_in_a_segment_that_is_not_the_last_is_set_aside_and_the_rest_replays() {
+        let dir = tempfile::tempdir().unwrap();
+        let (wal, _) = Wal::open(dir.path(), None).unwrap();
+        let pos = wal
+            .append(RecordKind::JobEvents, "s", 0, &events_batch(1))
+            .unwrap();
+        wal.sync(pos).unwrap();
+        let closed = wal.rotate().unwrap();
+        let pos = wal
+            .append(RecordKind::JobEvents, "s", 1, &events_batch(1))
+            .unwrap();
+        wal.sync(pos).unwrap();
+        drop(wal);
+        // The older segment ends in half a record.
+        let older = dir.path().join(segment_name(closed));
+        let mut f = OpenOptions::new().append(true).open(&older).unwrap();
+        f.write_all(&[90, 0, 0, 0, 9, 9]).unwrap();
+        drop(f);
+        let (_wal, rec) = Wal::open(dir.path(), None).unwrap();
+        assert_eq!(
+            rec.records.iter().map(|r| r.seq).collect::<Vec<_>>(),
+            vec![0, 1]
+        );
+        assert_eq!(rec.set_aside.len(), 1);
+        let torn = &rec.set_aside[0];
+        assert_eq!((torn.segment, torn.bytes), (closed, 6));
+        let copy = torn.copy.as_ref().expect("a copy of the torn bytes");
+        assert_eq!(fs::read(copy).unwrap(), [90, 0, 0, 0, 9, 9]);
+        assert_eq!(
+            fs::metadata(&older).unwrap().len(),
+            torn.offset,
+            "the segment is cut back to its whole records"
+        );
+    }
+
+    use std::process::Command;
+
+    /// A real tmpfs (mounted for the test; the test command runs as root).
+    struct Tmpfs(tempfile::TempDir);
+
+    impl Tmpfs {
+        fn mount(size: &str) -> Tmpfs {
+            let dir = tempfile::tempdir().unwrap();
+            let out = Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+                .arg(dir.path())
+                .output()
+                .expect("mount");
+            assert!(
+                out.status.success(),
+                "mounting a tmpfs needs root (the test command runs as root): {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            Tmpfs(dir)
+        }
+    }
+
+    impl Drop for Tmpfs {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(self.0.path()).status();
+        }
+    }
+
+    #[test]
+    fn appends_that_hit_a_full_disk_leave_no_partial_record_behind_the_next_ones() {
+        let disk = Tmpfs::mount("256k");
+        let dir = disk.0.path().join("wal");
+        let (wal, _) = Wal::open(&dir, None).unwrap();
+        // Most of the disk taken by something else, freed later.
+        let filler = disk.0.path().join("filler");
+        fs::write(&filler, vec![0u8; 200 << 10]).unwrap();
+        let batch = events_batch(40);
+        let mut acknowledged = Vec::new();
+        let mut refused = 0;
+        for seq in 0..200u64 {
+            let written = wal
+                .append(RecordKind::JobEvents, "s", seq, &batch)
+                .and_then(|pos| wal.sync(pos));
+            match written {
+                Ok(()) => acknowledged.push(seq),
+                Err(_) => refused += 1,
+            }
+            if seq == 100 {
+                fs::remove_file(&filler).unwrap();
+            }
+        }
+        assert!(refused > 0, "the disk filled up");
+        assert!(
+            acknowledged.iter().any(|&s| s > 100),
+            "records were acknowledged again once space returned"
+        );
+        drop(wal);
+        let (_wal, rec) = Wal::open(&dir, None).unwrap();
+        let replayed: Vec<u64> = rec.records.iter().map(|r| r.seq).collect();
+        assert_eq!(
+            replayed, acknowledged,
+            "every acknowledged record replays, nothing else"
+        );
+        assert!(rec.set_aside.is_empty(), "{:?}", rec.set_aside);
     }
 }

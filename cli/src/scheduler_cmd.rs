@@ -7,7 +7,9 @@ use std::time::Duration;
 use anyhow::Context;
 use serde_json::{json, Value};
 
+use gpuledger_schedd::http::{QueueReply, ShareReply};
 use gpuledger_schedd::serve::ServeOptions;
+use gpuledger_schedd::state::JobState;
 
 use crate::table;
 use gpuledger_sim::seed::load_cluster;
@@ -242,37 +244,38 @@ fn submit(args: SubmitArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn time(v: &Value) -> String {
-    v.as_i64()
-        .and_then(|s| chrono::DateTime::from_timestamp(s, 0))
+fn time(s: Option<i64>) -> String {
+    s.and_then(|s| chrono::DateTime::from_timestamp(s, 0))
         .map(|t| t.format("%Y-%m-%dT%H:%M:%S").to_string())
         .unwrap_or_else(|| "-".into())
 }
 
 fn queue(url: &str) -> anyhow::Result<()> {
-    let reply = request("GET", &format!("{url}/api/v1/queue"), None)?;
-    let rows: Vec<Vec<String>> = reply["jobs"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or(&[])
+    let reply: QueueReply =
+        serde_json::from_value(request("GET", &format!("{url}/api/v1/queue"), None)?)
+            .context("the scheduler's queue reply")?;
+    let rows: Vec<Vec<String>> = reply
+        .jobs
         .iter()
         .map(|j| {
-            let state = j["state"].as_str().unwrap_or("?");
+            let pending = j.state == JobState::Pending;
+            let or_dash = |v: Option<&str>| v.unwrap_or("-").to_owned();
             vec![
-                j["id"].as_str().unwrap_or("?").to_owned(),
-                j["request"]["partition"].as_str().unwrap_or("-").to_owned(),
-                j["request"]["account"].as_str().unwrap_or("?").to_owned(),
-                state.to_owned(),
-                j["request"]["gpus"].to_string(),
-                time(&j["start_s"]),
-                if state == "pending" {
-                    time(&j["estimated_start_s"])
+                j.id.to_string(),
+                or_dash(j.request.partition.as_deref()),
+                j.request.account.to_string(),
+                j.state.as_str().to_owned(),
+                j.request.gpus.to_string(),
+                time(j.start_s),
+                if pending {
+                    time(j.estimated_start_s)
                 } else {
                     "-".into()
                 },
-                match state {
-                    "pending" => j["reason"].as_str().unwrap_or("-").to_owned(),
-                    _ => j["allocation"].as_str().unwrap_or("-").to_owned(),
+                if pending {
+                    or_dash(j.reason.as_deref())
+                } else {
+                    or_dash(j.allocation.as_deref())
                 },
             ]
         })
@@ -297,21 +300,21 @@ fn queue(url: &str) -> anyhow::Result<()> {
 }
 
 fn share(url: &str) -> anyhow::Result<()> {
-    let reply = request("GET", &format!("{url}/api/v1/share"), None)?;
-    let rows: Vec<Vec<String>> = reply["accounts"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or(&[])
+    let reply: ShareReply =
+        serde_json::from_value(request("GET", &format!("{url}/api/v1/share"), None)?)
+            .context("the scheduler's share reply")?;
+    let rows: Vec<Vec<String>> = reply
+        .accounts
         .iter()
         .map(|a| {
             vec![
-                a["account"].as_str().unwrap_or("?").to_owned(),
-                a["weight"].to_string(),
-                format!("{:.3}", a["norm_shares"].as_f64().unwrap_or(0.0)),
-                format!("{:.1}", a["decayed_gpu_hours"].as_f64().unwrap_or(0.0)),
-                format!("{:.3}", a["fair_share"].as_f64().unwrap_or(0.0)),
-                a["running_gpus"].to_string(),
-                a["pending_jobs"].to_string(),
+                a.account.clone(),
+                a.weight.to_string(),
+                format!("{:.3}", a.norm_shares),
+                format!("{:.1}", a.decayed_gpu_hours),
+                format!("{:.3}", a.fair_share),
+                a.running_gpus.to_string(),
+                a.pending_jobs.to_string(),
             ]
         })
         .collect();

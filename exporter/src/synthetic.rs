@@ -110,7 +110,10 @@ pub fn synthetic_reading(
             let sm = (p.sm_active + jitter(h, 2, 0.08)).clamp(0.0, 1.0);
             let tensor = (p.tensor_active + jitter(h, 3, 0.06)).clamp(0.0, sm);
             let dram = (p.dram_active + jitter(h, 4, 0.05)).clamp(0.0, 1.0);
-            let clock = (model.rated_sm_clock_mhz() as f32 + jitter(h, 5, 60.0)) as u32;
+            // Around the rated clock, never past the model's maximum boost (an A100 is rated at
+            // its maximum).
+            let clock = ((model.rated_sm_clock_mhz() as f32 + jitter(h, 5, 60.0)) as u32)
+                .min(model.max_sm_clock_mhz());
             let mem_fraction = (p.memory_fraction + jitter(h, 6, 0.02)).clamp(0.0, 1.0);
             let power = (p.power_fraction + jitter(h, 7, 0.05)).clamp(IDLE_POWER_FRACTION, 1.0);
             (

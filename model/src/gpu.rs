@@ -71,6 +71,16 @@ impl GpuModel {
         }
     }
 
+    /// The highest SM clock the model runs at (its maximum boost): a sample above it is not a
+    /// reading of this GPU.
+    pub fn max_sm_clock_mhz(self) -> u32 {
+        match self {
+            GpuModel::A100 => 1410,
+            GpuModel::H100Sxm | GpuModel::H200 => 1980,
+            GpuModel::H100Pcie => 1755,
+        }
+    }
+
     /// Device memory as NVML reports its total.
     pub fn memory_bytes(self) -> u64 {
         const MIB: u64 = 1 << 20;

@@ -1,5 +1,6 @@
-//! Identifiers. All are short strings of `[A-Za-z0-9._-]`, validated on construction so a bad
-//! id never reaches a file name, a Prometheus label or an SQL literal.
+//! Identifiers. All are short strings of `[A-Za-z0-9._-]` that do not start with `.`,
+//! validated on construction so a bad id never reaches a file name (`..` would leave the
+//! directory it names a file in), a Prometheus label or an SQL literal.
 
 use std::fmt;
 use std::sync::Arc;
@@ -23,6 +24,8 @@ pub enum IdError {
         value: String,
         ch: char,
     },
+    #[error("{kind} id `{value}` starts with '.'; it would name a hidden or a parent directory")]
+    LeadingDot { kind: &'static str, value: String },
 }
 
 /// The longest identifier accepted.
@@ -47,6 +50,12 @@ fn validate(kind: &'static str, value: &str) -> Result<(), IdError> {
             kind,
             value: value.to_owned(),
             ch,
+        });
+    }
+    if value.starts_with('.') {
+        return Err(IdError::LeadingDot {
+            kind,
+            value: value.to_owned(),
         });
     }
     Ok(())
@@ -162,5 +171,18 @@ mod tests {
             JobId::new("x".repeat(65)),
             Err(IdError::TooLong { .. })
         ));
+    }
+
+    #[test]
+    fn an_id_cannot_name_a_parent_or_hidden_directory() {
+        for bad in ["..", ".", ".hidden", "../x", "a/b"] {
+            assert!(AccountId::new(bad).is_err(), "{bad}");
+            assert!(ProjectId::new(bad).is_err(), "{bad}");
+        }
+        let err = AccountId::new("..").unwrap_err().to_string();
+        assert!(err.contains("starts with '.'"), "{err}");
+        // A dot inside stays allowed: Slurm's `12.batch`, `gpu-node.01`.
+        assert!(JobId::new("12.batch").is_ok());
+        assert!(AccountId::new("team.a").is_ok());
     }
 }

@@ -227,7 +227,7 @@ pub fn validate_samples(
     {
         for (row, e) in energy.iter().enumerate() {
             if let Some(e) = e {
-                if e.is_nan() || e < 0.0 {
+                if !e.is_finite() || e < 0.0 {
                     c.push(
                         row,
                         col::ENERGY_J,
@@ -237,10 +237,79 @@ pub fn validate_samples(
             }
         }
     }
+    check_against_model(&mut c, batch);
     if c.total == 0 {
         Ok(())
     } else {
         Err((c.errors, c.total))
+    }
+}
+
+/// What the row's GPU model can report: its SM clock up to the maximum boost, its memory up
+/// to the device's (with 2% for drivers that count it differently).
+fn check_against_model(c: &mut Collector, batch: &RecordBatch) {
+    let Some(models) = batch
+        .column_by_name(col::GPU_MODEL)
+        .map(|a| a.as_string::<i32>())
+    else {
+        return;
+    };
+    let clock = batch
+        .column_by_name(col::SM_CLOCK_MHZ)
+        .map(|a| a.as_primitive::<UInt32Type>());
+    let memory: Vec<(&str, &arrow::array::UInt64Array)> =
+        [col::MEM_USED_BYTES, col::MEM_TOTAL_BYTES]
+            .into_iter()
+            .filter_map(|name| {
+                batch
+                    .column_by_name(name)
+                    .map(|a| (name, a.as_primitive::<UInt64Type>()))
+            })
+            .collect();
+    let mut last: Option<(&str, GpuModel)> = None;
+    for row in 0..batch.num_rows() {
+        if !models.is_valid(row) {
+            continue;
+        }
+        let name = models.value(row);
+        let model = match last {
+            Some((n, m)) if n == name => m,
+            _ => match name.parse::<GpuModel>() {
+                Ok(m) => {
+                    last = Some((name, m));
+                    m
+                }
+                // Named by the gpu_model check already.
+                Err(_) => continue,
+            },
+        };
+        if let Some(clock) = clock {
+            if clock.is_valid(row) && clock.value(row) > model.max_sm_clock_mhz() {
+                c.push(
+                    row,
+                    col::SM_CLOCK_MHZ,
+                    format!(
+                        "{} MHz is above the {name}'s maximum of {} MHz",
+                        clock.value(row),
+                        model.max_sm_clock_mhz()
+                    ),
+                );
+            }
+        }
+        let limit = model.memory_bytes() + model.memory_bytes() / 50;
+        for (field, values) in &memory {
+            if values.is_valid(row) && values.value(row) > limit {
+                c.push(
+                    row,
+                    field,
+                    format!(
+                        "{} bytes is more than the {name}'s memory ({} bytes)",
+                        values.value(row),
+                        model.memory_bytes()
+                    ),
+                );
+            }
+        }
     }
 }
 
@@ -264,5 +333,101 @@ fn check_text(
             Ok(()) => last_ok = Some(v),
             Err(message) => c.push(row, name, message),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sample::{SampleBatchBuilder, SampleRow};
+
+    const NOW_MS: i64 = 1_780_000_000_000;
+
+    fn row(gpu_index: u16) -> SampleRow {
+        SampleRow {
+            time_ms: NOW_MS - 60_000,
+            interval_s: 10,
+            node: "gpu001".into(),
+            gpu_index,
+            gpu_uuid: format!("GPU-{gpu_index}"),
+            gpu_model: "h100-sxm".into(),
+            mig_instance: None,
+            job_id: Some("1".into()),
+            account: Some("team-b".into()),
+            project: None,
+            gpu_util_pct: Some(90.0),
+            sm_active: None,
+            tensor_active: Some(0.4),
+            dram_active: None,
+            sm_clock_mhz: Some(1755),
+            mem_used_bytes: Some(40 << 30),
+            mem_total_bytes: Some(81_559 << 20),
+            power_w: Some(650.0),
+            energy_j: Some(1.0e6),
+            xid: None,
+        }
+    }
+
+    fn errors_of(rows: &[SampleRow]) -> Vec<(Option<usize>, String)> {
+        let mut b = SampleBatchBuilder::with_capacity(rows.len());
+        for r in rows {
+            b.push(r);
+        }
+        let batch = b.finish().unwrap();
+        let nodes = HashSet::new();
+        let rules = Rules {
+            node: "gpu001",
+            known_nodes: &nodes,
+            now_ms: NOW_MS,
+            future_tolerance_ms: 300_000,
+            max_age_ms: 90 * 86_400_000,
+        };
+        match validate_samples(&batch, &rules) {
+            Ok(()) => Vec::new(),
+            Err((errors, _)) => errors.into_iter().map(|e| (e.row, e.field)).collect(),
+        }
+    }
+
+    #[test]
+    fn an_honest_row_passes() {
+        assert_eq!(errors_of(&[row(0), row(1)]), []);
+    }
+
+    #[test]
+    fn readings_no_gpu_of_the_model_can_give_are_refused_by_row_and_field() {
+        let mut clock = row(1);
+        clock.sm_clock_mhz = Some(4_000_000_000);
+        let mut energy = row(2);
+        energy.energy_j = Some(f64::INFINITY);
+        let mut used = row(3);
+        used.mem_used_bytes = Some((1 << 63) + 5);
+        used.mem_total_bytes = Some(u64::MAX);
+        let mut power = row(4);
+        power.power_w = Some(f32::INFINITY);
+        let got = errors_of(&[row(0), clock, energy, used, power]);
+        for want in [
+            (Some(1), col::SM_CLOCK_MHZ),
+            (Some(2), col::ENERGY_J),
+            (Some(3), col::MEM_USED_BYTES),
+            (Some(3), col::MEM_TOTAL_BYTES),
+            (Some(4), col::POWER_W),
+        ] {
+            assert!(
+                got.contains(&(want.0, want.1.to_owned())),
+                "{want:?} not in {got:?}"
+            );
+        }
+        assert!(got.iter().all(|(r, _)| *r != Some(0)), "{got:?}");
+    }
+
+    #[test]
+    fn an_id_that_would_leave_its_directory_is_refused() {
+        let mut dots = row(0);
+        dots.account = Some("..".into());
+        let mut hidden = row(1);
+        hidden.project = Some(".x".into());
+        let got = errors_of(&[dots, hidden]);
+        assert!(got.contains(&(Some(0), col::ACCOUNT.to_owned())), "{got:?}");
+        assert!(got.contains(&(Some(1), col::PROJECT.to_owned())), "{got:?}");
     }
 }

@@ -28,6 +28,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use axum::http::{header, HeaderMap};
@@ -249,6 +250,18 @@ async fn checkpoint(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
+/// `GET /api/v1/queue`: the jobs the caller may see, as `squeue` lists them.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct QueueReply {
+    pub jobs: Vec<JobInfo>,
+}
+
+/// `GET /api/v1/share`: fair share per account the caller may see, as `sshare`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ShareReply {
+    pub accounts: Vec<crate::ShareRow>,
+}
+
 async fn queue(State(s): State<Arc<Api>>, headers: HeaderMap) -> ApiResult<Response> {
     let scope = s.read_scope(&headers, "read the queue")?;
     let jobs: Vec<JobInfo> = s
@@ -256,7 +269,7 @@ async fn queue(State(s): State<Arc<Api>>, headers: HeaderMap) -> ApiResult<Respo
         .into_iter()
         .filter(|j| scope.covers(j.request.account.as_str()))
         .collect();
-    Ok(Json(json!({ "jobs": jobs })).into_response())
+    Ok(Json(QueueReply { jobs }).into_response())
 }
 
 async fn share(State(s): State<Arc<Api>>, headers: HeaderMap) -> ApiResult<Response> {
@@ -266,7 +279,7 @@ async fn share(State(s): State<Arc<Api>>, headers: HeaderMap) -> ApiResult<Respo
         .into_iter()
         .filter(|r| scope.covers(&r.account))
         .collect();
-    Ok(Json(json!({ "accounts": rows })).into_response())
+    Ok(Json(ShareReply { accounts: rows }).into_response())
 }
 
 async fn allocations(State(s): State<Arc<Api>>, headers: HeaderMap) -> ApiResult<Response> {

@@ -156,7 +156,7 @@ fn spec_of(info: &JobInfo) -> JobSpec {
 }
 
 /// One row of the fair-share view (as `sshare`).
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct ShareRow {
     pub account: String,
     pub weight: u32,

@@ -58,6 +58,19 @@ pub enum JobState {
 }
 
 impl JobState {
+    /// The state as the API writes it (`pending`, `running`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Pending => "pending",
+            JobState::Running => "running",
+            JobState::Preempting => "preempting",
+            JobState::Completed => "completed",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+            JobState::Timeout => "timeout",
+        }
+    }
+
     pub fn is_done(self) -> bool {
         matches!(
             self,

@@ -46,6 +46,25 @@ pub fn batch(node: &str, seq: u64, t0_ms: i64, rows: usize) -> Vec<u8> {
     encode_ipc(&b.finish().unwrap()).unwrap()
 }
 
+/// Pushes one batch; the HTTP status and the reply's text, `None` when the aggregator did not
+/// answer.
+pub fn try_push(
+    agent: &ureq::Agent,
+    url: &str,
+    node: &str,
+    seq: u64,
+    body: &[u8],
+) -> Option<(u16, String)> {
+    let mut response = agent
+        .post(format!("{url}/api/v1/ingest"))
+        .header(gpuledger_model::wire::NODE_HEADER, node)
+        .header(gpuledger_model::wire::SEQ_HEADER, seq.to_string())
+        .send(body)
+        .ok()?;
+    let text = response.body_mut().read_to_string().ok()?;
+    Some((response.status().as_u16(), text))
+}
+
 /// Pushes one batch; `Some(status)` of the reply ("accepted" or "duplicate"), `None` when
 /// the aggregator did not answer.
 pub fn push(agent: &ureq::Agent, url: &str, node: &str, seq: u64, body: &[u8]) -> Option<String> {

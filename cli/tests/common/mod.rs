@@ -67,6 +67,37 @@ pub fn wait_for(what: &str, secs: u64, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// A real tmpfs of `size` (e.g. `1m`), mounted for a test and unmounted when dropped; the test
+/// command runs as root, which mounting needs.
+pub struct Tmpfs(tempfile::TempDir);
+
+impl Tmpfs {
+    pub fn mount(size: &str) -> Tmpfs {
+        let dir = tempfile::tempdir().unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .output()
+            .expect("mount");
+        assert!(
+            out.status.success(),
+            "mounting a tmpfs needs root (the test command runs as root): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Tmpfs(dir)
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        self.0.path()
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.0.path()).status();
+    }
+}
+
 /// A loopback port free a moment ago.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
