@@ -648,7 +648,10 @@ fn charge_idle(
             );
             acc.gpu_seconds += seconds;
             acc.weighted += i128::from(seconds) * FACTOR_ONE;
-            acc.jobs.entry(None).or_default().0 += seconds;
+            // The part carries its quantity as every line's parts do (FOCUS prices it).
+            let part = acc.jobs.entry(None).or_default();
+            part.0 += seconds;
+            part.1 += i128::from(seconds) * FACTOR_ONE;
             continue;
         }
         let whole = price_exact(
@@ -667,7 +670,9 @@ fn charge_idle(
             acc.weighted += secs * FACTOR_ONE;
             let part = from_minor_units(amount, currency);
             acc.fixed_amount = Some(acc.fixed_amount.unwrap_or_default() + part);
-            acc.jobs.entry(None).or_default().0 += secs as i64;
+            let part = acc.jobs.entry(None).or_default();
+            part.0 += secs as i64;
+            part.1 += secs * FACTOR_ONE;
         }
     }
     Ok(())

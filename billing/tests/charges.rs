@@ -465,6 +465,78 @@ fn the_focus_file_has_every_mandatory_column_and_exact_costs() {
     assert!(rows >= 4);
 }
 
+/// The FOCUS rows of `invoices` whose ChargeDescription mentions `charge`: each as a map of
+/// column to value.
+fn focus_rows(
+    invoices: &[Invoice],
+    charge: &str,
+) -> Vec<std::collections::BTreeMap<String, String>> {
+    let focus = focus_csv(invoices, "gpuledger");
+    let mut lines = focus.lines();
+    let header: Vec<String> = lines
+        .next()
+        .unwrap()
+        .split(',')
+        .map(str::to_owned)
+        .collect();
+    lines
+        .map(|l| {
+            header
+                .iter()
+                .cloned()
+                .zip(l.split(',').map(str::to_owned))
+                .collect()
+        })
+        .filter(|r: &std::collections::BTreeMap<String, String>| {
+            r["ChargeDescription"].contains(charge)
+        })
+        .collect()
+}
+
+#[test]
+fn idle_capacity_rows_carry_their_quantity_and_costs_in_focus() {
+    // 2 idle GPU-hours of an H100 at 10.00: 20.00 on the platform's invoice, or shared 1:2.
+    let mut u = busy("team-a", "a1", 1, 0..1);
+    u.extend(busy("team-b", "b1", 2, 0..1));
+    let input = BillingInput {
+        usage: u,
+        idle: vec![IdleHour {
+            node: NodeId::new("n001").unwrap(),
+            gpu_model: GpuModel::H100Sxm,
+            hour_start: JUNE,
+            gpu_seconds: 7200,
+        }],
+        ..BillingInput::default()
+    };
+    for (policy, charge_type) in [("platform", "idle_capacity"), ("shared", "idle_share")] {
+        let book = book(&format!("[versions.idle]\npolicy = \"{policy}\"\n"));
+        let invoices = charge(&june(), &input, &book, None).unwrap();
+        let rows = focus_rows(&invoices, charge_type);
+        assert!(!rows.is_empty(), "{policy}");
+        let sum = |column: &str| -> Decimal {
+            rows.iter()
+                .map(|r| r[column].parse::<Decimal>().unwrap())
+                .sum()
+        };
+        assert_eq!(sum("PricingQuantity"), dec!(2), "{policy}: GPU-hours");
+        assert_eq!(sum("ListCost"), dec!(20), "{policy}");
+        assert_eq!(sum("ContractedCost"), dec!(20), "{policy}");
+        assert_eq!(sum("BilledCost"), dec!(20.00), "{policy}");
+        for r in &rows {
+            let d = |c: &str| r[c].parse::<Decimal>().unwrap();
+            assert_eq!(
+                d("PricingQuantity") * d("ListUnitPrice"),
+                d("ListCost"),
+                "{r:?}"
+            );
+            assert!(
+                (d("ContractedCost") - d("BilledCost")).abs() <= dec!(0.01),
+                "{r:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn rendered_invoice_matches_its_golden_files() {
     let mut u = busy("team-a", "a1", 3, 18..26);
