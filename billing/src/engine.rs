@@ -694,36 +694,50 @@ fn charge_storage(
     for ((account, project), mut list) in scans {
         list.sort_by_key(|s| s.time);
         for (i, scan) in list.iter().enumerate() {
-            let Ok((version, _)) = book.at(scan.time.max(period.start)) else {
-                continue; // before the first price version: nothing is priced
-            };
-            if !model_of(version, account).bills_storage() {
-                continue;
-            }
-            let Some(price) = &version.storage else {
-                return Err(Error::NoStoragePrice {
-                    version: version.version.clone(),
-                });
-            };
-            let hold_end = scan.time + price.max_hold.as_secs() as i64;
             let next = list.get(i + 1).map(|n| n.time).unwrap_or(i64::MAX);
             let from = scan.time.max(period.start);
-            let to = next.min(hold_end).min(period.end);
-            if to <= from {
+            let pieces = book.pieces(from, next.min(period.end));
+            // How long a figure stands is the price version's it is first priced under; each
+            // stretch of it is then priced under the version in force over that stretch.
+            let Some(hold) = pieces
+                .iter()
+                .find_map(|(_, _, v)| v.storage.as_ref().map(|s| s.max_hold))
+            else {
+                // No version prices storage while it stands; one that bills it is an error below.
+                if let Some((_, _, v)) = pieces
+                    .iter()
+                    .find(|(_, _, v)| model_of(v, account).bills_storage())
+                {
+                    return Err(Error::NoStoragePrice {
+                        version: v.version.clone(),
+                    });
+                }
                 continue;
-            }
-            let byte_seconds = i128::from(scan.bytes) * i128::from(to - from);
-            let key = LineKey {
-                project: project.clone(),
-                charge_type: ChargeType::Storage,
-                gpu_model: None,
-                band: "-".into(),
-                reservation: None,
-                price_book_version: version.version.clone(),
             };
-            let acc = line(lines, account, key, price.tb_day, price.tb_day);
-            acc.byte_seconds += byte_seconds;
-            acc.weighted += byte_seconds;
+            let hold_end = scan.time.saturating_add(hold.as_secs() as i64);
+            for (piece_from, piece_to, version) in pieces {
+                let to = piece_to.min(hold_end);
+                if to <= piece_from || !model_of(version, account).bills_storage() {
+                    continue;
+                }
+                let Some(price) = &version.storage else {
+                    return Err(Error::NoStoragePrice {
+                        version: version.version.clone(),
+                    });
+                };
+                let byte_seconds = i128::from(scan.bytes) * i128::from(to - piece_from);
+                let key = LineKey {
+                    project: project.clone(),
+                    charge_type: ChargeType::Storage,
+                    gpu_model: None,
+                    band: "-".into(),
+                    reservation: None,
+                    price_book_version: version.version.clone(),
+                };
+                let acc = line(lines, account, key, price.tb_day, price.tb_day);
+                acc.byte_seconds += byte_seconds;
+                acc.weighted += byte_seconds;
+            }
         }
     }
     Ok(())

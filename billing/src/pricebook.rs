@@ -327,6 +327,23 @@ impl PriceBook {
             })
     }
 
+    /// `[from, to)` cut where a version takes effect: each piece with the version in force over
+    /// it, in order. What lies before the first version is left out.
+    pub fn pieces(&self, from: i64, to: i64) -> Vec<(i64, i64, &PriceVersion)> {
+        let mut out = Vec::new();
+        for (i, (start, _, version)) in self.versions.iter().enumerate() {
+            let end = self
+                .versions
+                .get(i + 1)
+                .map_or(i64::MAX, |(next, _, _)| *next);
+            let (a, b) = (from.max(*start), to.min(end));
+            if a < b {
+                out.push((a, b, version));
+            }
+        }
+        out
+    }
+
     /// The version in force at `secs` and the GPU-hour price of `model` in it.
     pub fn gpu_hour_price(&self, secs: i64, model: GpuModel) -> Result<(&PriceVersion, Decimal)> {
         let (v, _) = self.at(secs)?;

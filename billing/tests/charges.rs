@@ -317,6 +317,42 @@ accounts = { team-d = "compute_and_storage" }
 }
 
 #[test]
+fn storage_standing_across_a_price_version_change_is_priced_by_each_version() {
+    // Versions take effect at local midnight in Shanghai: v2 from 2026-06-15T16:00Z.
+    let version = |name: &str, from: &str, tb_day: &str| {
+        format!(
+            "[[versions]]\nversion = \"{name}\"\neffective_from = \"{from}\"\ncurrency = \"CNY\"\n\
+             time_zone = \"Asia/Shanghai\"\ngpu_hour = {{ h100-sxm = \"10.00\" }}\n\
+             [versions.storage]\ntb_day = \"{tb_day}\"\nmax_hold = \"1d\"\n\
+             [versions.models]\ndefault = \"compute_and_storage\"\n"
+        )
+    };
+    let src = version("v1", "2026-05-01", "3.00") + &version("v2", "2026-06-16", "6.00");
+    let book = PriceBook::from_toml_str(&src, "two-versions.toml").unwrap();
+    // 1 TB from the 15th 12:00 UTC, standing one day: 4 h under v1 (0.50), 20 h under v2 (5.00).
+    let input = BillingInput {
+        storage: vec![StorageScan {
+            account: acct("team-d"),
+            project: None,
+            time: JUNE + 14 * 86_400 + 12 * 3600,
+            bytes: 1_000_000_000_000,
+        }],
+        ..BillingInput::default()
+    };
+    let inv = charge(&june(), &input, &book, None).unwrap();
+    let by_version: Vec<(String, Decimal)> = inv[0]
+        .lines
+        .iter()
+        .map(|l| (l.key.price_book_version.clone(), l.amount))
+        .collect();
+    assert_eq!(
+        by_version,
+        [("v1".to_owned(), dec!(0.50)), ("v2".to_owned(), dec!(5.00))]
+    );
+    assert_eq!(inv[0].total(), dec!(5.50));
+}
+
+#[test]
 fn an_hour_that_straddles_two_bands_in_a_half_hour_zone_is_split_by_seconds() {
     // Kolkata is UTC+05:30: the UTC hour 14:00-15:00 is 19:30-20:30 local, half of it at night.
     let src = r#"[[versions]]
