@@ -304,7 +304,24 @@ fn a_flush_the_store_refuses_exits_and_the_restart_stores_every_acknowledged_bat
         Some("accepted")
     );
     let rollups = tables.join("rollups");
-    wait_for("the first flush", 30, || rollups.exists());
+    // The flush that wrote batch 0 must have finished before its directory is taken away:
+    // a flush seen to finish after a rollup file appeared is that one or a later one.
+    let flushes = |url: &str| -> f64 {
+        common::scrape(url)
+            .lines()
+            .find_map(|l| l.strip_prefix("gpuledger_flushes_total "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    wait_for("a rollup file", 30, || {
+        walk_files(&rollups)
+            .iter()
+            .any(|f| f.extension().is_some_and(|e| e == "parquet"))
+    });
+    let seen = flushes(&aggregator.url);
+    wait_for("that flush to finish", 30, || {
+        flushes(&aggregator.url) > seen
+    });
     // The store now refuses every rollup file: `rollups` is a file where its directory was.
     let away = tables.join("rollups.away");
     std::fs::rename(&rollups, &away).unwrap();
@@ -351,4 +368,21 @@ fn a_flush_the_store_refuses_exits_and_the_restart_stores_every_acknowledged_bat
             sent
         );
     });
+}
+
+/// Every file under `dir` (none when it does not exist).
+fn walk_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        if path.is_dir() {
+            out.extend(walk_files(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
 }
