@@ -36,11 +36,6 @@ pub enum Error {
     NoPrice { version: String, model: GpuModel },
     #[error("price book `{version}` has no storage price, but an account's model bills storage")]
     NoStoragePrice { version: String },
-    #[error("no price-book version is in force at {at}; the first starts {first}")]
-    NoVersion {
-        at: String,
-        first: chrono::NaiveDate,
-    },
     #[error("`{0}` is not a month; write YYYY-MM")]
     BadPeriod(String),
     #[error("an amount is too large for exact decimal arithmetic")]

@@ -314,29 +314,32 @@ impl PriceBook {
         self.versions[0].2.currency
     }
 
-    /// The version in force at `secs` (Unix seconds), with its zone.
+    /// The version in force at `secs` (Unix seconds), with its zone. Before the first version
+    /// there is no other price, so the first one prices that time too: a book whose first
+    /// version takes effect at local midnight of the 1st west of UTC would otherwise leave the
+    /// first hours of the UTC month unpriced, and the whole month unbillable.
     pub fn at(&self, secs: i64) -> Result<(&PriceVersion, Tz)> {
-        self.versions
+        let (_, tz, v) = self
+            .versions
             .iter()
             .rev()
             .find(|(from, _, _)| *from <= secs)
-            .map(|(_, tz, v)| (v, *tz))
-            .ok_or_else(|| Error::NoVersion {
-                at: gpuledger_model::time::rfc3339(secs),
-                first: self.versions[0].2.effective_from,
-            })
+            .unwrap_or(&self.versions[0]);
+        Ok((v, *tz))
     }
 
     /// `[from, to)` cut where a version takes effect: each piece with the version in force over
-    /// it, in order. What lies before the first version is left out.
+    /// it, in order.
     pub fn pieces(&self, from: i64, to: i64) -> Vec<(i64, i64, &PriceVersion)> {
         let mut out = Vec::new();
         for (i, (start, _, version)) in self.versions.iter().enumerate() {
+            // The first version also covers what came before it (see `at`).
+            let start = if i == 0 { i64::MIN } else { *start };
             let end = self
                 .versions
                 .get(i + 1)
                 .map_or(i64::MAX, |(next, _, _)| *next);
-            let (a, b) = (from.max(*start), to.min(end));
+            let (a, b) = (from.max(start), to.min(end));
             if a < b {
                 out.push((a, b, version));
             }
@@ -664,6 +667,7 @@ multiplier = "0.70"
                 .1,
             Decimal::new(1200, 2)
         );
-        assert!(book.at(0).is_err());
+        // Before the first version, the first prices (there is no earlier price).
+        assert_eq!(book.at(0).unwrap().0.version, "2026-06");
     }
 }

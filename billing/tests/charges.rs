@@ -353,6 +353,46 @@ fn storage_standing_across_a_price_version_change_is_priced_by_each_version() {
 }
 
 #[test]
+fn a_book_west_of_utc_starting_on_the_1st_bills_the_whole_utc_month() {
+    // New York's midnight of March 1st is 05:00 UTC: the UTC month's first five hours come
+    // before the book's first version, which prices them (there is no earlier price).
+    let src =
+        "[[versions]]\nversion = \"v1\"\neffective_from = \"2026-03-01\"\ncurrency = \"USD\"\n\
+               time_zone = \"America/New_York\"\ngpu_hour = { h100-sxm = \"10.00\" }\n\
+               [versions.idle]\npolicy = \"platform\"\n";
+    let book = PriceBook::from_toml_str(src, "west.toml").unwrap();
+    let march = Period::month("2026-03").unwrap();
+    let mut hour = usage(Use {
+        account: "team-a",
+        project: None,
+        job: Some("1"),
+        node: "n1",
+        model: GpuModel::H100Sxm,
+        hour: 0,
+        secs: 3600,
+        mfu_bp: None,
+    });
+    hour.hour_start = march.start + 2 * 3600;
+    let input = BillingInput {
+        usage: vec![hour],
+        idle: vec![IdleHour {
+            node: NodeId::new("n1").unwrap(),
+            gpu_model: GpuModel::H100Sxm,
+            hour_start: march.start,
+            gpu_seconds: 7200,
+        }],
+        ..BillingInput::default()
+    };
+    let inv = charge(&march, &input, &book, None).unwrap();
+    assert_eq!(total_of(&inv, "team-a"), dec!(10.00));
+    assert_eq!(total_of(&inv, "platform"), dec!(20.00));
+    assert!(inv
+        .iter()
+        .flat_map(|i| &i.lines)
+        .all(|l| l.key.price_book_version == "v1"));
+}
+
+#[test]
 fn an_hour_that_straddles_two_bands_in_a_half_hour_zone_is_split_by_seconds() {
     // Kolkata is UTC+05:30: the UTC hour 14:00-15:00 is 19:30-20:30 local, half of it at night.
     let src = r#"[[versions]]
