@@ -28,6 +28,11 @@ pub struct TelemetryProfile {
     pub memory_fraction: f32,
     /// Share of the board power limit drawn.
     pub power_fraction: f32,
+    /// The MFU the tenant's training framework reports for each job (achieved FLOP/s over its
+    /// GPUs' peak), posted as a `flops_reported` job event when a run ends; none: the tenant
+    /// reports nothing and billing uses the tensor-activity proxy.
+    #[serde(default)]
+    pub reported_mfu: Option<f32>,
 }
 
 impl TelemetryProfile {
@@ -41,6 +46,7 @@ impl TelemetryProfile {
             dram_active: 0.3,
             memory_fraction: 0.6,
             power_fraction: 0.6,
+            reported_mfu: None,
         }
     }
 }

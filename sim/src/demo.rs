@@ -169,6 +169,8 @@ pub fn store_and_bill(
         clock,
     );
     ingestor.ingest_job_events("scheduler", None, &sim.events)?;
+    let reports = flops_reports(config, spec, sim, end_s);
+    ingestor.ingest_job_events("frameworks", None, &reports)?;
     let (samples, batches) =
         ingest_telemetry(config, spec, sim, &ingestor, start_s, end_s, progress)?;
     let flush = store.flush()?;
@@ -214,6 +216,56 @@ pub fn store_and_bill(
         measured_utilization,
         timings,
     })
+}
+
+/// The FLOP/s each job of a tenant that reports its MFU ([`TelemetryProfile::reported_mfu`])
+/// posts when a run ends (or at `end_s` for one still running): its MFU x its GPUs x their
+/// model's peak, what a training framework computes from its model's FLOPs per step.
+fn flops_reports(
+    config: &ClusterConfig,
+    spec: &DemoSpec,
+    sim: &SimResult,
+    end_s: i64,
+) -> Vec<gpuledger_model::job::JobEvent> {
+    use gpuledger_model::job::{JobEvent, JobEventKind};
+    let reported: HashMap<&str, f32> = spec
+        .telemetry
+        .iter()
+        .filter_map(|p| Some((p.account.as_str(), p.reported_mfu?)))
+        .collect();
+    let models: HashMap<String, gpuledger_model::GpuModel> = config
+        .nodes()
+        .into_iter()
+        .map(|n| (n.id.to_string(), n.gpu_model))
+        .collect();
+    let mut out = Vec::new();
+    for record in &sim.records {
+        let Some(&mfu) = reported.get(record.spec.account.as_str()) else {
+            continue;
+        };
+        for run in &record.runs {
+            let Some(model) = run
+                .allocation
+                .0
+                .first()
+                .and_then(|n| models.get(n.node.as_str()))
+            else {
+                continue;
+            };
+            let at_s = run.end_s.unwrap_or(end_s).min(end_s);
+            let mut event = JobEvent::new(
+                at_s * 1000,
+                record.spec.id.clone(),
+                record.spec.account.clone(),
+                record.spec.project.clone(),
+                JobEventKind::FlopsReported,
+            );
+            event.achieved_flops =
+                Some(f64::from(mfu) * f64::from(run.gpus) * model.peak_dense_bf16_flops());
+            out.push(event);
+        }
+    }
+    out
 }
 
 /// Per node, per GPU: the job segments the scheduler placed there.

@@ -135,3 +135,60 @@ fn refused_jobs_are_not_billed() -> Result<()> {
     assert_eq!(gamma_billed, gamma_allocated);
     Ok(())
 }
+
+#[test]
+fn a_tenant_that_reports_its_flops_is_billed_at_its_reported_mfu() -> Result<()> {
+    use gpuledger_aggregator::billing_source::TablesUsage;
+    use gpuledger_aggregator::layout::Layout;
+    use gpuledger_aggregator::query::Query;
+    use gpuledger_billing::source::{gather, Metering};
+    use gpuledger_billing::Period;
+
+    let dir = tempfile::tempdir()?;
+    let config = ClusterConfig::from_toml_str(&small_cluster_toml(2), "small.toml")?;
+    let mut spec: DemoSpec = parse_toml(SMALL_DAY_TOML, "small-day.toml")?;
+    let mut beta = gpuledger_exporter::synthetic::TelemetryProfile::generic("beta".parse()?);
+    beta.reported_mfu = Some(0.37);
+    spec.telemetry.push(beta);
+    let options = SchedulerOptions::parse("fairshare+backfill").expect("known policy");
+    let prices = gpuledger_sim::seed::load_price_book(None)?;
+    let out = pipeline::run(&config, &spec, options, &prices, dir.path(), &Quiet)?;
+    let ran = out
+        .sim
+        .records
+        .iter()
+        .filter(|r| r.spec.account.as_str() == "beta" && r.start_s.is_some())
+        .count();
+    assert!(ran > 0, "beta's jobs ran");
+
+    let runtime = tokio::runtime::Builder::new_current_thread().build()?;
+    let query = runtime.block_on(Query::open(&Layout::new(dir.path())))?;
+    let input = gather(
+        &TablesUsage::new(&query, &runtime),
+        &Period::month("2026-06")?,
+        Metering::Telemetry,
+        Vec::new(),
+        Vec::new(),
+    )?;
+    let mfu_of = |account: &str| -> Vec<Option<u32>> {
+        input
+            .usage
+            .iter()
+            .filter(|u| u.account.as_str() == account && u.job_id.is_some())
+            .map(|u| u.mfu_bp)
+            .collect()
+    };
+    let beta_mfu = mfu_of("beta");
+    assert!(!beta_mfu.is_empty());
+    assert!(
+        beta_mfu.iter().all(|m| *m == Some(3700)),
+        "every beta hour at the reported 0.37: {beta_mfu:?}"
+    );
+    // A tenant that reports nothing is billed at its measured proxy.
+    let alpha_mfu = mfu_of("alpha");
+    assert!(
+        alpha_mfu.iter().all(|m| m.is_some() && *m != Some(3700)),
+        "{alpha_mfu:?}"
+    );
+    Ok(())
+}
