@@ -570,41 +570,15 @@ mod tests {
         );
     }
 
-    use std::process::Command;
-
-    /// A real tmpfs (mounted for the test; the test command runs as root).
-    struct Tmpfs(tempfile::TempDir);
-
-    impl Tmpfs {
-        fn mount(size: &str) -> Tmpfs {
-            let dir = tempfile::tempdir().unwrap();
-            let out = Command::new("mount")
-                .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-                .arg(dir.path())
-                .output()
-                .expect("mount");
-            assert!(
-                out.status.success(),
-                "mounting a tmpfs needs root (the test command runs as root): {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            Tmpfs(dir)
-        }
-    }
-
-    impl Drop for Tmpfs {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg(self.0.path()).status();
-        }
-    }
+    use gpuledger_testkit::Tmpfs;
 
     #[test]
     fn appends_that_hit_a_full_disk_leave_no_partial_record_behind_the_next_ones() {
         let disk = Tmpfs::mount("256k");
-        let dir = disk.0.path().join("wal");
+        let dir = disk.path().join("wal");
         let (wal, _) = Wal::open(&dir, None).unwrap();
         // Most of the disk taken by something else, freed later.
-        let filler = disk.0.path().join("filler");
+        let filler = disk.path().join("filler");
         fs::write(&filler, vec![0u8; 200 << 10]).unwrap();
         let batch = events_batch(40);
         let mut acknowledged = Vec::new();

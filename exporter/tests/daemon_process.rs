@@ -2,43 +2,18 @@
 //! from a TOML file, samples, serves `/metrics`, and at SIGTERM spools what it holds and exits
 //! cleanly. The exporter with an aggregator is tested in `cli/tests/exporter_process.rs`.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
+
+use gpuledger_testkit::{spawn_binary, Process};
 use std::time::{Duration, Instant};
 
-/// The running exporter; killed when dropped, so a failing test leaves nothing behind.
-struct Exporter {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Exporter {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// Starts the binary and reads the address from its "listening on http://..." line.
-fn spawn(args: &[&str]) -> Exporter {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuledger-exporter"))
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("starts");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("piped"))
-        .read_line(&mut line)
-        .expect("reads");
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_owned();
-    Exporter { child, url }
+/// Starts the binary and reads the address it announced.
+fn spawn(args: &[&str]) -> Process {
+    spawn_binary(
+        env!("CARGO_BIN_EXE_gpuledger-exporter"),
+        args,
+        Stdio::inherit(),
+    )
 }
 
 fn scrape(url: &str) -> String {

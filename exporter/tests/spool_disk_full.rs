@@ -3,39 +3,13 @@
 //! counted, and a batch that cannot fit even alone is lost, counted and reported as an error,
 //! while the spool keeps working.
 
-use std::process::Command;
-
 use gpuledger_exporter::spool::Spool;
-
-struct Tmpfs(tempfile::TempDir);
-
-impl Tmpfs {
-    fn mount(size: &str) -> Tmpfs {
-        let dir = tempfile::tempdir().unwrap();
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .output()
-            .expect("mount");
-        assert!(
-            out.status.success(),
-            "mounting a tmpfs needs root (the test command runs as root): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Tmpfs(dir)
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(self.0.path()).status();
-    }
-}
+use gpuledger_testkit::Tmpfs;
 
 #[test]
 fn a_full_disk_keeps_the_newest_batches_and_counts_the_loss() {
     let disk = Tmpfs::mount("64k");
-    let mut spool = Spool::open(disk.0.path(), 1 << 30).unwrap();
+    let mut spool = Spool::open(disk.path(), 1 << 30).unwrap();
     let batch = |n: u8| vec![n; 12 * 1024];
     let mut kept = Vec::new();
     for n in 0..20u8 {
@@ -68,7 +42,7 @@ fn a_full_disk_keeps_the_newest_batches_and_counts_the_loss() {
     assert!(next > kept[19] + 1, "numbers are never reused");
     assert_eq!(spool.oldest().unwrap().unwrap().1, batch(99));
     // No half-written file is left behind.
-    let stray: Vec<_> = std::fs::read_dir(disk.0.path())
+    let stray: Vec<_> = std::fs::read_dir(disk.path())
         .unwrap()
         .filter_map(|e| e.ok())
         .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))

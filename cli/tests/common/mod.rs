@@ -7,52 +7,19 @@ pub mod browser;
 pub mod ingest;
 pub mod slurm;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
 use arrow::array::AsArray;
 use arrow::datatypes::Int64Type;
 use gpuledger_aggregator::query::Query;
 
-/// A running `gpuledger` service and the URL it announced. Killed when dropped, so a failing
-/// test leaves no service behind.
-pub struct Process {
-    pub child: Child,
-    pub url: String,
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
+// Each test file takes what it needs of these.
+#[allow(unused_imports)]
+pub use gpuledger_testkit::{spawn_binary, Process, Tmpfs};
 
 /// Starts `gpuledger ARGS` and waits for its "listening on http(s)://..." line.
 pub fn spawn(args: &[&str], stderr: Stdio) -> Process {
     spawn_binary(env!("CARGO_BIN_EXE_gpuledger"), args, stderr)
-}
-
-/// Starts `BINARY ARGS` and waits for its "listening on http://..." line.
-pub fn spawn_binary(binary: &str, args: &[&str], stderr: Stdio) -> Process {
-    let mut child = Command::new(binary)
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(stderr)
-        .spawn()
-        .expect("starts");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("piped"))
-        .read_line(&mut line)
-        .expect("reads");
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://") || w.starts_with("https://"))
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_owned();
-    Process { child, url }
 }
 
 /// Polls `done` every 100 ms until it holds; fails the test after `secs` seconds.
@@ -64,37 +31,6 @@ pub fn wait_for(what: &str, secs: u64, mut done: impl FnMut() -> bool) {
             "timed out waiting for {what}"
         );
         std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-}
-
-/// A real tmpfs of `size` (e.g. `1m`), mounted for a test and unmounted when dropped; the test
-/// command runs as root, which mounting needs.
-pub struct Tmpfs(tempfile::TempDir);
-
-impl Tmpfs {
-    pub fn mount(size: &str) -> Tmpfs {
-        let dir = tempfile::tempdir().unwrap();
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .output()
-            .expect("mount");
-        assert!(
-            out.status.success(),
-            "mounting a tmpfs needs root (the test command runs as root): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Tmpfs(dir)
-    }
-
-    pub fn path(&self) -> &std::path::Path {
-        self.0.path()
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(self.0.path()).status();
     }
 }
 

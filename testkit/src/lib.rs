@@ -1,0 +1,76 @@
+//! What gpuledger's tests share across crates (a dev-dependency only): a real tmpfs mounted
+//! for a test, for the full-disk cases, and a service started as a process with the address
+//! it announced on its first line of output.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+/// A real tmpfs of `size` (e.g. `64k`, `1m`), mounted for a test and unmounted when dropped.
+/// Mounting needs root, which the test command runs as; elsewhere the test fails saying so.
+#[derive(Debug)]
+pub struct Tmpfs(tempfile::TempDir);
+
+impl Tmpfs {
+    pub fn mount(size: &str) -> Tmpfs {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .output()
+            .expect("mount");
+        assert!(
+            out.status.success(),
+            "mounting a tmpfs needs root (the test command runs as root): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Tmpfs(dir)
+    }
+
+    pub fn path(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.0.path()).status();
+    }
+}
+
+/// A running service and the URL it announced. Killed when dropped, so a failing test leaves
+/// no service behind.
+#[derive(Debug)]
+pub struct Process {
+    pub child: Child,
+    pub url: String,
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Starts `BINARY ARGS` and waits for its "listening on http(s)://..." line.
+pub fn spawn_binary(binary: &str, args: &[&str], stderr: Stdio) -> Process {
+    let mut child = Command::new(binary)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .expect("starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("piped"))
+        .read_line(&mut line)
+        .expect("reads");
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://") || w.starts_with("https://"))
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_owned();
+    Process { child, url }
+}
