@@ -68,14 +68,8 @@ pub fn try_push(
 /// Pushes one batch; `Some(status)` of the reply ("accepted" or "duplicate"), `None` when
 /// the aggregator did not answer.
 pub fn push(agent: &ureq::Agent, url: &str, node: &str, seq: u64, body: &[u8]) -> Option<String> {
-    let mut response = agent
-        .post(format!("{url}/api/v1/ingest"))
-        .header(gpuledger_model::wire::NODE_HEADER, node)
-        .header(gpuledger_model::wire::SEQ_HEADER, seq.to_string())
-        .send(body)
-        .ok()?;
-    let text = response.body_mut().read_to_string().ok()?;
-    assert_eq!(response.status().as_u16(), 200, "{text}");
+    let (status, text) = try_push(agent, url, node, seq, body)?;
+    assert_eq!(status, 200, "{text}");
     let json: serde_json::Value = serde_json::from_str(&text).unwrap();
     Some(json["status"].as_str().unwrap().to_owned())
 }
