@@ -4,7 +4,7 @@
 
 use std::process::{Command, Stdio};
 
-use gpuledger_testkit::{spawn_binary, Process};
+use gpuledger_testkit::{spawn_binary, terminate, Process};
 use std::time::{Duration, Instant};
 
 /// Starts the binary and reads the address it announced.
@@ -45,7 +45,7 @@ fn the_exporter_alone_samples_serves_and_stops_cleanly() {
         ),
     )
     .unwrap();
-    let mut exporter = spawn(&["--config", config.to_str().unwrap()]);
+    let exporter = spawn(&["--config", config.to_str().unwrap()]);
     let until = Instant::now() + Duration::from_secs(60);
     let page = loop {
         let page = scrape(&exporter.url);
@@ -59,14 +59,7 @@ fn the_exporter_alone_samples_serves_and_stops_cleanly() {
         page.contains("gpuledger_gpu_up{gpu=\"1\",Hostname=\"gpu042\"} 1"),
         "{page}"
     );
-    let pid = exporter.child.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap()
-        .success());
-    let status = exporter.child.wait().unwrap();
-    assert!(status.success(), "{status:?}");
+    terminate(exporter);
     assert!(
         spool.join("next-seq").exists(),
         "the last samples were spooled at shutdown"

@@ -55,6 +55,18 @@ impl Drop for Process {
     }
 }
 
+/// SIGTERM, then a clean exit.
+pub fn terminate(mut p: Process) {
+    let pid = p.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill")
+        .success());
+    let status = p.child.wait().expect("waits");
+    assert!(status.success(), "{status:?}");
+}
+
 /// Starts `BINARY ARGS` and waits for its "listening on http(s)://..." line.
 pub fn spawn_binary(binary: &str, args: &[&str], stderr: Stdio) -> Process {
     let mut child = Command::new(binary)

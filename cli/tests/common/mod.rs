@@ -15,7 +15,7 @@ use gpuledger_aggregator::query::Query;
 
 // Each test file takes what it needs of these.
 #[allow(unused_imports)]
-pub use gpuledger_testkit::{spawn_binary, Process, Tmpfs};
+pub use gpuledger_testkit::{spawn_binary, terminate, Process, Tmpfs};
 
 /// Starts `gpuledger ARGS` and waits for its "listening on http(s)://..." line.
 pub fn spawn(args: &[&str], stderr: Stdio) -> Process {
@@ -106,18 +106,6 @@ pub fn scrape(url: &str) -> String {
         .body_mut()
         .read_to_string()
         .unwrap()
-}
-
-/// SIGTERM, then a clean exit.
-pub fn terminate(mut p: Process) {
-    let pid = p.child.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap()
-        .success());
-    let status = p.child.wait().unwrap();
-    assert!(status.success(), "{status:?}");
 }
 
 /// `sent` samples stored, none twice, and the rollups holding exactly their GPU-seconds
