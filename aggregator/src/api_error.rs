@@ -28,6 +28,11 @@ pub enum ApiError {
     /// 403: a valid token whose role may not do this.
     Forbidden(String),
     NotFound(String),
+    /// 409: the batch's key is stored already with other content; nothing was stored.
+    Conflict {
+        field: String,
+        message: String,
+    },
     Unavailable(String),
     Internal(String),
 }
@@ -49,6 +54,8 @@ impl From<Error> for ApiError {
                 errors,
             },
             Error::Unavailable(m) => ApiError::Unavailable(m),
+            Error::BadRequest { field, message } => ApiError::BadRequest { field, message },
+            Error::Conflict { field, message } => ApiError::Conflict { field, message },
             other => ApiError::Internal(other.to_string()),
         }
     }
@@ -78,6 +85,10 @@ impl IntoResponse for ApiError {
             }
             ApiError::Forbidden(m) => (StatusCode::FORBIDDEN, json!({"error": m})),
             ApiError::NotFound(m) => (StatusCode::NOT_FOUND, json!({"error": m})),
+            ApiError::Conflict { field, message } => (
+                StatusCode::CONFLICT,
+                json!({"error": format!("`{field}`: {message}"), "errors": [{"row": null, "field": field, "message": message}]}),
+            ),
             ApiError::Unavailable(m) => (StatusCode::SERVICE_UNAVAILABLE, json!({"error": m})),
             ApiError::Internal(m) => {
                 tracing::error!(error = %m, "request failed");

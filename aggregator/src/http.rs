@@ -43,7 +43,7 @@ use gpuledger_auth::{Action, Denied, Guard, Principal, Scope};
 
 use crate::api_error::ApiError;
 use crate::events::{parse_events, EventBatch, EVENTS_PATH};
-use crate::ingest::{IngestOutcome, Ingestor};
+use crate::ingest::{IngestOutcome, Ingestor, SamplePush};
 use crate::metrics::Metrics;
 use crate::query::{fill_job_figures, AccountIndicators, Query};
 use crate::validate::RowError;
@@ -51,7 +51,9 @@ use crate::wal::decode_ipc;
 use crate::Error;
 
 use gpuledger_model::usage::{decay_factor, AccountUsage, UsageFeed, USAGE_PATH};
-use gpuledger_model::wire::{INGEST_PATH, LOW_SEQ_HEADER, NODE_HEADER, SENT_AT_HEADER, SEQ_HEADER};
+use gpuledger_model::wire::{
+    check_epoch, EPOCH_HEADER, INGEST_PATH, LOW_SEQ_HEADER, NODE_HEADER, SENT_AT_HEADER, SEQ_HEADER,
+};
 /// Largest request body accepted.
 pub const MAX_BODY_BYTES: usize = 64 << 20;
 
@@ -157,22 +159,40 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| ApiError::Internal(format!("worker: {e}")))?
 }
 
+/// The answer to a pushed batch or event batch: `accepted` with the rows stored (and, for
+/// samples, the rows not stored as sent, by reason), or `duplicate`.
 #[derive(Debug, Serialize)]
 struct IngestReply {
     status: &'static str,
     rows: usize,
+    #[serde(skip_serializing_if = "is_zero")]
+    duplicate_rows: usize,
+    #[serde(skip_serializing_if = "is_zero")]
+    trimmed_rows: usize,
+    #[serde(skip_serializing_if = "is_zero")]
+    rebooked_rows: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 impl From<IngestOutcome> for IngestReply {
     fn from(o: IngestOutcome) -> Self {
         match o {
-            IngestOutcome::Accepted { rows } => IngestReply {
+            IngestOutcome::Accepted(a) => IngestReply {
                 status: "accepted",
-                rows,
+                rows: a.rows,
+                duplicate_rows: a.duplicate_rows,
+                trimmed_rows: a.trimmed_rows,
+                rebooked_rows: a.rebooked_rows,
             },
             IngestOutcome::Duplicate => IngestReply {
                 status: "duplicate",
                 rows: 0,
+                duplicate_rows: 0,
+                trimmed_rows: 0,
+                rebooked_rows: 0,
             },
         }
     }
@@ -203,6 +223,26 @@ async fn ingest_batch(
         Action::Ingest { node: &node },
         "push samples as this node",
     )?;
+    if s.ingestor.config().inventory.node(&node).is_none() {
+        return Err(ApiError::Invalid {
+            total: 1,
+            errors: vec![RowError {
+                row: None,
+                field: NODE_HEADER.to_owned(),
+                message: format!(
+                    "`{node}` is not a node of this cluster's config (or not one of this aggregator's --node); nothing was stored"
+                ),
+            }],
+        });
+    }
+    let epoch = match headers.get(EPOCH_HEADER) {
+        None => None,
+        Some(_) => {
+            let epoch = header_text(headers, EPOCH_HEADER)?;
+            check_epoch(epoch).map_err(|m| ApiError::bad(EPOCH_HEADER, m))?;
+            Some(epoch.to_owned())
+        }
+    };
     let seq: u64 = header_text(headers, SEQ_HEADER)?
         .parse()
         .map_err(|_| ApiError::bad(SEQ_HEADER, "not an unsigned integer"))?;
@@ -251,20 +291,39 @@ async fn ingest_batch(
     blocking(move || {
         let mut batch = decode_ipc(&body)
             .map_err(|e| ApiError::bad("body", format!("not an Arrow IPC stream: {e}")))?;
-        let mut sent_ipc = Some(&body[..]);
+        let mut batch_is_body = true;
         if let Some(crate::clock_skew::Skew::Corrected { offset_s }) = skew {
             // Onto the aggregator's time line before anything checks or stores it.
             batch = crate::clock_skew::shift_times(&batch, -offset_s * 1000)
                 .map_err(|e| ApiError::bad("body", format!("moving the sample times: {e}")))?;
-            sent_ipc = None;
+            batch_is_body = false;
         }
-        let outcome = service
-            .ingestor
-            .ingest_samples_from(&node, seq, low, &batch, sent_ipc)?;
-        if matches!(outcome, IngestOutcome::Accepted { .. }) {
-            service.metrics.count_usage(&batch);
+        let ingested = service.ingestor.ingest_push(SamplePush {
+            node: &node,
+            epoch: epoch.as_deref(),
+            seq,
+            low,
+            batch: &batch,
+            body: Some(&body),
+            batch_is_body,
+        })?;
+        match (&ingested.outcome, &ingested.stored) {
+            (IngestOutcome::Accepted(accepted), Some(stored)) => {
+                service.metrics.count_usage(stored);
+                service.metrics.count_set_aside(&node, accepted);
+            }
+            (IngestOutcome::Duplicate, _) if ingested.duplicate_rows > 0 => {
+                service.metrics.count_set_aside(
+                    &node,
+                    &crate::ingest::Accepted {
+                        duplicate_rows: ingested.duplicate_rows,
+                        ..Default::default()
+                    },
+                );
+            }
+            _ => {}
         }
-        Ok((bytes, outcome.into()))
+        Ok((bytes, ingested.outcome.into()))
     })
     .await
 }

@@ -3,7 +3,7 @@
 //! log (when there is one) and applied to the store; it is acknowledged once the log is
 //! fsync'd. [`Ingestor::flush`] persists the store to Parquet and checkpoints the log.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,6 +15,10 @@ use serde::{Deserialize, Serialize};
 use gpuledger_model::job::{job_events_from_batch, job_events_to_batch, JobEvent};
 use gpuledger_model::time::Clock;
 
+use gpuledger_model::validate::rebook_unknown_tenants;
+use gpuledger_model::Inventory;
+
+use crate::coverage::Coverage;
 use crate::store::{FlushStats, Store};
 use crate::validate::{validate_samples, RowError, Rules};
 use crate::wal::{sync_dir, RecordKind, Wal};
@@ -39,36 +43,126 @@ impl Record<'_> {
 /// Ingest rules.
 #[derive(Clone, Debug)]
 pub struct IngestorConfig {
-    /// Nodes allowed to push; empty allows any.
-    pub known_nodes: HashSet<String>,
+    /// What exists (nodes, their GPUs, accounts and projects): every row is checked against it.
+    pub inventory: Arc<Inventory>,
     /// How far ahead of the aggregator's clock a sample may start.
     pub future_tolerance_ms: i64,
     /// Raw samples older than this are refused (and later deleted).
     pub raw_retention_days: u32,
 }
 
-impl Default for IngestorConfig {
-    fn default() -> Self {
+impl IngestorConfig {
+    /// The default rules over `inventory`.
+    pub fn new(inventory: Inventory) -> Self {
         IngestorConfig {
-            known_nodes: HashSet::new(),
+            inventory: Arc::new(inventory),
             future_tolerance_ms: 5 * 60 * 1000,
             raw_retention_days: 90,
         }
+    }
+
+    fn max_age_ms(&self) -> i64 {
+        i64::from(self.raw_retention_days) * 86_400_000
     }
 }
 
 /// What happened to a batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IngestOutcome {
-    Accepted {
-        rows: usize,
-    },
-    /// This (source, sequence) was already stored; nothing was written.
+    Accepted(Accepted),
+    /// This (sender, sequence) was already stored, or every row's interval was: nothing was
+    /// written.
     Duplicate,
 }
 
-/// Sequence numbers stored from one node (all up to `contiguous`, and some above it) and
-/// those being stored right now.
+/// What a batch that was stored became.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Accepted {
+    /// Rows stored.
+    pub rows: usize,
+    /// Rows dropped because their GPU's interval was stored already.
+    pub duplicate_rows: usize,
+    /// Rows cut to the part of their interval not stored yet.
+    pub trimmed_rows: usize,
+    /// Rows of tenants the config does not define, booked to the platform account.
+    pub rebooked_rows: usize,
+}
+
+impl IngestOutcome {
+    fn rows(rows: usize) -> Self {
+        IngestOutcome::Accepted(Accepted {
+            rows,
+            ..Accepted::default()
+        })
+    }
+
+    /// Rows stored.
+    pub fn stored_rows(&self) -> usize {
+        match self {
+            IngestOutcome::Accepted(a) => a.rows,
+            IngestOutcome::Duplicate => 0,
+        }
+    }
+}
+
+/// What [`Ingestor::ingest_push`] did, and the rows it stored (as stored: cut, rebooked).
+#[derive(Debug)]
+pub struct Ingested {
+    pub outcome: IngestOutcome,
+    pub stored: Option<RecordBatch>,
+    /// Rows dropped because their GPU's interval was stored already (for a batch whose every
+    /// row was, answered as a duplicate under a new number, as for one partly stored).
+    pub duplicate_rows: usize,
+}
+
+impl Ingested {
+    fn duplicate(duplicate_rows: usize) -> Self {
+        Ingested {
+            outcome: IngestOutcome::Duplicate,
+            stored: None,
+            duplicate_rows,
+        }
+    }
+}
+
+/// One pushed batch of samples and who sent it.
+#[derive(Clone, Copy, Debug)]
+pub struct SamplePush<'a> {
+    pub node: &'a str,
+    /// The sender's epoch ([`gpuledger_model::wire::EPOCH_HEADER`]), where it sends one.
+    pub epoch: Option<&'a str>,
+    pub seq: u64,
+    /// The sender will never send a number below this again (at most `seq`).
+    pub low: Option<u64>,
+    pub batch: &'a RecordBatch,
+    /// The body as it was sent: a re-send is known by it. `batch` is exactly its decoding
+    /// when `batch_is_body`, and the log then keeps these bytes instead of encoding again.
+    pub body: Option<&'a [u8]>,
+    pub batch_is_body: bool,
+}
+
+impl<'a> SamplePush<'a> {
+    /// A batch from an in-process producer (the demo, tests): no epoch, no body.
+    pub fn new(node: &'a str, seq: u64, batch: &'a RecordBatch) -> Self {
+        SamplePush {
+            node,
+            epoch: None,
+            seq,
+            low: None,
+            batch,
+            body: None,
+            batch_is_body: false,
+        }
+    }
+}
+
+/// The latest digests kept per sender, to tell a re-send from a batch with other content.
+const DIGESTS_KEPT: usize = 64;
+/// Epochs followed per node at most; the one heard from longest ago is forgotten first.
+const EPOCHS_PER_NODE: usize = 8;
+
+/// Sequence numbers stored from one sender (all up to `contiguous`, and some above it), those
+/// being stored right now, and digests of the latest bodies.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 struct SeqWindow {
     contiguous: Option<u64>,
@@ -76,6 +170,21 @@ struct SeqWindow {
     above: BTreeSet<u64>,
     #[serde(skip)]
     in_flight: BTreeSet<u64>,
+    /// Sequence number -> the first 8 bytes of the SHA-256 of the body as sent.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    digests: BTreeMap<u64, u64>,
+    #[serde(default)]
+    last_seen_ms: i64,
+}
+
+/// What a sequence number is to its sender's window.
+enum SeqState {
+    /// New: claimed for this write.
+    Claimed,
+    /// Another request is storing it right now.
+    InFlight,
+    /// Stored, with the digest of its body where one is kept.
+    Stored(Option<u64>),
 }
 
 impl SeqWindow {
@@ -83,16 +192,32 @@ impl SeqWindow {
         self.contiguous.is_some_and(|c| seq <= c) || self.above.contains(&seq)
     }
 
-    /// Claims `seq` for a write; false if it is stored or being stored.
-    fn claim(&mut self, seq: u64) -> bool {
-        !self.contains(seq) && self.in_flight.insert(seq)
+    fn highest(&self) -> Option<u64> {
+        self.above.last().copied().max(self.contiguous)
     }
 
-    /// Ends a claim: the batch was stored (`stored`) or refused.
-    fn settle(&mut self, seq: u64, stored: bool) {
+    /// Claims `seq` for a write, unless it is stored or being stored.
+    fn claim(&mut self, seq: u64) -> SeqState {
+        if self.contains(seq) {
+            SeqState::Stored(self.digests.get(&seq).copied())
+        } else if self.in_flight.insert(seq) {
+            SeqState::Claimed
+        } else {
+            SeqState::InFlight
+        }
+    }
+
+    /// Ends a claim: the batch was stored (`stored`, with its body's digest) or refused.
+    fn settle(&mut self, seq: u64, stored: Option<Option<u64>>) {
         self.in_flight.remove(&seq);
-        if stored {
+        if let Some(digest) = stored {
             self.insert(seq);
+            if let Some(d) = digest {
+                self.digests.insert(seq, d);
+                while self.digests.len() > DIGESTS_KEPT {
+                    self.digests.pop_first();
+                }
+            }
         }
     }
 
@@ -129,13 +254,30 @@ impl SeqWindow {
 
 type WindowKey = (RecordKind, String);
 
-/// The log's checkpoint: the last segment persisted to Parquet and the sequence numbers
-/// stored up to it.
+/// The window key of a node's samples: the node, with its epoch where it sends one (node ids
+/// never hold '@').
+fn sender_key(node: &str, epoch: Option<&str>) -> String {
+    match epoch {
+        Some(e) => format!("{node}@{e}"),
+        None => node.to_owned(),
+    }
+}
+
+fn digest_of(body: &[u8]) -> u64 {
+    use sha2::Digest;
+    let hash = sha2::Sha256::digest(body);
+    u64::from_be_bytes(hash[..8].try_into().expect("8 bytes of 32"))
+}
+
+/// The log's checkpoint: the last segment persisted to Parquet, the sequence numbers stored
+/// up to it, and what each GPU has stored.
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct Checkpoint {
     through_segment: Option<u64>,
     samples: HashMap<String, SeqWindow>,
     job_events: HashMap<String, SeqWindow>,
+    #[serde(default)]
+    coverage: Coverage,
 }
 
 /// What opening a durable ingestor found in its log.
@@ -153,6 +295,7 @@ pub struct Ingestor {
     config: IngestorConfig,
     clock: Arc<dyn Clock>,
     seen: Mutex<HashMap<WindowKey, SeqWindow>>,
+    coverage: Mutex<Coverage>,
     wal: Option<Wal>,
     /// Appends (log and store together) share it; a flush takes it alone for the instant it
     /// rotates the log and detaches the store, so both cut at the same record.
@@ -184,6 +327,7 @@ impl Ingestor {
             config,
             clock,
             seen: Mutex::new(HashMap::new()),
+            coverage: Mutex::new(Coverage::default()),
             wal: None,
             gate: RwLock::new(()),
             flushing: Mutex::new(()),
@@ -211,6 +355,7 @@ impl Ingestor {
         ] {
             seen.extend(windows.into_iter().map(|(source, w)| ((kind, source), w)));
         }
+        let mut coverage = checkpoint.coverage;
         let mut report = RecoveryReport {
             truncated_bytes: recovered.truncated_bytes,
             removed_files,
@@ -218,7 +363,10 @@ impl Ingestor {
         };
         for record in recovered.records {
             match record.kind {
-                RecordKind::Samples => store.append_samples(&record.batch)?,
+                RecordKind::Samples => {
+                    store.append_samples(&record.batch)?;
+                    coverage.add(node_of(&record.source), &record.batch);
+                }
                 RecordKind::JobEvents => {
                     let events = job_events_from_batch(&record.batch)
                         .map_err(|e| Error::Corrupt(format!("job events in the log: {e}")))?;
@@ -233,6 +381,7 @@ impl Ingestor {
         }
         let ingestor = Ingestor {
             seen: Mutex::new(seen),
+            coverage: Mutex::new(coverage),
             wal: Some(wal),
             ..Ingestor::new(store, config, clock)
         };
@@ -258,59 +407,226 @@ impl Ingestor {
         self.failed.load(Ordering::Relaxed)
     }
 
-    /// Ingests one batch of samples pushed by `node` with sequence number `seq`.
+    fn check_available(&self) -> Result<()> {
+        if self.has_failed() {
+            return Err(Error::Unavailable(
+                "an earlier write failed; restart the aggregator to recover from its log".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Ingests one batch of samples pushed by `node` with sequence number `seq` (no epoch).
     pub fn ingest_samples(
         &self,
         node: &str,
         seq: u64,
         batch: &RecordBatch,
     ) -> Result<IngestOutcome> {
-        self.ingest_samples_from(node, seq, None, batch, None)
+        self.ingest_push(SamplePush::new(node, seq, batch))
+            .map(|i| i.outcome)
     }
 
-    /// [`Ingestor::ingest_samples`] with the sender's low watermark (it will never send a
-    /// number below `low` again, at most `seq`) and, where `batch` is exactly what it sent, the
-    /// Arrow IPC stream it came as, which the log then keeps instead of encoding it again.
-    pub fn ingest_samples_from(
-        &self,
-        node: &str,
-        seq: u64,
-        low: Option<u64>,
-        batch: &RecordBatch,
-        sent_ipc: Option<&[u8]>,
-    ) -> Result<IngestOutcome> {
-        let outcome = self.ingest_samples_once(node, seq, batch, sent_ipc)?;
-        if let Some(low) = low {
-            if let Some(window) = lock(&self.seen).get_mut(&(RecordKind::Samples, node.to_owned()))
-            {
-                window.advance_to(low.min(seq));
+    /// Ingests a pushed batch: known by (node, epoch, seq), a re-send of the same body is a
+    /// duplicate and another body under that key a conflict; checked row by row against the
+    /// rules and the inventory; rows whose interval their GPU has stored already are dropped
+    /// (or cut to what is new); logged, stored, and acknowledged once the log is on disk.
+    pub fn ingest_push(&self, push: SamplePush<'_>) -> Result<Ingested> {
+        self.check_available()?;
+        let key = (RecordKind::Samples, sender_key(push.node, push.epoch));
+        let digest = push.body.map(digest_of);
+        let now_ms = self.clock.now_ms();
+        match self.claim_seq(&key, push.node, push.seq, now_ms)? {
+            SeqState::Claimed => {}
+            SeqState::InFlight => {
+                return Err(Error::Unavailable(format!(
+                "batch {} of this sender is being stored by another request; send it again shortly",
+                push.seq
+            )))
+            }
+            SeqState::Stored(kept) => {
+                return self
+                    .known_again(&push, kept, digest)
+                    .map(|()| Ingested::duplicate(0))
             }
         }
-        Ok(outcome)
+        let settle = |stored: Option<Option<u64>>| {
+            if let Some(window) = lock(&self.seen).get_mut(&key) {
+                window.settle(push.seq, stored);
+            }
+        };
+        let checked = self.check_samples(push.node, push.batch, now_ms);
+        let (batch, rebooked_rows) = match checked {
+            Ok(b) => b,
+            Err(e) => {
+                settle(None);
+                return Err(e);
+            }
+        };
+        let ipc = (push.batch_is_body && rebooked_rows == 0)
+            .then_some(push.body)
+            .flatten();
+        let stored = {
+            let _gate = self.gate.read().unwrap_or_else(|p| p.into_inner());
+            let claimed = match lock(&self.coverage).claim(push.node, &batch) {
+                Ok(c) => c,
+                Err(e) => {
+                    settle(None);
+                    return Err(e);
+                }
+            };
+            if claimed.batch.num_rows() == 0 && batch.num_rows() > 0 {
+                // Every row's interval is stored: nothing new under a new number.
+                settle(Some(digest));
+                Err(claimed.duplicate_rows)
+            } else {
+                let unchanged = claimed.duplicate_rows + claimed.trimmed_rows == 0;
+                let record = Record {
+                    batch: &claimed.batch,
+                    ipc: if unchanged { ipc } else { None },
+                };
+                let position = match self.log(record, RecordKind::Samples, &key.1, push.seq) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        lock(&self.coverage).release(&claimed.claim);
+                        settle(None);
+                        return Err(e);
+                    }
+                };
+                if let Err(e) = self.apply(RecordKind::Samples, &claimed.batch) {
+                    self.fail(&e);
+                    return Err(e);
+                }
+                // Marked stored inside the gate, so a flush's checkpoint always lists the
+                // sequence numbers of the records it trims from the log.
+                settle(Some(digest));
+                Ok((claimed, position))
+            }
+        };
+        if let Some(low) = push.low {
+            if let Some(window) = lock(&self.seen).get_mut(&key) {
+                window.advance_to(low.min(push.seq));
+            }
+        }
+        let (claimed, position) = match stored {
+            Ok(stored) => stored,
+            Err(duplicate_rows) => return Ok(Ingested::duplicate(duplicate_rows)),
+        };
+        if let (Some(wal), Some(position)) = (&self.wal, position) {
+            wal.sync(position).inspect_err(|e| self.fail(e))?;
+        }
+        Ok(Ingested {
+            outcome: IngestOutcome::Accepted(Accepted {
+                rows: claimed.batch.num_rows(),
+                duplicate_rows: claimed.duplicate_rows,
+                trimmed_rows: claimed.trimmed_rows,
+                rebooked_rows,
+            }),
+            duplicate_rows: claimed.duplicate_rows,
+            stored: Some(claimed.batch),
+        })
     }
 
-    fn ingest_samples_once(
+    /// Claims `seq` in its sender's window, refusing a number too far above what the sender
+    /// has sent; a node's oldest epoch is forgotten past [`EPOCHS_PER_NODE`].
+    fn claim_seq(&self, key: &WindowKey, node: &str, seq: u64, now_ms: i64) -> Result<SeqState> {
+        let mut seen = lock(&self.seen);
+        if !seen.contains_key(key) {
+            forget_oldest_epoch(&mut seen, node);
+        }
+        let window = seen.entry(key.clone()).or_default();
+        let limit = window
+            .highest()
+            .unwrap_or(0)
+            .saturating_add(gpuledger_model::wire::MAX_SEQ_AHEAD);
+        if seq > limit {
+            return Err(Error::BadRequest {
+                field: gpuledger_model::wire::SEQ_HEADER.into(),
+                message: format!(
+                    "{seq} is more than {} above the highest number stored from this sender ({}); a spool counts up by one a batch",
+                    gpuledger_model::wire::MAX_SEQ_AHEAD,
+                    window.highest().map_or("none".into(), |h| h.to_string())
+                ),
+            });
+        }
+        window.last_seen_ms = now_ms;
+        Ok(window.claim(seq))
+    }
+
+    /// A batch under a key stored already: the same body is a duplicate (answered once the
+    /// first copy is on disk); another body is a conflict, refused and logged. Where the
+    /// digest is no longer kept, a batch whose every interval is stored is the duplicate.
+    fn known_again(
+        &self,
+        push: &SamplePush<'_>,
+        kept: Option<u64>,
+        digest: Option<u64>,
+    ) -> Result<()> {
+        let same = match (kept, digest) {
+            (Some(k), Some(d)) => k == d,
+            _ => {
+                let now_ms = self.clock.now_ms();
+                let (batch, _) = self.check_samples(push.node, push.batch, now_ms)?;
+                lock(&self.coverage).is_stored(push.node, &batch)?
+            }
+        };
+        if !same {
+            tracing::error!(
+                node = push.node,
+                epoch = push.epoch.unwrap_or(""),
+                seq = push.seq,
+                "a batch under a sequence number already stored, with other content: refused"
+            );
+            return Err(Error::Conflict {
+                field: gpuledger_model::wire::SEQ_HEADER.into(),
+                message: format!(
+                    "batch {} of this sender is stored already with other content; nothing was stored (a sender numbers each batch once: a fresh spool must send a new {} header)",
+                    push.seq,
+                    gpuledger_model::wire::EPOCH_HEADER
+                ),
+            });
+        }
+        // The first copy may still be on its way to disk; answer once it is there.
+        if let Some(wal) = &self.wal {
+            wal.sync_all()?;
+        }
+        Ok(())
+    }
+
+    /// The batch checked against the rules and the inventory, with rows of unknown tenants
+    /// booked to the platform where the config says so (and how many).
+    fn check_samples(
         &self,
         node: &str,
-        seq: u64,
         batch: &RecordBatch,
-        sent_ipc: Option<&[u8]>,
-    ) -> Result<IngestOutcome> {
+        now_ms: i64,
+    ) -> Result<(RecordBatch, usize)> {
         let rules = Rules {
             node,
-            known_nodes: &self.config.known_nodes,
-            now_ms: self.clock.now_ms(),
+            inventory: &self.config.inventory,
+            now_ms,
             future_tolerance_ms: self.config.future_tolerance_ms,
-            max_age_ms: i64::from(self.config.raw_retention_days) * 86_400_000,
+            max_age_ms: self.config.max_age_ms(),
         };
-        let record = Record {
-            batch,
-            ipc: sent_ipc,
-        };
-        self.ingest(RecordKind::Samples, node, Some(seq), record, |batch| {
-            validate_samples(batch, &rules)
-                .map_err(|(errors, _total): (Vec<RowError>, usize)| Error::Invalid(errors))
-        })
+        validate_samples(batch, &rules)
+            .map_err(|(errors, _total): (Vec<RowError>, usize)| Error::Invalid(errors))?;
+        match rebook_unknown_tenants(batch, &self.config.inventory)? {
+            Some((rebooked, rows)) => Ok((rebooked, rows)),
+            None => Ok((batch.clone(), 0)),
+        }
+    }
+
+    fn log(
+        &self,
+        record: Record<'_>,
+        kind: RecordKind,
+        source: &str,
+        seq: u64,
+    ) -> Result<Option<u64>> {
+        match &self.wal {
+            Some(wal) => record.append_to(wal, kind, source, seq).map(Some),
+            None => Ok(None),
+        }
     }
 
     /// Ingests job lifecycle events sent by `source`; with a sequence number, a re-sent
@@ -322,77 +638,52 @@ impl Ingestor {
         events: &[JobEvent],
     ) -> Result<IngestOutcome> {
         if events.is_empty() {
-            return Ok(IngestOutcome::Accepted { rows: 0 });
+            return Ok(IngestOutcome::rows(0));
         }
+        self.check_available()?;
         let batch = job_events_to_batch(events)?;
-        let record = Record {
-            batch: &batch,
-            ipc: None,
-        };
-        self.ingest(RecordKind::JobEvents, source, seq, record, |_| Ok(()))
-    }
-
-    fn ingest(
-        &self,
-        kind: RecordKind,
-        source: &str,
-        seq: Option<u64>,
-        record: Record<'_>,
-        validate: impl FnOnce(&RecordBatch) -> Result<()>,
-    ) -> Result<IngestOutcome> {
-        let batch = record.batch;
-        if self.has_failed() {
-            return Err(Error::Unavailable(
-                "an earlier write failed; restart the aggregator to recover from its log".into(),
-            ));
-        }
-        let key = (kind, source.to_owned());
+        let key = (RecordKind::JobEvents, source.to_owned());
         if let Some(seq) = seq {
-            // Claimed before the write so a concurrent re-send of the same batch is a duplicate.
-            if !lock(&self.seen).entry(key.clone()).or_default().claim(seq) {
-                // The first copy may still be on its way to disk; answer once it is there.
-                if let Some(wal) = &self.wal {
-                    wal.sync_all()?;
+            match lock(&self.seen).entry(key.clone()).or_default().claim(seq) {
+                SeqState::Claimed => {}
+                SeqState::InFlight | SeqState::Stored(_) => {
+                    // The first copy may still be on its way to disk; answer once it is there.
+                    if let Some(wal) = &self.wal {
+                        wal.sync_all()?;
+                    }
+                    return Ok(IngestOutcome::Duplicate);
                 }
-                return Ok(IngestOutcome::Duplicate);
             }
         }
         let settle = |stored: bool| {
             if let (Some(seq), Some(window)) = (seq, lock(&self.seen).get_mut(&key)) {
-                window.settle(seq, stored);
+                window.settle(seq, stored.then_some(None));
             }
         };
-        if let Err(e) = validate(batch) {
-            settle(false);
-            return Err(e);
-        }
+        let record = Record {
+            batch: &batch,
+            ipc: None,
+        };
         let position = {
             let _gate = self.gate.read().unwrap_or_else(|p| p.into_inner());
-            let position = match &self.wal {
-                Some(wal) => match record.append_to(wal, kind, source, seq.unwrap_or(0)) {
-                    Ok(p) => Some(p),
-                    Err(e) => {
-                        settle(false);
-                        return Err(e);
-                    }
-                },
-                None => None,
+            let position = match self.log(record, RecordKind::JobEvents, source, seq.unwrap_or(0)) {
+                Ok(p) => p,
+                Err(e) => {
+                    settle(false);
+                    return Err(e);
+                }
             };
-            if let Err(e) = self.apply(kind, batch) {
+            if let Err(e) = self.apply(RecordKind::JobEvents, &batch) {
                 self.fail(&e);
                 return Err(e);
             }
-            // Marked stored inside the gate, so a flush's checkpoint always lists the
-            // sequence numbers of the records it trims from the log.
             settle(true);
             position
         };
         if let (Some(wal), Some(position)) = (&self.wal, position) {
             wal.sync(position).inspect_err(|e| self.fail(e))?;
         }
-        Ok(IngestOutcome::Accepted {
-            rows: batch.num_rows(),
-        })
+        Ok(IngestOutcome::rows(batch.num_rows()))
     }
 
     fn apply(&self, kind: RecordKind, batch: &RecordBatch) -> Result<()> {
@@ -452,7 +743,36 @@ impl Ingestor {
             };
             target.insert(source.clone(), window.clone());
         }
+        let mut coverage = lock(&self.coverage);
+        // Rows older than raw retention are refused: their stretches need not be kept.
+        coverage.forget_before(self.clock.now_ms() - self.config.max_age_ms() - 86_400_000);
+        checkpoint.coverage = coverage.clone();
         checkpoint
+    }
+}
+
+/// The node of a samples window key (`node` or `node@epoch`).
+fn node_of(source: &str) -> &str {
+    source.split_once('@').map_or(source, |(node, _)| node)
+}
+
+/// Before a node's new epoch is followed, forgets its epoch heard from longest ago once it
+/// has [`EPOCHS_PER_NODE`].
+fn forget_oldest_epoch(seen: &mut HashMap<WindowKey, SeqWindow>, node: &str) {
+    let of_node: Vec<(&WindowKey, i64)> = seen
+        .iter()
+        .filter(|((kind, source), _)| *kind == RecordKind::Samples && node_of(source) == node)
+        .map(|(k, w)| (k, w.last_seen_ms))
+        .collect();
+    if of_node.len() < EPOCHS_PER_NODE {
+        return;
+    }
+    if let Some(oldest) = of_node
+        .iter()
+        .min_by_key(|(_, t)| *t)
+        .map(|(k, _)| (*k).clone())
+    {
+        seen.remove(&oldest);
     }
 }
 
@@ -489,12 +809,13 @@ mod tests {
     fn sequence_window_tracks_out_of_order_arrivals() {
         let mut w = SeqWindow::default();
         for s in [0, 1, 3, 2, 5] {
-            assert!(w.claim(s));
-            assert!(!w.claim(s), "in flight");
-            w.settle(s, true);
+            assert!(matches!(w.claim(s), SeqState::Claimed));
+            assert!(matches!(w.claim(s), SeqState::InFlight));
+            w.settle(s, Some(Some(s + 100)));
         }
-        assert!(w.claim(4));
-        w.settle(4, false);
+        assert!(matches!(w.claim(2), SeqState::Stored(Some(102))));
+        assert!(matches!(w.claim(4), SeqState::Claimed));
+        w.settle(4, None);
         assert!(!w.contains(4), "a refused batch may be sent again");
         assert_eq!(w.contiguous, Some(3));
         assert!(w.contains(2) && w.contains(5) && !w.contains(4));
@@ -504,8 +825,8 @@ mod tests {
     fn a_low_watermark_closes_gaps_the_sender_gave_up() {
         let mut w = SeqWindow::default();
         for s in [0, 1, 5, 6, 9] {
-            assert!(w.claim(s));
-            w.settle(s, true);
+            assert!(matches!(w.claim(s), SeqState::Claimed));
+            w.settle(s, Some(None));
         }
         assert_eq!(w.above.len(), 3);
         w.advance_to(6);

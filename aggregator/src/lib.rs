@@ -7,6 +7,8 @@
 //! - [`validate`]: per-row checks of a sample batch, naming row and field; [`clock_skew`]: a
 //!   node's clock offset, corrected or refused;
 //! - [`ingest`]: the one ingest path (HTTP and the demo alike): validate, de-duplicate, store;
+//!   [`coverage`]: which stretches of time each GPU has stored, so a re-sent interval is
+//!   stored once;
 //! - [`wal`]: the write-ahead log that makes an acknowledged batch durable;
 //! - [`objects`]: where the files live, a local directory or an object store (`file://`,
 //!   `s3://`), behind one set of calls;
@@ -15,21 +17,23 @@
 //! - [`query`]: DataFusion tables and the indicator queries; [`quarantine`] sets corrupt files
 //!   aside so the rest is served;
 //! - [`status`]: the status page at `/` (its charts are `gpuledger-charts`');
-//! - [`allocation`]: usage from job runs' allocations, for clusters billed by allocation;
-//!   [`billing_source`]: the tables as billing's usage source;
+//! - [`billing_source`]: the tables as billing's usage source (job events, GPU-hours,
+//!   reported FLOP/s); billing owns what is made of them; [`ledger`]: the same reconciliation
+//!   for the status page and `/metrics` (flagged GPU-seconds, coverage gaps);
 //! - [`live`]: the jobs waiting and running now, followed from accepted job events;
 //! - [`http`]: the axum API over all of it, [`metrics`] its `/metrics`, [`events`] job-event
 //!   parsing;
 //! - [`serve`]: the service: recovery, the listener, the flush, compaction and retention
 //!   loop, shutdown.
 
-pub mod allocation;
 pub mod api_error;
 pub mod billing_source;
 pub mod clock_skew;
+pub mod coverage;
 pub mod http;
 pub mod ingest;
 pub mod layout;
+pub mod ledger;
 pub mod live;
 pub mod metrics;
 pub mod objects;
@@ -46,7 +50,9 @@ pub mod wal;
 /// where the fuzz targets reach them without building the query engine.
 pub use gpuledger_model::{event_json as events, validate};
 
-pub use ingest::{IngestOutcome, Ingestor, IngestorConfig, RecoveryReport};
+pub use ingest::{
+    Accepted, IngestOutcome, Ingested, Ingestor, IngestorConfig, RecoveryReport, SamplePush,
+};
 pub use store::Store;
 
 /// Aggregator errors.
@@ -76,6 +82,12 @@ pub enum Error {
     Invalid(Vec<validate::RowError>),
     #[error("unavailable: {0}")]
     Unavailable(String),
+    /// A request whose `field` (a header) is refused.
+    #[error("`{field}`: {message}")]
+    BadRequest { field: String, message: String },
+    /// A batch under a key already stored with other content: refused, nothing stored.
+    #[error("`{field}`: {message}")]
+    Conflict { field: String, message: String },
     #[error("stored data is not as expected: {0}")]
     Corrupt(String),
     #[error(transparent)]

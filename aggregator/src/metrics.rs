@@ -41,6 +41,9 @@ pub struct Metrics {
     batches: IntCounterVec,
     refused: IntCounterVec,
     refused_values: IntCounterVec,
+    rows_set_aside: IntCounterVec,
+    ledger_flagged: IntGaugeVec,
+    ledger_gaps: IntGaugeVec,
     samples: IntCounter,
     bytes: IntCounter,
     wal_bytes: IntGauge,
@@ -188,8 +191,11 @@ impl Metrics {
             job_gpus: gauge_vec(&r, "gpuledger_job_gpus", "GPUs held by each running job.", &["hpc_job", "account", "project"]),
             job_mfu: register(&r, GaugeVec::new(Opts::new("gpuledger_job_mfu_ratio", "Each running job's MFU so far, with its source (reported or tensor_active_proxy)."), &["hpc_job", "account", "project", "source"]).expect("valid metric")),
             batches: counter_vec(&r, "gpuledger_ingest_batches_total", "Sample batches received, by outcome (accepted, duplicate, refused).", &["outcome"]),
-            refused: counter_vec(&r, "gpuledger_ingest_refused_batches_total", "Batches refused, by reason (header, decode, schema, invalid_rows, clock, unauthorized, unavailable).", &["reason"]),
+            refused: counter_vec(&r, "gpuledger_ingest_refused_batches_total", "Batches refused, by reason (header, decode, schema, invalid_rows, unknown_node, clock, conflict, unauthorized, unavailable).", &["reason"]),
             refused_values: counter_vec(&r, "gpuledger_ingest_refused_values_total", "Bad values found in refused batches, by field.", &["field"]),
+            rows_set_aside: counter_vec(&r, "gpuledger_ingest_rows_set_aside_total", "Rows of accepted batches not stored as sent, per node and reason: duplicate_interval (the GPU's interval was stored already: dropped), trimmed_interval (cut to the part not stored yet), unknown_tenant (an account or project the config does not define, booked to the platform account).", &["node", "reason"]),
+            ledger_flagged: gauge_vec(&r, "gpuledger_ledger_flagged_gpu_seconds", "Measured GPU-seconds of the month so far billed to nobody, per node and reason: unknown_job (no job event names it), not_held (the job did not hold that GPU then), account_mismatch (the row names another account than the job's). Recomputed every few minutes.", &["node", "reason"]),
+            ledger_gaps: gauge_vec(&r, "gpuledger_account_coverage_gap_gpu_seconds", "GPU-seconds of the month so far that an account's jobs held (by their events) and no exporter measured. Recomputed every few minutes.", &["account"]),
             samples: register(&r, IntCounter::new("gpuledger_ingest_samples_total", "Samples accepted.").expect("valid metric")),
             bytes: register(&r, IntCounter::new("gpuledger_ingest_bytes_total", "Bytes of Arrow IPC received in accepted batches.").expect("valid metric")),
             wal_bytes: register(&r, IntGauge::new("gpuledger_wal_bytes", "Bytes in the write-ahead log not yet checkpointed.").expect("valid metric")),
@@ -298,6 +304,13 @@ impl Metrics {
             {
                 ("refused", Some("clock"))
             }
+            Err(ApiError::Invalid { errors, .. })
+                if errors
+                    .iter()
+                    .any(|e| e.field == gpuledger_model::wire::NODE_HEADER) =>
+            {
+                ("refused", Some("unknown_node"))
+            }
             Err(ApiError::Invalid { errors, .. }) => {
                 for e in errors {
                     self.refused_values
@@ -311,6 +324,7 @@ impl Metrics {
                 )
             }
             Err(ApiError::Unavailable(_)) => ("refused", Some("unavailable")),
+            Err(ApiError::Conflict { .. }) => ("refused", Some("conflict")),
             Err(ApiError::Unauthenticated(_) | ApiError::Forbidden(_)) => {
                 ("refused", Some("unauthorized"))
             }
@@ -323,6 +337,42 @@ impl Metrics {
             self.bytes.inc_by(*bytes as u64);
         }
         self.batches.with_label_values(&[outcome]).inc();
+    }
+
+    /// Counts the rows of an accepted batch of `node` that were not stored as sent.
+    pub fn count_set_aside(&self, node: &str, accepted: &crate::ingest::Accepted) {
+        for (reason, rows) in [
+            ("duplicate_interval", accepted.duplicate_rows),
+            ("trimmed_interval", accepted.trimmed_rows),
+            ("unknown_tenant", accepted.rebooked_rows),
+        ] {
+            if rows > 0 {
+                self.rows_set_aside
+                    .with_label_values(&[node, reason])
+                    .inc_by(rows as u64);
+            }
+        }
+    }
+
+    /// Sets the month-to-date ledger figures: flagged GPU-seconds per node and reason, coverage
+    /// gaps per account (accounts the config does not define under one label).
+    pub fn set_ledger(&self, ledger: &gpuledger_billing::reconcile::Reconciled) {
+        self.ledger_flagged.reset();
+        for ((node, reason), secs) in ledger.flagged_by_node() {
+            self.ledger_flagged
+                .with_label_values(&[node.as_str(), reason.as_str()])
+                .set(secs);
+        }
+        self.ledger_gaps.reset();
+        let mut gaps: HashMap<&str, i64> = HashMap::new();
+        for g in &ledger.gaps {
+            *gaps
+                .entry(self.account_label(Some(&g.account)))
+                .or_default() += g.gpu_seconds;
+        }
+        for (account, secs) in gaps {
+            self.ledger_gaps.with_label_values(&[account]).set(secs);
+        }
     }
 
     /// Marks a batch that was a duplicate (counted as received, not accepted).

@@ -34,12 +34,9 @@ impl std::fmt::Debug for Query {
     }
 }
 
-/// What billing prices, in the rows billing defines: GPU-seconds of one job (or an account's
-/// unattributed use, `job_id` `None`) per node, GPU model and hour with the MFU proxy's sums;
-/// idle GPU-seconds per node, model and hour; jobs' FLOP/s reports.
-pub use gpuledger_billing::source::{
-    IdleGpuHour as IdleHourRow, MeteredHour as BillableHour, ReportedFlops as ReportedMfu,
-};
+/// What billing prices, in the rows billing defines: what each GPU measured per hour and label
+/// (with the MFU proxy's sums); jobs' FLOP/s reports.
+pub use gpuledger_billing::source::{GpuHour, ReportedFlops as ReportedMfu};
 
 /// The seed's indicators for one account over a window.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -168,6 +165,31 @@ pub struct JobDetail {
     pub mfu: Option<f64>,
     /// `reported` (job-reported FLOP/s over the GPUs' peak) or `tensor_active_proxy`.
     pub mfu_source: Option<&'static str>,
+}
+
+/// The sums of the four quarter columns, in this order, for the billing queries. A group
+/// with a file of schema 1 (no quarters) sums to less than its GPU-seconds, or to null:
+/// billing then splits that hour in proportion.
+const QUARTER_SUMS: &str = "SUM(q0_seconds), SUM(q1_seconds), SUM(q2_seconds), SUM(q3_seconds)";
+
+/// The four quarter-sum columns of a batch from column `first` on, as Int64.
+fn quarter_columns(b: &RecordBatch, first: usize) -> Result<Vec<ArrayRef>> {
+    (first..first + 4)
+        .map(|i| cast(b.column(i), &DataType::Int64).map_err(Into::into))
+        .collect()
+}
+
+/// A row's four quarter sums, where all four are there.
+fn quarters_at(columns: &[ArrayRef], row: usize) -> Option<[i64; 4]> {
+    let mut out = [0; 4];
+    for (slot, column) in out.iter_mut().zip(columns) {
+        let a = column.as_primitive::<Int64Type>();
+        if a.is_null(row) {
+            return None;
+        }
+        *slot = a.value(row);
+    }
+    Some(out)
 }
 
 fn f64_at(col: &ArrayRef, row: usize) -> Result<Option<f64>> {
@@ -332,37 +354,35 @@ impl Query {
         }
     }
 
-    /// Per account, project, job, node, GPU model and hour, the GPU-seconds of
-    /// `[from_ms, to_ms)` from the hourly rollups (GPUs labelled with an account).
-    pub async fn billable_hours(
-        &self,
-        from_ms: UnixMillis,
-        to_ms: UnixMillis,
-    ) -> Result<Vec<BillableHour>> {
+    /// Per GPU, UTC hour and label (job, account, project; none for a GPU that ran no job), the
+    /// GPU-seconds of `[from_ms, to_ms)` from the hourly rollups, with their quarters and the
+    /// sums the MFU proxy comes from: what billing reconciles with the jobs' allocations.
+    pub async fn gpu_hours(&self, from_ms: UnixMillis, to_ms: UnixMillis) -> Result<Vec<GpuHour>> {
         let sql = format!(
-            "SELECT account, project, job_id, node, gpu_model, CAST(hour AS BIGINT) AS hour_ms, \
-               SUM(gpu_seconds), CAST(SUM(mfu_proxy_sum) AS DOUBLE), SUM(mfu_seconds) \
+            "SELECT node, gpu_index, gpu_model, CAST(hour AS BIGINT) AS hour_ms, job_id, account, project, \
+               SUM(gpu_seconds), CAST(SUM(mfu_proxy_sum) AS DOUBLE), SUM(mfu_seconds), {QUARTER_SUMS} \
              FROM rollups_hourly \
-             WHERE account IS NOT NULL AND CAST(hour AS BIGINT) >= {from_ms} AND CAST(hour AS BIGINT) < {to_ms} \
-             GROUP BY account, project, job_id, node, gpu_model, CAST(hour AS BIGINT) \
-             ORDER BY account, project, job_id, node, gpu_model, hour_ms"
+             WHERE CAST(hour AS BIGINT) >= {from_ms} AND CAST(hour AS BIGINT) < {to_ms} \
+             GROUP BY node, gpu_index, gpu_model, CAST(hour AS BIGINT), job_id, account, project \
+             ORDER BY node, gpu_index, hour_ms, job_id, account, project, gpu_model"
         );
         let mut out = Vec::new();
         for b in self.sql(&sql).await? {
             let text = |i: usize| cast(b.column(i), &DataType::Utf8);
             let int = |i: usize| cast(b.column(i), &DataType::Int64);
-            let (account, project, job, node, model) =
-                (text(0)?, text(1)?, text(2)?, text(3)?, text(4)?);
-            let (hour, secs, mfu_s) = (int(5)?, int(6)?, int(8)?);
-            let mfu = cast(b.column(7), &DataType::Float64)?;
-            let (account, project, job, node, model) = (
-                account.as_string::<i32>(),
-                project.as_string::<i32>(),
-                job.as_string::<i32>(),
+            let (node, model, job, account, project) =
+                (text(0)?, text(2)?, text(4)?, text(5)?, text(6)?);
+            let (gpu, hour, secs, mfu_s) = (int(1)?, int(3)?, int(7)?, int(9)?);
+            let mfu = cast(b.column(8), &DataType::Float64)?;
+            let (node, model, job, account, project) = (
                 node.as_string::<i32>(),
                 model.as_string::<i32>(),
+                job.as_string::<i32>(),
+                account.as_string::<i32>(),
+                project.as_string::<i32>(),
             );
-            let (hour, secs, mfu_s) = (
+            let (gpu, hour, secs, mfu_s) = (
+                gpu.as_primitive::<Int64Type>(),
                 hour.as_primitive::<Int64Type>(),
                 secs.as_primitive::<Int64Type>(),
                 mfu_s.as_primitive::<Int64Type>(),
@@ -371,15 +391,18 @@ impl Query {
             let opt = |a: &arrow::array::StringArray, row: usize| {
                 a.is_valid(row).then(|| a.value(row).to_owned())
             };
+            let quarters = quarter_columns(&b, 10)?;
             for row in 0..b.num_rows() {
-                out.push(BillableHour {
-                    account: account.value(row).to_owned(),
-                    project: opt(project, row),
-                    job_id: opt(job, row),
+                out.push(GpuHour {
                     node: node.value(row).to_owned(),
+                    gpu_index: u16::try_from(gpu.value(row)).unwrap_or(u16::MAX),
                     gpu_model: model.value(row).to_owned(),
                     hour_ms: hour.value(row),
+                    job_id: opt(job, row),
+                    account: opt(account, row),
+                    project: opt(project, row),
                     gpu_seconds: secs.value(row),
+                    quarter_seconds: quarters_at(&quarters, row),
                     mfu_proxy_sum: if mfu.is_valid(row) {
                         mfu.value(row)
                     } else {
@@ -390,45 +413,6 @@ impl Query {
                     } else {
                         0
                     },
-                });
-            }
-        }
-        Ok(out)
-    }
-
-    /// GPU-seconds of GPUs that ran no job, per node, model and hour of `[from_ms, to_ms)`.
-    pub async fn idle_hours(
-        &self,
-        from_ms: UnixMillis,
-        to_ms: UnixMillis,
-    ) -> Result<Vec<IdleHourRow>> {
-        let sql = format!(
-            "SELECT node, gpu_model, CAST(hour AS BIGINT) AS hour_ms, SUM(gpu_seconds) \
-             FROM rollups_hourly \
-             WHERE job_id IS NULL AND account IS NULL AND CAST(hour AS BIGINT) >= {from_ms} AND CAST(hour AS BIGINT) < {to_ms} \
-             GROUP BY node, gpu_model, CAST(hour AS BIGINT) ORDER BY node, gpu_model, hour_ms"
-        );
-        let mut out = Vec::new();
-        for b in self.sql(&sql).await? {
-            let (node, model) = (
-                cast(b.column(0), &DataType::Utf8)?,
-                cast(b.column(1), &DataType::Utf8)?,
-            );
-            let (hour, secs) = (
-                cast(b.column(2), &DataType::Int64)?,
-                cast(b.column(3), &DataType::Int64)?,
-            );
-            let (node, model) = (node.as_string::<i32>(), model.as_string::<i32>());
-            let (hour, secs) = (
-                hour.as_primitive::<Int64Type>(),
-                secs.as_primitive::<Int64Type>(),
-            );
-            for row in 0..b.num_rows() {
-                out.push(IdleHourRow {
-                    node: node.value(row).to_owned(),
-                    gpu_model: model.value(row).to_owned(),
-                    hour_ms: hour.value(row),
-                    gpu_seconds: secs.value(row),
                 });
             }
         }
@@ -614,6 +598,35 @@ impl Query {
             }
         }
         Ok(out)
+    }
+
+    /// The end of the latest sample stored (Unix ms), `None` when none is: how far the store's
+    /// evidence reaches. A run with no end event is held up to here when usage is billed, never
+    /// into time the store knows nothing of (a demo that stopped, an aggregator behind).
+    pub async fn data_through_ms(&self) -> Result<Option<UnixMillis>> {
+        let last_hour = self
+            .sql("SELECT MAX(CAST(hour AS BIGINT)) FROM rollups_hourly")
+            .await?;
+        let Some(hour) = last_hour
+            .first()
+            .filter(|b| b.num_rows() > 0 && b.column(0).is_valid(0))
+            .map(|b| i64_at(b.column(0), 0))
+            .transpose()?
+        else {
+            return Ok(None);
+        };
+        let sql = format!(
+            "SELECT MAX(CAST(time AS BIGINT) + CAST(interval_s AS BIGINT) * 1000) FROM samples \
+             WHERE CAST(time AS BIGINT) >= {hour}"
+        );
+        let last = self.sql(&sql).await?;
+        let end = last
+            .first()
+            .filter(|b| b.num_rows() > 0 && b.column(0).is_valid(0))
+            .map(|b| i64_at(b.column(0), 0))
+            .transpose()?;
+        // Raw samples past retention: the rollup's hour end.
+        Ok(Some(end.unwrap_or(hour + 3_600_000)))
     }
 
     /// Every stored job event before `to_ms`, in time order.

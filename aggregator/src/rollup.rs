@@ -22,7 +22,14 @@ use gpuledger_model::time::{date_of_ms, hour_start_ms, UnixMillis};
 use gpuledger_model::GpuModel;
 
 /// Version of the rollup schema.
-pub const ROLLUP_SCHEMA_VERSION: &str = "1";
+pub const ROLLUP_SCHEMA_VERSION: &str = "2";
+
+/// The rollup columns holding a key's GPU-seconds in each quarter of its hour (schema 2), so
+/// billing cuts an hour exactly where a time-of-use band or a price-book version changes in a
+/// zone off UTC by a half or a quarter hour. Files of schema 1 lack them (read as null).
+pub const QUARTER_COLUMNS: [&str; 4] = ["q0_seconds", "q1_seconds", "q2_seconds", "q3_seconds"];
+
+pub use gpuledger_model::time::quarter_split;
 
 /// The key of one rollup row.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -55,6 +62,8 @@ pub struct RollupSums {
     pub mem_used_byte_seconds: i64,
     pub mem_total_byte_seconds: i64,
     pub energy_j: f64,
+    /// GPU-seconds in each quarter of the hour ([`quarter_split`]).
+    pub quarter_seconds: [i64; 4],
 }
 
 /// Open rows of one batch, at most: past this they are merged and the search starts over, so
@@ -192,6 +201,10 @@ impl RollupAccumulator {
             let secs = i64::from(interval.value(i));
             let s = secs as f64;
             sums.gpu_seconds += secs;
+            let quarters = quarter_split(time.value(i) - hour_start_ms(time.value(i)), secs);
+            for (q, add) in sums.quarter_seconds.iter_mut().zip(quarters) {
+                *q += add;
+            }
             sums.samples += 1;
             if util.is_valid(i) {
                 sums.util_pct_sum += f64::from(util.value(i)) * s;
@@ -251,6 +264,9 @@ impl RollupAccumulator {
         e.mem_used_byte_seconds += add.mem_used_byte_seconds;
         e.mem_total_byte_seconds += add.mem_total_byte_seconds;
         e.energy_j += add.energy_j;
+        for (q, add) in e.quarter_seconds.iter_mut().zip(add.quarter_seconds) {
+            *q += add;
+        }
     }
 
     /// Takes everything accumulated, as one sorted batch per UTC day.
@@ -300,6 +316,9 @@ pub fn rollup_schema() -> SchemaRef {
             fields.push(Field::new("mem_used_byte_seconds", DataType::Int64, false));
             fields.push(Field::new("mem_total_byte_seconds", DataType::Int64, false));
             fields.push(Field::new("energy_j", DataType::Float64, false));
+            for name in QUARTER_COLUMNS {
+                fields.push(Field::new(name, DataType::Int64, true));
+            }
             let meta = [
                 ("gpuledger.kind".to_owned(), "rollup_hourly".to_owned()),
                 (
@@ -366,8 +385,37 @@ fn rollup_batch(rows: &[(RollupKey, RollupSums)]) -> Result<RecordBatch, ArrowEr
         i64s(|s| s.mem_used_byte_seconds),
         i64s(|s| s.mem_total_byte_seconds),
         f64s(|s| s.energy_j),
+        i64s(|s| s.quarter_seconds[0]),
+        i64s(|s| s.quarter_seconds[1]),
+        i64s(|s| s.quarter_seconds[2]),
+        i64s(|s| s.quarter_seconds[3]),
     ];
     RecordBatch::try_new(rollup_schema(), columns)
+}
+
+/// A rollup batch of an older schema in the current one: columns it lacks (the quarters of
+/// schema 1) are null.
+pub fn to_current_schema(batch: &RecordBatch) -> Result<RecordBatch, ArrowError> {
+    let schema = rollup_schema();
+    if batch.schema().fields() == schema.fields() {
+        return Ok(batch.clone());
+    }
+    let columns = schema
+        .fields()
+        .iter()
+        .map(|f| match batch.column_by_name(f.name()) {
+            Some(c) => Ok(Arc::clone(c)),
+            None if f.is_nullable() => Ok(arrow::array::new_null_array(
+                f.data_type(),
+                batch.num_rows(),
+            )),
+            None => Err(ArrowError::SchemaError(format!(
+                "rollup file lacks column `{}`",
+                f.name()
+            ))),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    RecordBatch::try_new(schema, columns)
 }
 
 #[cfg(test)]

@@ -62,7 +62,8 @@ pub struct ServeOptions {
     /// How far in the future a sample may start (clock skew between nodes), e.g. `5m`.
     #[arg(long, default_value = "5m")]
     pub future_tolerance: DurationSpec,
-    /// Accept batches only from these nodes (repeat, or comma-separated); default any.
+    /// Accept batches only from these nodes of the cluster config (repeat, or comma-separated);
+    /// default every node the config's pools define.
     #[arg(long, value_delimiter = ',')]
     pub node: Vec<String>,
     #[command(flatten)]
@@ -114,10 +115,13 @@ pub fn run(options: ServeOptions, cluster: ClusterConfig) -> Result<()> {
     );
     let future_tolerance_ms = i64::try_from(options.future_tolerance.as_secs() * 1000)
         .map_err(|_| Error::Config("--future-tolerance is too long".into()))?;
+    let inventory = gpuledger_model::Inventory::from_config(&cluster)
+        .only_nodes(&options.node)
+        .map_err(|e| Error::Config(format!("--node: {e}")))?;
     let ingest_config = IngestorConfig {
-        known_nodes: options.node.iter().cloned().collect(),
         future_tolerance_ms,
         raw_retention_days: options.raw_retention_days,
+        ..IngestorConfig::new(inventory)
     };
     let started = Instant::now();
     let (ingestor, recovery) = Ingestor::open_durable(store, ingest_config, Arc::clone(&clock))
@@ -215,6 +219,7 @@ async fn flush_loop(service: Arc<Service>, options: ServeOptions) {
     let mut last_compaction = Instant::now();
     let compact_every = Duration::from_secs(options.compact_interval.as_secs().max(1));
     let mut tick = tokio::time::interval(Duration::from_millis(500));
+    let mut last_ledger: Option<Instant> = None;
     loop {
         tick.tick().await;
         if last_compaction.elapsed() >= compact_every {
@@ -228,6 +233,23 @@ async fn flush_loop(service: Arc<Service>, options: ServeOptions) {
         }
         last = Instant::now();
         flush_and_retain(&service, options.raw_retention_days).await;
+        if last_ledger.is_none_or(|t| t.elapsed() >= LEDGER_EVERY) {
+            last_ledger = Some(Instant::now());
+            update_ledger(&service).await;
+        }
+    }
+}
+
+/// How often the month-to-date ledger figures of `/metrics` are recomputed (after a flush).
+const LEDGER_EVERY: Duration = Duration::from_secs(300);
+
+/// Reconciles the month so far and sets its flagged and gap figures on `/metrics`.
+async fn update_ledger(service: &Arc<Service>) {
+    let now = service.clock.now_ms();
+    let from = crate::status::month_start_ms(now);
+    match crate::ledger::reconciled(&service.query, &service.config, from, now + 1, now).await {
+        Ok(ledger) => service.metrics.set_ledger(&ledger),
+        Err(error) => tracing::warn!(%error, "month-to-date ledger not computed"),
     }
 }
 

@@ -74,8 +74,12 @@ pub struct AccountRow {
     #[serde(flatten)]
     pub indicators: AccountIndicators,
     pub name: String,
+    /// GPU-hours measured on GPUs its jobs held (reconciled with the job events).
     pub gpu_hours: f64,
-    /// GPU-hours at the cluster's list prices (the invoice is authoritative).
+    /// GPU-hours its jobs held that no exporter measured (node down, exporter missing).
+    pub gap_gpu_hours: f64,
+    /// Those GPU-hours, measured and gap, at the cluster's list prices (the invoice, under the
+    /// price book's `coverage`, is authoritative).
     pub cost: Decimal,
     /// Share of the window's GPU-hours of the accounts shown.
     pub share: Option<f64>,
@@ -114,6 +118,26 @@ pub struct QueueRow {
     pub mfu_source: Option<&'static str>,
 }
 
+/// GPU-hours a node measured that were billed to nobody, and why (operators only).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct FlaggedRow {
+    pub node: String,
+    pub reason: &'static str,
+    pub gpu_hours: f64,
+}
+
+/// A job's GPU-hours held but not measured on one node.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct GapRow {
+    pub account: String,
+    pub job_id: String,
+    pub node: String,
+    pub gpu_hours: f64,
+}
+
+/// Coverage gaps listed at most (the largest first).
+const GAP_ROWS: usize = 50;
+
 /// Everything the page shows.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct StatusView {
@@ -128,6 +152,10 @@ pub struct StatusView {
     /// GPU-hours per UTC day (day start in ms) and account.
     pub daily_gpu_hours: Vec<(UnixMillis, BTreeMap<String, f64>)>,
     pub queue: Vec<QueueRow>,
+    /// Measured GPU-hours billed to nobody, per node and reason (operators and finance).
+    pub flagged: Vec<FlaggedRow>,
+    /// Held and not measured, per job and node, the largest first.
+    pub coverage_gaps: Vec<GapRow>,
 }
 
 fn list_cost(config: &ClusterConfig, model: &str, gpu_seconds: i64) -> Decimal {
@@ -159,12 +187,55 @@ pub async fn build(
         .filter(|i| scope.covers(&i.account))
         .map(|i| (i.account.clone(), i))
         .collect();
+    let ledger = crate::ledger::reconciled(query, config, from, to, now_ms).await?;
     let mut cost: BTreeMap<String, Decimal> = BTreeMap::new();
-    for u in query.account_usage(from, to, false).await? {
-        if scope.covers(&u.account) {
-            *cost.entry(u.account.clone()).or_default() += list_cost(config, &u.key, u.gpu_seconds);
-        }
+    let mut measured: BTreeMap<String, i64> = BTreeMap::new();
+    let mut gap_seconds: BTreeMap<String, i64> = BTreeMap::new();
+    for (u, gap) in ledger
+        .billed
+        .iter()
+        .map(|u| (u, false))
+        .chain(ledger.gaps.iter().map(|u| (u, true)))
+        .filter(|(u, _)| scope.covers(&u.account))
+    {
+        *cost.entry(u.account.clone()).or_default() +=
+            list_cost(config, &u.gpu_model, u.gpu_seconds);
+        let into = if gap { &mut gap_seconds } else { &mut measured };
+        *into.entry(u.account.clone()).or_default() += u.gpu_seconds;
     }
+    let flagged: Vec<FlaggedRow> = match scope {
+        Scope::All => ledger
+            .flagged_by_node()
+            .into_iter()
+            .map(|((node, reason), secs)| FlaggedRow {
+                node,
+                reason: reason.as_str(),
+                gpu_hours: secs as f64 / 3600.0,
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    let mut gaps: BTreeMap<(String, String, String), i64> = BTreeMap::new();
+    for g in ledger.gaps.iter().filter(|g| scope.covers(&g.account)) {
+        *gaps
+            .entry((
+                g.account.clone(),
+                g.job_id.clone().unwrap_or_default(),
+                g.node.clone(),
+            ))
+            .or_default() += g.gpu_seconds;
+    }
+    let mut coverage_gaps: Vec<GapRow> = gaps
+        .into_iter()
+        .map(|((account, job_id, node), secs)| GapRow {
+            account,
+            job_id,
+            node,
+            gpu_hours: secs as f64 / 3600.0,
+        })
+        .collect();
+    coverage_gaps.sort_by(|a, b| b.gpu_hours.total_cmp(&a.gpu_hours));
+    coverage_gaps.truncate(GAP_ROWS);
     let mut daily: BTreeMap<UnixMillis, BTreeMap<String, f64>> = BTreeMap::new();
     for u in query.account_usage(from, to, true).await? {
         if let (true, Ok(day)) = (scope.covers(&u.account), u.key.parse::<i64>()) {
@@ -190,7 +261,8 @@ pub async fn build(
             });
             AccountRow {
                 name: a.name.clone(),
-                gpu_hours: indicators.gpu_seconds as f64 / 3600.0,
+                gpu_hours: measured.get(&id).copied().unwrap_or(0) as f64 / 3600.0,
+                gap_gpu_hours: gap_seconds.get(&id).copied().unwrap_or(0) as f64 / 3600.0,
                 cost: cost.get(&id).copied().unwrap_or_default(),
                 share: None,
                 entitled_gpus: total_gpus as f64 * f64::from(a.weight) / weights.max(1) as f64,
@@ -249,6 +321,8 @@ pub async fn build(
         accounts,
         daily_gpu_hours: daily.into_iter().collect(),
         queue,
+        flagged,
+        coverage_gaps,
     })
 }
 
@@ -389,6 +463,51 @@ td.num,td[data-value]{text-align:right;font-variant-numeric:tabular-nums} .met{c
 .charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(520px,1fr));gap:10px} svg{max-width:100%;height:auto}\
 .muted{color:#777;font-size:12px}";
 
+/// Coverage gaps (jobs' GPUs no exporter measured) and flagged GPU-hours (measured, billed to
+/// nobody), where there are any.
+fn ledger_section(html: &mut String, view: &StatusView) {
+    if view.coverage_gaps.is_empty() && view.flagged.is_empty() {
+        return;
+    }
+    html.push_str("<section id=\"ledger\"><h2>Ledger: coverage gaps and flagged telemetry</h2>\n");
+    if !view.coverage_gaps.is_empty() {
+        html.push_str("<table id=\"coverage-gaps\"><tr><th>account</th><th>job</th><th>node</th><th>GPU-hours held, not measured</th></tr>\n");
+        for g in &view.coverage_gaps {
+            let _ = writeln!(
+                html,
+                "<tr><td>{}</td><td>{}</td><td>{}</td>{}</tr>",
+                escape(&g.account),
+                escape(&g.job_id),
+                escape(&g.node),
+                cell(
+                    "gap_gpu_hours",
+                    Some(g.gpu_hours),
+                    &format!("{:.2}", g.gpu_hours)
+                )
+            );
+        }
+        html.push_str("</table>\n");
+    }
+    if !view.flagged.is_empty() {
+        html.push_str("<table id=\"flagged\"><tr><th>node</th><th>reason</th><th>GPU-hours billed to nobody</th></tr>\n");
+        for f in &view.flagged {
+            let _ = writeln!(
+                html,
+                "<tr><td>{}</td><td>{}</td>{}</tr>",
+                escape(&f.node),
+                escape(f.reason),
+                cell(
+                    "flagged_gpu_hours",
+                    Some(f.gpu_hours),
+                    &format!("{:.2}", f.gpu_hours)
+                )
+            );
+        }
+        html.push_str("</table><p class=\"muted\">Flagged: a node reported a job on a GPU the job did not hold then (not_held), a job no event names (unknown_job), or another account than the job's (account_mismatch).</p>\n");
+    }
+    html.push_str("</section>\n");
+}
+
 /// The page for `view`; `who` says who is signed in (`None`: authentication is off).
 pub fn render(view: &StatusView, who: Option<&str>) -> String {
     let mut html = String::with_capacity(32 * 1024);
@@ -466,7 +585,7 @@ pub fn render(view: &StatusView, who: Option<&str>) -> String {
     let _ = writeln!(
         html,
         "<section id=\"accounts\"><h2>Usage and cost per tenant</h2><table><tr><th>account</th><th>name</th><th>jobs</th>\
-         <th>GPU-hours</th><th>share</th><th>GPUs now</th><th>entitled GPUs</th><th>mean MFU</th><th>GPU util</th><th>mem util</th>\
+         <th>GPU-hours</th><th>gap GPU-hours</th><th>share</th><th>GPUs now</th><th>entitled GPUs</th><th>mean MFU</th><th>GPU util</th><th>mem util</th>\
          <th>wait p95</th><th>success</th><th>cost ({})</th></tr>",
         escape(&view.currency)
     );
@@ -474,13 +593,18 @@ pub fn render(view: &StatusView, who: Option<&str>) -> String {
         let i = &a.indicators;
         let _ = writeln!(
             html,
-            "<tr data-account=\"{acc}\"><td>{acc}</td><td>{}</td>{}{}{}{}{}{}{}{}{}{}{}</tr>",
+            "<tr data-account=\"{acc}\"><td>{acc}</td><td>{}</td>{}{}{}{}{}{}{}{}{}{}{}{}</tr>",
             escape(&a.name),
             cell("jobs", Some(i.jobs as f64), &i.jobs.to_string()),
             cell(
                 "gpu_hours",
                 Some(a.gpu_hours),
                 &format!("{:.1}", a.gpu_hours)
+            ),
+            cell(
+                "gap_gpu_hours",
+                Some(a.gap_gpu_hours),
+                &format!("{:.1}", a.gap_gpu_hours)
             ),
             cell("share", a.share, &pct(a.share)),
             cell(
@@ -510,7 +634,8 @@ pub fn render(view: &StatusView, who: Option<&str>) -> String {
             acc = escape(&i.account),
         );
     }
-    html.push_str("</table><p class=\"muted\">Cost is GPU-hours at the cluster's list prices; the monthly invoice (time-of-use, MFU weighting, reservations, storage) is what is billed.</p></section>\n");
+    html.push_str("</table><p class=\"muted\">GPU-hours are what each tenant's GPUs measured while its jobs held them; gap GPU-hours are what its jobs held that no exporter measured. Cost is both at the cluster's list prices; the monthly invoice (coverage, time-of-use, MFU weighting, reservations, storage) is what is billed.</p></section>\n");
+    ledger_section(&mut html, view);
 
     html.push_str("<section id=\"charts\"><h2>Charts</h2><div class=\"charts\">\n");
     let per_account = |f: &dyn Fn(&AccountRow) -> f64| -> Vec<(String, f64)> {

@@ -397,7 +397,11 @@ impl Store {
             let file = self.objects().reader(input)?;
             let reader = ParquetRecordBatchReaderBuilder::try_new(file)?.build()?;
             for batch in reader {
-                let batch = batch?;
+                let mut batch = batch?;
+                if table == Table::RollupsHourly {
+                    // Files of an older rollup schema join the current one.
+                    batch = crate::rollup::to_current_schema(&batch)?;
+                }
                 if out.is_none() {
                     out = Some(self.new_file(table, date, batch.schema())?);
                 }

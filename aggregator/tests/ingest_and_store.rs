@@ -8,7 +8,7 @@ use arrow::compute::concat_batches;
 use arrow::record_batch::RecordBatch;
 use gpuledger_aggregator::layout::Table;
 use gpuledger_aggregator::store::StoreOptions;
-use gpuledger_aggregator::{Error, IngestOutcome, Ingestor, IngestorConfig, Store};
+use gpuledger_aggregator::{Accepted, Error, IngestOutcome, Ingestor, IngestorConfig, Store};
 use gpuledger_model::sample::{sample_schema, SampleBatchBuilder, SampleRow};
 use gpuledger_model::time::ManualClock;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
@@ -53,13 +53,46 @@ fn batch(rows: impl Iterator<Item = SampleRow>) -> RecordBatch {
     b.finish().unwrap()
 }
 
+/// Two nodes of eight H100; account team-a with project pretrain.
+const CLUSTER: &str = r#"version = 1
+[cluster]
+name = "t"
+[[node_pools]]
+name = "p"
+prefix = "node"
+count = 2
+gpus_per_node = 8
+gpu_model = "h100-sxm"
+[[partitions]]
+name = "train"
+priority_tier = 20
+[prices]
+version = "v1"
+effective_from = "2026-01-01"
+currency = "CNY"
+gpu_hour = { h100-sxm = "10.00" }
+[[accounts]]
+id = "team-a"
+name = "A"
+weight = 1
+projects = [{ id = "pretrain" }]
+"#;
+
 fn ingestor(dir: &std::path::Path) -> Ingestor {
     let store = Arc::new(Store::open(dir, StoreOptions::default()).unwrap());
+    let config = gpuledger_model::ClusterConfig::from_toml_str(CLUSTER, "t.toml").unwrap();
     Ingestor::new(
         store,
-        IngestorConfig::default(),
+        IngestorConfig::new(gpuledger_model::Inventory::from_config(&config)),
         Arc::new(ManualClock::new(T0 + 3_600_000)),
     )
+}
+
+fn accepted(rows: usize) -> IngestOutcome {
+    IngestOutcome::Accepted(Accepted {
+        rows,
+        ..Accepted::default()
+    })
 }
 
 fn read_table(dir: &std::path::Path, table: Table) -> Vec<RecordBatch> {
@@ -96,7 +129,7 @@ fn a_sample_batch_survives_the_parquet_round_trip_unchanged() {
     let sent = batch((0..200).map(row));
     assert_eq!(
         ing.ingest_samples("node001", 0, &sent).unwrap(),
-        IngestOutcome::Accepted { rows: 200 }
+        accepted(200)
     );
     ing.store().flush().unwrap();
     let stored = read_table(dir.path(), Table::Samples);
@@ -166,10 +199,7 @@ fn a_bad_batch_is_refused_whole_naming_rows_and_fields() {
     );
     // The refused sequence number can be sent again, corrected.
     let ok = batch((0..20).map(row));
-    assert_eq!(
-        ing.ingest_samples("node001", 0, &ok).unwrap(),
-        IngestOutcome::Accepted { rows: 20 }
-    );
+    assert_eq!(ing.ingest_samples("node001", 0, &ok).unwrap(), accepted(20));
 }
 
 #[test]
@@ -193,10 +223,7 @@ fn a_re_sent_batch_is_stored_once() {
     let dir = tempfile::tempdir().unwrap();
     let ing = ingestor(dir.path());
     let b = batch((0..50).map(row));
-    assert_eq!(
-        ing.ingest_samples("node001", 7, &b).unwrap(),
-        IngestOutcome::Accepted { rows: 50 }
-    );
+    assert_eq!(ing.ingest_samples("node001", 7, &b).unwrap(), accepted(50));
     assert_eq!(
         ing.ingest_samples("node001", 7, &b).unwrap(),
         IngestOutcome::Duplicate

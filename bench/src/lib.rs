@@ -462,6 +462,7 @@ fn synthetic_month(
                     gpu_model: GpuModel::H100Sxm,
                     hour_start,
                     gpu_seconds: 8 * 3600,
+                    quarter_seconds: None,
                 });
                 continue;
             }
@@ -473,6 +474,7 @@ fn synthetic_month(
                 gpu_model: GpuModel::H100Sxm,
                 hour_start,
                 gpu_seconds: 8 * 3600,
+                quarter_seconds: None,
                 mfu_bp: Some(((n as i64 * 37 + h * 11) % 6000) as u32 + 500),
             });
         }
@@ -498,10 +500,15 @@ fn invoice_bench(
             let q = runtime.block_on(gpuledger_aggregator::query::Query::open(&layout))?;
             let source = gpuledger_aggregator::billing_source::TablesUsage::new(&q, &runtime);
             let storage = gpuledger_billing::storage::read_storage_scans(layout.root())?;
+            let config = gpuledger_sim::seed::load_cluster(None)?;
             gpuledger_billing::source::gather(
                 &source,
                 &period,
-                gpuledger_billing::source::Metering::Telemetry,
+                gpuledger_billing::source::Metering::for_cluster(
+                    &config.telemetry,
+                    period.end * 1000,
+                ),
+                &gpuledger_billing::source::NodeModels::from_config(&config),
                 storage,
                 Vec::new(),
             )?

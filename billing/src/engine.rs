@@ -5,13 +5,12 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use chrono::{NaiveDate, TimeZone, Timelike};
-use chrono_tz::Tz;
+use chrono::NaiveDate;
 use gpuledger_model::{AccountId, Currency, GpuModel, JobId, NodeId, ProjectId};
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 
-use crate::pricebook::{BillingModel, IdlePolicy, PriceBook, PLATFORM_ACCOUNT};
+use crate::pricebook::{BillingModel, Coverage, IdlePolicy, PriceBook, PLATFORM_ACCOUNT};
 use crate::{Error, Result};
 
 /// One MFU factor unit: factors are integer basis points.
@@ -64,6 +63,10 @@ pub struct UsageHour {
     /// Start of the UTC hour, Unix seconds.
     pub hour_start: i64,
     pub gpu_seconds: i64,
+    /// The GPU-seconds in each quarter of the hour, where the store knows them: an hour that a
+    /// band or a price-book version cuts (a zone off UTC by a half or a quarter hour) is then
+    /// cut exactly; without them it is split in proportion to the pieces' lengths.
+    pub quarter_seconds: Option<[i64; 4]>,
     /// Measured MFU in basis points (0-10000), if any.
     pub mfu_bp: Option<u32>,
 }
@@ -75,6 +78,8 @@ pub struct IdleHour {
     pub gpu_model: GpuModel,
     pub hour_start: i64,
     pub gpu_seconds: i64,
+    /// As [`UsageHour::quarter_seconds`].
+    pub quarter_seconds: Option<[i64; 4]>,
 }
 
 /// One storage scan figure: bytes held under a tenant directory at an instant.
@@ -115,10 +120,50 @@ impl Reservation {
 /// Everything one period is billed from.
 #[derive(Clone, Debug, Default)]
 pub struct BillingInput {
+    /// Measured usage (on GPUs the job held, where allocations are known).
     pub usage: Vec<UsageHour>,
+    /// GPU-seconds jobs held that no exporter measured: billed where the price book's
+    /// `coverage` is `allocation`, and noted on the invoice either way.
+    pub gaps: Vec<UsageHour>,
     pub idle: Vec<IdleHour>,
     pub storage: Vec<StorageScan>,
     pub reservations: Vec<Reservation>,
+    /// Measured GPU-seconds billed to nobody (per node and reason), for the platform's notes.
+    pub flagged: Vec<FlagNote>,
+}
+
+/// Measured GPU-seconds of a node billed to nobody, and why ([`crate::reconcile`]).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct FlagNote {
+    pub node: NodeId,
+    pub reason: String,
+    pub gpu_seconds: i64,
+}
+
+/// A job's GPU-seconds held but not measured in the period, and how many of them were billed.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct GapNote {
+    pub job_id: Option<JobId>,
+    pub node: NodeId,
+    pub gpu_seconds: i64,
+    pub billed_gpu_seconds: i64,
+}
+
+/// What an invoice says beside its lines.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InvoiceNotes {
+    /// The account's coverage gaps, per job and node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub coverage_gaps: Vec<GapNote>,
+    /// On the platform's invoice: measured GPU-seconds billed to nobody, per node and reason.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub flagged: Vec<FlagNote>,
+}
+
+impl InvoiceNotes {
+    pub fn is_empty(&self) -> bool {
+        self.coverage_gaps.is_empty() && self.flagged.is_empty()
+    }
 }
 
 /// What a line charges for.
@@ -232,6 +277,8 @@ pub struct Invoice {
     pub lines: Vec<InvoiceLine>,
     /// GPU-seconds per UTC day, for the usage chart.
     pub daily_gpu_seconds: Vec<(NaiveDate, i64)>,
+    #[serde(default, skip_serializing_if = "InvoiceNotes::is_empty")]
+    pub notes: InvoiceNotes,
 }
 
 impl Invoice {
@@ -271,10 +318,21 @@ struct LineAcc {
 
 type Lines = BTreeMap<AccountId, BTreeMap<LineKey, LineAcc>>;
 
-/// One UTC hour cut where the local hour changes (zones off UTC by a fraction of an hour), each
-/// piece with its band, multiplier and price-book version.
+/// Per account, job and node: GPU-seconds held and not measured, and how many were billed.
+type GapTotals<'a> = BTreeMap<&'a AccountId, BTreeMap<(Option<JobId>, NodeId), (i64, i64)>>;
+
+/// Per GPU model and hour: idle GPU-seconds and, while every row knows them, their quarters.
+type IdleByHour = BTreeMap<(GpuModel, i64), (i64, Option<[i64; 4]>)>;
+
+/// One UTC hour cut where the band or the price-book version changes, each piece with its
+/// band, multiplier and version. Bands start at whole local hours and versions at local
+/// midnight, and every zone's offset and change of offset is a whole number of quarter hours,
+/// so the cuts fall on quarters of the UTC hour: each quarter is looked up and equal
+/// neighbours merged.
 struct Piece<'a> {
     seconds: i64,
+    /// The quarters of the hour it covers.
+    quarters: std::ops::Range<usize>,
     band: &'a str,
     multiplier: Decimal,
     version: &'a crate::pricebook::PriceVersion,
@@ -303,25 +361,22 @@ impl<'a> HourPieces<'a> {
     }
 }
 
+const QUARTER_SECONDS: i64 = 900;
+
 fn pieces_of_hour(book: &PriceBook, hour_start: i64) -> Result<Vec<Piece<'_>>> {
-    let (_, tz) = book.at(hour_start)?;
-    let minute = local_minute(tz, hour_start);
-    let bounds: Vec<(i64, i64)> = if minute == 0 {
-        vec![(hour_start, hour_start + 3600)]
-    } else {
-        let cut = hour_start + i64::from(60 - minute) * 60;
-        vec![(hour_start, cut), (cut, hour_start + 3600)]
-    };
     let mut out: Vec<Piece<'_>> = Vec::new();
-    for (from, to) in bounds {
+    for q in 0..4 {
+        let from = hour_start + q as i64 * QUARTER_SECONDS;
         let (version, tz) = book.at(from)?;
         let band = version.band_at(tz, from);
         match out.last_mut() {
             Some(p) if p.band == band.name && p.version.version == version.version => {
-                p.seconds += to - from
+                p.seconds += QUARTER_SECONDS;
+                p.quarters.end = q + 1;
             }
             _ => out.push(Piece {
-                seconds: to - from,
+                seconds: QUARTER_SECONDS,
+                quarters: q..q + 1,
                 band: band.name,
                 multiplier: band.multiplier,
                 version,
@@ -331,16 +386,17 @@ fn pieces_of_hour(book: &PriceBook, hour_start: i64) -> Result<Vec<Piece<'_>>> {
     Ok(out)
 }
 
-fn local_minute(tz: Tz, secs: i64) -> u32 {
-    chrono::DateTime::from_timestamp(secs, 0)
-        .map(|t| tz.from_utc_datetime(&t.naive_utc()).minute())
-        .unwrap_or(0)
-}
-
-/// Splits `seconds` over an hour's pieces in proportion to their lengths.
-fn split_over_pieces(seconds: i64, pieces: &[Piece<'_>]) -> Vec<i64> {
+/// Splits `seconds` over an hour's pieces: by the quarters they were used in where those are
+/// known and add up, else in proportion to the pieces' lengths.
+fn split_over_pieces(seconds: i64, quarters: Option<[i64; 4]>, pieces: &[Piece<'_>]) -> Vec<i64> {
     if pieces.len() == 1 {
         return vec![seconds];
+    }
+    if let Some(q) = quarters.filter(|q| q.iter().sum::<i64>() == seconds) {
+        return pieces
+            .iter()
+            .map(|p| q[p.quarters.clone()].iter().sum())
+            .collect();
     }
     let weights: Vec<i128> = pieces.iter().map(|p| i128::from(p.seconds)).collect();
     split_largest_remainder(i128::from(seconds), &weights)
@@ -389,22 +445,43 @@ pub fn charge(
     let mut hours = HourPieces::new(book);
     let mut daily: BTreeMap<&AccountId, BTreeMap<NaiveDate, i64>> = BTreeMap::new();
     let mut model_seconds: BTreeMap<(GpuModel, &AccountId), i64> = BTreeMap::new();
-    for u in input
+    let mut gaps: GapTotals<'_> = BTreeMap::new();
+    let rows = input
         .usage
         .iter()
-        .filter(|u| in_period(period, u.hour_start))
-    {
+        .map(|u| (u, false))
+        .chain(input.gaps.iter().map(|u| (u, true)));
+    for (u, gap) in rows.filter(|(u, _)| in_period(period, u.hour_start)) {
         let date = chrono::DateTime::from_timestamp(u.hour_start, 0)
             .unwrap_or_default()
             .date_naive();
-        *daily
-            .entry(&u.account)
-            .or_default()
-            .entry(date)
-            .or_default() += u.gpu_seconds;
-        *model_seconds.entry((u.gpu_model, &u.account)).or_default() += u.gpu_seconds;
         let pieces = hours.get(u.hour_start)?;
-        for (piece, seconds) in pieces.iter().zip(split_over_pieces(u.gpu_seconds, pieces)) {
+        for (piece, seconds) in
+            pieces
+                .iter()
+                .zip(split_over_pieces(u.gpu_seconds, u.quarter_seconds, pieces))
+        {
+            if seconds == 0 {
+                continue;
+            }
+            if gap {
+                let note = gaps
+                    .entry(&u.account)
+                    .or_default()
+                    .entry((u.job_id.clone(), u.node.clone()))
+                    .or_default();
+                note.0 += seconds;
+                if piece.version.coverage == Coverage::Telemetry {
+                    continue;
+                }
+                note.1 += seconds;
+            }
+            *daily
+                .entry(&u.account)
+                .or_default()
+                .entry(date)
+                .or_default() += seconds;
+            *model_seconds.entry((u.gpu_model, &u.account)).or_default() += seconds;
             let base = price_of(piece.version, u.gpu_model)?;
             let (charge_type, factor) = match model_of(piece.version, &u.account) {
                 BillingModel::MfuWeighted => (
@@ -443,7 +520,25 @@ pub fn charge(
         &mut lines,
     )?;
     charge_storage(period, input, book, &model_of, &mut lines)?;
-    finish(period, book, lines, daily, force_model)
+    let mut invoices = finish(period, book, lines, daily, force_model)?;
+    for inv in &mut invoices {
+        if let Some(account_gaps) = gaps.get(&inv.account) {
+            inv.notes.coverage_gaps = account_gaps
+                .iter()
+                .filter(|(_, (held, _))| *held > 0)
+                .map(|((job_id, node), (held, billed))| GapNote {
+                    job_id: job_id.clone(),
+                    node: node.clone(),
+                    gpu_seconds: *held,
+                    billed_gpu_seconds: *billed,
+                })
+                .collect();
+        }
+        if inv.account.as_str() == PLATFORM_ACCOUNT {
+            inv.notes.flagged = input.flagged.clone();
+        }
+    }
+    Ok(invoices)
 }
 
 fn in_period(period: &Period, t: i64) -> bool {
@@ -533,7 +628,7 @@ fn charge_reservations(
             }
             let start = hour - 3600;
             let pieces = hours.get(start)?;
-            for (piece, seconds) in pieces.iter().zip(split_over_pieces(unused, pieces)) {
+            for (piece, seconds) in pieces.iter().zip(split_over_pieces(unused, None, pieces)) {
                 let policy = &piece.version.reservations;
                 if !policy.charge_unused {
                     continue;
@@ -584,19 +679,28 @@ fn charge_idle(
     model_seconds: &BTreeMap<(GpuModel, &AccountId), i64>,
     lines: &mut Lines,
 ) -> Result<()> {
-    let mut idle_by_hour: BTreeMap<(GpuModel, i64), i64> = BTreeMap::new();
+    let mut idle_by_hour: IdleByHour = BTreeMap::new();
     for i in input
         .idle
         .iter()
         .filter(|i| in_period(period, i.hour_start))
     {
-        *idle_by_hour.entry((i.gpu_model, i.hour_start)).or_default() += i.gpu_seconds;
+        let e = idle_by_hour
+            .entry((i.gpu_model, i.hour_start))
+            .or_insert((0, Some([0; 4])));
+        e.0 += i.gpu_seconds;
+        e.1 = match (e.1, i.quarter_seconds) {
+            (Some(a), Some(b)) => Some(std::array::from_fn(|q| a[q] + b[q])),
+            _ => None,
+        };
     }
     let mut buckets: BTreeMap<(GpuModel, String, String), IdleBucket> = BTreeMap::new();
-    for ((model, hour), seconds) in idle_by_hour {
-        let idle = (seconds - reserved_unused.get(&(model, hour)).copied().unwrap_or(0)).max(0);
+    for ((model, hour), (seconds, quarters)) in idle_by_hour {
+        let reserved = reserved_unused.get(&(model, hour)).copied().unwrap_or(0);
+        let idle = (seconds - reserved).max(0);
+        let quarters = quarters.filter(|_| reserved == 0);
         let pieces = hours.get(hour)?;
-        for (piece, seconds) in pieces.iter().zip(split_over_pieces(idle, pieces)) {
+        for (piece, seconds) in pieces.iter().zip(split_over_pieces(idle, quarters, pieces)) {
             let policy = piece.version.idle.policy;
             if policy == IdlePolicy::None || seconds == 0 {
                 continue;
@@ -818,6 +922,7 @@ fn finish(
                     .get(&account)
                     .map(|d| d.iter().map(|(k, v)| (*k, *v)).collect())
                     .unwrap_or_default(),
+                notes: InvoiceNotes::default(),
                 account,
             })
         })

@@ -197,6 +197,7 @@ fn empty_invoice(
         revision: 1,
         lines: Vec::new(),
         daily_gpu_seconds: Vec::new(),
+        notes: Default::default(),
         account,
     })
 }
@@ -227,6 +228,7 @@ mod tests {
                 // 2026-06-02 02:00 UTC, 10:00 in Shanghai.
                 hour_start: 1_780_365_600,
                 gpu_seconds,
+                quarter_seconds: None,
                 mfu_bp: None,
             }],
             ..BillingInput::default()

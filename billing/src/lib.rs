@@ -10,22 +10,30 @@
 //! - [`render`]: the invoice files and the model comparison;
 //! - [`source`]: the [`source::UsageSource`] seam a store implements (the aggregator's tables
 //!   do), and the policy that turns its rows into a [`BillingInput`] (which MFU is billed);
+//! - [`rows`]: what a store reports and what billing makes of it before pricing;
+//! - [`allocation`]: the runs job events describe, and usage by allocation;
+//! - [`reconcile`]: telemetry against allocations: what a job is billed is what it measured on
+//!   GPUs it held; the rest is flagged, and allocations without telemetry are coverage gaps;
 //! - [`storage`]: tenant directories scanned and the scans recorded and read back;
 //! - [`invoices`]: each account's revisions on disk, the month's exports, the reservations
 //!   file. These two and nothing else touch files.
 
+pub mod allocation;
 pub mod engine;
 pub mod invoices;
 pub mod pricebook;
+pub mod reconcile;
 pub mod render;
+pub mod rows;
 pub mod source;
 pub mod storage;
 
 use gpuledger_model::GpuModel;
 
 pub use engine::{
-    charge, revise, split_largest_remainder, BillingInput, ChargeType, IdleHour, Invoice,
-    InvoiceLine, JobPart, LineKey, Period, Reservation, StorageScan, UsageHour,
+    charge, revise, split_largest_remainder, BillingInput, ChargeType, FlagNote, GapNote, IdleHour,
+    Invoice, InvoiceLine, InvoiceNotes, JobPart, LineKey, Period, Reservation, StorageScan,
+    UsageHour,
 };
 pub use pricebook::{BillingModel, PriceBook};
 

@@ -123,6 +123,22 @@ pub struct PriceVersion {
     pub idle: IdleSettings,
     #[serde(default)]
     pub models: ModelSelection,
+    /// What a job pays for GPU-seconds it held but no exporter measured (a coverage gap).
+    #[serde(default)]
+    pub coverage: Coverage,
+}
+
+/// What a coverage gap (GPUs a job held, by its events, that no exporter measured: node down,
+/// exporter missing) is billed as.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Coverage {
+    /// The allocated GPU-seconds are billed, measured or not (as Slurm and Kubernetes
+    /// account): a job is never cheaper for its node's exporter being down.
+    #[default]
+    Allocation,
+    /// Only what was measured is billed; the gap is shown on the invoice, unbilled.
+    Telemetry,
 }
 
 fn utc() -> String {
@@ -285,6 +301,7 @@ impl PriceBook {
             reservations: ReservationPolicy::default(),
             idle: IdleSettings::default(),
             models: ModelSelection::default(),
+            coverage: Coverage::default(),
         };
         Self::from_versions(vec![version]).expect("cluster prices are validated with the config")
     }

@@ -187,7 +187,7 @@ tfoot td {{ font-weight: bold; border-top: 2px solid #222; }}
 </table>
 <p>Each line is rounded once, half to even, to the currency's minor unit; the total is the sum of the lines.
 Usage is measured in GPU-seconds; {gpu_hours} GPU-hours of compute are billed here.</p>
-</body></html>
+{notes}</body></html>
 "#,
         id = html_escape(&inv.invoice_id),
         account = html_escape(inv.account.as_str()),
@@ -202,7 +202,40 @@ Usage is measured in GPU-seconds; {gpu_hours} GPU-hours of compute are billed he
         total = inv.total(),
         currency = inv.currency,
         gpu_hours = hours(inv.gpu_seconds()),
+        notes = notes_html(inv),
     )
+}
+
+/// The invoice's notes: coverage gaps per job and node, flagged GPU-seconds per node and
+/// reason; nothing where there are none.
+fn notes_html(inv: &Invoice) -> String {
+    let mut out = String::new();
+    if !inv.notes.coverage_gaps.is_empty() {
+        out.push_str("<h2>Coverage gaps</h2>\n<p>GPUs a job held, by its events, that no exporter measured (node down, exporter missing), and how much of that is billed under the price book's coverage.</p>\n<table id=\"coverage-gaps\">\n<thead><tr><th>job</th><th>node</th><th class=\"n\">GPU-hours held, not measured</th><th class=\"n\">of which billed</th></tr></thead>\n<tbody>\n");
+        for g in &inv.notes.coverage_gaps {
+            out.push_str(&format!(
+                "<tr><td>{}</td><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>\n",
+                html_escape(&opt(&g.job_id)),
+                html_escape(g.node.as_str()),
+                hours(g.gpu_seconds),
+                hours(g.billed_gpu_seconds)
+            ));
+        }
+        out.push_str("</tbody></table>\n");
+    }
+    if !inv.notes.flagged.is_empty() {
+        out.push_str("<h2>Flagged telemetry</h2>\n<p>GPU-seconds a node measured for a job that did not hold that GPU then (not_held), a job no event names (unknown_job) or another account than the job's (account_mismatch): stored, and billed to nobody.</p>\n<table id=\"flagged\">\n<thead><tr><th>node</th><th>reason</th><th class=\"n\">GPU-hours</th></tr></thead>\n<tbody>\n");
+        for f in &inv.notes.flagged {
+            out.push_str(&format!(
+                "<tr><td>{}</td><td>{}</td><td class=\"n\">{}</td></tr>\n",
+                html_escape(f.node.as_str()),
+                html_escape(&f.reason),
+                hours(f.gpu_seconds)
+            ));
+        }
+        out.push_str("</tbody></table>\n");
+    }
+    out
 }
 
 fn charge_label(l: &InvoiceLine) -> String {

@@ -1,77 +1,56 @@
 //! Where a month's usage comes from. The charge engine prices a [`BillingInput`]; [`gather`]
 //! builds one from a [`UsageSource`] (the aggregator's tables implement it), and owns the
-//! policy between the two: which MFU a job is billed at (its own FLOP/s report over the
-//! measured tensor-activity proxy), how usage by allocation takes a job's measured MFU, and the
-//! checks on every row before it is priced.
+//! policy between the two: how telemetry meets allocations ([`Metering`]), which MFU a job is
+//! billed at (its own FLOP/s report over the measured tensor-activity proxy), how usage by
+//! allocation and coverage gaps take a job's measured MFU, and the checks on every row before
+//! it is priced.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
+use gpuledger_model::job::JobEvent;
 use gpuledger_model::{AccountId, GpuModel, JobId, NodeId, ProjectId};
-use serde::Serialize;
 
-use crate::{BillingInput, Error, IdleHour, Period, Reservation, Result, StorageScan, UsageHour};
-
-/// GPU-seconds per job x node x UTC hour, with the sums its MFU comes from, as a store
-/// reports them (text not yet checked).
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct MeteredHour {
-    pub account: String,
-    pub project: Option<String>,
-    pub job_id: Option<String>,
-    pub node: String,
-    pub gpu_model: String,
-    /// Start of the UTC hour, Unix milliseconds.
-    pub hour_ms: i64,
-    pub gpu_seconds: i64,
-    /// Sum over the hour's seconds of the tensor-activity MFU proxy.
-    pub mfu_proxy_sum: f64,
-    /// Seconds the proxy was measured over.
-    pub mfu_seconds: i64,
-}
-
-/// GPU-seconds sampled on GPUs that ran no job, per node, model and UTC hour.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct IdleGpuHour {
-    pub node: String,
-    pub gpu_model: String,
-    /// Start of the UTC hour, Unix milliseconds.
-    pub hour_ms: i64,
-    pub gpu_seconds: i64,
-}
-
-/// A job's own report of what it achieved: FLOP/s over its GPUs.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct ReportedFlops {
-    pub job_id: String,
-    pub achieved_flops: f64,
-    pub gpus: i64,
-}
+use crate::allocation::{allocation_hours, held_runs};
+use crate::reconcile::{as_labelled, reconcile, Reconciled};
+pub use crate::rows::{GpuHour, IdleGpuHour, MeteredHour, ReportedFlops};
+use crate::{
+    BillingInput, Error, FlagNote, IdleHour, Period, Reservation, Result, StorageScan, UsageHour,
+};
 
 /// What GPU usage is measured by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Metering {
-    /// The exporters' samples: what the GPUs did for each job.
+    /// The exporters' samples billed as labelled: the nodes are trusted for which job ran
+    /// (clusters with no allocation source, such as dcgm-exporter on Kubernetes).
     Telemetry,
+    /// The exporters' samples reconciled with the jobs' allocations from their events
+    /// ([`crate::reconcile`]): a job pays for what it measured on GPUs it held; GPUs it held
+    /// that measured nothing are coverage gaps; runs still going are held up to `now_ms`.
+    Reconciled { now_ms: i64 },
     /// The jobs' runs as their events tell them (Slurm's and Kubernetes' way): every GPU a run
     /// holds from its start to its end; a run still going counts up to `now_ms`. MFU comes from
     /// the job's report or, where its nodes run exporters, its telemetry.
     Allocation { now_ms: i64 },
 }
 
+impl Metering {
+    /// How a cluster's telemetry is billed by default: reconciled with the job events where
+    /// they are its allocation source, as labelled where it has none.
+    pub fn for_cluster(telemetry: &gpuledger_model::config::TelemetryConfig, now_ms: i64) -> Self {
+        match telemetry.allocations {
+            gpuledger_model::config::AllocationSource::Events => Metering::Reconciled { now_ms },
+            gpuledger_model::config::AllocationSource::None => Metering::Telemetry,
+        }
+    }
+}
+
 /// A store of usage. Times are Unix milliseconds, windows `[from_ms, to_ms)`.
 pub trait UsageSource {
     type Error: std::fmt::Display;
-    /// Usage measured by telemetry.
-    fn telemetry_hours(&self, from_ms: i64, to_ms: i64) -> Result<Vec<MeteredHour>, Self::Error>;
-    /// Usage by allocation, runs still going counted up to `now_ms` (no MFU sums).
-    fn allocation_hours(
-        &self,
-        from_ms: i64,
-        to_ms: i64,
-        now_ms: i64,
-    ) -> Result<Vec<MeteredHour>, Self::Error>;
-    /// Capacity that ran no job.
-    fn idle_hours(&self, from_ms: i64, to_ms: i64) -> Result<Vec<IdleGpuHour>, Self::Error>;
+    /// What each GPU measured per UTC hour and label, idle GPUs included.
+    fn gpu_hours(&self, from_ms: i64, to_ms: i64) -> Result<Vec<GpuHour>, Self::Error>;
+    /// Every job event before `to_ms` (runs that began before the window count in it).
+    fn job_events(&self, to_ms: i64) -> Result<Vec<JobEvent>, Self::Error>;
     /// Every job's FLOP/s report.
     fn reported_flops(&self) -> Result<Vec<ReportedFlops>, Self::Error>;
 }
@@ -80,12 +59,90 @@ fn source_error(what: &str, e: impl std::fmt::Display) -> Error {
     Error::Input(format!("reading {what}: {e}"))
 }
 
+/// Each node's GPU model from the cluster config, for usage no exporter measured.
+#[derive(Clone, Debug, Default)]
+pub struct NodeModels {
+    by_node: HashMap<String, GpuModel>,
+    only: Option<GpuModel>,
+}
+
+impl NodeModels {
+    pub fn from_config(config: &gpuledger_model::ClusterConfig) -> Self {
+        let mut models: Vec<GpuModel> = config.node_pools.iter().map(|p| p.gpu_model).collect();
+        models.sort();
+        models.dedup();
+        NodeModels {
+            by_node: config
+                .nodes()
+                .into_iter()
+                .map(|n| (n.id.to_string(), n.gpu_model))
+                .collect(),
+            only: (models.len() == 1).then(|| models[0]),
+        }
+    }
+
+    /// The node's model, or the cluster's only model.
+    pub fn model_of(&self, node: &str) -> Option<GpuModel> {
+        self.by_node.get(node).copied().or(self.only)
+    }
+
+    /// The cluster's model where it has one only (runs whose events name no node).
+    pub fn only_model(&self) -> Option<GpuModel> {
+        self.only
+    }
+}
+
+/// What a window's telemetry became: usage by job, gaps, idle capacity and flagged seconds.
+pub fn metered(
+    source: &impl UsageSource,
+    from: i64,
+    to: i64,
+    metering: Metering,
+    nodes: &NodeModels,
+) -> Result<Reconciled> {
+    let telemetry = || {
+        source
+            .gpu_hours(from, to)
+            .map_err(|e| source_error("usage by telemetry", e))
+    };
+    let runs = |now_ms: i64| {
+        source
+            .job_events(to)
+            .map(|events| held_runs(&events, now_ms))
+            .map_err(|e| source_error("job events", e))
+    };
+    let model_of = |n: &str| nodes.model_of(n);
+    Ok(match metering {
+        Metering::Telemetry => as_labelled(&telemetry()?, from, to),
+        Metering::Reconciled { now_ms } => reconcile(
+            &telemetry()?,
+            &runs(now_ms)?,
+            from,
+            to,
+            &model_of,
+            nodes.only_model(),
+        )?,
+        Metering::Allocation { now_ms } => {
+            let measured = as_labelled(&telemetry()?, from, to);
+            let mut billed =
+                allocation_hours(&runs(now_ms)?, from, to, &model_of, nodes.only_model())?;
+            with_measured_mfu(&mut billed, &measured.billed);
+            Reconciled {
+                billed,
+                idle: measured.idle,
+                ..Reconciled::default()
+            }
+        }
+    })
+}
+
 /// Everything `period` is billed from: usage metered as `metering` says, idle capacity,
 /// `storage` and `reservations`.
 pub fn gather<S: UsageSource>(
     source: &S,
     period: &Period,
     metering: Metering,
+    nodes: &NodeModels,
     storage: Vec<StorageScan>,
     reservations: Vec<Reservation>,
 ) -> Result<BillingInput> {
@@ -96,38 +153,48 @@ pub fn gather<S: UsageSource>(
         .into_iter()
         .map(|r| (r.job_id, (r.achieved_flops, r.gpus)))
         .collect();
-    let telemetry = || {
-        source
-            .telemetry_hours(from, to)
-            .map_err(|e| source_error("usage by telemetry", e))
-    };
-    let rows = match metering {
-        Metering::Telemetry => telemetry()?,
-        Metering::Allocation { now_ms } => {
-            let mut rows = source
-                .allocation_hours(from, to, now_ms)
-                .map_err(|e| source_error("usage by allocation", e))?;
-            with_measured_mfu(&mut rows, &telemetry()?);
-            rows
-        }
-    };
-    let usage = rows
+    let mut metered = metered(source, from, to, metering, nodes)?;
+    with_measured_mfu(&mut metered.gaps, &metered.billed);
+    let usage = metered
+        .billed
         .into_iter()
         .enumerate()
         .map(|(i, r)| usage_hour(i, r, &reported))
         .collect::<Result<_>>()?;
-    let idle = source
-        .idle_hours(from, to)
-        .map_err(|e| source_error("idle capacity", e))?
+    let gaps = metered
+        .gaps
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| usage_hour(i, r, &reported))
+        .collect::<Result<_>>()?;
+    let idle = metered
+        .idle
         .into_iter()
         .enumerate()
         .map(|(i, r)| idle_hour(i, r))
         .collect::<Result<_>>()?;
+    let mut flagged: BTreeMap<(NodeId, String), i64> = BTreeMap::new();
+    for f in metered.flagged {
+        let node =
+            NodeId::new(&f.node).map_err(|e| Error::Input(format!("flagged row: node: {e}")))?;
+        *flagged
+            .entry((node, f.reason.as_str().to_owned()))
+            .or_default() += f.gpu_seconds;
+    }
     Ok(BillingInput {
         usage,
+        gaps,
         idle,
         storage,
         reservations,
+        flagged: flagged
+            .into_iter()
+            .map(|((node, reason), gpu_seconds)| FlagNote {
+                node,
+                reason,
+                gpu_seconds,
+            })
+            .collect(),
     })
 }
 
@@ -195,6 +262,7 @@ fn usage_hour(
         gpu_model,
         hour_start: r.hour_ms.div_euclid(1000),
         gpu_seconds: r.gpu_seconds,
+        quarter_seconds: r.quarter_seconds,
         // A measurement, not money: rounded once to basis points.
         mfu_bp: mfu
             .filter(|m| m.is_finite())
@@ -211,47 +279,49 @@ fn idle_hour(i: usize, r: IdleGpuHour) -> Result<IdleHour> {
         gpu_model: r.gpu_model.parse().map_err(|e| at("gpu_model", &e))?,
         hour_start: r.hour_ms.div_euclid(1000),
         gpu_seconds: r.gpu_seconds,
+        quarter_seconds: r.quarter_seconds,
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpuledger_model::job::JobEventKind;
 
     /// A store held in memory.
     #[derive(Default)]
     struct Rows {
-        telemetry: Vec<MeteredHour>,
-        allocation: Vec<MeteredHour>,
-        idle: Vec<IdleGpuHour>,
+        telemetry: Vec<GpuHour>,
+        events: Vec<JobEvent>,
         reported: Vec<ReportedFlops>,
     }
 
     impl UsageSource for Rows {
         type Error = String;
-        fn telemetry_hours(&self, _: i64, _: i64) -> Result<Vec<MeteredHour>, String> {
+        fn gpu_hours(&self, _: i64, _: i64) -> Result<Vec<GpuHour>, String> {
             Ok(self.telemetry.clone())
         }
-        fn allocation_hours(&self, _: i64, _: i64, _: i64) -> Result<Vec<MeteredHour>, String> {
-            Ok(self.allocation.clone())
-        }
-        fn idle_hours(&self, _: i64, _: i64) -> Result<Vec<IdleGpuHour>, String> {
-            Ok(self.idle.clone())
+        fn job_events(&self, _: i64) -> Result<Vec<JobEvent>, String> {
+            Ok(self.events.clone())
         }
         fn reported_flops(&self) -> Result<Vec<ReportedFlops>, String> {
             Ok(self.reported.clone())
         }
     }
 
-    fn hour(job: &str, gpu_seconds: i64, proxy_sum: f64, mfu_seconds: i64) -> MeteredHour {
-        MeteredHour {
-            account: "team-a".into(),
-            project: Some("llm".into()),
-            job_id: Some(job.into()),
+    const HOUR: i64 = 1_780_272_000_000 + 3_600_000; // 2026-06-01T01:00:00Z
+
+    fn hour(job: &str, gpu_seconds: i64, proxy_sum: f64, mfu_seconds: i64) -> GpuHour {
+        GpuHour {
             node: "gpu001".into(),
+            gpu_index: job.parse().unwrap_or(0),
             gpu_model: "h100-sxm".into(),
-            hour_ms: 1_780_000_000_000 / 3_600_000 * 3_600_000,
+            hour_ms: HOUR,
+            job_id: Some(job.into()),
+            account: Some("team-a".into()),
+            project: Some("llm".into()),
             gpu_seconds,
+            quarter_seconds: None,
             mfu_proxy_sum: proxy_sum,
             mfu_seconds,
         }
@@ -259,6 +329,13 @@ mod tests {
 
     fn june() -> Period {
         Period::month("2026-06").unwrap()
+    }
+
+    fn nodes() -> NodeModels {
+        NodeModels {
+            only: Some(GpuModel::H100Sxm),
+            ..NodeModels::default()
+        }
     }
 
     #[test]
@@ -276,27 +353,48 @@ mod tests {
             }],
             ..Rows::default()
         };
-        let input = gather(&source, &june(), Metering::Telemetry, vec![], vec![]).unwrap();
+        let input = gather(
+            &source,
+            &june(),
+            Metering::Telemetry,
+            &nodes(),
+            vec![],
+            vec![],
+        )
+        .unwrap();
         let mfu: Vec<Option<u32>> = input.usage.iter().map(|u| u.mfu_bp).collect();
         assert_eq!(mfu, [Some(5000), Some(2500), None]);
-        assert_eq!(
-            input.usage[0].hour_start * 1000,
-            source.telemetry[0].hour_ms
+        assert_eq!(input.usage[0].hour_start * 1000, HOUR);
+    }
+
+    fn started(job: &str, at: i64, gpus: u32, allocation: Option<&str>) -> JobEvent {
+        let mut e = JobEvent::new(
+            at,
+            JobId::new(job).unwrap(),
+            AccountId::new("team-a").unwrap(),
+            Some(ProjectId::new("llm").unwrap()),
+            JobEventKind::Started,
         );
+        e.gpus = Some(gpus);
+        e.allocation = allocation.map(|a| a.parse().unwrap());
+        e
     }
 
     #[test]
     fn usage_by_allocation_takes_the_jobs_measured_mfu_where_it_has_telemetry() {
         let source = Rows {
-            // Job 1 measured at 0.4 over 100 s; the allocation billed 7,200 GPU-seconds.
+            // Job 1 measured at 0.4 over 100 s; its allocation holds 2 GPUs for the hour.
             telemetry: vec![hour("1", 100, 40.0, 100)],
-            allocation: vec![hour("1", 7200, 0.0, 0), hour("9", 3600, 0.0, 0)],
+            events: vec![started("1", HOUR, 2, None), started("9", HOUR, 1, None)],
             ..Rows::default()
         };
         let input = gather(
             &source,
             &june(),
-            Metering::Allocation { now_ms: 0 },
+            Metering::Allocation {
+                now_ms: HOUR + 3_600_000,
+            },
+            &nodes(),
             vec![],
             vec![],
         )
@@ -307,28 +405,84 @@ mod tests {
     }
 
     #[test]
+    fn reconciled_a_gap_takes_the_jobs_measured_mfu_and_forged_rows_are_flagged() {
+        let mut forged = hour("7", 3600, 3600.0, 3600);
+        forged.gpu_index = 5;
+        let source = Rows {
+            // Job 1 held GPU 1 for the hour; 1,800 s of it were measured, at 0.5.
+            telemetry: vec![hour("1", 1800, 900.0, 1800), forged],
+            events: vec![started("1", HOUR, 1, Some("gpu001:1"))],
+            ..Rows::default()
+        };
+        let input = gather(
+            &source,
+            &june(),
+            Metering::Reconciled {
+                now_ms: HOUR + 3_600_000,
+            },
+            &nodes(),
+            vec![],
+            vec![],
+        )
+        .unwrap();
+        assert_eq!(input.usage.len(), 1);
+        assert_eq!(
+            (input.usage[0].gpu_seconds, input.usage[0].mfu_bp),
+            (1800, Some(5000))
+        );
+        assert_eq!(input.gaps.len(), 1);
+        assert_eq!(
+            (input.gaps[0].gpu_seconds, input.gaps[0].mfu_bp),
+            (1800, Some(5000))
+        );
+        assert_eq!(
+            input.flagged,
+            [FlagNote {
+                node: NodeId::new("gpu001").unwrap(),
+                reason: "unknown_job".into(),
+                gpu_seconds: 3600
+            }]
+        );
+    }
+
+    #[test]
     fn a_row_that_names_nothing_real_is_refused_with_its_row_and_field() {
         let mut bad = hour("1", 3600, 0.0, 0);
-        bad.account = "../x".into();
+        bad.account = Some("../x".into());
+        bad.gpu_index = 4;
         let source = Rows {
             telemetry: vec![hour("1", 3600, 0.0, 0), bad],
             ..Rows::default()
         };
-        let err = gather(&source, &june(), Metering::Telemetry, vec![], vec![]).unwrap_err();
+        let err = gather(
+            &source,
+            &june(),
+            Metering::Telemetry,
+            &nodes(),
+            vec![],
+            vec![],
+        )
+        .unwrap_err();
         assert!(
-            err.to_string().starts_with("usage row 1: account:"),
+            err.to_string().starts_with("usage row 0: account:"),
             "{err}"
         );
+        let mut idle = hour("1", 1, 0.0, 0);
+        (idle.job_id, idle.account, idle.project) = (None, None, None);
+        idle.gpu_model = "v100".into();
         let source = Rows {
-            idle: vec![IdleGpuHour {
-                node: "gpu001".into(),
-                gpu_model: "v100".into(),
-                hour_ms: 0,
-                gpu_seconds: 1,
-            }],
+            telemetry: vec![idle],
             ..Rows::default()
         };
-        let err = gather(&source, &june(), Metering::Telemetry, vec![], vec![]).unwrap_err();
+        let err = gather(
+            &source,
+            &june(),
+            Metering::Telemetry,
+            &nodes(),
+            vec![],
+            vec![],
+        )
+        .unwrap_err();
         assert!(
             err.to_string().starts_with("idle row 0: gpu_model:"),
             "{err}"

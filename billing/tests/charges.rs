@@ -57,6 +57,7 @@ fn usage(u: Use) -> UsageHour {
         gpu_model: u.model,
         hour_start: JUNE + u.hour * 3600,
         gpu_seconds: u.secs,
+        quarter_seconds: None,
         mfu_bp: u.mfu_bp,
     }
 }
@@ -249,6 +250,7 @@ policy = "shared"
             gpu_model: GpuModel::H100Sxm,
             hour_start: JUNE,
             gpu_seconds: 3600 + 1, // 10.0027.. CNY: 10.00 split 1:2 -> 3.33 + 6.67
+            quarter_seconds: None,
         }],
         ..BillingInput::default()
     };
@@ -380,6 +382,7 @@ fn a_book_west_of_utc_starting_on_the_1st_bills_the_whole_utc_month() {
             gpu_model: GpuModel::H100Sxm,
             hour_start: march.start,
             gpu_seconds: 7200,
+            quarter_seconds: None,
         }],
         ..BillingInput::default()
     };
@@ -581,6 +584,7 @@ fn idle_capacity_rows_carry_their_quantity_and_costs_in_focus() {
             gpu_model: GpuModel::H100Sxm,
             hour_start: JUNE,
             gpu_seconds: 7200,
+            quarter_seconds: None,
         }],
         ..BillingInput::default()
     };
@@ -702,5 +706,182 @@ proptest! {
             let twin = again.iter().find(|i| i.account == inv.account).unwrap();
             prop_assert_eq!(invoice_csv(twin), invoice_csv(inv));
         }
+    }
+}
+
+/// Audit (d): the exporters' samples carry exact times, so an hour that a band cuts in a
+/// half- or quarter-hour zone is cut where the seconds were used, not in proportion.
+#[test]
+fn a_band_cuts_an_hour_exactly_where_its_seconds_were_used() {
+    // Kolkata (UTC+05:30), night from 22:00: 16:00-17:00 UTC is 21:30-22:30 local. Eight GPUs
+    // busy 16:00-16:30 UTC only (21:30-22:00 local): all before the night band, 8 x 0.5 h x
+    // 10.00 = 40.00 (in proportion it was 20.00 + 10.00 = 30.00).
+    let kolkata = r#"[[versions]]
+version = "v"
+effective_from = "2026-05-01"
+currency = "CNY"
+time_zone = "Asia/Kolkata"
+gpu_hour = { h100-sxm = "10.00" }
+[[versions.time_of_use]]
+name = "night"
+hours = { from = 22, to = 6 }
+multiplier = "0.50"
+"#;
+    let mut hour = usage(Use {
+        account: "team-a",
+        project: None,
+        job: Some("1"),
+        node: "n1",
+        model: GpuModel::H100Sxm,
+        hour: 16,
+        secs: 8 * 1800,
+        mfu_bp: None,
+    });
+    hour.quarter_seconds = Some([8 * 900, 8 * 900, 0, 0]);
+    let book = PriceBook::from_toml_str(kolkata, "k.toml").unwrap();
+    let input = BillingInput {
+        usage: vec![hour.clone()],
+        ..BillingInput::default()
+    };
+    let inv = charge(&june(), &input, &book, None).unwrap();
+    assert_eq!(total_of(&inv, "team-a"), dec!(40.00));
+    assert!(inv[0].lines.iter().all(|l| l.key.band == "standard"));
+    // Kathmandu (UTC+05:45): 16:00 UTC is 21:45 local; the first quarter alone is before 22:00.
+    let book =
+        PriceBook::from_toml_str(&kolkata.replace("Asia/Kolkata", "Asia/Kathmandu"), "n.toml")
+            .unwrap();
+    hour.quarter_seconds = Some([8 * 900, 8 * 900, 0, 0]);
+    let inv = charge(
+        &june(),
+        &BillingInput {
+            usage: vec![hour],
+            ..BillingInput::default()
+        },
+        &book,
+        None,
+    )
+    .unwrap();
+    // 7200 s standard = 20.00, 7200 s night = 10.00.
+    assert_eq!(total_of(&inv, "team-a"), dec!(30.00));
+}
+
+/// Every band second, in zones off UTC by whole, half and quarter hours and across both DST
+/// changes (Lord Howe's is half an hour), lands in the band its local time is in: the engine
+/// against a reference that looks at each minute.
+#[test]
+fn bands_cut_exactly_in_every_zone_and_across_both_dst_changes() {
+    use chrono::{TimeZone, Timelike};
+    // (zone, a day with a change of offset or none)
+    let cases = [
+        ("Asia/Kolkata", "2026-06-10"),
+        ("Asia/Kathmandu", "2026-06-10"),
+        ("America/New_York", "2026-03-08"),
+        ("America/New_York", "2026-11-01"),
+        ("Australia/Lord_Howe", "2026-04-05"),
+        ("Australia/Lord_Howe", "2026-10-04"),
+        ("Europe/Berlin", "2026-03-29"),
+    ];
+    // Busy in the first and third quarter of every hour.
+    let pattern = [900i64, 0, 900, 0];
+    for (zone, day) in cases {
+        let tz: chrono_tz::Tz = zone.parse().unwrap();
+        let date = chrono::NaiveDate::parse_from_str(day, "%Y-%m-%d").unwrap();
+        let period = Period::month(&date.format("%Y-%m").to_string()).unwrap();
+        let start = date.and_hms_opt(0, 0, 0).unwrap().and_utc().timestamp() - 86_400;
+        let src = format!(
+            "[[versions]]\nversion = \"v\"\neffective_from = \"2026-01-01\"\ncurrency = \"CNY\"\n\
+             time_zone = \"{zone}\"\ngpu_hour = {{ h100-sxm = \"10.00\" }}\n\
+             [[versions.time_of_use]]\nname = \"night\"\nhours = {{ from = 22, to = 6 }}\nmultiplier = \"0.50\"\n"
+        );
+        let book = PriceBook::from_toml_str(&src, "z.toml").unwrap();
+        let mut input = BillingInput::default();
+        let mut want_night = 0;
+        for h in 0..72 {
+            let hour_start = start + h * 3600;
+            if hour_start < period.start || hour_start >= period.end {
+                continue;
+            }
+            let mut u = usage(Use {
+                account: "team-a",
+                project: None,
+                job: Some("1"),
+                node: "n1",
+                model: GpuModel::H100Sxm,
+                hour: 0,
+                secs: 1800,
+                mfu_bp: None,
+            });
+            u.hour_start = hour_start;
+            u.quarter_seconds = Some(pattern);
+            input.usage.push(u);
+            for minute in 0..60 {
+                if pattern[minute / 15] == 0 {
+                    continue;
+                }
+                let t = hour_start + minute as i64 * 60;
+                let local = tz.from_utc_datetime(
+                    &chrono::DateTime::from_timestamp(t, 0).unwrap().naive_utc(),
+                );
+                if local.hour() >= 22 || local.hour() < 6 {
+                    want_night += 60;
+                }
+            }
+        }
+        let inv = charge(&period, &input, &book, None).unwrap();
+        let night: i64 = inv[0]
+            .lines
+            .iter()
+            .filter(|l| l.key.band == "night")
+            .map(|l| l.gpu_seconds)
+            .sum();
+        assert_eq!(night, want_night, "{zone} {day}");
+    }
+}
+
+/// A coverage gap (held by the job's events, not measured) is billed under `coverage =
+/// "allocation"` and not under `"telemetry"`; the invoice lists it either way.
+#[test]
+fn a_coverage_gap_is_billed_as_the_price_book_says_and_noted_either_way() {
+    let measured = usage(Use {
+        account: "team-a",
+        project: None,
+        job: Some("7"),
+        node: "n1",
+        model: GpuModel::H100Sxm,
+        hour: 3,
+        secs: 3600,
+        mfu_bp: None,
+    });
+    let mut gap = measured.clone();
+    gap.node = NodeId::new("n2").unwrap();
+    let input = BillingInput {
+        usage: vec![measured],
+        gaps: vec![gap],
+        ..BillingInput::default()
+    };
+    for (coverage, total, billed) in [
+        ("allocation", dec!(20.00), 3600),
+        ("telemetry", dec!(10.00), 0),
+    ] {
+        let inv = charge(
+            &june(),
+            &input,
+            &book(&format!("coverage = \"{coverage}\"")),
+            None,
+        )
+        .unwrap();
+        assert_eq!(total_of(&inv, "team-a"), total, "{coverage}");
+        assert_eq!(
+            inv[0].notes.coverage_gaps,
+            [gpuledger_billing::GapNote {
+                job_id: Some(JobId::new("7").unwrap()),
+                node: NodeId::new("n2").unwrap(),
+                gpu_seconds: 3600,
+                billed_gpu_seconds: billed,
+            }],
+            "{coverage}"
+        );
+        let html = invoice_html(&inv[0]);
+        assert!(html.contains("id=\"coverage-gaps\""), "{coverage}");
     }
 }

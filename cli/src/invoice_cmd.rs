@@ -9,7 +9,7 @@ use gpuledger_billing::Period;
 
 use gpuledger_aggregator::billing_source::TablesUsage;
 use gpuledger_billing::invoices::{bill_month, read_reservations, reservations_in};
-use gpuledger_billing::source::{gather, Metering};
+use gpuledger_billing::source::{gather, Metering, NodeModels};
 use gpuledger_billing::storage::{read_storage_scans, record_scan, scan_tenant_dirs};
 
 use crate::table;
@@ -43,8 +43,9 @@ pub struct InvoiceArgs {
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// What usage is measured by: `telemetry` (the exporters' samples: what the GPUs did for
-    /// each job) or `allocation` (each job run's GPUs from start to end, from its job events,
-    /// as Slurm accounts: for clusters without exporters, or billed by allocation).
+    /// each job, reconciled with the jobs' allocations unless the config's
+    /// `telemetry.allocations` is `none`) or `allocation` (each job run's GPUs from start to
+    /// end, from its job events, as Slurm accounts: for clusters without exporters).
     #[arg(long, default_value = "telemetry", value_parser = ["telemetry", "allocation"])]
     pub usage: String,
 }
@@ -63,16 +64,21 @@ pub fn invoice(args: InvoiceArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let metering = match args.usage.as_str() {
-        "allocation" => Metering::Allocation {
-            now_ms: chrono::Utc::now().timestamp_millis(),
-        },
-        _ => Metering::Telemetry,
-    };
     let query = runtime.block_on(Query::open(&layout))?;
-    let source = TablesUsage::new(&query, &runtime).with_config(&config);
+    // A run with no end event is held up to where the store's samples reach, not to the wall
+    // clock: the store knows nothing of the time after.
+    let now_ms = match runtime.block_on(query.data_through_ms())? {
+        Some(through) => through.min(chrono::Utc::now().timestamp_millis()),
+        None => chrono::Utc::now().timestamp_millis(),
+    };
+    let metering = match args.usage.as_str() {
+        "allocation" => Metering::Allocation { now_ms },
+        _ => Metering::for_cluster(&config.telemetry, now_ms),
+    };
+    let source = TablesUsage::new(&query, &runtime);
     let storage = read_storage_scans(layout.root())?;
-    let input = gather(&source, &period, metering, storage, reservations)?;
+    let nodes = NodeModels::from_config(&config);
+    let input = gather(&source, &period, metering, &nodes, storage, reservations)?;
     for f in gpuledger_aggregator::quarantine::quarantined_files(&layout)? {
         eprintln!(
             "warning: {} is in quarantine ({}): this invoice lacks what it held; restore the file to its table and run again",

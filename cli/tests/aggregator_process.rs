@@ -51,7 +51,7 @@ fn kill_9_during_ingest_loses_nothing_acknowledged_and_stores_nothing_twice() {
         .map(|n| {
             let (url, acked) = (aggregator.url.clone(), Arc::clone(&acked));
             std::thread::spawn(move || {
-                let node = format!("node{n:03}");
+                let node = format!("gpu{:03}", n + 1);
                 let agent = agent();
                 let mut acknowledged = Vec::new();
                 for seq in 0..BATCHES {
@@ -82,7 +82,7 @@ fn kill_9_during_ingest_loses_nothing_acknowledged_and_stores_nothing_twice() {
     let aggregator = start(dir.path());
     let agent = agent();
     for (n, acked) in acknowledged.iter().enumerate() {
-        let node = format!("node{n:03}");
+        let node = format!("gpu{:03}", n + 1);
         for seq in 0..BATCHES {
             let status = push(
                 &agent,
@@ -134,11 +134,11 @@ fn two_aggregators_share_one_data_directory_and_reports_read_both() {
             Stdio::inherit(),
         )
     };
-    let a = start_writer("agg-a", "node000,node001");
-    let b = start_writer("agg-b", "node002,node003");
+    let a = start_writer("agg-a", "gpu001,gpu002");
+    let b = start_writer("agg-b", "gpu003,gpu004");
     let agent = agent();
     for n in 0..4 {
-        let node = format!("node{n:03}");
+        let node = format!("gpu{:03}", n + 1);
         let (own, other) = if n < 2 { (&a, &b) } else { (&b, &a) };
         for seq in 0..3 {
             let body = batch(&node, seq, t0_ms);
@@ -158,7 +158,7 @@ fn two_aggregators_share_one_data_directory_and_reports_read_both() {
     }
     terminate(a);
     // A restart of one writer recovers its own log and leaves the other's files alone.
-    let a = start_writer("agg-a", "node000,node001");
+    let a = start_writer("agg-a", "gpu001,gpu002");
     terminate(a);
     terminate(b);
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -311,11 +311,11 @@ fn slow_clients_cannot_stall_the_aggregator_and_nothing_half_sent_is_stored() {
         })
         .collect();
     let now_ms = chrono::Utc::now().timestamp_millis();
-    let body = batch("node000", 0, now_ms - now_ms.rem_euclid(1000) - 3_600_000);
+    let body = batch("gpu001", 0, now_ms - now_ms.rem_euclid(1000) - 3_600_000);
     let mut half_sender = TcpStream::connect(&addr).unwrap();
     write!(
         half_sender,
-        "POST /api/v1/ingest HTTP/1.1\r\nhost: x\r\nx-gpuledger-node: node000\r\n\
+        "POST /api/v1/ingest HTTP/1.1\r\nhost: x\r\nx-gpuledger-node: gpu001\r\n\
          x-gpuledger-seq: 0\r\ncontent-length: {}\r\n\r\n",
         body.len()
     )
@@ -337,7 +337,7 @@ fn slow_clients_cannot_stall_the_aggregator_and_nothing_half_sent_is_stored() {
     // The service is whole: the same batch sent properly is accepted, not a duplicate.
     let agent = agent();
     assert_eq!(
-        push(&agent, &aggregator.url, "node000", 0, &body).as_deref(),
+        push(&agent, &aggregator.url, "gpu001", 0, &body).as_deref(),
         Some("accepted")
     );
     terminate(aggregator);

@@ -39,14 +39,14 @@ fn batches_spooled_across_an_outage_and_a_kill_9_arrive_exactly_once() {
     );
     std::fs::create_dir_all(&mapping).unwrap();
     for gpu in 0..4 {
-        std::fs::write(mapping.join(gpu.to_string()), "7 team-a research\n").unwrap();
+        std::fs::write(mapping.join(gpu.to_string()), "7 team-a pretrain\n").unwrap();
     }
     let port = common::free_port();
     let aggregator_url = format!("http://127.0.0.1:{port}");
     let exporter_args = [
         "exporter",
         "--node",
-        "node001",
+        "gpu001",
         "--gpus",
         "8",
         "--sample-interval",
@@ -70,9 +70,9 @@ fn batches_spooled_across_an_outage_and_a_kill_9_arrive_exactly_once() {
     });
     assert!(metric(&exporter.url, "gpuledger_exporter_pushes_failed_total") >= 1.0);
     let page = scrape(&exporter.url);
-    assert!(page.contains("DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",Hostname=\"node001\",hpc_job=\"7\",account=\"team-a\",project=\"research\"}"), "{page}");
+    assert!(page.contains("DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",Hostname=\"gpu001\",hpc_job=\"7\",account=\"team-a\",project=\"pretrain\"}"), "{page}");
     assert!(
-        page.contains("DCGM_FI_DEV_GPU_UTIL{gpu=\"5\",Hostname=\"node001\",hpc_job=\"\"}"),
+        page.contains("DCGM_FI_DEV_GPU_UTIL{gpu=\"5\",Hostname=\"gpu001\",hpc_job=\"\"}"),
         "idle GPUs are labelled idle, not dropped"
     );
     exporter.child.kill().unwrap();
@@ -114,15 +114,15 @@ fn batches_spooled_across_an_outage_and_a_kill_9_arrive_exactly_once() {
     let checkpoint: serde_json::Value =
         serde_json::from_slice(&std::fs::read(data.join("wal/agg0/checkpoint.json")).unwrap())
             .unwrap();
+    // Known by node and the spool's epoch.
+    let epoch = std::fs::read_to_string(spool.join("epoch")).unwrap();
+    let sender = &checkpoint["samples"][format!("gpu001@{}", epoch.trim())];
     assert_eq!(
-        checkpoint["samples"]["node001"]["contiguous"].as_u64(),
+        sender["contiguous"].as_u64(),
         Some(next_seq - 1),
         "{checkpoint}"
     );
-    assert!(
-        checkpoint["samples"]["node001"].get("above").is_none(),
-        "no gaps: {checkpoint}"
-    );
+    assert!(sender.get("above").is_none(), "no gaps: {checkpoint}");
 
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()

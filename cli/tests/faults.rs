@@ -21,7 +21,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::post;
 
-use common::{free_port, scrape, spawn, terminate, wait_for, Process};
+use common::{free_port, scrape, seed_config_labelled, spawn, terminate, wait_for, Process};
 
 const NODES: usize = 10;
 const CUT_NODE: &str = "gpu003";
@@ -149,6 +149,8 @@ fn metric(page: &str, name: &str) -> f64 {
 fn invoices(data: &Path, months: &[String]) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     for month in months {
+        // The exporters label jobs from mapping files that no job event describes.
+        let config = seed_config_labelled(data);
         let run = std::process::Command::new(env!("CARGO_BIN_EXE_gpuledger"))
             .args([
                 "invoice",
@@ -156,6 +158,8 @@ fn invoices(data: &Path, months: &[String]) -> BTreeMap<String, String> {
                 month,
                 "--data-dir",
                 data.to_str().unwrap(),
+                "--config",
+                config.to_str().unwrap(),
             ])
             .output()
             .unwrap();

@@ -55,8 +55,8 @@ fn a_full_log_disk_refuses_batches_and_a_kill_9_loses_no_acknowledged_one() {
         if seq == 30 {
             std::fs::remove_file(&filler).unwrap();
         }
-        let body = batch("node000", seq, t0_ms, ROWS);
-        match try_push(&agent, &aggregator.url, "node000", seq, &body) {
+        let body = batch("gpu001", seq, t0_ms, ROWS);
+        match try_push(&agent, &aggregator.url, "gpu001", seq, &body) {
             Some((200, text)) if text.contains("accepted") => acknowledged.push(seq),
             Some((status, text)) => {
                 assert!(
@@ -81,8 +81,8 @@ fn a_full_log_disk_refuses_batches_and_a_kill_9_loses_no_acknowledged_one() {
     aggregator.child.wait().unwrap();
     let aggregator = start(&url, &state);
     for &seq in &acknowledged {
-        let body = batch("node000", seq, t0_ms, ROWS);
-        let (status, text) = try_push(&agent, &aggregator.url, "node000", seq, &body).unwrap();
+        let body = batch("gpu001", seq, t0_ms, ROWS);
+        let (status, text) = try_push(&agent, &aggregator.url, "gpu001", seq, &body).unwrap();
         assert_eq!(status, 200, "{text}");
         assert!(
             text.contains("duplicate"),

@@ -17,7 +17,10 @@ use gpuledger_aggregator::objects::Objects;
 use gpuledger_aggregator::query::Query;
 
 use common::ingest::{agent, batch};
-use common::{assert_stored_once, free_port, scalar, spawn, terminate, wait_for, Process};
+use common::{
+    assert_stored_once, free_port, scalar, seed_config_labelled, spawn, terminate, wait_for,
+    Process,
+};
 
 const BATCHES: u64 = 12;
 const ROWS: usize = 600;
@@ -103,9 +106,9 @@ fn start_writer(data_dir: &str, state: &std::path::Path, id: &str, nodes: &str) 
 fn two_writers_and_a_kill_9(data_dir: &str, state: &std::path::Path) {
     let now_ms = chrono::Utc::now().timestamp_millis();
     let t0_ms = now_ms - now_ms.rem_euclid(1000) - 3_600_000;
-    let nodes = ["node000", "node001", "node002", "node003"];
-    let mut a = start_writer(data_dir, &state.join("a"), "agg-a", "node000,node001");
-    let b = start_writer(data_dir, &state.join("b"), "agg-b", "node002,node003");
+    let nodes = ["gpu001", "gpu002", "gpu003", "gpu004"];
+    let mut a = start_writer(data_dir, &state.join("a"), "agg-a", "gpu001,gpu002");
+    let b = start_writer(data_dir, &state.join("b"), "agg-b", "gpu003,gpu004");
     let agent = agent();
     let owner = |n: usize, a: &Process| if n < 2 { a.url.clone() } else { b.url.clone() };
     for seq in 0..BATCHES / 2 {
@@ -119,7 +122,7 @@ fn two_writers_and_a_kill_9(data_dir: &str, state: &std::path::Path) {
     // agg-a dies with half its batches acknowledged and none of them flushed to the store.
     a.child.kill().expect("SIGKILL");
     a.child.wait().unwrap();
-    let a = start_writer(data_dir, &state.join("a"), "agg-a", "node000,node001");
+    let a = start_writer(data_dir, &state.join("a"), "agg-a", "gpu001,gpu002");
     for seq in 0..BATCHES {
         for (n, node) in nodes.iter().enumerate() {
             let status = push(&agent, &owner(n, &a), node, seq, t0_ms).expect("answers");
@@ -183,10 +186,14 @@ fn two_writers_and_a_kill_9(data_dir: &str, state: &std::path::Path) {
     // The month's invoices from the tables in the store, written under the state directory.
     let month = day.format("%Y-%m").to_string();
     let billing = state.join("billing");
+    // The batches name jobs that no job event describes: billed as labelled.
+    let config = seed_config_labelled(state);
     let text = gpuledger(&[
         "invoice",
         "--month",
         &month,
+        "--config",
+        config.to_str().unwrap(),
         "--data-dir",
         data_dir,
         "--state-dir",
@@ -300,7 +307,7 @@ fn a_flush_the_store_refuses_exits_and_the_restart_stores_every_acknowledged_bat
     let agent = agent();
     let mut aggregator = start();
     assert_eq!(
-        push(&agent, &aggregator.url, "node000", 0, t0_ms).as_deref(),
+        push(&agent, &aggregator.url, "gpu001", 0, t0_ms).as_deref(),
         Some("accepted")
     );
     let rollups = tables.join("rollups");
@@ -327,7 +334,7 @@ fn a_flush_the_store_refuses_exits_and_the_restart_stores_every_acknowledged_bat
     std::fs::rename(&rollups, &away).unwrap();
     std::fs::write(&rollups, b"in the way").unwrap();
     assert_eq!(
-        push(&agent, &aggregator.url, "node000", 1, t0_ms).as_deref(),
+        push(&agent, &aggregator.url, "gpu001", 1, t0_ms).as_deref(),
         Some("accepted")
     );
     let status = loop {
@@ -341,7 +348,7 @@ fn a_flush_the_store_refuses_exits_and_the_restart_stores_every_acknowledged_bat
     std::fs::rename(&away, &rollups).unwrap();
     let aggregator = start();
     assert_eq!(
-        push(&agent, &aggregator.url, "node000", 1, t0_ms).as_deref(),
+        push(&agent, &aggregator.url, "gpu001", 1, t0_ms).as_deref(),
         Some("duplicate"),
         "batch 1 was acknowledged before the failure"
     );

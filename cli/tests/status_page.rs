@@ -8,13 +8,13 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
 use common::browser::{screenshot_dir, Browser};
-use common::{spawn, terminate, wait_for};
+use common::{gpuledger_ok, spawn, terminate, wait_for};
 
 const CONFIG: &str = r#"version = 1
 [cluster]
@@ -45,19 +45,6 @@ name = "Product"
 weight = 1
 projects = [{ id = "finetune" }]
 "#;
-
-fn gpuledger(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_gpuledger"))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "gpuledger {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
 
 fn agent() -> ureq::Agent {
     ureq::Agent::config_builder()
@@ -171,10 +158,10 @@ fn the_status_page_shows_each_token_its_own_figures_in_a_real_browser() {
     std::fs::write(&config, CONFIG).unwrap();
     let tokens = dir.path().join("tokens.toml");
     let tokens_arg = tokens.to_str().unwrap();
-    let operator = gpuledger(&[
+    let operator = gpuledger_ok(&[
         "token", "add", "--file", tokens_arg, "--role", "operator", "--name", "ops",
     ]);
-    let tenant = gpuledger(&[
+    let tenant = gpuledger_ok(&[
         "token",
         "add",
         "--file",
@@ -186,11 +173,11 @@ fn the_status_page_shows_each_token_its_own_figures_in_a_real_browser() {
         "--name",
         "a-lead",
     ]);
-    let node = gpuledger(&[
+    let node = gpuledger_ok(&[
         "token", "add", "--file", tokens_arg, "--role", "node", "--node", "node001", "--name",
         "node001",
     ]);
-    let listed = gpuledger(&["token", "list", "--file", tokens_arg]);
+    let listed = gpuledger_ok(&["token", "list", "--file", tokens_arg]);
     assert!(
         listed.contains("a-lead") && listed.contains("team-a") && !listed.contains(&tenant[16..]),
         "{listed}"

@@ -374,17 +374,25 @@ enum Pushed {
     Failed(String),
 }
 
+/// Who pushes: the node, its token, its spool's epoch.
+struct Sender<'a> {
+    node: &'a str,
+    token: Option<&'a str>,
+    epoch: &'a str,
+}
+
 fn push_once(
     agent: &ureq::Agent,
     url: &str,
-    token: Option<&str>,
-    node: &str,
+    sender: &Sender<'_>,
     seq: u64,
     body: &[u8],
     sent_at_ms: i64,
 ) -> Pushed {
+    let Sender { node, token, epoch } = *sender;
     use gpuledger_model::wire::{
-        INGEST_CONTENT_TYPE, INGEST_PATH, LOW_SEQ_HEADER, NODE_HEADER, SENT_AT_HEADER, SEQ_HEADER,
+        EPOCH_HEADER, INGEST_CONTENT_TYPE, INGEST_PATH, LOW_SEQ_HEADER, NODE_HEADER,
+        SENT_AT_HEADER, SEQ_HEADER,
     };
     let mut request = agent.post(format!("{}{INGEST_PATH}", url.trim_end_matches('/')));
     if let Some(token) = token {
@@ -393,6 +401,7 @@ fn push_once(
     let response = request
         .header("content-type", INGEST_CONTENT_TYPE)
         .header(NODE_HEADER, node)
+        .header(EPOCH_HEADER, epoch)
         .header(SEQ_HEADER, seq.to_string())
         // Batches go oldest first: nothing below this one will ever be sent again (each was
         // acknowledged, refused, or dropped from a full spool).
@@ -434,7 +443,10 @@ pub fn run_pusher(config: &AgentConfig, clock: &dyn Clock, shared: &Shared) {
     let mut backoff = Duration::ZERO;
     loop {
         let stopping = shared.stopping();
-        let next = lock(&shared.spool).oldest();
+        let (next, epoch) = {
+            let spool = lock(&shared.spool);
+            (spool.oldest(), spool.epoch().to_owned())
+        };
         let (seq, bytes) = match next {
             Ok(Some(b)) => b,
             Ok(None) if stopping => return,
@@ -451,8 +463,11 @@ pub fn run_pusher(config: &AgentConfig, clock: &dyn Clock, shared: &Shared) {
         match push_once(
             &agent,
             url,
-            config.aggregator_token.as_deref(),
-            &config.node,
+            &Sender {
+                node: &config.node,
+                token: config.aggregator_token.as_deref(),
+                epoch: &epoch,
+            },
             seq,
             &bytes,
             clock.now_ms(),

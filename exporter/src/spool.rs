@@ -4,6 +4,11 @@
 //! sequence number, replayed oldest first. The spool is bounded: past the bound the oldest
 //! batches are dropped, counted and logged loudly. The next sequence number is kept in a
 //! file of its own, so it survives a restart even with an empty spool.
+//!
+//! A spool takes a random epoch when it is created (file `epoch`) and sends it with every
+//! batch: the aggregator knows a batch by (node, epoch, sequence number), so a node reimaged
+//! with a fresh spool, numbering from 0 again, is a new sender instead of a run of
+//! duplicates.
 
 use std::fs::{self, File};
 use std::io::Write;
@@ -20,6 +25,8 @@ pub enum SpoolError {
     },
     #[error("spool state {path} is not a sequence number: {text:?}")]
     BadState { path: PathBuf, text: String },
+    #[error("spool epoch {path}: {message}")]
+    BadEpoch { path: PathBuf, message: String },
 }
 
 pub type Result<T, E = SpoolError> = std::result::Result<T, E>;
@@ -32,6 +39,7 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> SpoolError + '_ {
 }
 
 const NEXT_SEQ: &str = "next-seq";
+const EPOCH: &str = "epoch";
 const SUFFIX: &str = ".arrows";
 
 /// The spool directory.
@@ -39,6 +47,7 @@ const SUFFIX: &str = ".arrows";
 pub struct Spool {
     dir: PathBuf,
     max_bytes: u64,
+    epoch: String,
     next_seq: u64,
     /// Sequence numbers and sizes of the spooled batches, oldest first.
     queued: std::collections::VecDeque<(u64, u64)>,
@@ -56,7 +65,7 @@ impl SpoolError {
                     // ENOSPC, EDQUOT on Linux
                     || matches!(source.raw_os_error(), Some(28 | 122))
             }
-            SpoolError::BadState { .. } => false,
+            SpoolError::BadState { .. } | SpoolError::BadEpoch { .. } => false,
         }
     }
 }
@@ -108,9 +117,11 @@ impl Spool {
             Err(e) => return Err(io(&state)(e)),
         };
         let after_queued = queued.last().map_or(0, |(s, _)| s + 1);
+        let epoch = read_or_make_epoch(&dir)?;
         Ok(Spool {
             dir,
             max_bytes,
+            epoch,
             next_seq: stored.max(after_queued),
             queued: queued.into(),
             dropped: 0,
@@ -237,6 +248,38 @@ impl Spool {
     pub fn next_seq(&self) -> u64 {
         self.next_seq
     }
+
+    /// The epoch this spool took when it was created.
+    pub fn epoch(&self) -> &str {
+        &self.epoch
+    }
+}
+
+/// The spool's epoch: read from its file, or 16 random hex digits written durably when the
+/// spool has none (a new spool, or one from before epochs).
+fn read_or_make_epoch(dir: &Path) -> Result<String> {
+    let path = dir.join(EPOCH);
+    match fs::read_to_string(&path) {
+        Ok(text) => {
+            let epoch = text.trim().to_owned();
+            gpuledger_model::wire::check_epoch(&epoch).map_err(|message| SpoolError::BadEpoch {
+                path: path.clone(),
+                message: format!("{epoch:?} {message}"),
+            })?;
+            Ok(epoch)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let mut bytes = [0u8; 8];
+            getrandom::fill(&mut bytes).map_err(|e| SpoolError::BadEpoch {
+                path: path.clone(),
+                message: format!("no random source for a new epoch: {e}"),
+            })?;
+            let epoch: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+            write_durably(dir, EPOCH, epoch.as_bytes())?;
+            Ok(epoch)
+        }
+        Err(e) => Err(io(&path)(e)),
+    }
 }
 
 #[cfg(test)]
@@ -258,6 +301,22 @@ mod tests {
         let mut spool = Spool::open(dir.path(), 1 << 20).unwrap();
         assert!(spool.is_empty());
         assert_eq!(spool.push(b"c").unwrap(), 2, "numbers are never reused");
+    }
+
+    #[test]
+    fn a_spool_keeps_its_epoch_and_a_fresh_one_takes_another() {
+        let dir = tempfile::tempdir().unwrap();
+        let epoch = Spool::open(dir.path(), 1 << 20).unwrap().epoch().to_owned();
+        assert_eq!(epoch.len(), 16);
+        assert_eq!(Spool::open(dir.path(), 1 << 20).unwrap().epoch(), epoch);
+        let reimaged = tempfile::tempdir().unwrap();
+        assert_ne!(
+            Spool::open(reimaged.path(), 1 << 20).unwrap().epoch(),
+            epoch
+        );
+        fs::write(dir.path().join(EPOCH), "../x").unwrap();
+        let err = Spool::open(dir.path(), 1 << 20).unwrap_err();
+        assert!(err.to_string().contains("epoch"), "{err}");
     }
 
     #[test]

@@ -13,11 +13,10 @@ fn a_full_disk_keeps_the_newest_batches_and_counts_the_loss() {
     let batch = |n: u8| vec![n; 12 * 1024];
     let mut kept = Vec::new();
     for n in 0..20u8 {
-        kept.push(
-            spool
-                .push(&batch(n))
-                .expect("a batch that fits alone is always spooled"),
-        );
+        let seq = spool
+            .push(&batch(n))
+            .expect("a batch that fits alone is always spooled");
+        kept.push((seq, n));
     }
     assert!(
         spool.dropped() > 0,
@@ -30,17 +29,22 @@ fn a_full_disk_keeps_the_newest_batches_and_counts_the_loss() {
         spool.len()
     );
     // What is kept is the newest, in order, and it reads back.
+    // (A number whose write failed on the full disk is never given again: numbers may skip.)
     let (oldest, bytes) = spool.oldest().unwrap().unwrap();
-    assert_eq!(oldest, kept[20 - spool.len()]);
-    assert_eq!(bytes, batch(u8::try_from(oldest).unwrap()));
+    let (seq, n) = kept[20 - spool.len()];
+    assert_eq!(oldest, seq);
+    assert!(
+        bytes == batch(n),
+        "batch {seq} reads back as it was spooled"
+    );
     // Larger than the whole disk: lost, counted, and the spool goes on.
     let err = spool.push(&vec![0u8; 128 * 1024]).unwrap_err();
     assert!(err.is_disk_full(), "{err}");
     assert_eq!(spool.lost(), 1);
     assert!(spool.is_empty(), "everything older was given up for it");
     let next = spool.push(&batch(99)).unwrap();
-    assert!(next > kept[19] + 1, "numbers are never reused");
-    assert_eq!(spool.oldest().unwrap().unwrap().1, batch(99));
+    assert!(next > kept[19].0 + 1, "numbers are never reused");
+    assert!(spool.oldest().unwrap().unwrap().1 == batch(99));
     // No half-written file is left behind.
     let stray: Vec<_> = std::fs::read_dir(disk.path())
         .unwrap()

@@ -4,12 +4,12 @@
 //!
 //! Any outcome but a panic, an abort or a broken invariant is fine: garbage is refused.
 
-use std::collections::HashSet;
-
 use gpuledger_billing::PriceBook;
 use gpuledger_exporter::{dcgm, promtext};
-use gpuledger_model::validate::{validate_samples, Rules};
-use gpuledger_model::{wire, ClusterConfig, GpuModel};
+use gpuledger_model::config::UnknownTenants;
+use gpuledger_model::inventory::NodeFacts;
+use gpuledger_model::validate::{rebook_unknown_tenants, validate_samples, Rules};
+use gpuledger_model::{wire, ClusterConfig, GpuModel, Inventory};
 
 /// 2026-11-01T00:00:00Z: the "now" ingest checks are made against.
 const NOW_MS: i64 = 1_761_955_200_000;
@@ -20,10 +20,22 @@ pub fn ingest_samples(data: &[u8]) {
     let Ok(batch) = wire::decode_ipc(data) else {
         return;
     };
-    let known = HashSet::new();
+    // The corpus's node, with the accounts its rows name; unknown tenants are booked to the
+    // platform, so the rebooking runs too.
+    let inventory = Inventory::new(
+        [(
+            "node000".to_owned(),
+            NodeFacts {
+                gpus: 8,
+                gpu_model: GpuModel::H100Sxm,
+            },
+        )],
+        [("team-a".to_owned(), vec!["llm".to_owned()])],
+        UnknownTenants::Platform,
+    );
     let rules = Rules {
         node: "node000",
-        known_nodes: &known,
+        inventory: &inventory,
         now_ms: NOW_MS,
         future_tolerance_ms: 300_000,
         max_age_ms: 90 * 86_400_000,
@@ -34,6 +46,11 @@ pub fn ingest_samples(data: &[u8]) {
             let _ = e.to_string();
         }
         return;
+    }
+    if let Some((rebooked, rows)) =
+        rebook_unknown_tenants(&batch, &inventory).expect("a valid batch can be rebooked")
+    {
+        assert!(rows > 0 && rebooked.num_rows() == batch.num_rows());
     }
     let logged = wire::encode_ipc(&batch).expect("a valid batch encodes");
     let replayed = wire::decode_ipc(&logged).expect("what was logged decodes");

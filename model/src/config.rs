@@ -18,6 +18,9 @@ use crate::units::DurationSpec;
 /// The config format version this build reads.
 pub const CONFIG_VERSION: u32 = 1;
 
+/// Most nodes one pool may have (node names are `{prefix}{001..count}`).
+pub const MAX_NODES_PER_POOL: u32 = 100_000;
+
 /// The whole cluster configuration.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -33,6 +36,42 @@ pub struct ClusterConfig {
     pub scheduler: SchedulerConfig,
     pub prices: PriceBookConfig,
     pub accounts: Vec<Account>,
+    #[serde(default)]
+    pub telemetry: TelemetryConfig,
+}
+
+/// How the aggregator treats what the exporters report.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetryConfig {
+    /// A sample row labelled with an account, or a project of its account, that the config
+    /// does not define: `refuse` the batch (422, naming the row), or book the row to the
+    /// `platform` account (`platform`; an unknown project of a known account is dropped to
+    /// the account itself), counted per node.
+    pub unknown_tenants: UnknownTenants,
+    /// Where each job's allocation (which GPUs it held, and when) comes from: `events` (the
+    /// scheduler's or the Slurm follower's job events; a sample row counts for a job only on a
+    /// GPU the job held then) or `none` (no allocation source, as dcgm-exporter on Kubernetes:
+    /// rows are billed as labelled, the nodes trusted for which job ran).
+    pub allocations: AllocationSource,
+}
+
+/// See [`TelemetryConfig::allocations`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AllocationSource {
+    #[default]
+    Events,
+    None,
+}
+
+/// See [`TelemetryConfig::unknown_tenants`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UnknownTenants {
+    #[default]
+    Refuse,
+    Platform,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -325,8 +364,14 @@ impl ClusterConfig {
         let accounts: HashSet<&AccountId> = self.accounts.iter().map(|a| &a.id).collect();
         for (i, pool) in self.node_pools.iter().enumerate() {
             let at = |f: &str| format!("node_pools[{i}].{f}");
-            if pool.count == 0 {
-                v.err(&at("count"), "must be at least 1".into());
+            if !(1..=MAX_NODES_PER_POOL).contains(&pool.count) {
+                v.err(
+                    &at("count"),
+                    format!(
+                        "{} is out of range; use 1 to {MAX_NODES_PER_POOL}",
+                        pool.count
+                    ),
+                );
             }
             if !(1..=64).contains(&pool.gpus_per_node) {
                 v.err(

@@ -72,9 +72,59 @@ pub fn hour_start_ms(ms: UnixMillis) -> UnixMillis {
     ms.div_euclid(MS_PER_HOUR) * MS_PER_HOUR
 }
 
+/// A quarter of an hour: the grain billing cuts an hour at (every zone's offset from UTC, and
+/// every change of it, is a whole number of quarter hours).
+pub const MS_PER_QUARTER_HOUR: i64 = 900_000;
+
+/// A sample's GPU-seconds in each quarter of its hour: `offset_ms` after the hour, `secs` long.
+/// Each part is what lies before the quarter's end, rounded to the second, less what the earlier
+/// quarters took, so the parts sum exactly to `secs`; what runs past the hour (a sampler that
+/// does not cut at hours) stays in the last quarter, as the row stays in its start hour.
+pub fn quarter_split(offset_ms: i64, secs: i64) -> [i64; 4] {
+    let q = (offset_ms / MS_PER_QUARTER_HOUR).clamp(0, 3) as usize;
+    let end = offset_ms + secs * 1000;
+    let mut out = [0; 4];
+    if q == 3 || end <= (q as i64 + 1) * MS_PER_QUARTER_HOUR {
+        out[q] = secs;
+        return out;
+    }
+    let mut given = 0;
+    for (i, part) in out.iter_mut().enumerate().take(3) {
+        let boundary = (i as i64 + 1) * MS_PER_QUARTER_HOUR;
+        let before = (boundary.clamp(offset_ms, end) - offset_ms + 500) / 1000;
+        *part = before - given;
+        given = before;
+    }
+    out[3] = secs - given;
+    out
+}
+
 /// RFC 3339 text of a time in seconds, for reports.
 pub fn rfc3339(secs: UnixSeconds) -> String {
     DateTime::<Utc>::from_timestamp(secs, 0)
         .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
         .unwrap_or_else(|| secs.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_samples_seconds_fall_in_the_quarters_it_spans_and_sum_exactly() {
+        assert_eq!(quarter_split(0, 10), [10, 0, 0, 0]);
+        assert_eq!(quarter_split(895_000, 10), [5, 5, 0, 0]);
+        // 12:14:58.300 for 10 s: 1.7 s before the quarter, rounded to 2.
+        assert_eq!(quarter_split(898_300, 10), [2, 8, 0, 0]);
+        assert_eq!(quarter_split(0, 3600), [900, 900, 900, 900]);
+        assert_eq!(quarter_split(1_800_000, 1800), [0, 0, 900, 900]);
+        // Past the hour's end: kept in the last quarter, as the row in its start hour.
+        assert_eq!(quarter_split(3_595_000, 10), [0, 0, 0, 10]);
+        assert_eq!(quarter_split(2_690_000, 20), [0, 0, 10, 10]);
+        for offset in (0..3_600_000).step_by(77_777) {
+            for secs in [1, 9, 10, 61, 900, 3600] {
+                assert_eq!(quarter_split(offset, secs).iter().sum::<i64>(), secs);
+            }
+        }
+    }
 }

@@ -1,16 +1,18 @@
 //! Per-row validation of a sample batch. A batch is accepted or refused whole; a refusal names
 //! every bad row and field (up to a limit) so an exporter's operator can see what is wrong.
 
-use std::collections::HashSet;
 use std::fmt;
+use std::sync::Arc;
 
 use arrow::array::{Array, AsArray};
 use arrow::datatypes::{
-    Float32Type, Float64Type, TimestampMillisecondType, UInt32Type, UInt64Type,
+    Float32Type, Float64Type, TimestampMillisecondType, UInt16Type, UInt32Type, UInt64Type,
 };
 use arrow::record_batch::RecordBatch;
 use serde::Serialize;
 
+use crate::config::UnknownTenants;
+use crate::inventory::{check_mig_instance, Inventory, NodeFacts, PLATFORM_ACCOUNT};
 use crate::sample::{col, is_sample_schema};
 use crate::time::UnixMillis;
 use crate::{AccountId, GpuModel, JobId, ProjectId};
@@ -41,8 +43,8 @@ impl fmt::Display for RowError {
 pub struct Rules<'a> {
     /// The node that pushed the batch: every row must be its own.
     pub node: &'a str,
-    /// Nodes the aggregator knows; empty means any.
-    pub known_nodes: &'a HashSet<String>,
+    /// What exists: the node, its GPUs and model, the accounts and projects.
+    pub inventory: &'a Inventory,
     pub now_ms: UnixMillis,
     /// How far in the future a sample may start (clock skew).
     pub future_tolerance_ms: i64,
@@ -150,6 +152,7 @@ pub fn validate_samples(
         }
     }
     let node = batch.column(2).as_string::<i32>();
+    let facts = rules.inventory.node(rules.node);
     for (row, n) in node.iter().enumerate() {
         let n = n.unwrap_or_default();
         if n != rules.node {
@@ -158,14 +161,18 @@ pub fn validate_samples(
                 col::NODE,
                 format!("`{n}` is not the pushing node `{}`", rules.node),
             );
-        } else if !rules.known_nodes.is_empty() && !rules.known_nodes.contains(n) {
+        } else if facts.is_none() {
             c.push(
                 row,
                 col::NODE,
-                format!("`{n}` is not a node of this cluster"),
+                format!("`{n}` is not a node of this cluster's config"),
             );
         }
     }
+    if let Some(facts) = facts {
+        check_against_node(&mut c, batch, rules.node, facts);
+    }
+    check_text(&mut c, batch, col::MIG_INSTANCE, check_mig_instance);
     check_text(&mut c, batch, col::GPU_MODEL, |s| {
         s.parse::<GpuModel>().map(|_| ()).map_err(|e| e.to_string())
     });
@@ -238,11 +245,124 @@ pub fn validate_samples(
         }
     }
     check_against_model(&mut c, batch);
+    if rules.inventory.unknown_tenants() == UnknownTenants::Refuse {
+        check_tenants(&mut c, batch, rules.inventory);
+    }
     if c.total == 0 {
         Ok(())
     } else {
         Err((c.errors, c.total))
     }
+}
+
+/// Every row's GPU is one the node has: its index below the node's GPU count, its model the
+/// node pool's.
+fn check_against_node(c: &mut Collector, batch: &RecordBatch, node: &str, facts: NodeFacts) {
+    let index = batch.column(3).as_primitive::<UInt16Type>();
+    if index.values().iter().any(|i| u32::from(*i) >= facts.gpus) {
+        for (row, i) in index.values().iter().enumerate() {
+            if u32::from(*i) >= facts.gpus {
+                c.push(
+                    row,
+                    col::GPU_INDEX,
+                    format!(
+                        "node `{node}` has {} GPUs (0-{}); {i} is none of them",
+                        facts.gpus,
+                        facts.gpus - 1
+                    ),
+                );
+            }
+        }
+    }
+    let models = batch.column(5).as_string::<i32>();
+    let mut last_ok: Option<&str> = None;
+    for (row, name) in models.iter().enumerate() {
+        let Some(name) = name else { continue };
+        if last_ok == Some(name) {
+            continue;
+        }
+        match name.parse::<GpuModel>() {
+            Ok(m) if m == facts.gpu_model => last_ok = Some(name),
+            Ok(m) => c.push(
+                row,
+                col::GPU_MODEL,
+                format!("node `{node}` has {} GPUs, not {}", facts.gpu_model, m),
+            ),
+            // Named by the gpu_model check.
+            Err(_) => {}
+        }
+    }
+}
+
+/// Every labelled row's account is one the config defines, and its project one of that
+/// account's.
+fn check_tenants(c: &mut Collector, batch: &RecordBatch, inventory: &Inventory) {
+    let account = batch.column(8).as_string::<i32>();
+    let project = batch.column(9).as_string::<i32>();
+    let mut last_ok: Option<(&str, Option<&str>)> = None;
+    for row in 0..batch.num_rows() {
+        if !account.is_valid(row) {
+            continue;
+        }
+        let a = account.value(row);
+        let p = project.is_valid(row).then(|| project.value(row));
+        if last_ok == Some((a, p)) {
+            continue;
+        }
+        if !inventory.has_account(a) {
+            c.push(
+                row,
+                col::ACCOUNT,
+                format!("`{a}` is not an account of this cluster's config"),
+            );
+        } else if let Some(p) = p.filter(|p| !inventory.has_project(a, p)) {
+            c.push(
+                row,
+                col::PROJECT,
+                format!("`{p}` is not a project of account `{a}`"),
+            );
+        } else {
+            last_ok = Some((a, p));
+        }
+    }
+}
+
+/// Under [`UnknownTenants::Platform`], the batch with every row of an unknown account booked to
+/// [`PLATFORM_ACCOUNT`] (its project dropped) and every unknown project of a known account
+/// dropped; `None` where no row needed it. The count is of rows changed.
+pub fn rebook_unknown_tenants(
+    batch: &RecordBatch,
+    inventory: &Inventory,
+) -> Result<Option<(RecordBatch, usize)>, arrow::error::ArrowError> {
+    if inventory.unknown_tenants() != UnknownTenants::Platform {
+        return Ok(None);
+    }
+    let account = batch.column(8).as_string::<i32>();
+    let project = batch.column(9).as_string::<i32>();
+    let mut changed = 0;
+    let mut accounts = arrow::array::StringBuilder::with_capacity(batch.num_rows(), 0);
+    let mut projects = arrow::array::StringBuilder::with_capacity(batch.num_rows(), 0);
+    for row in 0..batch.num_rows() {
+        let a = account.is_valid(row).then(|| account.value(row));
+        let p = project.is_valid(row).then(|| project.value(row));
+        let (a2, p2) = match (a, p) {
+            (Some(a), _) if !inventory.has_account(a) => (Some(PLATFORM_ACCOUNT), None),
+            (Some(a), Some(p)) if !inventory.has_project(a, p) => (Some(a), None),
+            other => other,
+        };
+        if (a2, p2) != (a, p) {
+            changed += 1;
+        }
+        accounts.append_option(a2);
+        projects.append_option(p2);
+    }
+    if changed == 0 {
+        return Ok(None);
+    }
+    let mut columns = batch.columns().to_vec();
+    columns[8] = Arc::new(accounts.finish());
+    columns[9] = Arc::new(projects.finish());
+    RecordBatch::try_new(batch.schema(), columns).map(|b| Some((b, changed)))
 }
 
 /// What the row's GPU model can report: its SM clock up to the maximum boost, its memory up
@@ -374,15 +494,58 @@ mod tests {
             b.push(r);
         }
         let batch = b.finish().unwrap();
-        let nodes = HashSet::new();
+        errors_under(&batch, &inventory(UnknownTenants::Refuse))
+    }
+
+    /// gpu001-gpu002 with 8 H100 each; accounts team-a (project llm) and team-b (no projects).
+    fn inventory(unknown: UnknownTenants) -> Inventory {
+        let toml = format!(
+            r#"version = 1
+[cluster]
+name = "t"
+[[node_pools]]
+name = "p"
+prefix = "gpu"
+count = 2
+gpus_per_node = 8
+gpu_model = "h100-sxm"
+[[partitions]]
+name = "train"
+priority_tier = 20
+[prices]
+version = "v1"
+effective_from = "2026-01-01"
+currency = "CNY"
+gpu_hour = {{ h100-sxm = "10.00" }}
+[[accounts]]
+id = "team-a"
+name = "A"
+weight = 1
+projects = [{{ id = "llm" }}]
+[[accounts]]
+id = "team-b"
+name = "B"
+weight = 1
+[telemetry]
+unknown_tenants = "{}"
+"#,
+            match unknown {
+                UnknownTenants::Refuse => "refuse",
+                UnknownTenants::Platform => "platform",
+            }
+        );
+        Inventory::from_config(&crate::ClusterConfig::from_toml_str(&toml, "t.toml").unwrap())
+    }
+
+    fn errors_under(batch: &RecordBatch, inventory: &Inventory) -> Vec<(Option<usize>, String)> {
         let rules = Rules {
             node: "gpu001",
-            known_nodes: &nodes,
+            inventory,
             now_ms: NOW_MS,
             future_tolerance_ms: 300_000,
             max_age_ms: 90 * 86_400_000,
         };
-        match validate_samples(&batch, &rules) {
+        match validate_samples(batch, &rules) {
             Ok(()) => Vec::new(),
             Err((errors, _)) => errors.into_iter().map(|e| (e.row, e.field)).collect(),
         }
@@ -429,5 +592,96 @@ mod tests {
         let got = errors_of(&[dots, hidden]);
         assert!(got.contains(&(Some(0), col::ACCOUNT.to_owned())), "{got:?}");
         assert!(got.contains(&(Some(1), col::PROJECT.to_owned())), "{got:?}");
+    }
+
+    fn batch_of(rows: &[SampleRow]) -> RecordBatch {
+        let mut b = SampleBatchBuilder::with_capacity(rows.len());
+        for r in rows {
+            b.push(r);
+        }
+        b.finish().unwrap()
+    }
+
+    #[test]
+    fn a_gpu_the_node_does_not_have_is_refused() {
+        let mut past = row(0);
+        past.gpu_index = 8;
+        let mut far = row(1);
+        far.gpu_index = u16::MAX;
+        let mut a100 = row(2);
+        a100.gpu_model = "a100".into();
+        a100.sm_clock_mhz = Some(1400);
+        let mut mig = row(3);
+        mig.mig_instance = Some("1g.10gb/99".into());
+        let got = errors_of(&[past, far, a100, mig, row(5)]);
+        assert_eq!(
+            got,
+            [
+                (Some(0), col::GPU_INDEX.to_owned()),
+                (Some(1), col::GPU_INDEX.to_owned()),
+                (Some(2), col::GPU_MODEL.to_owned()),
+                (Some(3), col::MIG_INSTANCE.to_owned()),
+            ]
+        );
+        let mut b = SampleBatchBuilder::with_capacity(1);
+        let mut other = row(0);
+        other.node = "gpu009".into();
+        b.push(&other);
+        let rules_node = Rules {
+            node: "gpu009",
+            inventory: &inventory(UnknownTenants::Refuse),
+            now_ms: NOW_MS,
+            future_tolerance_ms: 300_000,
+            max_age_ms: 90 * 86_400_000,
+        };
+        let (errors, _) = validate_samples(&b.finish().unwrap(), &rules_node).unwrap_err();
+        assert_eq!(errors[0].field, col::NODE);
+        assert!(errors[0].message.contains("not a node"), "{errors:?}");
+    }
+
+    #[test]
+    fn tenants_the_config_does_not_define_are_refused_or_booked_to_the_platform() {
+        let mut stranger = row(0);
+        stranger.account = Some("team-zz".into());
+        let mut project = row(1);
+        project.account = Some("team-a".into());
+        project.project = Some("nope".into());
+        let mut known = row(2);
+        known.account = Some("team-a".into());
+        known.project = Some("llm".into());
+        let rows = [stranger, project, known, row(3)];
+        assert_eq!(
+            errors_of(&rows),
+            [
+                (Some(0), col::ACCOUNT.to_owned()),
+                (Some(1), col::PROJECT.to_owned()),
+            ]
+        );
+        let batch = batch_of(&rows);
+        let platform = inventory(UnknownTenants::Platform);
+        assert_eq!(errors_under(&batch, &platform), []);
+        let (rebooked, changed) = rebook_unknown_tenants(&batch, &platform).unwrap().unwrap();
+        assert_eq!(changed, 2);
+        let accounts = rebooked.column(8).as_string::<i32>();
+        let projects = rebooked.column(9).as_string::<i32>();
+        let got: Vec<(Option<&str>, Option<&str>)> = (0..4)
+            .map(|i| {
+                (
+                    accounts.is_valid(i).then(|| accounts.value(i)),
+                    projects.is_valid(i).then(|| projects.value(i)),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (Some(PLATFORM_ACCOUNT), None),
+                (Some("team-a"), None),
+                (Some("team-a"), Some("llm")),
+                (Some("team-b"), None),
+            ]
+        );
+        let refuse = inventory(UnknownTenants::Refuse);
+        assert!(rebook_unknown_tenants(&batch, &refuse).unwrap().is_none());
     }
 }

@@ -21,6 +21,26 @@ pub const SEQ_HEADER: &str = "x-gpuledger-seq";
 pub const LOW_SEQ_HEADER: &str = "x-gpuledger-low-seq";
 /// Optional header: the node's clock when it sent the batch (Unix ms), to measure its offset.
 pub const SENT_AT_HEADER: &str = "x-gpuledger-sent-at";
+/// Optional header: the sender's epoch, a random id its spool took when it was created. A
+/// batch is known by (node, epoch, sequence number), so a node reimaged with a fresh spool,
+/// numbering from 0 again, is a new sender, not a run of duplicates.
+pub const EPOCH_HEADER: &str = "x-gpuledger-epoch";
+/// How far above the highest sequence number stored from a sender (or above 0 for a new
+/// one) a batch's number may be: an honest spool counts up by one a batch.
+pub const MAX_SEQ_AHEAD: u64 = 1 << 32;
+
+/// Checks an epoch: 1 to 64 letters, digits, `-` or `_`.
+pub fn check_epoch(epoch: &str) -> Result<(), String> {
+    if (1..=64).contains(&epoch.len())
+        && epoch
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'))
+    {
+        Ok(())
+    } else {
+        Err("must be 1 to 64 letters, digits, '-' or '_'".into())
+    }
+}
 
 const CONTINUATION: u32 = 0xFFFF_FFFF;
 

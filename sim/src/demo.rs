@@ -16,9 +16,9 @@ use serde::Deserialize;
 use gpuledger_aggregator::billing_source::TablesUsage;
 use gpuledger_aggregator::query::{AccountIndicators, Query};
 use gpuledger_aggregator::store::{FlushStats, StoreOptions};
-use gpuledger_aggregator::{IngestOutcome, Ingestor, IngestorConfig, Store};
+use gpuledger_aggregator::{Accepted, IngestOutcome, Ingestor, IngestorConfig, Store};
 use gpuledger_billing::invoices::bill_month;
-use gpuledger_billing::source::{gather, Metering};
+use gpuledger_billing::source::{gather, Metering, NodeModels};
 use gpuledger_billing::storage::read_storage_scans;
 use gpuledger_billing::{Invoice, Period, PriceBook};
 use gpuledger_exporter::synthetic::{
@@ -159,13 +159,9 @@ pub fn store_and_bill(
     let store = Arc::new(Store::open(data_dir, StoreOptions::default())?);
     // Telemetry is replayed after the fact, so the aggregator's clock stands at the month's end.
     let clock = Arc::new(ManualClock::new(end_s * 1000 + 60_000));
-    let known_nodes = config.nodes().iter().map(|n| n.id.to_string()).collect();
     let ingestor = Ingestor::new(
         Arc::clone(&store),
-        IngestorConfig {
-            known_nodes,
-            ..IngestorConfig::default()
-        },
+        IngestorConfig::new(gpuledger_model::Inventory::from_config(config)),
         clock,
     );
     ingestor.ingest_job_events("scheduler", None, &sim.events)?;
@@ -183,10 +179,12 @@ pub fn store_and_bill(
     let period = Period::month(month)?;
     let q = runtime.block_on(Query::open(store.layout()))?;
     let storage = read_storage_scans(store.layout().root())?;
+    // Runs still going at the month's end are held up to it.
     let input = gather(
         &TablesUsage::new(&q, &runtime),
         &period,
-        Metering::Telemetry,
+        Metering::for_cluster(&config.telemetry, end_s * 1000),
+        &NodeModels::from_config(config),
         storage,
         Vec::new(),
     )?;
@@ -385,7 +383,7 @@ fn ingest_telemetry(
                                             .context(format!("ingesting {node} hour {hour}"))
                                     },
                                 )? {
-                                    IngestOutcome::Accepted { rows } => {
+                                    IngestOutcome::Accepted(Accepted { rows, .. }) => {
                                         samples.fetch_add(rows, Ordering::Relaxed);
                                         batches.fetch_add(1, Ordering::Relaxed);
                                     }

@@ -83,6 +83,7 @@ pub fn trace_cluster(
             gpu_hour: [(GpuModel::A100, Decimal::ONE)].into(),
         },
         accounts,
+        telemetry: Default::default(),
     };
     let errors = config.validate();
     if !errors.is_empty() {

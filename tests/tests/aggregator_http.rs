@@ -98,10 +98,11 @@ async fn every_bad_input_gets_its_4xx_and_changes_nothing() {
         );
     }
 
-    // A node the aggregator does not know, and a batch claiming another node's rows.
+    // A node the cluster config does not know (refused at its header, before the body is
+    // read), and a batch claiming another node's rows.
     let (status, reply) = api.ingest("node999", 0, ipc(0..8, "node999")).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{reply}");
-    assert_eq!(reply["errors"][0]["field"], "node");
+    assert_eq!(reply["errors"][0]["field"], "x-gpuledger-node");
     let (status, _) = api.ingest("node002", 0, ipc(0..8, "node001")).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
 
@@ -184,7 +185,8 @@ async fn every_bad_input_gets_its_4xx_and_changes_nothing() {
     );
     let (_, _, metrics) = api.get("/metrics").await;
     for line in [
-        "gpuledger_ingest_refused_batches_total{reason=\"invalid_rows\"} 3",
+        "gpuledger_ingest_refused_batches_total{reason=\"invalid_rows\"} 2",
+        "gpuledger_ingest_refused_batches_total{reason=\"unknown_node\"} 1",
         "gpuledger_ingest_refused_batches_total{reason=\"schema\"} 1",
         "gpuledger_ingest_refused_batches_total{reason=\"decode\"} 2",
         "gpuledger_ingest_refused_batches_total{reason=\"header\"} 1",

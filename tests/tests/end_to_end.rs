@@ -141,7 +141,7 @@ fn a_tenant_that_reports_its_flops_is_billed_at_its_reported_mfu() -> Result<()>
     use gpuledger_aggregator::billing_source::TablesUsage;
     use gpuledger_aggregator::layout::Layout;
     use gpuledger_aggregator::query::Query;
-    use gpuledger_billing::source::{gather, Metering};
+    use gpuledger_billing::source::{gather, Metering, NodeModels};
     use gpuledger_billing::Period;
 
     let dir = tempfile::tempdir()?;
@@ -163,10 +163,12 @@ fn a_tenant_that_reports_its_flops_is_billed_at_its_reported_mfu() -> Result<()>
 
     let runtime = tokio::runtime::Builder::new_current_thread().build()?;
     let query = runtime.block_on(Query::open(&Layout::new(dir.path())))?;
+    let june = Period::month("2026-06")?;
     let input = gather(
         &TablesUsage::new(&query, &runtime),
-        &Period::month("2026-06")?,
-        Metering::Telemetry,
+        &june,
+        Metering::for_cluster(&config.telemetry, june.end * 1000),
+        &NodeModels::from_config(&config),
         Vec::new(),
         Vec::new(),
     )?;

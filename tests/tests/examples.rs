@@ -92,7 +92,7 @@ fn every_invalid_value_names_its_field_and_line() {
             "count = 64",
             "count = 0",
             "node_pools[0].count",
-            "must be at least 1",
+            "0 is out of range; use 1 to 100000",
         ),
         (
             "priority_tier = 10",

@@ -71,6 +71,16 @@ fn job() -> impl Strategy<Value = Job> {
 }
 
 /// Node x GPU x 10-minute step (12 steps: two hours), each with its own interval.
+/// The ingest rules of the two-node small cluster (accounts alpha, beta, gamma).
+fn small_cluster_rules() -> IngestorConfig {
+    let config = gpuledger_model::ClusterConfig::from_toml_str(
+        &gpuledger_tests::small_cluster_toml(2),
+        "small.toml",
+    )
+    .unwrap();
+    IngestorConfig::new(gpuledger_model::Inventory::from_config(&config))
+}
+
 fn rows(cells: &[Cell]) -> Vec<SampleRow> {
     let mut out = Vec::new();
     for (i, c) in cells.iter().enumerate() {
@@ -82,7 +92,7 @@ fn rows(cells: &[Cell]) -> Vec<SampleRow> {
         out.push(SampleRow {
             time_ms: T0 + step as i64 * 600_000,
             interval_s: 600,
-            node: format!("node{node:03}"),
+            node: format!("node{:03}", node + 1),
             gpu_index: gpu as u16,
             gpu_uuid: format!("GPU-{node}-{gpu}"),
             gpu_model: "h100-sxm".into(),
@@ -164,9 +174,9 @@ proptest! {
     ) {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(Store::open(dir.path(), StoreOptions::default()).unwrap());
-        let ingestor = Ingestor::new(store, IngestorConfig::default(), Arc::new(ManualClock::new(T0 + 86_400_000)));
+        let ingestor = Ingestor::new(store, small_cluster_rules(), Arc::new(ManualClock::new(T0 + 86_400_000)));
         let rows = rows(&cells);
-        for (seq, node) in ["node000", "node001"].iter().enumerate() {
+        for (seq, node) in ["node001", "node002"].iter().enumerate() {
             let mut b = SampleBatchBuilder::with_capacity(rows.len());
             for r in rows.iter().filter(|r| r.node == *node) {
                 b.push(r);
@@ -245,9 +255,13 @@ proptest! {
 fn memory_utilization_does_not_overflow_over_a_big_month() {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(Store::open(dir.path(), StoreOptions::default()).unwrap());
+    // One node of 64 GPUs.
+    let big =
+        gpuledger_tests::small_cluster_toml(1).replace("gpus_per_node = 8", "gpus_per_node = 64");
+    let config = gpuledger_model::ClusterConfig::from_toml_str(&big, "big.toml").unwrap();
     let ingestor = Ingestor::new(
         store,
-        IngestorConfig::default(),
+        IngestorConfig::new(gpuledger_model::Inventory::from_config(&config)),
         Arc::new(ManualClock::new(T0 + 40 * 86_400_000)),
     );
     let hours = 520;
@@ -257,7 +271,7 @@ fn memory_utilization_does_not_overflow_over_a_big_month() {
             b.push(&SampleRow {
                 time_ms: T0 + h as i64 * 3_600_000,
                 interval_s: 3600,
-                node: "node000".into(),
+                node: "node001".into(),
                 gpu_index: gpu,
                 gpu_uuid: format!("GPU-{gpu}"),
                 gpu_model: "h100-sxm".into(),
@@ -278,7 +292,7 @@ fn memory_utilization_does_not_overflow_over_a_big_month() {
             });
         }
         ingestor
-            .ingest_samples("node000", u64::from(gpu), &b.finish().unwrap())
+            .ingest_samples("node001", u64::from(gpu), &b.finish().unwrap())
             .unwrap();
     }
     ingestor.flush().unwrap();

@@ -22,6 +22,36 @@ pub fn spawn(args: &[&str], stderr: Stdio) -> Process {
     spawn_binary(env!("CARGO_BIN_EXE_gpuledger"), args, stderr)
 }
 
+/// The seed cluster's config with no allocation source (`[telemetry] allocations = "none"`),
+/// written into `dir`: for tests whose exporters label jobs from a mapping directory that no
+/// job event describes, billed as labelled.
+pub fn seed_config_labelled(dir: &std::path::Path) -> std::path::PathBuf {
+    let path = dir.join("seed-labelled.toml");
+    let text = gpuledger_sim::seed::SEED_CLUSTER_TOML.replacen(
+        "allocations = \"events\"",
+        "allocations = \"none\"",
+        1,
+    );
+    assert_ne!(text, gpuledger_sim::seed::SEED_CLUSTER_TOML);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Runs `gpuledger ARGS` to its end; its standard output, trimmed. Fails the test with its
+/// standard error when it does not succeed.
+pub fn gpuledger_ok(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuledger"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "gpuledger {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
 /// Polls `done` every 100 ms until it holds; fails the test after `secs` seconds.
 pub fn wait_for(what: &str, secs: u64, mut done: impl FnMut() -> bool) {
     let until = std::time::Instant::now() + std::time::Duration::from_secs(secs);

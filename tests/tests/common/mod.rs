@@ -51,11 +51,8 @@ pub async fn api_with(guard: gpuledger_auth::Guard) -> Api {
         .unwrap(),
     );
     let clock = Arc::new(ManualClock::new(T0 + 2 * 3_600_000));
-    let config_nodes = IngestorConfig {
-        known_nodes: ["node001", "node002"].map(String::from).into(),
-        ..IngestorConfig::default()
-    };
-    let (ingestor, _) = Ingestor::open_durable(store, config_nodes, clock.clone()).unwrap();
+    let rules = IngestorConfig::new(gpuledger_model::Inventory::from_config(&config));
+    let (ingestor, _) = Ingestor::open_durable(store, rules, clock.clone()).unwrap();
     let service = Arc::new(Service {
         ingestor: Arc::new(ingestor),
         query: Query::open(&Layout::new(dir.path())).await.unwrap(),
