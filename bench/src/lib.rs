@@ -155,6 +155,46 @@ fn spawn_exporter(alone: Option<&Path>, args: &[&str]) -> anyhow::Result<Service
     }
 }
 
+/// The cluster a load pushes into: `nodes` nodes of `gpus` H100 named `node001`.., account
+/// `team-a`, billed as labelled (the pushers post no job events). Written to `dir`; its path.
+pub fn bench_cluster(dir: &Path, nodes: usize, gpus: u16) -> anyhow::Result<std::path::PathBuf> {
+    let toml = format!(
+        r#"version = 1
+[cluster]
+name = "bench"
+[[node_pools]]
+name = "h100"
+prefix = "node"
+count = {nodes}
+gpus_per_node = {gpus}
+gpu_model = "h100-sxm"
+[[partitions]]
+name = "train"
+priority_tier = 20
+[prices]
+version = "bench"
+effective_from = "2026-01-01"
+currency = "CNY"
+gpu_hour = {{ h100-sxm = "10.00" }}
+[[accounts]]
+id = "team-a"
+name = "A"
+weight = 1
+[telemetry]
+allocations = "none"
+"#
+    );
+    gpuledger_model::ClusterConfig::from_toml_str(&toml, "bench cluster")?;
+    let path = dir.join("bench-cluster.toml");
+    std::fs::write(&path, toml)?;
+    Ok(path)
+}
+
+/// The name of load node `n` (from 0) in [`bench_cluster`].
+pub fn bench_node(n: usize) -> String {
+    format!("node{:03}", n + 1)
+}
+
 fn node_batches(node: &str, batches: u64, rows: usize, t0_ms: i64) -> anyhow::Result<Vec<Vec<u8>>> {
     let gpus = 8;
     let devices = synthetic_devices(1, node, gpus, GpuModel::H100Sxm);
@@ -193,16 +233,19 @@ fn ingest(nodes: usize, batches: u64, rows: usize) -> anyhow::Result<()> {
     let t0_ms = now_ms - now_ms.rem_euclid(1000) - (span_s + 60) * 1000;
     eprintln!("encoding {nodes} x {batches} batches of {rows} rows ...");
     let payloads: Vec<Arc<Vec<Vec<u8>>>> = (0..nodes)
-        .map(|n| node_batches(&format!("node{n:04}"), batches, rows, t0_ms).map(Arc::new))
+        .map(|n| node_batches(&bench_node(n), batches, rows, t0_ms).map(Arc::new))
         .collect::<anyhow::Result<_>>()?;
     let bytes: usize = payloads.iter().flat_map(|p| p.iter()).map(Vec::len).sum();
     let data_dir = dir.path().join("data");
+    let config = bench_cluster(dir.path(), nodes, 8)?;
     let aggregator = spawn_self(&[
         "aggregator",
         "--listen",
         "127.0.0.1:0",
         "--flush-interval",
         "10s",
+        "--config",
+        config.to_str().context("temporary path")?,
         "--data-dir",
         data_dir.to_str().context("temporary path")?,
     ])?;
@@ -218,7 +261,7 @@ fn ingest(nodes: usize, batches: u64, rows: usize) -> anyhow::Result<()> {
                     .http_status_as_error(false)
                     .build()
                     .into();
-                let node = format!("node{n:04}");
+                let node = bench_node(n);
                 for (seq, body) in batches.iter().enumerate() {
                     let mut r = agent
                         .post(&url)

@@ -214,12 +214,15 @@ pub fn run(args: &LoadArgs) -> anyhow::Result<()> {
     };
     let state_dir = dir.path().join("state");
     let max_connections = (args.exporters + 64).to_string();
+    let config = crate::bench_cluster(dir.path(), args.exporters, args.gpus)?;
     let aggregator = spawn_self(&[
         "aggregator",
         "--listen",
         "127.0.0.1:0",
         "--max-connections",
         &max_connections,
+        "--config",
+        config.to_str().context("temporary path")?,
         "--data-dir",
         &data_dir,
         "--state-dir",
@@ -265,11 +268,11 @@ pub fn run(args: &LoadArgs) -> anyhow::Result<()> {
             );
             let phase = interval.mul_f64(n as f64 / args.exporters as f64);
             std::thread::Builder::new()
-                .name(format!("node{n:04}"))
+                .name(crate::bench_node(n))
                 .stack_size(256 << 10)
                 .spawn(move || {
                     exporter(
-                        format!("node{n:04}"),
+                        crate::bench_node(n),
                         phase,
                         &schedule,
                         &latencies,
