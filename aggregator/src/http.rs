@@ -66,6 +66,8 @@ pub struct Service {
     pub clock: Arc<dyn Clock>,
     /// Who may do what; [`Guard::off`] lets everything through.
     pub guard: Guard,
+    /// The request bytes the service holds at once.
+    pub body_budget: gpuledger_service::BodyBudget,
 }
 
 impl std::fmt::Debug for Service {
@@ -87,12 +89,81 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/api/v1/query", post(query))
         .route("/api/v1/status", get(status_json))
         .route("/", get(status_page))
-        .route("/login", post(login))
+        .route(
+            "/login",
+            post(login).layer(DefaultBodyLimit::max(MAX_LOGIN_BYTES as usize)),
+        )
         .route("/logout", post(logout))
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        // Outermost first: the caller is checked from the headers, then the body takes its
+        // share of the service's budget, and only then is it read.
+        .layer(axum::middleware::from_fn_with_state(
+            service.body_budget.clone(),
+            gpuledger_service::hold_body_budget,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&service),
+            check_before_body,
+        ))
         .with_state(service)
+}
+
+/// The largest sign-in form the status page takes.
+const MAX_LOGIN_BYTES: u64 = 4096;
+
+/// Checks the caller of a route that takes a body from the request's headers alone, before a
+/// byte of the body is read: an anonymous or refused push, event batch or query is answered
+/// at once and never holds any of the service's memory.
+async fn check_before_body(
+    State(s): State<Arc<Service>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let headers = request.headers();
+    let checked = match (request.method(), request.uri().path()) {
+        (&axum::http::Method::POST, INGEST_PATH) => header_text(headers, NODE_HEADER)
+            .and_then(|node| {
+                authorize(
+                    &s,
+                    headers,
+                    Action::Ingest { node },
+                    "push samples as this node",
+                )
+            })
+            .map(drop),
+        (&axum::http::Method::POST, EVENTS_PATH) => {
+            authorize(&s, headers, Action::PostEvents, "post job events").map(drop)
+        }
+        (&axum::http::Method::POST, "/api/v1/query") => {
+            authorize(&s, headers, Action::Sql, "run SQL").map(drop)
+        }
+        (&axum::http::Method::POST, "/login") => {
+            let declared = headers
+                .get(header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok());
+            match declared {
+                Some(n) if n > MAX_LOGIN_BYTES => Err(ApiError::bad(
+                    "body",
+                    format!("a sign-in form is at most {MAX_LOGIN_BYTES} bytes"),
+                )),
+                // Without a length the route's own limit stops it at that size.
+                _ => Ok(()),
+            }
+        }
+        _ => Ok(()),
+    };
+    match checked {
+        Ok(()) => next.run(request).await,
+        Err(refused) => {
+            if request.uri().path() == INGEST_PATH {
+                s.metrics.count_refused_ingest(&refused);
+            }
+            refused.into_response()
+        }
+    }
 }
 
 type ApiResult<T> = Result<T, ApiError>;

@@ -291,52 +291,53 @@ impl Metrics {
 
     /// Counts one ingest request's outcome.
     pub fn count_ingest<T>(&self, result: &Result<(usize, T), ApiError>) {
-        let (outcome, reason) = match result {
-            Ok(_) => ("accepted", None),
-            Err(ApiError::BadRequest { field, .. }) if field == "body" => {
-                ("refused", Some("decode"))
+        match result {
+            Ok((bytes, _)) => {
+                self.bytes.inc_by(*bytes as u64);
+                self.batches.with_label_values(&["accepted"]).inc();
             }
-            Err(ApiError::BadRequest { .. }) => ("refused", Some("header")),
-            Err(ApiError::Invalid { errors, .. })
+            Err(e) => self.count_refused_ingest(e),
+        }
+    }
+
+    /// Counts an ingest request refused, by reason (and, for bad rows, by field).
+    pub fn count_refused_ingest(&self, refused: &ApiError) {
+        let reason = match refused {
+            ApiError::BadRequest { field, .. } if field == "body" => "decode",
+            ApiError::BadRequest { .. } => "header",
+            ApiError::Invalid { errors, .. }
                 if errors
                     .iter()
                     .any(|e| e.field == gpuledger_model::wire::SENT_AT_HEADER) =>
             {
-                ("refused", Some("clock"))
+                "clock"
             }
-            Err(ApiError::Invalid { errors, .. })
+            ApiError::Invalid { errors, .. }
                 if errors
                     .iter()
                     .any(|e| e.field == gpuledger_model::wire::NODE_HEADER) =>
             {
-                ("refused", Some("unknown_node"))
+                "unknown_node"
             }
-            Err(ApiError::Invalid { errors, .. }) => {
+            ApiError::Invalid { errors, .. } => {
                 for e in errors {
                     self.refused_values
                         .with_label_values(&[e.field.as_str()])
                         .inc();
                 }
-                let schema = errors.iter().any(|e| e.row.is_none());
-                (
-                    "refused",
-                    Some(if schema { "schema" } else { "invalid_rows" }),
-                )
+                if errors.iter().any(|e| e.row.is_none()) {
+                    "schema"
+                } else {
+                    "invalid_rows"
+                }
             }
-            Err(ApiError::Unavailable(_)) => ("refused", Some("unavailable")),
-            Err(ApiError::Conflict { .. }) => ("refused", Some("conflict")),
-            Err(ApiError::Unauthenticated(_) | ApiError::Forbidden(_)) => {
-                ("refused", Some("unauthorized"))
-            }
-            Err(_) => ("refused", Some("internal")),
+            ApiError::Unavailable(_) => "unavailable",
+            ApiError::Conflict { .. } => "conflict",
+            ApiError::Unauthenticated(_) | ApiError::Forbidden(_) => "unauthorized",
+            _ => "internal",
         };
-        if let Some(reason) = reason {
-            self.refused.with_label_values(&[reason]).inc();
-        }
-        if let Ok((bytes, _)) = result {
-            self.bytes.inc_by(*bytes as u64);
-        }
-        self.batches.with_label_values(&[outcome]).inc();
+        self.refused.with_label_values(&[reason]).inc();
+        self.batches.with_label_values(&["refused"]).inc();
     }
 
     /// Counts the rows of an accepted batch of `node` that were not stored as sent.

@@ -177,6 +177,10 @@ async fn serve(
         config,
         clock: Arc::clone(&clock),
         guard,
+        body_budget: gpuledger_service::BodyBudget::new(
+            options.limits.max_buffered_bytes,
+            crate::http::MAX_BODY_BYTES as u64,
+        ),
     });
     let shutdown = gpuledger_service::shutdown_signal()?;
     let listener = gpuledger_service::bind(options.listen).await?;

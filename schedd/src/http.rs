@@ -33,8 +33,10 @@ use serde_json::json;
 
 use axum::http::{header, HeaderMap};
 use gpuledger_auth::{Action, Denied, Guard, Principal, Scope};
+use gpuledger_model::units::ByteSize;
 use gpuledger_model::JobId;
 use gpuledger_scheduler::reservation::ReservationEntry;
+use gpuledger_service::BodyBudget;
 
 use crate::state::{JobInfo, SubmitRequest};
 use crate::{Error, Service};
@@ -102,8 +104,15 @@ fn job_id(raw: &str) -> ApiResult<JobId> {
 
 /// The API over a service, authentication off.
 pub fn router(service: Arc<Service>) -> Router {
-    router_with(service, Guard::off())
+    router_with(
+        service,
+        Guard::off(),
+        BodyBudget::new(ByteSize(256 << 20), MAX_BODY_BYTES),
+    )
 }
+
+/// The largest request body the scheduler takes (axum's default limit, stated).
+pub const MAX_BODY_BYTES: u64 = 2 << 20;
 
 /// What the routes share: the service and who may do what.
 #[derive(Debug)]
@@ -183,7 +192,7 @@ impl Api {
 }
 
 /// The API over a service, with `guard` deciding who may do what.
-pub fn router_with(service: Arc<Service>, guard: Guard) -> Router {
+pub fn router_with(service: Arc<Service>, guard: Guard, budget: BodyBudget) -> Router {
     let api = Arc::new(Api { service, guard });
     Router::new()
         .route("/api/v1/jobs", post(submit))
@@ -199,7 +208,43 @@ pub fn router_with(service: Arc<Service>, guard: Guard) -> Router {
         .route("/api/v1/allocations", get(allocations))
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
+        .layer(axum::extract::DefaultBodyLimit::max(
+            MAX_BODY_BYTES as usize,
+        ))
+        // Outermost first: the caller is checked from the headers, then the body takes its
+        // share of the budget, and only then is it read.
+        .layer(axum::middleware::from_fn_with_state(
+            budget,
+            gpuledger_service::hold_body_budget,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&api),
+            check_before_body,
+        ))
         .with_state(api)
+}
+
+/// A request with a body (a submission, a reservation, a checkpoint) from a caller the token
+/// file does not know is answered 401 at once, before a byte of its body is read; what the
+/// caller may do with it is checked once the body says which account it is for.
+async fn check_before_body(
+    State(s): State<Arc<Api>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let has_body = request.headers().contains_key(header::CONTENT_LENGTH)
+        || request.headers().contains_key(header::TRANSFER_ENCODING);
+    if has_body && s.guard.is_on() {
+        match s.principal(request.headers(), "send a request with a body") {
+            Ok(Principal::Anonymous) => {
+                return denied(Denied::Unauthenticated, "send a request with a body")
+                    .into_response()
+            }
+            Ok(_) => {}
+            Err(refused) => return refused.into_response(),
+        }
+    }
+    next.run(request).await
 }
 
 async fn submit(State(s): State<Arc<Api>>, headers: HeaderMap, body: Bytes) -> ApiResult<Response> {

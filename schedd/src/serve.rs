@@ -133,7 +133,9 @@ async fn serve(
     ));
     let every = options.cycle.0.max(Duration::from_millis(50));
     let cycles = tokio::spawn(cycle_loop(Arc::clone(&service), every));
-    let app = http::router_with(Arc::clone(&service), guard);
+    let budget =
+        gpuledger_service::BodyBudget::new(options.limits.max_buffered_bytes, http::MAX_BODY_BYTES);
+    let app = http::router_with(Arc::clone(&service), guard, budget);
     let served = gpuledger_service::serve(listener, app, options.limits, tls, shutdown).await;
     cycles.abort();
     served.map_err(|source| Error::Io {

@@ -81,7 +81,14 @@ fn fixture() -> Fixture {
         issue(Role::Finance, None, None),
         issue(Role::Node, None, Some("gpu001")),
     );
-    let app = http::router_with(Arc::clone(&service), Guard::new(&file, []));
+    let app = http::router_with(
+        Arc::clone(&service),
+        Guard::new(&file, []),
+        gpuledger_service::BodyBudget::new(
+            gpuledger_model::units::ByteSize(1 << 20),
+            http::MAX_BODY_BYTES,
+        ),
+    );
     Fixture {
         service,
         app,

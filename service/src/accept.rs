@@ -61,6 +61,10 @@ pub struct HttpLimits {
     /// A client that reads nothing of an answer for this long is disconnected.
     #[arg(long, default_value = "30s")]
     pub write_stall_timeout: DurationSpec,
+    /// Request bodies held at once, all connections together (e.g. `256MiB`); past it a
+    /// request is answered 503 with Retry-After before its body is read.
+    #[arg(long, default_value = "256MiB")]
+    pub max_buffered_bytes: gpuledger_model::units::ByteSize,
 }
 
 impl Default for HttpLimits {
@@ -70,6 +74,7 @@ impl Default for HttpLimits {
             header_timeout: DurationSpec::from_secs(20),
             request_timeout: DurationSpec::from_secs(60),
             write_stall_timeout: DurationSpec::from_secs(30),
+            max_buffered_bytes: gpuledger_model::units::ByteSize(256 << 20),
         }
     }
 }
@@ -333,6 +338,7 @@ mod tests {
             header_timeout: DurationSpec::from_secs(secs),
             request_timeout: DurationSpec::from_secs(secs),
             write_stall_timeout: DurationSpec::from_secs(secs),
+            ..HttpLimits::default()
         }
     }
 

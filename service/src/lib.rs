@@ -3,6 +3,7 @@
 //!
 //! - [`accept`]: the accept loop, with a connection limit, header, request and write-stall
 //!   time-outs, over plain TCP or TLS;
+//! - [`budget`]: one budget of buffered request bytes, taken before a body is read;
 //! - [`tls`]: the listener's certificate and what a client trusts, as command options;
 //! - [`door`]: who gets in, i.e. protected mode (no tokens only on loopback), the bearer token of a
 //!   request, the token file a client reads;
@@ -13,11 +14,13 @@
 //! The services own their routes and policies; this crate owns none.
 
 pub mod accept;
+pub mod budget;
 pub mod door;
 pub mod signals;
 pub mod tls;
 
 pub use accept::{serve, HttpLimits};
+pub use budget::{hold_body_budget, BodyBudget};
 pub use door::{bearer_token, denied_message, guard, read_token_file, AccessArgs, Exposure};
 pub use signals::{shutdown_signal, stop_flag};
 pub use tls::{scheme, ClientTlsArgs, TlsArgs};

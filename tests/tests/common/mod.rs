@@ -60,6 +60,10 @@ pub async fn api_with(guard: gpuledger_auth::Guard) -> Api {
         config,
         clock,
         guard,
+        body_budget: gpuledger_service::BodyBudget::new(
+            gpuledger_model::units::ByteSize(256 << 20),
+            gpuledger_aggregator::http::MAX_BODY_BYTES as u64,
+        ),
     });
     Api {
         app: router(Arc::clone(&service)),
