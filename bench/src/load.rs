@@ -221,6 +221,9 @@ pub fn run(args: &LoadArgs) -> anyhow::Result<()> {
         "127.0.0.1:0",
         "--max-connections",
         &max_connections,
+        // Every simulated exporter connects from 127.0.0.1.
+        "--max-connections-per-address",
+        &max_connections,
         "--config",
         config.to_str().context("temporary path")?,
         "--data-dir",

@@ -1,6 +1,8 @@
 //! The accept loop every gpuledger HTTP service runs behind, so that no client can stall one:
-//! at most `--max-connections` connections are served at once (one more is answered 503 and
-//! closed), a client must send a request's headers within `--header-timeout` (which also ends
+//! at most `--max-connections` connections are served at once, and at most
+//! `--max-connections-per-address` from one client address (a new connection past either limit
+//! takes the place of an idle one, see [`crate::connections`], or is answered 503 and closed
+//! when every one is in a request), a client must send a request's headers within `--header-timeout` (which also ends
 //! idle keep-alive connections), a request must be read and answered within
 //! `--request-timeout` (else 408), and a client that reads none of an answer for
 //! `--write-stall-timeout` is disconnected. `axum::serve` does none of this: it sets no header
@@ -16,6 +18,7 @@
 
 use std::future::Future;
 use std::io;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -32,18 +35,26 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Sleep;
 use tokio_rustls::TlsAcceptor;
 
+use crate::connections::{Activity, ClientKey, Refusal, Registry};
+
 /// How long connections still open at shutdown may take to finish their request.
 const DRAIN: Duration = Duration::from_secs(30);
 
-/// What a connection over the limit is told before it is closed.
-const REFUSAL: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
-retry-after: 1\r\nconnection: close\r\ncontent-length: 50\r\n\r\n\
-{\"error\":\"too many connections; try again shortly\"}";
+/// What a connection refused for a limit is told before it is closed: a whole HTTP answer.
+fn refusal_answer(reason: &str) -> Vec<u8> {
+    let body = serde_json::json!({ "error": format!("{reason}; try again shortly") }).to_string();
+    format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+         retry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
 
 /// The limits, as options of every service command.
 #[derive(clap::Args, Debug, Clone, Copy)]
@@ -51,6 +62,11 @@ pub struct HttpLimits {
     /// Most connections served at once; one more is answered 503 and closed.
     #[arg(long, default_value_t = 1024)]
     pub max_connections: usize,
+    /// Most connections from one client address (an IPv6 client: its /64) at once; past it a
+    /// new connection takes the place of that address's oldest idle one, or is answered 503
+    /// when all are in a request.
+    #[arg(long, default_value_t = 128)]
+    pub max_connections_per_address: usize,
     /// A client must send a request's headers within this time; an idle keep-alive
     /// connection is closed after it too.
     #[arg(long, default_value = "20s")]
@@ -71,6 +87,7 @@ impl Default for HttpLimits {
     fn default() -> Self {
         HttpLimits {
             max_connections: 1024,
+            max_connections_per_address: 128,
             header_timeout: DurationSpec::from_secs(20),
             request_timeout: DurationSpec::from_secs(60),
             write_stall_timeout: DurationSpec::from_secs(30),
@@ -92,17 +109,17 @@ pub async fn serve(
         limits.request_timeout.0,
         request_deadline,
     ));
-    let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let registry = Registry::new(limits.max_connections_per_address, limits.max_connections);
     let refusals = Refusals::default();
     let (stop, stopped) = watch::channel(false);
     let mut connections = JoinSet::new();
     tokio::pin!(shutdown);
     loop {
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             () = &mut shutdown => break,
             Some(_) = connections.join_next(), if !connections.is_empty() => continue,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 Err(error) => {
                     // Out of file descriptors, most likely: wait rather than spin.
                     tracing::warn!(%error, "accepting a connection failed");
@@ -111,17 +128,24 @@ pub async fn serve(
                 }
             },
         };
-        let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
-            // A TLS client could not read a plain answer: it is just closed.
-            refusals.refuse(&stream, limits.max_connections, tls.is_none());
-            continue;
+        let admitted = match registry.admit(ClientKey::of(peer.ip())) {
+            Ok(admitted) => admitted,
+            Err(refusal) => {
+                // A TLS client could not read a plain answer: it is just closed.
+                refusals.refuse(&stream, peer, refusal, &limits, tls.is_none());
+                continue;
+            }
         };
+        if admitted.displaced {
+            refusals.count_displaced();
+        }
         let router = router.clone();
         let stopped = stopped.clone();
         let tls = tls.clone();
         connections.spawn(async move {
-            serve_connection(stream, router, limits, tls, stopped).await;
-            drop(permit);
+            let slot = admitted.slot;
+            serve_connection(stream, router, limits, tls, stopped, &slot.activity).await;
+            drop(slot);
         });
     }
     drop(listener);
@@ -146,14 +170,20 @@ async fn serve_connection(
     limits: HttpLimits,
     tls: Option<TlsAcceptor>,
     stopped: watch::Receiver<bool>,
+    activity: &Arc<Activity>,
 ) {
     let _ = stream.set_nodelay(true);
     let guarded = StallGuard::new(stream, limits.write_stall_timeout.0);
     let Some(acceptor) = tls else {
-        return serve_http(guarded, router, limits, stopped).await;
+        return serve_http(guarded, router, limits, stopped, activity).await;
     };
-    match tokio::time::timeout(limits.header_timeout.0, acceptor.accept(guarded)).await {
-        Ok(Ok(stream)) => serve_http(stream, router, limits, stopped).await,
+    let handshake = tokio::time::timeout(limits.header_timeout.0, acceptor.accept(guarded));
+    let handshake = tokio::select! {
+        handshake = handshake => handshake,
+        () = activity.evicted() => return tracing::debug!("idle in its TLS handshake: displaced"),
+    };
+    match handshake {
+        Ok(Ok(stream)) => serve_http(stream, router, limits, stopped, activity).await,
         Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
         Err(_) => tracing::debug!("TLS handshake not finished within the header time-out"),
     }
@@ -164,6 +194,7 @@ async fn serve_http<S>(
     router: Router,
     limits: HttpLimits,
     mut stopped: watch::Receiver<bool>,
+    activity: &Arc<Activity>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -172,7 +203,20 @@ async fn serve_http<S>(
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout.0);
-    let connection = builder.serve_connection(io, TowerToHyperService::new(router));
+    let router = TowerToHyperService::new(router);
+    let counted = Arc::clone(activity);
+    // A request counts from its headers until its answer is ready; the rest of the time the
+    // connection is idle, and may be displaced.
+    let service = hyper::service::service_fn(move |request| {
+        let in_request = counted.begin_request();
+        let answer = hyper::service::Service::call(&router, request);
+        async move {
+            let answer = answer.await;
+            drop(in_request);
+            answer
+        }
+    });
+    let connection = builder.serve_connection(io, service);
     tokio::pin!(connection);
     let stop_asked = async move {
         let _ = stopped.wait_for(|stop| *stop).await;
@@ -180,6 +224,14 @@ async fn serve_http<S>(
     let result = tokio::select! {
         result = connection.as_mut() => result,
         () = stop_asked => {
+            connection.as_mut().graceful_shutdown();
+            connection.await
+        }
+        () = activity.evicted() => {
+            if !activity.in_request() {
+                return tracing::debug!("idle connection displaced");
+            }
+            // It began a request just as it was chosen: that request is answered first.
             connection.as_mut().graceful_shutdown();
             connection.await
         }
@@ -213,29 +265,66 @@ async fn request_deadline(State(limit): State<Duration>, request: Request, next:
     }
 }
 
-/// Connections refused for the limit: each is told so without waiting (the answer fits the
-/// socket buffer), and the log says how many at most every ten seconds.
-#[derive(Default)]
+/// Connections refused for a limit: each is told so without waiting (the answer fits the
+/// socket buffer), and the log says how many (and how many idle ones were displaced) at most
+/// every ten seconds.
 struct Refusals {
+    service_full: Vec<u8>,
+    client_full: Vec<u8>,
     count: AtomicU64,
+    displaced: AtomicU64,
     last_logged: Mutex<Option<Instant>>,
 }
 
+impl Default for Refusals {
+    fn default() -> Self {
+        Refusals {
+            service_full: refusal_answer("too many connections"),
+            client_full: refusal_answer("too many connections from your address"),
+            count: AtomicU64::default(),
+            displaced: AtomicU64::default(),
+            last_logged: Mutex::default(),
+        }
+    }
+}
+
 impl Refusals {
-    fn refuse(&self, stream: &TcpStream, limit: usize, answer: bool) {
+    fn refuse(
+        &self,
+        stream: &TcpStream,
+        peer: SocketAddr,
+        refusal: Refusal,
+        limits: &HttpLimits,
+        answer: bool,
+    ) {
+        let (message, which, limit) = match refusal {
+            Refusal::ClientFull => (
+                &self.client_full,
+                "per address",
+                limits.max_connections_per_address,
+            ),
+            Refusal::ServiceFull => (&self.service_full, "in total", limits.max_connections),
+        };
         if answer {
-            let _ = stream.try_write(REFUSAL);
+            let _ = stream.try_write(message);
         }
         let refused = self.count.fetch_add(1, Ordering::Relaxed) + 1;
         let mut last = self.last_logged.lock().unwrap_or_else(|p| p.into_inner());
         if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
             *last = Some(Instant::now());
             tracing::warn!(
+                %peer,
                 limit,
+                which,
                 refused_total = refused,
-                "connection refused: at the connection limit"
+                displaced_total = self.displaced.load(Ordering::Relaxed),
+                "connection refused: every connection it could displace is in a request"
             );
         }
+    }
+
+    fn count_displaced(&self) {
+        self.displaced.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -328,6 +417,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for StallGuard<S> {
 mod tests {
     use super::*;
     use axum::routing::{get, post};
+    use gpuledger_testkit::connect_from;
     use std::io::{Read, Write};
 
     const BIG: usize = 64 << 20;
@@ -344,14 +434,14 @@ mod tests {
 
     /// A server on a loopback port with a small page, a page bigger than any socket buffer and
     /// an echo that reads the whole body; returns its address and the signal that stops it.
-    fn start(limits: HttpLimits) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
+    fn start(limits: HttpLimits) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
         start_with(limits, None)
     }
 
     fn start_with(
         limits: HttpLimits,
         tls: Option<TlsAcceptor>,
-    ) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
+    ) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         std::thread::spawn(move || {
@@ -377,7 +467,7 @@ mod tests {
         (addr_rx.recv().unwrap(), stop_tx)
     }
 
-    fn small(addr: std::net::SocketAddr) -> String {
+    fn small(addr: SocketAddr) -> String {
         let mut s = std::net::TcpStream::connect(addr).unwrap();
         s.write_all(b"GET /small HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
             .unwrap();
@@ -410,24 +500,181 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_connection_over_the_limit_is_told_503_and_the_limit_frees_when_one_closes() {
-        let (addr, _stop) = start(limits(2, 60));
-        let first = std::net::TcpStream::connect(addr).unwrap();
-        let second = std::net::TcpStream::connect(addr).unwrap();
-        std::thread::sleep(Duration::from_millis(200));
-        let mut third = std::net::TcpStream::connect(addr).unwrap();
-        third
-            .set_read_timeout(Some(Duration::from_secs(10)))
+    /// What the server says to a new connection that sends nothing: its whole answer.
+    fn answer_unasked(source: [u8; 4], addr: SocketAddr) -> String {
+        let mut s = connect_from(source, addr);
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).unwrap();
+        answer
+    }
+
+    /// A 503's JSON error, checked to be a whole answer (its content-length is its body's).
+    fn refusal_error(answer: &str) -> String {
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 503"), "{answer}");
+        assert!(head.contains("retry-after: 1"), "{answer}");
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length: "))
+            .unwrap()
+            .parse()
             .unwrap();
-        let mut refused = String::new();
-        third.read_to_string(&mut refused).unwrap();
-        assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
-        assert!(refused.ends_with("try again shortly\"}"), "{refused}");
-        drop(first);
-        drop(second);
+        assert_eq!(length, body.len());
+        let error: serde_json::Value = serde_json::from_str(body).unwrap();
+        error["error"].as_str().unwrap().to_owned()
+    }
+
+    /// A request whose body is still coming: its connection is in a request.
+    fn busy_from(source: [u8; 4], addr: SocketAddr) -> std::net::TcpStream {
+        let mut s = connect_from(source, addr);
+        s.write_all(b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 9\r\n\r\nab")
+            .unwrap();
+        s
+    }
+
+    #[test]
+    fn at_the_limit_an_idle_connection_gives_way_and_a_busy_one_does_not() {
+        let (addr, _stop) = start(limits(2, 60));
+        let mut first = connect_from([127, 0, 0, 1], addr);
+        std::thread::sleep(Duration::from_millis(100));
+        let second = connect_from([127, 0, 0, 2], addr);
+        std::thread::sleep(Duration::from_millis(200));
+        // Both idle: a third is served, and the oldest idle connection is closed for it.
+        assert!(small_from([127, 0, 0, 3], addr).starts_with("HTTP/1.1 200"));
+        assert_eq!(read_until_closed(&mut first), 0);
+        // One in a request, one idle: the idle one gives way.
+        let one = busy_from([127, 0, 0, 1], addr);
+        std::thread::sleep(Duration::from_millis(200));
+        let two = busy_from([127, 0, 0, 4], addr);
+        std::thread::sleep(Duration::from_millis(200));
+        let mut second = second;
+        assert_eq!(read_until_closed(&mut second), 0);
+        // Both in a request: a third is told 503, with a whole JSON answer.
+        let busy = [one, two];
+        let error = refusal_error(&answer_unasked([127, 0, 0, 3], addr));
+        assert_eq!(error, "too many connections; try again shortly");
+        drop(busy);
         std::thread::sleep(Duration::from_millis(200));
         assert!(small(addr).starts_with("HTTP/1.1 200"));
+    }
+
+    fn small_from(source: [u8; 4], addr: SocketAddr) -> String {
+        let mut s = connect_from(source, addr);
+        s.write_all(b"GET /small HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).unwrap();
+        answer
+    }
+
+    /// Holds `count` half-sent requests open from the `sources` in turn, opening a new one
+    /// whenever the server closes one, until `stop`; returns how many the server closed.
+    fn flood(
+        addr: SocketAddr,
+        sources: Vec<[u8; 4]>,
+        count: usize,
+        stop: Arc<std::sync::atomic::AtomicBool>,
+    ) -> std::thread::JoinHandle<usize> {
+        std::thread::spawn(move || {
+            let open = |k: usize| {
+                let mut s = connect_from(sources[k % sources.len()], addr);
+                let _ = s.write_all(b"GET /small HTTP/1.1\r\nhost: x\r\nx-slow: ");
+                s.set_nonblocking(true).unwrap();
+                s
+            };
+            let mut held: Vec<std::net::TcpStream> = (0..count).map(open).collect();
+            let mut closed = 0;
+            while !stop.load(Ordering::Relaxed) {
+                for (k, s) in held.iter_mut().enumerate() {
+                    let mut buf = [0; 256];
+                    let gone = match s.read(&mut buf) {
+                        Ok(_) => true,
+                        Err(e) => e.kind() != io::ErrorKind::WouldBlock,
+                    };
+                    if gone {
+                        closed += 1;
+                        *s = open(k);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            closed
+        })
+    }
+
+    #[test]
+    fn half_sent_requests_from_few_addresses_keep_no_other_client_out() {
+        let (addr, _stop) = start(HttpLimits {
+            max_connections: 8,
+            max_connections_per_address: 4,
+            ..limits(8, 60)
+        });
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // Three times the total, from one address and then from three.
+        for sources in [
+            vec![[127, 0, 0, 1]],
+            vec![[127, 0, 0, 1], [127, 0, 0, 2], [127, 0, 0, 3]],
+        ] {
+            stop.store(false, Ordering::Relaxed);
+            let attacker = flood(addr, sources, 24, Arc::clone(&stop));
+            std::thread::sleep(Duration::from_millis(300));
+            for _ in 0..20 {
+                let answer = small_from([127, 0, 0, 9], addr);
+                assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+            }
+            stop.store(true, Ordering::Relaxed);
+            let closed = attacker.join().unwrap();
+            // The flood did reach the limits: the server kept closing its idle connections.
+            assert!(closed >= 16, "only {closed} half-sent requests were closed");
+        }
+    }
+
+    #[test]
+    fn a_client_sharing_an_address_with_half_sent_requests_takes_the_place_of_one() {
+        let (addr, _stop) = start(HttpLimits {
+            max_connections: 8,
+            max_connections_per_address: 4,
+            ..limits(8, 60)
+        });
+        let mut held: Vec<std::net::TcpStream> = (0..12)
+            .map(|_| {
+                let mut s = connect_from([127, 0, 0, 1], addr);
+                s.write_all(b"GET /small HTTP/1.1\r\nhost: x\r\nx-slow: ")
+                    .unwrap();
+                std::thread::sleep(Duration::from_millis(20));
+                s
+            })
+            .collect();
+        // Only the newest four still hold a place.
+        for s in &mut held[..8] {
+            assert_eq!(read_until_closed(s), 0);
+        }
+        for _ in 0..3 {
+            assert!(small_from([127, 0, 0, 1], addr).starts_with("HTTP/1.1 200"));
+        }
+    }
+
+    #[test]
+    fn a_client_whose_connections_are_all_in_requests_is_refused_and_others_are_not() {
+        let (addr, _stop) = start(HttpLimits {
+            max_connections: 8,
+            max_connections_per_address: 2,
+            ..limits(8, 60)
+        });
+        let busy = [
+            busy_from([127, 0, 0, 5], addr),
+            busy_from([127, 0, 0, 5], addr),
+        ];
+        std::thread::sleep(Duration::from_millis(300));
+        let error = refusal_error(&answer_unasked([127, 0, 0, 5], addr));
+        assert_eq!(
+            error,
+            "too many connections from your address; try again shortly"
+        );
+        assert!(small_from([127, 0, 0, 6], addr).starts_with("HTTP/1.1 200"));
+        drop(busy);
     }
 
     #[test]

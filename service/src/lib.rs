@@ -1,8 +1,9 @@
 //! What every gpuledger HTTP service (the aggregator, the scheduler, the exporter's `/metrics`)
 //! runs on, so that each has the same limits, the same TLS and the same door:
 //!
-//! - [`accept`]: the accept loop, with a connection limit, header, request and write-stall
-//!   time-outs, over plain TCP or TLS;
+//! - [`accept`]: the accept loop, with connection limits in total and per client address
+//!   (`connections`: idle connections give way), header, request and write-stall time-outs,
+//!   over plain TCP or TLS;
 //! - [`budget`]: one budget of buffered request bytes, taken before a body is read;
 //! - [`tls`]: the listener's certificate and what a client trusts, as command options;
 //! - [`door`]: who gets in, i.e. protected mode (no tokens only on loopback), the bearer token of a
@@ -15,6 +16,7 @@
 
 pub mod accept;
 pub mod budget;
+mod connections;
 pub mod door;
 pub mod signals;
 pub mod tls;

@@ -86,3 +86,17 @@ pub fn spawn_binary(binary: &str, args: &[&str], stderr: Stdio) -> Process {
         .to_owned();
     Process { child, url }
 }
+
+/// A TCP connection to `addr` from the loopback address `source` (any of 127.0.0.0/8), so that
+/// one test can be several clients as a service's per-address limits see them.
+pub fn connect_from(source: [u8; 4], addr: std::net::SocketAddr) -> std::net::TcpStream {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+        .expect("a TCP socket");
+    socket
+        .bind(&std::net::SocketAddr::from((source, 0)).into())
+        .unwrap_or_else(|e| panic!("binding {source:?}: {e}"));
+    socket
+        .connect(&addr.into())
+        .unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
+    socket.into()
+}
