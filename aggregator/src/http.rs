@@ -48,7 +48,6 @@ use crate::metrics::Metrics;
 use crate::query::{fill_job_figures, AccountIndicators, Query};
 use crate::validate::RowError;
 use crate::wal::decode_ipc;
-use crate::Error;
 
 use gpuledger_model::usage::{decay_factor, AccountUsage, UsageFeed, USAGE_PATH};
 use gpuledger_model::wire::{
@@ -61,6 +60,8 @@ pub const MAX_BODY_BYTES: usize = 64 << 20;
 pub struct Service {
     pub ingestor: Arc<Ingestor>,
     pub query: Query,
+    /// Callers' SQL, in a session of its own with bounded memory and time.
+    pub sql: crate::sql_api::SqlApi,
     pub metrics: Metrics,
     pub config: ClusterConfig,
     pub clock: Arc<dyn Clock>,
@@ -68,6 +69,8 @@ pub struct Service {
     pub guard: Guard,
     /// The request bytes the service holds at once.
     pub body_budget: gpuledger_service::BodyBudget,
+    /// The status page's sign-ins.
+    pub sessions: gpuledger_auth::Sessions,
 }
 
 impl std::fmt::Debug for Service {
@@ -174,16 +177,15 @@ fn bearer_token(headers: &HeaderMap) -> ApiResult<Option<&str>> {
         .map_err(|_| ApiError::Unauthenticated("`Authorization` must be `Bearer <token>`".into()))
 }
 
-const COOKIE: &str = "gpuledger_token";
-
-/// The token the status page's sign-in form put in a cookie.
-fn cookie_token(headers: &HeaderMap) -> Option<&str> {
+/// The session id the status page's sign-in set in a cookie.
+fn session_cookie(headers: &HeaderMap) -> Option<&str> {
+    use gpuledger_auth::sessions::SESSION_COOKIE;
     headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
-        .find_map(|kv| kv.trim().strip_prefix(COOKIE)?.strip_prefix('='))
+        .find_map(|kv| kv.trim().strip_prefix(SESSION_COOKIE)?.strip_prefix('='))
         .filter(|t| !t.is_empty())
 }
 
@@ -447,7 +449,7 @@ async fn metrics(State(s): State<Arc<Service>>, headers: HeaderMap) -> Response 
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        s.metrics.render(),
+        s.metrics.render() + &gpuledger_auth::tls::certificate_metrics(),
     )
         .into_response()
 }
@@ -680,14 +682,7 @@ async fn query(
     authorize(&s, &headers, Action::Sql, "run SQL")?;
     let request: SqlRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad("body", format!("expected {{\"sql\": \"...\"}}: {e}")))?;
-    let batches = s
-        .query
-        .sql_read_only(&request.sql)
-        .await
-        .map_err(|e| match e {
-            Error::Query(q) => ApiError::bad("sql", q.to_string()),
-            other => other.into(),
-        })?;
+    let batches = s.sql.run(&s.query, &request.sql).await?;
     let mut rows = Vec::new();
     let mut columns: Vec<String> = Vec::new();
     for b in &batches {
@@ -774,10 +769,12 @@ async fn status_page(
     headers: HeaderMap,
     QueryParams(p): QueryParams<StatusParams>,
 ) -> Response {
-    let token = match bearer_token(&headers) {
-        Ok(t) => t.or_else(|| cookie_token(&headers)),
+    let bearer = match bearer_token(&headers) {
+        Ok(t) => t,
         Err(e) => return e.into_response(),
     };
+    let signed_in = session_cookie(&headers).and_then(|id| s.sessions.token(id, s.clock.now_ms()));
+    let token = bearer.or(signed_in.as_deref());
     let who = match s.guard.check(token, Action::ViewStatus) {
         Ok(who) => who,
         Err(Denied::Unauthenticated) => {
@@ -812,17 +809,17 @@ struct LoginForm {
 async fn login(State(s): State<Arc<Service>>, axum::Form(form): axum::Form<LoginForm>) -> Response {
     let token = form.token.trim();
     match s.guard.check(Some(token), Action::ViewStatus) {
-        Ok(_) => (
-            StatusCode::SEE_OTHER,
-            [
-                (header::LOCATION, "/".to_owned()),
-                (
-                    header::SET_COOKIE,
-                    format!("{COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict; Max-Age=43200"),
-                ),
-            ],
-        )
-            .into_response(),
+        Ok(_) => match s.sessions.open(token, s.clock.now_ms()) {
+            Ok(id) => (
+                StatusCode::SEE_OTHER,
+                [
+                    (header::LOCATION, "/".to_owned()),
+                    (header::SET_COOKIE, s.sessions.set_cookie(&id)),
+                ],
+            )
+                .into_response(),
+            Err(e) => ApiError::Internal(e.to_string()).into_response(),
+        },
         Err(Denied::Unauthenticated) => html(
             StatusCode::UNAUTHORIZED,
             crate::status::login_page(Some("That token is not valid here.")),
@@ -834,15 +831,15 @@ async fn login(State(s): State<Arc<Service>>, axum::Form(form): axum::Form<Login
     }
 }
 
-async fn logout() -> Response {
+async fn logout(State(s): State<Arc<Service>>, headers: HeaderMap) -> Response {
+    if let Some(id) = session_cookie(&headers) {
+        s.sessions.close(id);
+    }
     (
         StatusCode::SEE_OTHER,
         [
             (header::LOCATION, "/".to_owned()),
-            (
-                header::SET_COOKIE,
-                format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0"),
-            ),
+            (header::SET_COOKIE, s.sessions.clear_cookie()),
         ],
     )
         .into_response()

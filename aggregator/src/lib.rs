@@ -42,6 +42,7 @@ pub mod query;
 pub mod rollup;
 pub mod runs;
 pub mod serve;
+pub mod sql_api;
 pub mod status;
 pub mod store;
 pub mod wal;

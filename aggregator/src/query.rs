@@ -114,7 +114,7 @@ pub struct AccountUsage {
 }
 
 /// Whether a failed query failed reading a file (rather than on its SQL or its arithmetic).
-fn reads_a_file(e: &datafusion::error::DataFusionError) -> bool {
+pub(crate) fn reads_a_file(e: &datafusion::error::DataFusionError) -> bool {
     use datafusion::error::DataFusionError as E;
     matches!(
         e.find_root(),
@@ -252,46 +252,60 @@ pub fn plain_strings(batch: &RecordBatch) -> Result<RecordBatch> {
     Ok(RecordBatch::try_new(schema, columns)?)
 }
 
+/// A DataFusion session over the tables of `layout`, with gpuledger's functions, on a runtime
+/// built from `runtime` (the SQL API adds its memory pool there).
+pub(crate) async fn session(
+    layout: &Layout,
+    runtime: datafusion::execution::runtime_env::RuntimeEnvBuilder,
+) -> Result<SessionContext> {
+    // DataFusion caches each directory's file listing for good by default; the aggregator
+    // writes new files every flush and compaction replaces them, so every query lists.
+    let runtime = runtime
+        .with_cache_manager(
+            datafusion::execution::cache::cache_manager::CacheManagerConfig::default()
+                .with_list_files_cache_limit(0),
+        )
+        .build_arc()?;
+    // DataFusion's own options can be tuned with `DATAFUSION_*` variables (e.g.
+    // DATAFUSION_EXECUTION_TARGET_PARTITIONS); unset, its defaults.
+    let mut config = datafusion::prelude::SessionConfig::from_env()?;
+    if std::env::var_os("DATAFUSION_EXECUTION_TARGET_PARTITIONS").is_none() {
+        // Two scan partitions per core: days differ in size, and with one per core the
+        // last file leaves a core idle (the monthly report is 8% faster on 2 cores).
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        config = config.with_target_partitions(2 * cores);
+    }
+    let ctx = SessionContext::new_with_config_rt(config, runtime);
+    crate::runs::register(&ctx);
+    for (table, schema) in [
+        (Table::Samples, string_views(&sample_schema())),
+        (Table::RollupsHourly, string_views(&rollup_schema())),
+        (Table::Jobs, string_views(&job_event_schema())),
+    ] {
+        let options = ListingOptions::new(Arc::new(ParquetFormat::default()))
+            .with_file_extension(".parquet")
+            .with_table_partition_cols(vec![("date".to_owned(), DataType::Utf8)]);
+        let (url, store) = layout.tables().table_url(table.dir())?;
+        if let Some((base, store)) = store {
+            ctx.register_object_store(&base, store);
+        }
+        ctx.register_listing_table(table.sql_name(), url, options, Some(schema), None)
+            .await?;
+    }
+    Ok(ctx)
+}
+
 impl Query {
     /// Registers the tables of the data directory (a path or an object store), after setting
     /// aside files whose footer does not read.
     pub async fn open(layout: &Layout) -> Result<Self> {
         let quarantined =
             crate::quarantine::quarantine_corrupt(layout, crate::quarantine::Depth::Footer)?;
-        // DataFusion caches each directory's file listing for good by default; the aggregator
-        // writes new files every flush and compaction replaces them, so every query lists.
-        let runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
-            .with_cache_manager(
-                datafusion::execution::cache::cache_manager::CacheManagerConfig::default()
-                    .with_list_files_cache_limit(0),
-            )
-            .build_arc()?;
-        // DataFusion's own options can be tuned with `DATAFUSION_*` variables (e.g.
-        // DATAFUSION_EXECUTION_TARGET_PARTITIONS); unset, its defaults.
-        let mut config = datafusion::prelude::SessionConfig::from_env()?;
-        if std::env::var_os("DATAFUSION_EXECUTION_TARGET_PARTITIONS").is_none() {
-            // Two scan partitions per core: days differ in size, and with one per core the
-            // last file leaves a core idle (the monthly report is 8% faster on 2 cores).
-            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-            config = config.with_target_partitions(2 * cores);
-        }
-        let ctx = SessionContext::new_with_config_rt(config, runtime);
-        crate::runs::register(&ctx);
-        for (table, schema) in [
-            (Table::Samples, string_views(&sample_schema())),
-            (Table::RollupsHourly, string_views(&rollup_schema())),
-            (Table::Jobs, string_views(&job_event_schema())),
-        ] {
-            let options = ListingOptions::new(Arc::new(ParquetFormat::default()))
-                .with_file_extension(".parquet")
-                .with_table_partition_cols(vec![("date".to_owned(), DataType::Utf8)]);
-            let (url, store) = layout.tables().table_url(table.dir())?;
-            if let Some((base, store)) = store {
-                ctx.register_object_store(&base, store);
-            }
-            ctx.register_listing_table(table.sql_name(), url, options, Some(schema), None)
-                .await?;
-        }
+        let ctx = session(
+            layout,
+            datafusion::execution::runtime_env::RuntimeEnvBuilder::new(),
+        )
+        .await?;
         Ok(Query {
             ctx,
             layout: layout.clone(),
@@ -309,7 +323,7 @@ impl Query {
 
     /// After a query failed while reading: sets aside the files that do not read (footers
     /// first, then whole files) and says whether any was.
-    fn quarantine_after_failure(&self) -> Result<bool> {
+    pub(crate) fn quarantine_after_failure(&self) -> Result<bool> {
         use crate::quarantine::{quarantine_corrupt, Depth};
         let mut found = quarantine_corrupt(&self.layout, Depth::Footer)?;
         if found.is_empty() {
@@ -331,24 +345,6 @@ impl Query {
             Err(e) if reads_a_file(&e) && self.quarantine_after_failure()? => {
                 tracing::warn!(error = %e, "query failed on a corrupt file; retried without it");
                 Ok(self.ctx.sql(sql).await?.collect().await?)
-            }
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    /// Runs an operator's SQL: queries only, no DDL (which could read any file), no DML, no
-    /// `SET`.
-    pub async fn sql_read_only(&self, sql: &str) -> Result<Vec<RecordBatch>> {
-        let options = datafusion::execution::context::SQLOptions::new()
-            .with_allow_ddl(false)
-            .with_allow_dml(false)
-            .with_allow_statements(false);
-        let frame = self.ctx.sql_with_options(sql, options).await?;
-        match frame.clone().collect().await {
-            Ok(batches) => Ok(batches),
-            Err(e) if reads_a_file(&e) && self.quarantine_after_failure()? => {
-                tracing::warn!(error = %e, "query failed on a corrupt file; retried without it");
-                Ok(frame.collect().await?)
             }
             Err(e) => Err(e.into()),
         }

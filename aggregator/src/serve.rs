@@ -71,6 +71,8 @@ pub struct ServeOptions {
     #[command(flatten)]
     pub limits: HttpLimits,
     #[command(flatten)]
+    pub sql: crate::sql_api::SqlLimits,
+    #[command(flatten)]
     pub tls: TlsArgs,
 }
 
@@ -95,6 +97,9 @@ pub fn open_layout(data_dir: &str, state_dir: Option<&Path>, writer: bool) -> Re
         .map_err(|e| e.context(format!("opening data directory {data_dir}")))?;
     Ok(Layout::with_tables(objects, state))
 }
+
+/// How long a sign-in to the status page lasts.
+const SESSION_LIFETIME_S: u32 = 12 * 3600;
 
 /// Runs the service under `cluster` until SIGTERM or Ctrl-C.
 pub fn run(options: ServeOptions, cluster: ClusterConfig) -> Result<()> {
@@ -159,6 +164,7 @@ async fn serve(
     tls: Option<tokio_rustls::TlsAcceptor>,
 ) -> Result<()> {
     let query = Query::open(&layout).await?;
+    let sql = crate::sql_api::SqlApi::open(&layout, options.sql).await?;
     let metrics = Metrics::new(&config);
     let unfinished = query.unfinished_job_events().await?;
     let ended = query
@@ -173,6 +179,7 @@ async fn serve(
     let service = Arc::new(Service {
         ingestor: Arc::clone(&ingestor),
         query,
+        sql,
         metrics,
         config,
         clock: Arc::clone(&clock),
@@ -181,6 +188,7 @@ async fn serve(
             options.limits.max_buffered_bytes,
             crate::http::MAX_BODY_BYTES as u64,
         ),
+        sessions: gpuledger_auth::Sessions::new(SESSION_LIFETIME_S, tls.is_some()),
     });
     let shutdown = gpuledger_service::shutdown_signal()?;
     let listener = gpuledger_service::bind(options.listen).await?;

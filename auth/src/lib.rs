@@ -7,6 +7,7 @@
 //! | `tenant` | read its own account's usage, jobs and invoices; submit and cancel its own jobs |
 //! | `finance` | read every account's usage and invoices |
 //! | `operator` | everything |
+//! | `metrics` | scrape `/metrics` (the token Prometheus holds) |
 //!
 //! Tokens live in a TOML file that `gpuledger token` manages ([`TokenFile`]); the file keeps
 //! only the SHA-256 of each token, and a presented token is compared with it in constant time
@@ -14,18 +15,21 @@
 //! record, so the file can list and revoke tokens without holding them.
 //!
 //! This crate is pure policy: services turn [`Denied`] into their 401/403/404 responses.
+//! [`Sessions`] are the status page's sign-ins: the cookie holds a random id, never a token.
 //! [`tls`] loads the certificates the listeners serve and the CAs the clients trust.
 
 use gpuledger_model::config::ConfigError;
 
 mod guard;
 mod permissions;
+pub mod sessions;
 pub mod tls;
 mod token_file;
 mod verifier;
 
 pub use guard::{bearer, Guard};
 pub use permissions::{Action, Denied, Principal, Public, Scope};
+pub use sessions::Sessions;
 pub use token_file::{Role, TokenFile, TokenRecord, TOKEN_FILE_VERSION};
 pub use verifier::Verifier;
 
@@ -195,6 +199,23 @@ mod tests {
         assert!(!Principal::Anonymous.may(Action::ViewStatus, &open));
         assert_eq!(a.scope(&none), Scope::Account(account("team-a")));
         assert_eq!(Principal::Anonymous.scope(&open), Scope::Nothing);
+        // Prometheus's token scrapes and reads nothing else.
+        let scraper = Principal::Metrics;
+        assert!(scraper.may(Action::Metrics, &none));
+        for action in [
+            Action::Sql,
+            Action::ReadAll,
+            Action::ReadAccount("team-a"),
+            Action::ReadInvoices("team-a"),
+            Action::ViewStatus,
+            Action::PostEvents,
+            Action::Operate,
+            Action::ManageJobs("team-a"),
+            Action::Ingest { node: "gpu001" },
+        ] {
+            assert!(!scraper.may(action, &none), "{action:?}");
+        }
+        assert_eq!(scraper.scope(&none), Scope::Nothing);
     }
 
     #[test]

@@ -14,6 +14,8 @@ pub enum Principal {
     Finance,
     Tenant(AccountId),
     Node(String),
+    /// Prometheus: scrapes `/metrics`, reads nothing else.
+    Metrics,
     /// No token; allowed only what the operator opened to everyone.
     Anonymous,
 }
@@ -96,6 +98,7 @@ impl Principal {
                 Action::ReadAccount(a) | Action::ReadInvoices(a) | Action::ManageJobs(a),
             ) => mine.as_str() == a,
             (Principal::Tenant(_), Action::ViewStatus) => true,
+            (Principal::Metrics, Action::Metrics) => true,
             (Principal::Anonymous, Action::Metrics) => public.contains(&Public::Metrics),
             (Principal::Anonymous, Action::ViewStatus) => public.contains(&Public::Status),
             _ => false,
@@ -108,7 +111,7 @@ impl Principal {
             Principal::Operator | Principal::Finance => Scope::All,
             Principal::Tenant(a) => Scope::Account(a.clone()),
             Principal::Anonymous if public.contains(&Public::Status) => Scope::All,
-            Principal::Anonymous | Principal::Node(_) => Scope::Nothing,
+            Principal::Anonymous | Principal::Node(_) | Principal::Metrics => Scope::Nothing,
         }
     }
 
@@ -119,6 +122,7 @@ impl Principal {
             Principal::Finance => "finance".into(),
             Principal::Tenant(a) => format!("tenant:{a}"),
             Principal::Node(n) => format!("node:{n}"),
+            Principal::Metrics => "metrics".into(),
             Principal::Anonymous => "anonymous".into(),
         }
     }

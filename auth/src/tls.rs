@@ -5,11 +5,16 @@
 //! so a certificate renewed by cert-manager or certbot is served without a restart; a renewal
 //! caught half-written keeps the previous pair and is retried at the next handshake.
 //!
+//! A certificate that is not valid now (expired, or not yet valid) is refused, at start and at
+//! reload (the previous pair is kept); [`certificate_metrics`] counts the refusals and gives the
+//! served certificate's expiry, for every service's `/metrics`.
+//!
 //! A client trusts the Mozilla roots, or only the CAs of a PEM file when given one
 //! ([`client_tls`]): a cluster's private CA.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
 
@@ -38,6 +43,9 @@ pub enum Error {
     },
     #[error("TLS: {0}")]
     Rustls(String),
+    /// The certificate is not valid now: expired, or not yet valid.
+    #[error("{path}: {message}")]
+    NotValidNow { path: String, message: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -104,6 +112,7 @@ impl ReloadingCert {
     fn load(cert: &Path, key: &Path) -> Result<Self> {
         let written = (modified(cert), modified(key));
         let key_pair = certified_key(cert, key)?;
+        SERVED_NOT_AFTER.store(not_after_of(&key_pair), Ordering::Relaxed);
         Ok(ReloadingCert {
             cert_path: cert.to_owned(),
             key_path: key.to_owned(),
@@ -127,6 +136,7 @@ impl ReloadingCert {
         }
         match certified_key(&self.cert_path, &self.key_path) {
             Ok(key) => {
+                SERVED_NOT_AFTER.store(not_after_of(&key), Ordering::Relaxed);
                 tracing::info!(cert = %self.cert_path.display(), "TLS certificate reloaded");
                 *self.current.write().unwrap_or_else(|p| p.into_inner()) = Loaded {
                     key: Arc::clone(&key),
@@ -135,7 +145,13 @@ impl ReloadingCert {
                 key
             }
             Err(error) => {
+                RELOADS_REFUSED.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(%error, "TLS certificate changed but cannot be loaded; serving the previous one");
+                // Tried again once either file changes again, not at every handshake.
+                *self.current.write().unwrap_or_else(|p| p.into_inner()) = Loaded {
+                    key: Arc::clone(&loaded.key),
+                    written,
+                };
                 loaded.key
             }
         }
@@ -168,12 +184,131 @@ fn certified_key(cert_path: &Path, key_path: &Path) -> Result<Arc<CertifiedKey>>
         }
         Err(e) => return Err(pem_error(key_path, &e)),
     };
+    valid_now(cert_path, &chain[0], unix_now())?;
     let pair = CertifiedKey::from_der(chain, key, &provider()).map_err(|e| Error::Key {
         cert: shown(cert_path),
         key: shown(key_path),
         message: e.to_string(),
     })?;
     Ok(Arc::new(pair))
+}
+
+/// Certificates changed on disk but refused (unreadable, mismatched, expired or not yet valid),
+/// by any listener of this process.
+static RELOADS_REFUSED: AtomicU64 = AtomicU64::new(0);
+/// When the certificate served last expires (Unix seconds); 0 before one is loaded.
+static SERVED_NOT_AFTER: AtomicI64 = AtomicI64::new(0);
+
+/// The listener certificate's lines for a service's `/metrics` (none when it serves plain
+/// HTTP): the served certificate's expiry and the reloads refused. A process serves one
+/// listener, so these are the process's own.
+pub fn certificate_metrics() -> String {
+    let not_after = SERVED_NOT_AFTER.load(Ordering::Relaxed);
+    if not_after == 0 {
+        return String::new();
+    }
+    format!(
+        "# HELP gpuledger_tls_certificate_not_after_timestamp_seconds When the served TLS certificate expires.\n\
+         # TYPE gpuledger_tls_certificate_not_after_timestamp_seconds gauge\n\
+         gpuledger_tls_certificate_not_after_timestamp_seconds {not_after}\n\
+         # HELP gpuledger_tls_certificate_reloads_refused_total Renewed certificates refused (unreadable, mismatched, expired or not yet valid); the previous one is still served.\n\
+         # TYPE gpuledger_tls_certificate_reloads_refused_total counter\n\
+         gpuledger_tls_certificate_reloads_refused_total {}\n",
+        RELOADS_REFUSED.load(Ordering::Relaxed)
+    )
+}
+
+fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+fn not_after_of(key: &CertifiedKey) -> i64 {
+    key.cert
+        .first()
+        .and_then(|leaf| validity(leaf))
+        .map_or(0, |(_, not_after)| not_after)
+}
+
+/// Refuses a leaf certificate that is not valid at `now` (Unix seconds), or whose validity
+/// cannot be read.
+fn valid_now(path: &Path, leaf: &CertificateDer<'_>, now: i64) -> Result<()> {
+    let refuse = |message: String| Error::NotValidNow {
+        path: shown(path),
+        message,
+    };
+    let (not_before, not_after) =
+        validity(leaf).ok_or_else(|| refuse("its validity period does not read".into()))?;
+    let at = |t: i64| {
+        chrono::DateTime::from_timestamp(t, 0).map_or_else(|| t.to_string(), |d| d.to_rfc3339())
+    };
+    if now < not_before {
+        return Err(refuse(format!("not valid before {}", at(not_before))));
+    }
+    if now > not_after {
+        return Err(refuse(format!("expired at {}", at(not_after))));
+    }
+    Ok(())
+}
+
+/// The validity period (notBefore, notAfter as Unix seconds) of a DER X.509 certificate:
+/// `Certificate ::= SEQUENCE { tbsCertificate SEQUENCE { [0] version OPTIONAL, serialNumber,
+/// signature, issuer, validity SEQUENCE { notBefore, notAfter }, ... }, ... }`.
+fn validity(der: &[u8]) -> Option<(i64, i64)> {
+    let (tag, certificate, _) = der_element(der)?;
+    (tag == 0x30).then_some(())?;
+    let (tag, mut tbs, _) = der_element(certificate)?;
+    (tag == 0x30).then_some(())?;
+    let (tag, _, rest) = der_element(tbs)?;
+    if tag == 0xa0 {
+        tbs = rest;
+    }
+    // serialNumber, signature, issuer
+    for _ in 0..3 {
+        tbs = der_element(tbs)?.2;
+    }
+    let (tag, validity, _) = der_element(tbs)?;
+    (tag == 0x30).then_some(())?;
+    let (tag, not_before, rest) = der_element(validity)?;
+    let not_before = der_time(tag, not_before)?;
+    let (tag, not_after, _) = der_element(rest)?;
+    Some((not_before, der_time(tag, not_after)?))
+}
+
+/// One DER element: its tag, its content and what follows it.
+fn der_element(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, rest) = input.split_first()?;
+    let (&first, mut rest) = rest.split_first()?;
+    let length = if first < 0x80 {
+        usize::from(first)
+    } else {
+        let count = usize::from(first & 0x7f);
+        if count == 0 || count > size_of::<usize>() || rest.len() < count {
+            return None;
+        }
+        let (bytes, after) = rest.split_at(count);
+        rest = after;
+        bytes.iter().fold(0usize, |n, &b| (n << 8) | usize::from(b))
+    };
+    (rest.len() >= length).then(|| (tag, &rest[..length], &rest[length..]))
+}
+
+/// UTCTime (`YYMMDDHHMMSSZ`, years 1950-2049) or GeneralizedTime (`YYYYMMDDHHMMSSZ`).
+fn der_time(tag: u8, content: &[u8]) -> Option<i64> {
+    let text = std::str::from_utf8(content).ok()?;
+    let digits = text.strip_suffix('Z')?;
+    let full = match (tag, digits.len()) {
+        (0x17, 12) => {
+            let yy: u32 = digits[..2].parse().ok()?;
+            let century = if yy >= 50 { "19" } else { "20" };
+            format!("{century}{digits}")
+        }
+        (0x18, 14) => digits.to_owned(),
+        _ => return None,
+    };
+    let parsed = chrono::NaiveDateTime::parse_from_str(&full, "%Y%m%d%H%M%S").ok()?;
+    Some(parsed.and_utc().timestamp())
 }
 
 fn read(path: &Path) -> Result<Vec<u8>> {
@@ -230,6 +365,86 @@ mod tests {
         bump_mtime(&cert);
         assert_eq!(reloading.current().cert[0].to_vec(), second);
         assert!(server_config(&cert_b, &key_b).is_ok());
+    }
+
+    /// A certificate for localhost valid from `from` to `to` (year, month, day).
+    fn dated(dir: &Path, name: &str, from: (i32, u8, u8), to: (i32, u8, u8)) -> (PathBuf, PathBuf) {
+        let mut params = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+        params.not_before = rcgen::date_time_ymd(from.0, from.1, from.2);
+        params.not_after = rcgen::date_time_ymd(to.0, to.1, to.2);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        let cert_path = dir.join(format!("{name}.crt"));
+        let key_path = dir.join(format!("{name}.key"));
+        std::fs::write(&cert_path, cert.pem()).unwrap();
+        std::fs::write(&key_path, key.serialize_pem()).unwrap();
+        (cert_path, key_path)
+    }
+
+    #[test]
+    fn a_certificate_not_valid_now_is_refused_at_start_and_at_reload() {
+        let dir = tempfile::tempdir().unwrap();
+        let (expired, expired_key) = dated(dir.path(), "old", (2000, 1, 1), (2001, 1, 1));
+        let message = server_config(&expired, &expired_key)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            message,
+            format!(
+                "{}: expired at 2001-01-01T00:00:00+00:00",
+                expired.display()
+            )
+        );
+        let (early, early_key) = dated(dir.path(), "early", (2090, 6, 1), (2091, 1, 1));
+        let message = server_config(&early, &early_key).unwrap_err().to_string();
+        assert!(
+            message.ends_with("not valid before 2090-06-01T00:00:00+00:00"),
+            "{message}"
+        );
+
+        let (cert, key) = dated(dir.path(), "live", (2020, 1, 1), (2090, 1, 1));
+        let reloading = ReloadingCert::load(&cert, &key).unwrap();
+        let served = reloading.current().cert[0].to_vec();
+        assert!(certificate_metrics().contains(&format!(
+            "gpuledger_tls_certificate_not_after_timestamp_seconds {}\n",
+            chrono::NaiveDate::from_ymd_opt(2090, 1, 1)
+                .unwrap()
+                .and_hms_opt(0, 0, 0)
+                .unwrap()
+                .and_utc()
+                .timestamp()
+        )));
+        let refused_before = RELOADS_REFUSED.load(Ordering::Relaxed);
+        std::fs::copy(&expired, &cert).unwrap();
+        std::fs::copy(&expired_key, &key).unwrap();
+        bump_mtime(&cert);
+        assert_eq!(
+            reloading.current().cert[0].to_vec(),
+            served,
+            "the previous pair is kept"
+        );
+        assert!(RELOADS_REFUSED.load(Ordering::Relaxed) > refused_before);
+        assert!(certificate_metrics().contains("gpuledger_tls_certificate_reloads_refused_total "));
+    }
+
+    #[test]
+    fn validity_reads_both_time_forms_and_refuses_what_is_not_der() {
+        let dir = tempfile::tempdir().unwrap();
+        // Past 2049 X.509 writes GeneralizedTime; before, UTCTime.
+        let (cert, _) = dated(dir.path(), "span", (1999, 12, 31), (2051, 3, 4));
+        let leaf = der(&std::fs::read(&cert).unwrap());
+        let day = |y, m, d| {
+            chrono::NaiveDate::from_ymd_opt(y, m, d)
+                .unwrap()
+                .and_hms_opt(0, 0, 0)
+                .unwrap()
+                .and_utc()
+                .timestamp()
+        };
+        assert_eq!(validity(&leaf), Some((day(1999, 12, 31), day(2051, 3, 4))));
+        assert_eq!(validity(&leaf[..leaf.len() / 3]), None);
+        assert_eq!(validity(b"\x30\x84\xff\xff\xff\xff"), None);
+        assert_eq!(validity(&[]), None);
     }
 
     fn der(pem: &[u8]) -> Vec<u8> {

@@ -30,6 +30,8 @@ pub enum Role {
     Tenant,
     Finance,
     Operator,
+    /// Scrapes `/metrics` and nothing else: the token Prometheus holds.
+    Metrics,
 }
 
 impl Role {
@@ -39,6 +41,7 @@ impl Role {
             Role::Tenant => "tenant",
             Role::Finance => "finance",
             Role::Operator => "operator",
+            Role::Metrics => "metrics",
         }
     }
 }
@@ -57,8 +60,9 @@ impl FromStr for Role {
             "tenant" => Ok(Role::Tenant),
             "finance" => Ok(Role::Finance),
             "operator" => Ok(Role::Operator),
+            "metrics" => Ok(Role::Metrics),
             other => Err(format!(
-                "unknown role `{other}`; known: node, tenant, finance, operator"
+                "unknown role `{other}`; known: node, tenant, finance, operator, metrics"
             )),
         }
     }
@@ -167,7 +171,7 @@ impl TokenFile {
             }
             match (t.role, &t.account, &t.node) {
                 (Role::Tenant, Some(_), None) | (Role::Node, None, Some(_)) => {}
-                (Role::Finance | Role::Operator, None, None) => {}
+                (Role::Finance | Role::Operator | Role::Metrics, None, None) => {}
                 (Role::Tenant, _, _) => {
                     return Err(invalid(
                         &t.id,
@@ -212,11 +216,9 @@ impl TokenFile {
         }
     }
 
-    /// Writes the file atomically (temporary name, fsync, rename), readable by its owner only.
+    /// Writes the file durably (temporary name, fsync, rename, fsync of the directory),
+    /// readable by its owner only.
     pub fn save(&self, path: &Path) -> Result<()> {
-        use std::io::Write;
-        #[cfg(unix)]
-        use std::os::unix::fs::OpenOptionsExt;
         let io = |source| Error::Io {
             path: path.display().to_string(),
             source,
@@ -225,15 +227,8 @@ impl TokenFile {
             "# gpuledger tokens, managed by `gpuledger token`. Only SHA-256 hashes are kept.\n{}",
             toml::to_string(self).map_err(|e| Error::Usage(e.to_string()))?
         );
-        let tmp = path.with_extension("tmp");
-        let mut options = std::fs::OpenOptions::new();
-        options.write(true).create(true).truncate(true);
-        #[cfg(unix)]
-        options.mode(0o600);
-        let mut f = options.open(&tmp).map_err(io)?;
-        f.write_all(text.as_bytes()).map_err(io)?;
-        f.sync_all().map_err(io)?;
-        std::fs::rename(&tmp, path).map_err(io)
+        gpuledger_model::durable::replace_file_with_mode(path, text.as_bytes(), Some(0o600))
+            .map_err(io)
     }
 
     /// Makes a new token and records its hash; returns the token, shown once.
@@ -247,7 +242,7 @@ impl TokenFile {
     ) -> Result<String> {
         match (role, &account, &node) {
             (Role::Tenant, Some(_), None) | (Role::Node, None, Some(_)) => {}
-            (Role::Finance | Role::Operator, None, None) => {}
+            (Role::Finance | Role::Operator | Role::Metrics, None, None) => {}
             (Role::Tenant, _, _) => {
                 return Err(Error::Usage(
                     "a tenant token needs --account and no --node".into(),

@@ -51,6 +51,7 @@ impl Verifier {
         Some(match record.role {
             Role::Operator => Principal::Operator,
             Role::Finance => Principal::Finance,
+            Role::Metrics => Principal::Metrics,
             Role::Tenant => Principal::Tenant(record.account.clone()?),
             Role::Node => Principal::Node(record.node.clone()?),
         })

@@ -94,9 +94,7 @@ pub fn latest_revision(dir: &Path) -> Result<Option<Invoice>> {
 }
 
 fn write_file(path: &Path, text: &str) -> Result<PathBuf> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).map_err(Error::io(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(Error::io(path))?;
+    gpuledger_model::durable::replace_file(path, text.as_bytes()).map_err(Error::io(path))?;
     Ok(path.to_path_buf())
 }
 

@@ -132,7 +132,8 @@ pub fn record_scan(data_root: &Path, time: i64, rows: &[ScanRow]) -> Result<Path
         .open(&path)
         .and_then(|mut f| {
             f.write_all(format_scan(&lines, new).as_bytes())?;
-            f.sync_all()
+            f.sync_all()?;
+            gpuledger_model::durable::sync_parent(&path)
         })
         .map_err(Error::io(&path))?;
     Ok(path)

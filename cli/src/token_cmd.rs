@@ -16,7 +16,7 @@ pub enum TokenCommand {
         /// The token file (created, mode 0600, when missing).
         #[arg(long, env = "GPULEDGER_TOKENS")]
         file: PathBuf,
-        /// node, tenant, finance or operator.
+        /// node, tenant, finance, operator or metrics (scrapes /metrics only, for Prometheus).
         #[arg(long)]
         role: Role,
         /// Who holds it, e.g. `prometheus`, `gpu017`, `team-a lead`.

@@ -96,12 +96,15 @@ fn jobs_run_report_to_the_aggregator_and_survive_a_scheduler_restart() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "Submitted job 1\n");
-    wait_for("job 1 to complete", 30, || {
-        job(&url, "1")["state"] == "completed"
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "Submitted job team-a.1\n"
+    );
+    wait_for("job team-a.1 to complete", 30, || {
+        job(&url, "team-a.1")["state"] == "completed"
     });
-    assert_eq!(job(&url, "1")["exit_code"], 0);
-    let seen = std::fs::read_to_string(data.join("scheduler/jobs/1/seen")).unwrap();
+    assert_eq!(job(&url, "team-a.1")["exit_code"], 0);
+    let seen = std::fs::read_to_string(data.join("scheduler/jobs/team-a.1/seen")).unwrap();
     assert_eq!(seen, "0,1\n");
     wait_for("the aggregator to count the finished job", 30, || {
         scrape(&aggregator.url)
@@ -130,7 +133,9 @@ fn jobs_run_report_to_the_aggregator_and_survive_a_scheduler_restart() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    wait_for("job 2 to run", 30, || job(&url, "2")["state"] == "running");
+    wait_for("job 2 to run", 30, || {
+        job(&url, "team-a.2")["state"] == "running"
+    });
     let queue = cli(&["scheduler", "queue", "--url", &url]);
     let table = String::from_utf8_lossy(&queue.stdout).to_string();
     assert!(
@@ -157,33 +162,33 @@ fn jobs_run_report_to_the_aggregator_and_survive_a_scheduler_restart() {
         ],
         Stdio::inherit(),
     );
-    wait_for("the exporter to label GPU 3 with job 2", 30, || {
+    wait_for("the exporter to label GPU 3 with job team-a.2", 30, || {
         scrape(&exporter.url).contains(
-            "DCGM_FI_DEV_GPU_UTIL{gpu=\"3\",Hostname=\"gpu001\",hpc_job=\"2\",account=\"team-a\",project=\"\"}",
+            "DCGM_FI_DEV_GPU_UTIL{gpu=\"3\",Hostname=\"gpu001\",hpc_job=\"team-a.2\",account=\"team-a\",project=\"\"}",
         )
     });
     terminate(exporter);
-    let pid = job(&url, "2")["pid"].as_u64().unwrap();
+    let pid = job(&url, "team-a.2")["pid"].as_u64().unwrap();
     terminate(sched);
     let sched = start_scheduler(&data, &config, &aggregator.url);
     let url = sched.url.clone();
-    assert_eq!(job(&url, "2")["state"], "running");
+    assert_eq!(job(&url, "team-a.2")["state"], "running");
     assert_eq!(
-        job(&url, "2")["pid"].as_u64(),
+        job(&url, "team-a.2")["pid"].as_u64(),
         Some(pid),
         "adopted, not restarted"
     );
     let share = cli(&["scheduler", "share", "--url", &url]);
     assert!(String::from_utf8_lossy(&share.stdout).contains("team-a"));
 
-    let out = cli(&["scheduler", "cancel", "2", "--url", &url]);
+    let out = cli(&["scheduler", "cancel", "team-a.2", "--url", &url]);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
     wait_for("job 2 to be cancelled", 30, || {
-        job(&url, "2")["state"] == "cancelled"
+        job(&url, "team-a.2")["state"] == "cancelled"
     });
 
     // Five GPUs on a four-GPU cluster can never run.
@@ -243,7 +248,10 @@ fn with_tokens_and_tls_each_service_and_client_proves_who_it_is() {
     let operator = token(&tokens, "operator", &[]);
     let tenant = token(&tokens, "tenant", &["--account", "team-a"]);
     let node = token(&tokens, "node", &["--node", "gpu001"]);
+    let scraper = token(&tokens, "metrics", &[]);
     let (op_file, node_file) = (dir.path().join("op-token"), dir.path().join("node-token"));
+    let scraper_file = dir.path().join("metrics-token");
+    std::fs::write(&scraper_file, &scraper).unwrap();
     std::fs::write(&op_file, &operator).unwrap();
     std::fs::write(&node_file, &node).unwrap();
     let (cert, key) = certificate(dir.path());
@@ -341,7 +349,7 @@ fn with_tokens_and_tls_each_service_and_client_proves_who_it_is() {
             .unwrap()
     };
     wait_for("job 1 to run", 30, || {
-        get(&format!("{url}/api/v1/jobs/1"), &tenant).contains("\"running\"")
+        get(&format!("{url}/api/v1/jobs/team-a.1"), &tenant).contains("\"running\"")
     });
     // The exporter reads its GPUs from the feed with its node token and pushes with it.
     let exporter = spawn_tls(&[
@@ -381,7 +389,7 @@ fn with_tokens_and_tls_each_service_and_client_proves_who_it_is() {
     wait_for("the exporter to label job 1's GPUs", 30, || {
         metrics(Some(&operator))
             .1
-            .contains("hpc_job=\"1\",account=\"team-a\"")
+            .contains("hpc_job=\"team-a.1\",account=\"team-a\"")
     });
     // The exporter's page is an operator's: no token is 401, a tenant's is 403.
     let (status, body) = metrics(None);
@@ -393,12 +401,34 @@ fn with_tokens_and_tls_each_service_and_client_proves_who_it_is() {
         .get(exporter.url.replace("https://", "http://") + "/metrics")
         .call();
     assert!(plain.is_err(), "{plain:?}");
-    // A real Prometheus scrapes it over TLS with the operator's token.
-    let prometheus = start_prometheus(dir.path(), &exporter.url, cert, &op_file);
+    // A real Prometheus scrapes it over TLS with a `metrics` token, which reads nothing else.
+    assert_eq!(metrics(Some(&scraper)).0, 200);
+    let prometheus = start_prometheus(dir.path(), &exporter.url, cert, &scraper_file);
     wait_for("Prometheus to scrape the exporter over TLS", 30, || {
         let answer = prometheus_query(&prometheus.1, "count(DCGM_FI_DEV_GPU_UTIL)");
         answer.contains("\"4\"")
     });
+    let status_as = |u: String, t: &str| {
+        agent
+            .get(u)
+            .header("authorization", format!("Bearer {t}"))
+            .call()
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    for (page, expected) in [
+        (format!("{}/metrics", aggregator.url), 200),
+        (format!("{url}/metrics"), 200),
+        (format!("{url}/api/v1/queue"), 403),
+        (format!("{}/api/v1/status", aggregator.url), 403),
+        (
+            format!("{}/api/v1/accounts/team-a/summary", aggregator.url),
+            403,
+        ),
+    ] {
+        assert_eq!(status_as(page.clone(), &scraper), expected, "{page}");
+    }
     // The scheduler's events reach the aggregator with the operator's token, the samples with
     // the node's.
     wait_for(
@@ -412,7 +442,7 @@ fn with_tokens_and_tls_each_service_and_client_proves_who_it_is() {
     );
     terminate(exporter);
     let cancel = Command::new(env!("CARGO_BIN_EXE_gpuledger"))
-        .args(["scheduler", "cancel", "1", "--url", &url])
+        .args(["scheduler", "cancel", "team-a.1", "--url", &url])
         .env("GPULEDGER_TOKEN", &tenant)
         .env("GPULEDGER_CA_FILE", cert)
         .output()
@@ -423,7 +453,7 @@ fn with_tokens_and_tls_each_service_and_client_proves_who_it_is() {
         String::from_utf8_lossy(&cancel.stderr)
     );
     wait_for("job 1 to be cancelled", 30, || {
-        get(&format!("{url}/api/v1/jobs/1"), &tenant).contains("\"cancelled\"")
+        get(&format!("{url}/api/v1/jobs/team-a.1"), &tenant).contains("\"cancelled\"")
     });
     // A revoked token is refused by both running services, without a restart.
     let revoke = Command::new(env!("CARGO_BIN_EXE_gpuledger"))
@@ -451,7 +481,7 @@ fn with_tokens_and_tls_each_service_and_client_proves_who_it_is() {
             .as_u16()
     };
     wait_for("both services to refuse the revoked token", 30, || {
-        status(format!("{url}/api/v1/jobs/1")) == 401
+        status(format!("{url}/api/v1/jobs/team-a.1")) == 401
             && status(format!("{}/api/v1/accounts/team-a/summary", aggregator.url)) == 401
     });
     terminate(sched);

@@ -474,6 +474,7 @@ impl ClusterConfig {
                 );
             }
             check_priority(v, &at("quota.priority"), acc.quota.priority);
+            check_gpu_hours(v, &at("quota"), &acc.quota);
             let mut project_ids = HashSet::new();
             for (j, proj) in acc.projects.iter().enumerate() {
                 let pat = |f: &str| format!("accounts[{i}].projects[{j}].{f}");
@@ -487,6 +488,7 @@ impl ClusterConfig {
                     );
                 }
                 check_priority(v, &pat("quota.priority"), proj.quota.priority);
+                check_gpu_hours(v, &pat("quota"), &proj.quota);
                 for dim in proj.quota.exceeded_dimensions(&acc.quota) {
                     v.err(
                         &pat(&format!("quota.{}", dim.field())),
@@ -541,6 +543,24 @@ impl ClusterConfig {
             .iter()
             .find(|p| p.default)
             .or(self.partitions.first())
+    }
+}
+
+/// The most GPU-hours a quota window may allow: far past any cluster, and small enough that
+/// the window in GPU-seconds fits the signed arithmetic that checks it.
+pub const MAX_QUOTA_GPU_HOURS: u64 = 1_000_000_000_000;
+
+fn check_gpu_hours(v: &mut Validator, quota_field: &str, quota: &crate::quota::Quota) {
+    for (name, value) in [
+        ("gpu_hours_per_day", quota.gpu_hours_per_day),
+        ("gpu_hours_per_week", quota.gpu_hours_per_week),
+    ] {
+        if let Some(hours) = value.filter(|h| *h > MAX_QUOTA_GPU_HOURS) {
+            v.err(
+                &format!("{quota_field}.{name}"),
+                format!("{hours} is out of range; use at most {MAX_QUOTA_GPU_HOURS}"),
+            );
+        }
     }
 }
 
@@ -737,5 +757,46 @@ weight = 1
         assert_eq!(errors[0].field, "partitions[0].priority_tier");
         assert_eq!(errors[0].line, Some(14));
         assert_eq!(errors[0].message, "500 is out of range; use 1 to 100");
+    }
+
+    #[test]
+    fn numbers_past_what_the_arithmetic_holds_are_refused_by_field_and_line() {
+        for (from, to, field, says) in [
+            (
+                "count = 2",
+                "count = 4000000000",
+                "node_pools[0].count",
+                "out of range",
+            ),
+            (
+                "weight = 1",
+                "weight = 1\nquota = { gpu_hours_per_week = 9223372036854775807 }",
+                "accounts[0].quota.gpu_hours_per_week",
+                "use at most 1000000000000",
+            ),
+        ] {
+            let src = MINIMAL.replace(from, to);
+            let err = ClusterConfig::from_toml_str(&src, "t.toml").unwrap_err();
+            let errors = err.field_errors();
+            assert_eq!(errors.len(), 1, "{err}");
+            assert_eq!(errors[0].field, field);
+            assert!(errors[0].line.is_some(), "{err}");
+            assert!(errors[0].message.contains(says), "{err}");
+        }
+        // Wider than the field's type: refused by the parser, with its line.
+        let src = MINIMAL.replace("count = 2", "count = 40000000000");
+        let err = ClusterConfig::from_toml_str(&src, "t.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("t.toml:8:"), "{err}");
+        // A duration past a hundred years (it would wrap the signed seconds it is used in).
+        let src = MINIMAL.replace(
+            "priority_tier = 20",
+            "priority_tier = 20\nmax_time = \"15000000000000w\"",
+        );
+        let err = ClusterConfig::from_toml_str(&src, "t.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("at most 100 years"), "{err}");
     }
 }

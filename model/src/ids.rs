@@ -31,15 +31,27 @@ pub enum IdError {
 /// The longest identifier accepted.
 pub const MAX_ID_LEN: usize = 64;
 
+/// The longest job id accepted: gpuledger's scheduler names a job after its account
+/// (`ACCOUNT.N`), so a job id has room for the longest account id and a number.
+pub const MAX_JOB_ID_LEN: usize = 96;
+
+fn max_len(kind: &str) -> usize {
+    if kind == "job" {
+        MAX_JOB_ID_LEN
+    } else {
+        MAX_ID_LEN
+    }
+}
+
 fn validate(kind: &'static str, value: &str) -> Result<(), IdError> {
     if value.is_empty() {
         return Err(IdError::Empty { kind });
     }
-    if value.len() > MAX_ID_LEN {
+    if value.len() > max_len(kind) {
         return Err(IdError::TooLong {
             kind,
             value: value.to_owned(),
-            max: MAX_ID_LEN,
+            max: max_len(kind),
         });
     }
     if let Some(ch) = value
@@ -168,8 +180,14 @@ mod tests {
             IdError::Empty { kind: "project" }
         );
         assert!(matches!(
-            JobId::new("x".repeat(65)),
-            Err(IdError::TooLong { .. })
+            AccountId::new("x".repeat(65)),
+            Err(IdError::TooLong { max: 64, .. })
+        ));
+        // A job id has room for the longest account id, a dot and a number.
+        assert!(JobId::new(format!("{}.18446744073709551615", "x".repeat(64))).is_ok());
+        assert!(matches!(
+            JobId::new("x".repeat(97)),
+            Err(IdError::TooLong { max: 96, .. })
         ));
     }
 

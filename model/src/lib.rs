@@ -9,6 +9,7 @@
 pub mod allocation;
 pub mod billed_reservations;
 pub mod config;
+pub mod durable;
 pub mod event_json;
 pub mod gpu;
 pub mod ids;

@@ -144,12 +144,16 @@ impl FromStr for ByteSize {
 
 impl fmt::Display for ByteSize {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const UNITS: [(&str, u64); 5] = [
+        const UNITS: [(&str, u64); 9] = [
             ("PB", 1_000_000_000_000_000),
             ("TB", 1_000_000_000_000),
             ("GB", 1_000_000_000),
             ("MB", 1_000_000),
+            ("TiB", 1 << 40),
+            ("GiB", 1 << 30),
+            ("MiB", 1 << 20),
             ("KB", 1_000),
+            ("KiB", 1 << 10),
         ];
         for (unit, size) in UNITS {
             if self.0 >= size && self.0.is_multiple_of(size) {
@@ -190,6 +194,10 @@ impl From<DurationSpec> for String {
     }
 }
 
+/// The longest duration accepted (100 years of 365 days, in seconds): any duration, times any
+/// GPU count, still fits the signed seconds that time arithmetic uses.
+pub const MAX_DURATION_S: u64 = 100 * 365 * 86_400;
+
 impl FromStr for DurationSpec {
     type Err = UnitError;
     fn from_str(input: &str) -> Result<Self, UnitError> {
@@ -222,6 +230,13 @@ impl FromStr for DurationSpec {
         }
         if !digits.is_empty() || input.trim().is_empty() {
             return Err(err());
+        }
+        if total > MAX_DURATION_S {
+            return Err(UnitError {
+                input: input.to_owned(),
+                what: "duration",
+                hint: "durations are at most 100 years (5218w)",
+            });
         }
         Ok(DurationSpec::from_secs(total))
     }

@@ -173,17 +173,18 @@ impl Api {
     /// The job, if the principal may act on it; another account's job is a missing one.
     fn own_job(&self, headers: &HeaderMap, id: &JobId, what: &str) -> ApiResult<JobInfo> {
         let who = self.principal(headers, what)?;
-        let job = self.service.job(id);
-        let allowed = job.as_ref().is_some_and(|j| {
-            who.may(
-                Action::ManageJobs(j.request.account.as_str()),
-                self.guard.public(),
-            )
-        });
-        match (job, allowed) {
-            (Some(j), true) => Ok(j),
+        let public = self.guard.public();
+        let job = self
+            .service
+            .job_seen_by(id, &|account| who.may(Action::ManageJobs(account), public));
+        match job {
+            Some(j) => Ok(j),
             _ if matches!(who, Principal::Anonymous) => Err(denied(Denied::Unauthenticated, what)),
-            _ if matches!(who, Principal::Node(_) | Principal::Finance) => {
+            _ if matches!(
+                who,
+                Principal::Node(_) | Principal::Finance | Principal::Metrics
+            ) =>
+            {
                 Err(denied(Denied::Forbidden, what))
             }
             _ => Err(Error::UnknownJob(id.clone()).into()),
@@ -265,10 +266,7 @@ async fn job(
 ) -> ApiResult<Response> {
     let id = job_id(&id)?;
     let scope = s.read_scope(&headers, "read a job")?;
-    match s
-        .job(&id)
-        .filter(|j| scope.covers(j.request.account.as_str()))
-    {
+    match s.job_seen_by(&id, &|account| scope.covers(account)) {
         Some(info) => Ok(Json(info).into_response()),
         None => Err(Error::UnknownJob(id).into()),
     }
@@ -309,11 +307,7 @@ pub struct ShareReply {
 
 async fn queue(State(s): State<Arc<Api>>, headers: HeaderMap) -> ApiResult<Response> {
     let scope = s.read_scope(&headers, "read the queue")?;
-    let jobs: Vec<JobInfo> = s
-        .queue()
-        .into_iter()
-        .filter(|j| scope.covers(j.request.account.as_str()))
-        .collect();
+    let jobs = s.queue_seen_by(&|account| scope.covers(account));
     Ok(Json(QueueReply { jobs }).into_response())
 }
 
@@ -351,7 +345,7 @@ async fn metrics(State(s): State<Arc<Api>>, headers: HeaderMap) -> ApiResult<Res
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        s.metrics(),
+        s.metrics() + &gpuledger_auth::tls::certificate_metrics(),
     )
         .into_response())
 }

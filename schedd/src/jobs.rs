@@ -5,6 +5,19 @@
 use super::*;
 
 impl Inner {
+    /// A copy of `job` for a caller who sees the accounts `sees` says yes to: a preempting job
+    /// of an account they do not see is not named.
+    pub(crate) fn shown(&self, job: &JobInfo, sees: &dyn Fn(&str) -> bool) -> JobInfo {
+        let mut shown = job.clone();
+        if let Some(Preemptor::Job(by)) = &job.preempted_by {
+            let by_account = self.state.jobs.get(by).map(|j| j.request.account.as_str());
+            if !by_account.is_some_and(sees) {
+                shown.preempted_by = Some(Preemptor::Unnamed(Preemptor::UNNAMED.to_owned()));
+            }
+        }
+        shown
+    }
+
     /// Marks a job done and queues its `finished` event.
     pub(crate) fn finish_record(
         &mut self,

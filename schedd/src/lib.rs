@@ -43,7 +43,7 @@ use gpuledger_scheduler::{Cycle, JobSpec, Preempting, Refusal, Scheduler, Schedu
 
 use crate::aggregator::{AggregatorLink, HttpAggregator};
 use crate::executor::{Executor, ExitStatus, Launch};
-use crate::state::{JobInfo, JobState, State, SubmitRequest};
+use crate::state::{JobInfo, JobState, Preemptor, State, SubmitRequest};
 
 /// What can go wrong in the service.
 #[derive(Debug, thiserror::Error)]
@@ -219,7 +219,8 @@ impl Service {
                                 message: e.to_string(),
                             }
                         })?;
-                    let preempting = match (&info.preempted_by, info.signal_s, info.kill_s) {
+                    let by = info.preempted_by.as_ref().and_then(Preemptor::job);
+                    let preempting = match (by, info.signal_s, info.kill_s) {
                         (Some(by), Some(signal_s), Some(kill_s)) => Some(Preempting {
                             by: by.clone(),
                             signal_s,
@@ -302,13 +303,21 @@ impl Service {
         }
         let now = self.now_s();
         let mut inner = self.lock();
-        let id = JobId::new(inner.state.next_id.to_string()).map_err(|e| Error::Invalid {
-            field: "job_id".into(),
-            message: e.to_string(),
-        })?;
+        let number = inner
+            .state
+            .next_job_number
+            .get(&request.account)
+            .copied()
+            .unwrap_or(1);
+        let id =
+            JobId::new(format!("{}.{number}", request.account)).map_err(|e| Error::Invalid {
+                field: "job_id".into(),
+                message: e.to_string(),
+            })?;
+        let account = request.account.clone();
         let info = JobInfo::pending(id.clone(), request, now);
         inner.sched.submit(spec_of(&info))?;
-        inner.state.next_id += 1;
+        inner.state.next_job_number.insert(account, number + 1);
         let mut ev = event(&info, now, JobEventKind::Submitted);
         ev.gpus = Some(info.request.gpus);
         ev.partition = info.request.partition.clone();
@@ -364,22 +373,37 @@ impl Service {
 
     /// Pending and running jobs, running first, pending in priority order (as `squeue`).
     pub fn queue(&self) -> Vec<JobInfo> {
+        self.queue_seen_by(&|_| true)
+    }
+
+    /// The job as a caller who may see the accounts `sees` says yes to sees it: another
+    /// account's job is `None` as a missing one is, after the same steps, and a job preempted by
+    /// another account's job is told only that it was "a higher tier".
+    pub fn job_seen_by(&self, id: &JobId, sees: &dyn Fn(&str) -> bool) -> Option<JobInfo> {
         let inner = self.lock();
-        let mut out: Vec<JobInfo> = inner
+        let job = inner.state.jobs.get(id);
+        let visible = job.filter(|j| sees(j.request.account.as_str()));
+        visible.map(|j| inner.shown(j, sees))
+    }
+
+    /// [`Service::queue`] as a caller who may see the accounts `sees` says yes to sees it.
+    pub fn queue_seen_by(&self, sees: &dyn Fn(&str) -> bool) -> Vec<JobInfo> {
+        let inner = self.lock();
+        let running = inner
             .state
             .jobs
             .values()
-            .filter(|j| matches!(j.state, JobState::Running | JobState::Preempting))
-            .cloned()
-            .collect();
-        out.extend(
-            inner
-                .sched
-                .pending()
-                .iter()
-                .filter_map(|p| inner.state.jobs.get(&p.spec.id).cloned()),
-        );
-        out
+            .filter(|j| matches!(j.state, JobState::Running | JobState::Preempting));
+        let pending = inner
+            .sched
+            .pending()
+            .iter()
+            .filter_map(|p| inner.state.jobs.get(&p.spec.id));
+        running
+            .chain(pending)
+            .filter(|j| sees(j.request.account.as_str()))
+            .map(|j| inner.shown(j, sees))
+            .collect()
     }
 
     /// The fair-share view (as `sshare`).
@@ -569,7 +593,7 @@ impl Service {
             tracing::info!(job = %p.job_id, by = %p.by, kill_s = p.kill_s, "job preempted");
             if let Some(job) = inner.state.jobs.get_mut(&p.job_id) {
                 job.state = JobState::Preempting;
-                job.preempted_by = Some(p.by.clone());
+                job.preempted_by = Some(Preemptor::Job(p.by.clone()));
                 job.signal_s = Some(now);
                 job.kill_s = Some(p.kill_s);
             }

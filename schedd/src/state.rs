@@ -108,7 +108,7 @@ pub struct JobInfo {
     pub last_checkpoint_s: Option<UnixSeconds>,
     /// Set while being preempted: by which job, and when SIGKILL comes.
     #[serde(default)]
-    pub preempted_by: Option<JobId>,
+    pub preempted_by: Option<Preemptor>,
     #[serde(default)]
     pub signal_s: Option<UnixSeconds>,
     #[serde(default)]
@@ -143,10 +143,38 @@ impl JobInfo {
     }
 }
 
+/// What preempts a job: the job, as stored and as its own account or an operator sees it; to
+/// another account, only that it is of a higher tier (its id would name another tenant's job).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Preemptor {
+    Job(JobId),
+    Unnamed(String),
+}
+
+impl Preemptor {
+    /// What another account is told.
+    pub const UNNAMED: &'static str = "a higher tier";
+
+    pub fn job(&self) -> Option<&JobId> {
+        match self {
+            Preemptor::Job(id) => Some(id),
+            Preemptor::Unnamed(_) => None,
+        }
+    }
+}
+
 /// The whole persisted state.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct State {
+    /// The next number of the old global job ids (`1`, `2`, ...), kept for state files
+    /// written before jobs were numbered per account.
+    #[serde(default)]
     pub next_id: u64,
+    /// Each account's next job number: a job is `ACCOUNT.N`, so an id says nothing of other
+    /// accounts' submissions.
+    #[serde(default)]
+    pub next_job_number: BTreeMap<AccountId, u64>,
     pub jobs: BTreeMap<JobId, JobInfo>,
     #[serde(default)]
     pub reservations: Vec<ReservationEntry>,
@@ -177,18 +205,16 @@ impl State {
         }
     }
 
-    /// Writes the state through a temporary file and a rename.
+    /// Writes the state durably: a temporary file flushed, renamed over, the directory flushed.
     pub fn save(&self, path: &Path) -> Result<()> {
         let io = |source| Error::Io {
             path: path.to_owned(),
             source,
         };
-        let tmp = path.with_extension("json.tmp");
         let bytes = serde_json::to_vec_pretty(self).map_err(|e| Error::State {
             path: path.to_owned(),
             message: e.to_string(),
         })?;
-        std::fs::write(&tmp, bytes).map_err(io)?;
-        std::fs::rename(&tmp, path).map_err(io)
+        gpuledger_model::durable::replace_file(path, &bytes).map_err(io)
     }
 }

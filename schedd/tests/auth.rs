@@ -27,6 +27,7 @@ fn cluster() -> ClusterConfig {
         "version = 1\n[cluster]\nname = \"two\"\n[[node_pools]]\nname = \"p\"\nprefix = \"gpu\"\n\
          count = 2\ngpus_per_node = 4\ngpu_model = \"h100-sxm\"\n\
          [[partitions]]\nname = \"train\"\npriority_tier = 20\ndefault = true\n\
+         [[partitions]]\nname = \"urgent\"\npriority_tier = 50\n\
          [prices]\nversion = \"v\"\neffective_from = \"2026-01-01\"\ncurrency = \"USD\"\n\
          gpu_hour = { h100-sxm = \"1\" }\n\
          [[accounts]]\nid = \"team-a\"\nname = \"A\"\nweight = 1\n\
@@ -38,6 +39,7 @@ fn cluster() -> ClusterConfig {
 
 struct Fixture {
     service: Arc<Service>,
+    clock: Arc<ManualClock>,
     app: axum::Router,
     operator: String,
     a: String,
@@ -61,7 +63,7 @@ fn fixture() -> Fixture {
     };
     let executor = Box::new(LocalExecutor::new(dir.path().join("scheduler/jobs")));
     let clock = Arc::new(ManualClock::new(T0_MS));
-    let service = Arc::new(Service::open(cluster(), config, executor, clock).unwrap());
+    let service = Arc::new(Service::open(cluster(), config, executor, clock.clone()).unwrap());
     let now = chrono::Utc.with_ymd_and_hms(2026, 6, 1, 0, 0, 0).unwrap();
     let mut file = TokenFile::default();
     let mut issue = |role, account: Option<&str>, node: Option<&str>| {
@@ -91,6 +93,7 @@ fn fixture() -> Fixture {
     );
     Fixture {
         service,
+        clock,
         app,
         operator,
         a,
@@ -319,4 +322,94 @@ async fn every_route_checks_its_token_and_tenants_stay_apart() {
     })
     .await
     .unwrap();
+}
+
+/// Ticks the scheduler a second at a time until `done`, for up to 20 s.
+fn tick_until(f: &Fixture, mut done: impl FnMut(&Service) -> bool) {
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    while !done(&f.service) {
+        assert!(std::time::Instant::now() < until, "timed out");
+        f.clock.advance_ms(1000);
+        f.service.tick().unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn state_of(s: &Service, id: &str) -> gpuledger_schedd::state::JobState {
+    s.job(&id.parse().unwrap()).unwrap().state
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_learns_nothing_of_another_tenants_jobs() {
+    let f = fixture();
+    let (op, a, b) = (
+        Some(f.operator.as_str()),
+        Some(f.a.as_str()),
+        Some(f.b.as_str()),
+    );
+    // Ids are numbered per account: team-b's submissions do not move team-a's numbers.
+    for n in 1..=3 {
+        let (_, body) = call(&f, b, "POST", "/api/v1/jobs", Some(job("team-b", 1))).await;
+        assert_eq!(body["job_id"], format!("team-b.{n}"));
+    }
+    let (_, body) = call(&f, b, "DELETE", "/api/v1/jobs/team-b.1", None).await;
+    assert_eq!(body["state"], "cancelled", "{body}");
+    for n in 2..=3 {
+        call(&f, b, "DELETE", &format!("/api/v1/jobs/team-b.{n}"), None).await;
+    }
+    // team-a's job takes all 8 GPUs and ignores SIGTERM for its grace.
+    let stubborn = json!({"command": "trap '' TERM; while :; do sleep 0.1; done", "account": "team-a", "gpus": 8, "time_limit": "10h", "grace": "1h"});
+    let (_, body) = call(&f, a, "POST", "/api/v1/jobs", Some(stubborn)).await;
+    assert_eq!(body["job_id"], "team-a.1");
+    tick_until(&f, |s| {
+        state_of(s, "team-a.1") == gpuledger_schedd::state::JobState::Running
+    });
+    // An hour on, team-b's urgent job preempts it.
+    f.clock.advance_ms(3_600_000);
+    let urgent = json!({"command": "true", "account": "team-b", "partition": "urgent", "gpus": 4, "time_limit": "1h"});
+    let (_, body) = call(&f, b, "POST", "/api/v1/jobs", Some(urgent)).await;
+    assert_eq!(body["job_id"], "team-b.4");
+    tick_until(&f, |s| {
+        state_of(s, "team-a.1") == gpuledger_schedd::state::JobState::Preempting
+    });
+    // team-a is told only that a higher tier preempts it; the operator sees which job.
+    let (_, mine) = call(&f, a, "GET", "/api/v1/jobs/team-a.1", None).await;
+    assert_eq!(mine["preempted_by"], "a higher tier", "{mine}");
+    let (_, queue) = call(&f, a, "GET", "/api/v1/queue", None).await;
+    assert_eq!(queue["jobs"][0]["preempted_by"], "a higher tier", "{queue}");
+    assert!(!queue.to_string().contains("team-b"), "{queue}");
+    let (_, seen) = call(&f, op, "GET", "/api/v1/jobs/team-a.1", None).await;
+    assert_eq!(seen["preempted_by"], "team-b.4", "{seen}");
+    // team-b's job and a job that does not exist: the same answer, after the same steps.
+    let (other, missing) = ("/api/v1/jobs/team-b.4", "/api/v1/jobs/team-b.9");
+    let (s_other, body_other) = call(&f, a, "GET", other, None).await;
+    let (s_missing, body_missing) = call(&f, a, "GET", missing, None).await;
+    assert_eq!(
+        (s_other, s_missing),
+        (StatusCode::NOT_FOUND, StatusCode::NOT_FOUND)
+    );
+    assert_eq!(
+        body_other.to_string().replace("team-b.4", "ID"),
+        body_missing.to_string().replace("team-b.9", "ID")
+    );
+    // Timed, interleaved, many times: the medians are within noise of each other.
+    let (mut t_other, mut t_missing) = (Vec::new(), Vec::new());
+    for _ in 0..300 {
+        for (uri, times) in [(other, &mut t_other), (missing, &mut t_missing)] {
+            let started = std::time::Instant::now();
+            let (status, _) = call(&f, a, "GET", uri, None).await;
+            times.push(started.elapsed());
+            assert_eq!(status, StatusCode::NOT_FOUND);
+        }
+    }
+    let median = |times: &mut Vec<Duration>| {
+        times.sort();
+        times[times.len() / 2]
+    };
+    let (m_other, m_missing) = (median(&mut t_other), median(&mut t_missing));
+    let (low, high) = (m_other.min(m_missing), m_other.max(m_missing));
+    assert!(
+        high <= low.mul_f64(1.25) + Duration::from_micros(50),
+        "another tenant's job: median {m_other:?}; a missing one: {m_missing:?}"
+    );
 }

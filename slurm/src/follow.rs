@@ -97,11 +97,10 @@ fn load_state(path: &Path) -> Result<FollowState> {
 }
 
 fn save_state(path: &Path, state: &FollowState) -> Result<()> {
-    let tmp = path.with_extension("tmp");
     let text = serde_json::to_vec_pretty(state)
         .map_err(|e| Error::State(format!("{}: {e}", path.display())))?;
-    std::fs::write(&tmp, text).map_err(Error::io(format!("writing {}", tmp.display())))?;
-    std::fs::rename(&tmp, path).map_err(Error::io(format!("renaming {}", tmp.display())))
+    gpuledger_model::durable::replace_file(path, &text)
+        .map_err(Error::io(format!("writing {}", path.display())))
 }
 
 /// Runs one of Slurm's commands; its standard output.

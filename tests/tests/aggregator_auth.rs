@@ -341,10 +341,19 @@ async fn the_status_page_signs_in_with_a_cookie_and_public_routes_are_the_operat
         .unwrap()
         .to_owned();
     assert!(
-        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        cookie.contains("HttpOnly")
+            && cookie.contains("SameSite=Strict")
+            && cookie.contains("Max-Age=43200")
+            && !cookie.contains("Secure"),
         "{cookie}"
     );
     let pair = cookie.split(';').next().unwrap().to_owned();
+    // The cookie holds a session id, never the token.
+    assert!(
+        !cookie.contains(&t.alpha) && !cookie.contains("gpl_"),
+        "{cookie}"
+    );
+    assert_eq!(pair.len(), "gpuledger_session=".len() + 64, "{pair}");
     let (s, _, page) = api
         .call(
             Request::get("/")
@@ -363,6 +372,40 @@ async fn the_status_page_signs_in_with_a_cookie_and_public_routes_are_the_operat
         .call(
             Request::get("/api/v1/usage")
                 .header("cookie", &pair)
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    // Signing out ends the session on the server: the old cookie opens nothing after.
+    let response = tower::ServiceExt::oneshot(
+        api.app.clone(),
+        Request::post("/logout")
+            .header("cookie", &pair)
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    assert!(response.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .contains("Max-Age=0"));
+    let (s, _, _) = api
+        .call(
+            Request::get("/")
+                .header("cookie", &pair)
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "a signed-out session");
+    // A forged session id is nobody.
+    let (s, _, _) = api
+        .call(
+            Request::get("/")
+                .header("cookie", format!("gpuledger_session={}", "ab".repeat(32)))
                 .body(Body::empty())
                 .unwrap(),
         )

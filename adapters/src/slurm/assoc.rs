@@ -30,7 +30,7 @@ use gpuledger_model::tenant::{Account, Project};
 use gpuledger_model::units::DurationSpec;
 use gpuledger_model::{AccountId, ProjectId};
 
-use super::{duration, tres, tres_gpus};
+use super::{duration, tres};
 use crate::{LineError, Result};
 
 /// One line of a dump: what it is, its name, its options, where it was.
@@ -229,13 +229,23 @@ fn limits(l: &DumpLine, not_mapped: &mut Vec<NotMapped>) -> Result<(Quota, Optio
                         "gpuledger gives the account weight 1",
                     );
                 } else {
-                    weight = Some(
-                        u32::try_from(int(value)?)
-                            .map_err(|_| format!("`{key}={value}`: too large"))?,
-                    );
+                    let w = u32::try_from(int(value)?)
+                        .map_err(|_| format!("`{key}={value}`: at most {}", u32::MAX))?;
+                    if w == 0 {
+                        skip(
+                            format!("{key}={value}"),
+                            "gpuledger's weights are at least 1; 1 used",
+                        );
+                    }
+                    weight = Some(w.max(1));
                 }
             }
-            "grpjobs" => quota.max_running_jobs = Some(int(value)? as u32),
+            "grpjobs" => {
+                quota.max_running_jobs =
+                    Some(u32::try_from(int(value)?).map_err(|_| {
+                        format!("`{key}={value}`: at most {} running jobs", u32::MAX)
+                    })?);
+            }
             "priority" => {
                 let p = int(value)?;
                 if !(1..=100).contains(&p) {
@@ -252,8 +262,10 @@ fn limits(l: &DumpLine, not_mapped: &mut Vec<NotMapped>) -> Result<(Quota, Optio
                 Some(Err(e)) => return Err(format!("`{key}`: {e}")),
             },
             "maxtresperjob" | "maxtres" => {
-                if let Some(g) = tres_gpus(value) {
-                    quota.max_gpus_per_job = Some(g as u32);
+                if let Some(g) = strict_tres_gpus(key, value)? {
+                    quota.max_gpus_per_job = Some(u32::try_from(g).map_err(|_| {
+                        format!("`{key}` gres/gpu={g}: at most {} GPUs per job", u32::MAX)
+                    })?);
                 }
                 for other in tres(value).keys().filter(|t| !t.starts_with("gres/gpu")) {
                     skip(
@@ -263,7 +275,7 @@ fn limits(l: &DumpLine, not_mapped: &mut Vec<NotMapped>) -> Result<(Quota, Optio
                 }
             }
             "grptresmins" => {
-                if let Some(minutes) = tres_gpus(value) {
+                if let Some(minutes) = strict_tres_gpus(key, value)? {
                     let hours = minutes.div_ceil(60);
                     if minutes % 60 != 0 {
                         skip(
@@ -283,6 +295,41 @@ fn limits(l: &DumpLine, not_mapped: &mut Vec<NotMapped>) -> Result<(Quota, Optio
         }
     }
     Ok((quota, weight))
+}
+
+/// GPUs of a TRES limit, each entry checked: an entry that is not `name=count`, or a GPU count
+/// that is not a whole number of at most 2^64-1 (or whose typed entries add up past it), is an
+/// error naming the option, never a limit silently left out.
+fn strict_tres_gpus(key: &str, value: &str) -> Result<Option<u64>, String> {
+    let mut plain = None;
+    let mut typed: Option<u64> = None;
+    for entry in value.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let Some((name, count)) = entry.split_once('=') else {
+            return Err(format!("`{key}`: `{entry}` is not NAME=COUNT"));
+        };
+        let name = name.trim().to_ascii_lowercase();
+        if !name.starts_with("gres/gpu") {
+            continue;
+        }
+        let count: u64 = count.trim().parse().map_err(|_| {
+            format!(
+                "`{key}` {name}={}: expected a whole number of at most {}",
+                count.trim(),
+                u64::MAX
+            )
+        })?;
+        if name == "gres/gpu" {
+            plain = Some(count);
+        } else {
+            typed = Some(typed.unwrap_or(0).checked_add(count).ok_or_else(|| {
+                format!(
+                    "`{key}`: the typed gres/gpu counts add up past {}",
+                    u64::MAX
+                )
+            })?);
+        }
+    }
+    Ok(plain.or(typed))
 }
 
 /// `name` and its ancestors up to (not including) root, and whether root was reached.
@@ -584,6 +631,50 @@ Account - 'lattice-a':Fairshare=1\n";
                 "missing `{expected}` in\n{report}"
             );
         }
+    }
+
+    #[test]
+    fn limits_past_what_gpuledger_counts_are_refused_with_file_line_and_option() {
+        for (option, expected) in [
+            (
+                "MaxTRESPerJob=gres/gpu=4294967296",
+                "`MaxTRESPerJob` gres/gpu=4294967296: at most 4294967295 GPUs per job",
+            ),
+            (
+                "GrpTRESMins=gres/gpu=18446744073709551616",
+                "`GrpTRESMins` gres/gpu=18446744073709551616: expected a whole number",
+            ),
+            (
+                "GrpTRESMins='gres/gpu:a=18446744073709551615,gres/gpu:b=1'",
+                "`GrpTRESMins`: the typed gres/gpu counts add up past",
+            ),
+            ("GrpJobs=4294967296", "at most 4294967295 running jobs"),
+            ("MaxTRES=gres/gpu=-1", "expected a whole number"),
+            (
+                "MaxTRESPerJob=cpu=4,gres/gpu",
+                "`gres/gpu` is not NAME=COUNT",
+            ),
+        ] {
+            let dump = format!("Cluster - 'x'\nParent - 'root'\nAccount - 'a':{option}\n");
+            let lines = parse_dump(&dump, "d.cfg").unwrap();
+            let err = import(&lines, "d.cfg").unwrap_err();
+            assert_eq!((err.line, err.origin.as_str()), (3, "d.cfg"), "{option}");
+            assert!(err.message.contains(expected), "{option}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_weight_of_zero_is_reported_not_changed_silently() {
+        let dump = "Cluster - 'x'\nParent - 'root'\nAccount - 'a':Fairshare=0\n";
+        let import = import(&parse_dump(dump, "d.cfg").unwrap(), "d.cfg").unwrap();
+        assert_eq!(import.accounts[0].weight, 1);
+        assert!(
+            report(&import).contains(
+                "line 3: Fairshare=0: not mapped: gpuledger's weights are at least 1; 1 used"
+            ),
+            "{}",
+            report(&import)
+        );
     }
 
     #[test]

@@ -56,6 +56,12 @@ pub async fn api_with(guard: gpuledger_auth::Guard) -> Api {
     let service = Arc::new(Service {
         ingestor: Arc::new(ingestor),
         query: Query::open(&Layout::new(dir.path())).await.unwrap(),
+        sql: gpuledger_aggregator::sql_api::SqlApi::open(
+            &Layout::new(dir.path()),
+            gpuledger_aggregator::sql_api::SqlLimits::default(),
+        )
+        .await
+        .unwrap(),
         metrics: Metrics::new(&config),
         config,
         clock,
@@ -64,6 +70,7 @@ pub async fn api_with(guard: gpuledger_auth::Guard) -> Api {
             gpuledger_model::units::ByteSize(256 << 20),
             gpuledger_aggregator::http::MAX_BODY_BYTES as u64,
         ),
+        sessions: gpuledger_auth::Sessions::new(43_200, false),
     });
     Api {
         app: router(Arc::clone(&service)),
