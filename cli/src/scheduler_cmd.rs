@@ -23,6 +23,9 @@ pub enum SchedulerCommand {
     /// Cancel a job (a running one gets its checkpoint signal, then SIGKILL after its grace).
     Cancel {
         job_id: String,
+        /// SIGKILL at once, without the grace.
+        #[arg(long)]
+        now: bool,
         #[arg(long, default_value = DEFAULT_URL, env = "GPULEDGER_SCHEDULER")]
         url: String,
     },
@@ -74,6 +77,10 @@ pub struct SubmitArgs {
     /// How often the job checkpoints by itself.
     #[arg(long)]
     checkpoint_every: Option<String>,
+    /// A variable for the job's environment, NAME=VALUE (repeat); the job sees no other
+    /// variables of yours or of the service, only gpuledger's own.
+    #[arg(long, value_name = "NAME=VALUE")]
+    export: Vec<String>,
     #[arg(long, default_value = DEFAULT_URL, env = "GPULEDGER_SCHEDULER")]
     url: String,
     /// The command, run with `sh -c`.
@@ -107,8 +114,13 @@ pub fn run(command: SchedulerCommand) -> anyhow::Result<()> {
     match command {
         SchedulerCommand::Serve(args) => serve(args),
         SchedulerCommand::Submit(args) => submit(args),
-        SchedulerCommand::Cancel { job_id, url } => {
-            let reply = request("DELETE", &format!("{url}/api/v1/jobs/{job_id}"), None)?;
+        SchedulerCommand::Cancel { job_id, now, url } => {
+            let query = if now { "?now=true" } else { "" };
+            let reply = request(
+                "DELETE",
+                &format!("{url}/api/v1/jobs/{job_id}{query}"),
+                None,
+            )?;
             println!("{job_id}: {}", reply["state"].as_str().unwrap_or("?"));
             Ok(())
         }
@@ -238,6 +250,16 @@ fn submit(args: SubmitArgs) -> anyhow::Result<()> {
     }
     if let Some(min) = args.min_gpus {
         body["min_gpus"] = json!(min);
+    }
+    let mut env = serde_json::Map::new();
+    for pair in &args.export {
+        let (name, value) = pair
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("--export `{pair}`: expected NAME=VALUE"))?;
+        env.insert(name.to_owned(), json!(value));
+    }
+    if !env.is_empty() {
+        body["env"] = Value::Object(env);
     }
     let reply = request("POST", &format!("{}/api/v1/jobs", args.url), Some(body))?;
     println!("Submitted job {}", reply["job_id"].as_str().unwrap_or("?"));

@@ -111,6 +111,30 @@ pub struct Partition {
     /// its own (Slurm `GraceTime`); the scheduler's `default_grace` when unset.
     #[serde(default)]
     pub grace_time: Option<DurationSpec>,
+    /// The longest grace a job here may have, whatever it asks ([`DEFAULT_MAX_GRACE_S`] when
+    /// unset): a job that traps its stop signal holds its GPUs at most this long.
+    #[serde(default)]
+    pub max_grace: Option<DurationSpec>,
+    /// The accounts that may submit here (Slurm `AllowAccounts`); every account when unset.
+    #[serde(default)]
+    pub allowed_accounts: Option<Vec<AccountId>>,
+}
+
+/// A partition's `max_grace` when the config sets none: ten minutes.
+pub const DEFAULT_MAX_GRACE_S: u64 = 600;
+
+impl Partition {
+    /// The longest grace a job here may have.
+    pub fn max_grace_s(&self) -> u64 {
+        self.max_grace.map_or(DEFAULT_MAX_GRACE_S, |g| g.as_secs())
+    }
+
+    /// Whether `account` may submit here.
+    pub fn allows(&self, account: &AccountId) -> bool {
+        self.allowed_accounts
+            .as_ref()
+            .is_none_or(|allowed| allowed.contains(account))
+    }
 }
 
 /// Fair share: `priority = weight / (1 + usage / factor)` with decayed usage.
@@ -422,6 +446,24 @@ impl ClusterConfig {
                     &format!("partitions[{i}].priority_tier"),
                     format!("{} is out of range; use 1 to 100", p.priority_tier),
                 );
+            }
+            if let Some(grace) = p.grace_time.filter(|g| g.as_secs() > p.max_grace_s()) {
+                v.err(
+                    &format!("partitions[{i}].grace_time"),
+                    format!(
+                        "{grace} is longer than the partition's max_grace ({})",
+                        DurationSpec::from_secs(p.max_grace_s())
+                    ),
+                );
+            }
+            let accounts: HashSet<&AccountId> = self.accounts.iter().map(|a| &a.id).collect();
+            for (j, account) in p.allowed_accounts.iter().flatten().enumerate() {
+                if !accounts.contains(account) {
+                    v.err(
+                        &format!("partitions[{i}].allowed_accounts[{j}]"),
+                        format!("account `{account}` is not defined in [[accounts]]"),
+                    );
+                }
             }
         }
         let defaults = self.partitions.iter().filter(|p| p.default).count();
@@ -798,5 +840,39 @@ weight = 1
             .unwrap_err()
             .to_string();
         assert!(err.contains("at most 100 years"), "{err}");
+    }
+
+    #[test]
+    fn a_partition_bounds_its_grace_and_names_only_known_accounts() {
+        let src = MINIMAL.replace(
+            "priority_tier = 20",
+            "priority_tier = 20\ngrace_time = \"1h\"\nallowed_accounts = [\"a\", \"zz\"]",
+        );
+        let err = ClusterConfig::from_toml_str(&src, "t.toml").unwrap_err();
+        let fields: Vec<(&str, &str)> = err
+            .field_errors()
+            .iter()
+            .map(|e| (e.field.as_str(), e.message.as_str()))
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                (
+                    "partitions[0].grace_time",
+                    "1h is longer than the partition's max_grace (10m)"
+                ),
+                (
+                    "partitions[0].allowed_accounts[1]",
+                    "account `zz` is not defined in [[accounts]]"
+                ),
+            ]
+        );
+        let src = MINIMAL.replace(
+            "priority_tier = 20",
+            "priority_tier = 20\ngrace_time = \"1h\"\nmax_grace = \"2h\"\nallowed_accounts = [\"a\"]",
+        );
+        let config = ClusterConfig::from_toml_str(&src, "t.toml").unwrap();
+        assert_eq!(config.partitions[0].max_grace_s(), 7200);
+        assert!(config.partitions[0].allows(&"a".parse().unwrap()));
     }
 }

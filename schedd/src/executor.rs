@@ -29,7 +29,12 @@ pub struct Launch {
     pub allocation: String,
     pub account: String,
     pub project: Option<String>,
+    /// The job's own variables (checked at submission).
+    pub env: std::collections::BTreeMap<String, String>,
 }
+
+/// `PATH` for a job that sets none.
+const JOB_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// How a job's process ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,11 +71,20 @@ pub struct LocalExecutor {
 }
 
 /// Waits for the command and records its status; see the module docs.
+///
+/// A `wait` that a noted signal interrupts returns 128 + the signal, like a command killed by
+/// it; the shell may meanwhile reap the command and keep its status for the next `wait`. So
+/// past 128 the wrapper waits again once the command is gone: that gives the command's own
+/// status, or 127 when the first `wait` already had it.
 const WRAPPER: &str = r#"trap ':' TERM HUP INT USR1 USR2
 sh -c "$1" & child=$!
 while :; do
   wait "$child"; status=$?
-  kill -0 "$child" 2>/dev/null || break
+  [ "$status" -le 128 ] && break
+  kill -0 "$child" 2>/dev/null && continue
+  wait "$child"; again=$?
+  [ "$again" -ne 127 ] && status=$again
+  break
 done
 printf '%s\n' "$status" > "$2.tmp" && mv "$2.tmp" "$2"
 exit "$status"
@@ -128,6 +142,10 @@ impl Executor for LocalExecutor {
         use std::os::unix::process::CommandExt;
         let dir = self.job_dir(&job.job_id);
         std::fs::create_dir_all(&dir)?;
+        // Its output and allocation are the job's own business.
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+        let tmp = dir.join("tmp");
+        std::fs::create_dir_all(&tmp)?;
         let _ = std::fs::remove_file(dir.join("exit"));
         // Appended, as Slurm's `--open-mode=append`: a requeued job's runs follow each other.
         let append = |name: &str| {
@@ -140,13 +158,21 @@ impl Executor for LocalExecutor {
         let stdout = append("stdout")?;
         let stderr = append("stderr")?;
         let visible: Vec<String> = job.gpus.iter().map(u32::to_string).collect();
-        let child = Command::new("sh")
+        // A clean environment: never the service's (its credentials directory, tokens, proxy
+        // settings); a default PATH, HOME and TMPDIR in the job's directory, the job's own
+        // variables, then gpuledger's, which a job cannot override.
+        let child = Command::new("/bin/sh")
             .arg("-c")
             .arg(WRAPPER)
             .arg("gpuledger-job")
             .arg(&job.command)
             .arg(dir.join("exit"))
             .current_dir(&dir)
+            .env_clear()
+            .env("PATH", JOB_PATH)
+            .env("HOME", &dir)
+            .env("TMPDIR", &tmp)
+            .envs(&job.env)
             .env("CUDA_VISIBLE_DEVICES", visible.join(","))
             .env("GPULEDGER_JOB_ID", job.job_id.as_str())
             .env("GPULEDGER_ACCOUNT", &job.account)
@@ -241,7 +267,58 @@ mod tests {
             allocation: "n001:2-3".into(),
             account: "a".into(),
             project: None,
+            env: [("RUN_NAME".to_owned(), "llama 7b".to_owned())].into(),
         }
+    }
+
+    #[test]
+    fn a_job_sees_a_clean_environment_and_a_private_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ex = LocalExecutor::new(dir.path());
+        ex.launch(&launch(
+            "env",
+            "env | cut -d= -f1 | sort | tr '\\n' ' '; echo; echo \"$RUN_NAME\"",
+        ))
+        .unwrap();
+        let done = wait_exit(&mut ex, Duration::from_secs(10));
+        assert_eq!(
+            done,
+            vec![(JobId::new("env").unwrap(), ExitStatus::Code(0))]
+        );
+        let out = std::fs::read_to_string(dir.path().join("env/stdout")).unwrap();
+        let mut lines = out.lines();
+        // Whatever the test process has (CARGO_*, RUST_*, a credentials directory under
+        // systemd), the job sees only these (and the shell's own PWD, SHLVL, OLDPWD).
+        let names: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+        let allowed = [
+            "CUDA_VISIBLE_DEVICES",
+            "GPULEDGER_ACCOUNT",
+            "GPULEDGER_ALLOCATION",
+            "GPULEDGER_ALLOCATION_FILE",
+            "GPULEDGER_JOB_ID",
+            "GPULEDGER_PROJECT",
+            "HOME",
+            "OLDPWD",
+            "PATH",
+            "PWD",
+            "RUN_NAME",
+            "SHLVL",
+            "TMPDIR",
+        ];
+        for name in &names {
+            assert!(allowed.contains(name), "the job saw {name}: {names:?}");
+        }
+        assert!(
+            names.contains(&"RUN_NAME") && names.contains(&"HOME"),
+            "{names:?}"
+        );
+        assert_eq!(lines.next(), Some("llama 7b"));
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.path().join("env"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700);
     }
 
     #[test]
@@ -298,5 +375,42 @@ mod tests {
             done,
             vec![(JobId::new("stubborn").unwrap(), ExitStatus::Killed)]
         );
+    }
+
+    #[test]
+    fn the_status_is_the_commands_own_even_when_the_signal_interrupts_the_wrappers_wait() {
+        // The old wrapper recorded 143 for 2 of 40 of these (its `wait`, interrupted by the
+        // TERM it notes, returned 128 + 15 while the shell reaped the command).
+        let dir = tempfile::tempdir().unwrap();
+        let mut ex = LocalExecutor::new(dir.path());
+        let ids: Vec<String> = (0..24).map(|k| format!("j{k}")).collect();
+        for id in &ids {
+            ex.launch(&launch(
+                id,
+                "trap 'exit 0' TERM; while :; do sleep 0.01; done",
+            ))
+            .unwrap();
+        }
+        ex.launch(&launch("plain", "while :; do sleep 0.01; done"))
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        for id in ids.iter().map(String::as_str).chain(["plain"]) {
+            ex.signal(&JobId::new(id).unwrap(), Signal::SIGTERM)
+                .unwrap();
+        }
+        let mut done = Vec::new();
+        let until = Instant::now() + Duration::from_secs(20);
+        while done.len() < ids.len() + 1 && Instant::now() < until {
+            done.extend(wait_exit(&mut ex, Duration::from_secs(1)));
+        }
+        done.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut expected: Vec<(JobId, ExitStatus)> = ids
+            .iter()
+            .map(|id| (JobId::new(id).unwrap(), ExitStatus::Code(0)))
+            .collect();
+        // A command that does not trap TERM dies of it: 128 + 15, as a shell reports.
+        expected.push((JobId::new("plain").unwrap(), ExitStatus::Code(143)));
+        expected.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(done, expected);
     }
 }

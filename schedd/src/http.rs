@@ -272,14 +272,28 @@ async fn job(
     }
 }
 
+/// `DELETE /api/v1/jobs/{id}?now=true`: SIGKILL at once instead of after the grace.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CancelParams {
+    #[serde(default)]
+    now: bool,
+}
+
 async fn cancel(
     State(s): State<Arc<Api>>,
     headers: HeaderMap,
     Path(id): Path<String>,
+    axum::extract::Query(params): axum::extract::Query<CancelParams>,
 ) -> ApiResult<Response> {
     let id = job_id(&id)?;
     s.own_job(&headers, &id, "cancel a job")?;
-    Ok(Json(s.cancel(&id)?).into_response())
+    let info = if params.now {
+        s.cancel_now(&id)?
+    } else {
+        s.cancel(&id)?
+    };
+    Ok(Json(info).into_response())
 }
 
 async fn checkpoint(

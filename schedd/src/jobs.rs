@@ -57,9 +57,12 @@ impl Inner {
             .unwrap_or(Signal::SIGTERM);
         let _ = self.executor.signal(id, signal);
         if let Some(job) = self.state.jobs.get_mut(id) {
-            job.stopping = Some(why);
+            // A later stop (a time limit, a cancel) may bring SIGKILL forward, never put it off.
+            let kill_s = now + grace_s as i64;
+            job.kill_s = Some(job.kill_s.map_or(kill_s, |k| k.min(kill_s)));
+            // The first reason to stop it is the one it ends with.
+            job.stopping.get_or_insert(why);
             job.signal_s = Some(now);
-            job.kill_s = Some(now + grace_s as i64);
         }
         self.dirty = true;
     }
@@ -114,9 +117,11 @@ impl Inner {
                 if j.kill_s.is_some_and(|k| now >= k) {
                     return Some((j.id.clone(), true));
                 }
+                // The time limit holds while a job is being preempted too.
                 let limit_end = j.start_s? + j.request.time_limit.as_secs() as i64;
-                (j.stopping.is_none() && j.kill_s.is_none() && now >= limit_end)
-                    .then(|| (j.id.clone(), false))
+                let stopped_for_it =
+                    matches!(j.stopping, Some(JobState::Timeout | JobState::Cancelled));
+                (!stopped_for_it && now >= limit_end).then(|| (j.id.clone(), false))
             })
             .collect();
         for (id, kill) in due {

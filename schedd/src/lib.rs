@@ -295,6 +295,9 @@ impl Service {
     /// Queues a job; refused when it could never run as asked.
     pub fn submit(&self, request: SubmitRequest) -> Result<JobId> {
         signal_named(request.checkpoint_signal.as_deref())?;
+        request
+            .check_env()
+            .map_err(|(field, message)| Error::Invalid { field, message })?;
         if request.command.trim().is_empty() {
             return Err(Error::Invalid {
                 field: "command".into(),
@@ -332,6 +335,15 @@ impl Service {
     /// Cancels a job: a pending one leaves the queue, a running one gets its checkpoint signal
     /// and SIGKILL after its grace.
     pub fn cancel(&self, id: &JobId) -> Result<JobInfo> {
+        self.cancel_within(id, None)
+    }
+
+    /// [`Service::cancel`], with SIGKILL at once (`cancel --now`) instead of after the grace.
+    pub fn cancel_now(&self, id: &JobId) -> Result<JobInfo> {
+        self.cancel_within(id, Some(0))
+    }
+
+    fn cancel_within(&self, id: &JobId, grace_s: Option<u64>) -> Result<JobInfo> {
         let now = self.now_s();
         let mut inner = self.lock();
         let Some(info) = inner.state.jobs.get(id).cloned() else {
@@ -345,8 +357,11 @@ impl Service {
                     .ok_or_else(|| Error::UnknownJob(id.clone()))
             }
             JobState::Running | JobState::Preempting => {
-                let grace = self.grace_of(&info);
+                let grace = grace_s.unwrap_or_else(|| self.grace_of(&info));
                 inner.stop(id, now, grace, JobState::Cancelled);
+                if grace == 0 {
+                    let _ = inner.executor.signal(id, Signal::SIGKILL);
+                }
                 Ok(inner.state.jobs[id].clone())
             }
             _ => Ok(info),
@@ -462,24 +477,26 @@ impl Service {
         out
     }
 
+    /// The job's grace: its own, else its partition's, else the default; never more than its
+    /// partition's `max_grace`.
     fn grace_of(&self, info: &JobInfo) -> u64 {
-        info.request
+        let partition = info
+            .request
+            .partition
+            .clone()
+            .or_else(|| self.cluster.default_partition().map(|p| p.name.clone()))
+            .and_then(|name| self.cluster.partitions.iter().find(|p| p.name == name));
+        let grace = info
+            .request
             .grace
-            .map(|g| g.as_secs())
-            .or_else(|| {
-                let name = info
-                    .request
-                    .partition
-                    .clone()
-                    .or_else(|| self.cluster.default_partition().map(|p| p.name.clone()))?;
-                self.cluster
-                    .partitions
-                    .iter()
-                    .find(|p| p.name == name)
-                    .and_then(|p| p.grace_time)
-                    .map(|g| g.as_secs())
-            })
-            .unwrap_or(self.cluster.scheduler.default_grace.as_secs())
+            .or_else(|| partition.and_then(|p| p.grace_time))
+            .unwrap_or(self.cluster.scheduler.default_grace)
+            .as_secs();
+        grace.min(
+            partition.map_or(gpuledger_model::config::DEFAULT_MAX_GRACE_S, |p| {
+                p.max_grace_s()
+            }),
+        )
     }
 
     /// One round: reap, deadlines, usage, a scheduling cycle and its actions, then state and
@@ -550,6 +567,7 @@ impl Service {
                 allocation: started.allocation.to_string(),
                 account: info.request.account.to_string(),
                 project: info.request.project.as_ref().map(|p| p.to_string()),
+                env: info.request.env.clone(),
             };
             let kind = if info.preemptions > 0 {
                 JobEventKind::Resumed

@@ -41,6 +41,54 @@ pub struct SubmitRequest {
     /// How often the job checkpoints by itself, if it does.
     #[serde(default)]
     pub checkpoint_every: Option<DurationSpec>,
+    /// Variables for the job's environment (`sbatch --export`); the job sees these and
+    /// gpuledger's own (`CUDA_VISIBLE_DEVICES`, `GPULEDGER_*`, `PATH`, `HOME`, `TMPDIR`), never the
+    /// service's.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+/// At most this many variables in a job's `env`.
+pub const MAX_JOB_ENV_VARS: usize = 64;
+/// At most this many bytes in one variable's value.
+pub const MAX_JOB_ENV_VALUE_BYTES: usize = 4096;
+
+impl SubmitRequest {
+    /// Checks the job's `env`: names of letters, digits and `_` (not starting with a digit, at
+    /// most 128), values without NUL of at most 4 KiB, at most 64 of them, and none of the
+    /// names gpuledger sets itself. The field that is wrong and why.
+    pub fn check_env(&self) -> Result<(), (String, String)> {
+        if self.env.len() > MAX_JOB_ENV_VARS {
+            return Err((
+                "env".into(),
+                format!("{} variables; at most {MAX_JOB_ENV_VARS}", self.env.len()),
+            ));
+        }
+        for (name, value) in &self.env {
+            let field = format!("env.{name}");
+            let well_formed = !name.is_empty()
+                && name.len() <= 128
+                && !name.starts_with(|c: char| c.is_ascii_digit())
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !well_formed {
+                return Err((
+                    field,
+                    "a name is letters, digits and `_`, not starting with a digit, at most 128"
+                        .into(),
+                ));
+            }
+            if name == "CUDA_VISIBLE_DEVICES" || name.starts_with("GPULEDGER_") {
+                return Err((field, "gpuledger sets this one itself".into()));
+            }
+            if value.len() > MAX_JOB_ENV_VALUE_BYTES || value.contains('\0') {
+                return Err((
+                    field,
+                    format!("a value is at most {MAX_JOB_ENV_VALUE_BYTES} bytes, without NUL"),
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Where a job is in its life.
@@ -215,6 +263,7 @@ impl State {
             path: path.to_owned(),
             message: e.to_string(),
         })?;
-        gpuledger_model::durable::replace_file(path, &bytes).map_err(io)
+        // Every tenant's jobs, commands and processes: the service's eyes only.
+        gpuledger_model::durable::replace_file_with_mode(path, &bytes, Some(0o600)).map_err(io)
     }
 }

@@ -358,7 +358,7 @@ async fn a_tenant_learns_nothing_of_another_tenants_jobs() {
         call(&f, b, "DELETE", &format!("/api/v1/jobs/team-b.{n}"), None).await;
     }
     // team-a's job takes all 8 GPUs and ignores SIGTERM for its grace.
-    let stubborn = json!({"command": "trap '' TERM; while :; do sleep 0.1; done", "account": "team-a", "gpus": 8, "time_limit": "10h", "grace": "1h"});
+    let stubborn = json!({"command": "trap '' TERM; while :; do sleep 0.1; done", "account": "team-a", "gpus": 8, "time_limit": "10h", "grace": "10m"});
     let (_, body) = call(&f, a, "POST", "/api/v1/jobs", Some(stubborn)).await;
     assert_eq!(body["job_id"], "team-a.1");
     tick_until(&f, |s| {

@@ -11,7 +11,7 @@ use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
-use gpuledger_model::time::ManualClock;
+use gpuledger_model::time::{Clock, ManualClock};
 use gpuledger_model::{ClusterConfig, JobId};
 use gpuledger_schedd::executor::LocalExecutor;
 use gpuledger_schedd::state::JobState;
@@ -25,7 +25,7 @@ fn cluster() -> ClusterConfig {
         "version = 1\n[cluster]\nname = \"one\"\n[[node_pools]]\nname = \"p\"\nprefix = \"gpu\"\n\
          count = 1\ngpus_per_node = 8\ngpu_model = \"h100-sxm\"\n\
          [[partitions]]\nname = \"train\"\npriority_tier = 20\ndefault = true\n\
-         [[partitions]]\nname = \"urgent\"\npriority_tier = 50\n\
+         [[partitions]]\nname = \"urgent\"\npriority_tier = 50\nallowed_accounts = [\"team-b\"]\n\
          [scheduler]\nmin_run_time = \"1m\"\n\
          [prices]\nversion = \"v\"\neffective_from = \"2026-01-01\"\ncurrency = \"USD\"\n\
          gpu_hour = { h100-sxm = \"1\" }\n\
@@ -374,4 +374,94 @@ async fn fair_share_follows_the_usage_feed_and_events_go_out_once_it_is_back() {
     let mut sorted = seqs.clone();
     sorted.dedup();
     assert_eq!(seqs, sorted, "each batch once, in order");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grace_is_bounded_and_a_later_stop_never_puts_sigkill_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let s = open(dir.path(), Arc::clone(&clock));
+    let submit = |body: Value| {
+        let s = Arc::clone(&s);
+        async move { call(&s, "POST", "/api/v1/jobs", Some(body)).await }
+    };
+    // A partition the account may not use, and a grace past the partition's max_grace.
+    let (status, body) = submit(json!({"command": "true", "account": "team-a", "partition": "urgent", "gpus": 1, "time_limit": "1h"})).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(
+        body.to_string()
+            .contains("may not submit to partition `urgent`"),
+        "{body}"
+    );
+    let (status, body) = submit(json!({"command": "true", "account": "team-a", "gpus": 1, "time_limit": "1h", "grace": "1d"})).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(body.to_string().contains("max_grace"), "{body}");
+    // A job's own variables may not be gpuledger's, nor malformed.
+    for (name, says) in [
+        ("GPULEDGER_JOB_ID", "gpuledger sets this one itself"),
+        ("CUDA_VISIBLE_DEVICES", "gpuledger sets this one itself"),
+        ("1X", "a name is letters"),
+        ("A=B", "a name is letters"),
+    ] {
+        let (status, body) = submit(json!({"command": "true", "account": "team-a", "gpus": 1, "time_limit": "1h", "env": {name: "x"}})).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        assert_eq!(body["error"]["field"], format!("env.{name}"), "{body}");
+        assert!(body.to_string().contains(says), "{body}");
+    }
+
+    // A job that ignores SIGTERM, with the longest grace allowed and a 5-minute limit.
+    let stubborn = "trap '' TERM; while :; do sleep 0.05; done";
+    let (_, body) = submit(json!({"command": stubborn, "account": "team-a", "gpus": 8, "time_limit": "5m", "grace": "10m"})).await;
+    let a = JobId::new(body["job_id"].as_str().unwrap()).unwrap();
+    tick_until(&s, &clock, |s| state(s, &a) == JobState::Running);
+    let start_s = s.job(&a).unwrap().start_s.unwrap();
+    // Two minutes on, team-b's urgent job preempts it: SIGKILL ten minutes after SIGTERM.
+    clock.advance_ms(120_000);
+    let (_, body) = submit(json!({"command": "true", "account": "team-b", "partition": "urgent", "gpus": 4, "time_limit": "1h"})).await;
+    let b = JobId::new(body["job_id"].as_str().unwrap()).unwrap();
+    tick_until(&s, &clock, |s| state(s, &a) == JobState::Preempting);
+    let info = s.job(&a).unwrap();
+    assert_eq!(info.kill_s.unwrap() - info.signal_s.unwrap(), 600);
+    // Its time limit comes first and brings SIGKILL forward to 30 s after it.
+    let limit_end = start_s + 5 * 60;
+    clock.advance_ms((limit_end - clock.now_ms() / 1000 - 1) * 1000);
+    tick_until(&s, &clock, |s| {
+        s.job(&a).unwrap().stopping == Some(JobState::Timeout)
+    });
+    let kill_before = s.job(&a).unwrap().kill_s.unwrap();
+    assert!(
+        kill_before <= limit_end + 31,
+        "kill at {kill_before}, limit {limit_end}"
+    );
+    // An operator's cancel does not put it off again.
+    let (status, body) = call(&s, "DELETE", &format!("/api/v1/jobs/{a}"), None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["kill_s"].as_i64().unwrap(), kill_before, "{body}");
+    tick_until(&s, &clock, |s| {
+        matches!(
+            state(s, &a),
+            JobState::Timeout | JobState::Cancelled | JobState::Failed
+        )
+    });
+    let ended = s.job(&a).unwrap();
+    assert_eq!(
+        ended.state,
+        JobState::Timeout,
+        "the first reason it was stopped for"
+    );
+    assert_eq!(ended.exit_code, Some(137));
+    assert!(ended.end_s.unwrap() <= kill_before + 3, "{ended:?}");
+    tick_until(&s, &clock, |s| state(s, &b) == JobState::Completed);
+
+    // `cancel --now`: SIGKILL at once, whatever the grace.
+    let (_, body) = submit(json!({"command": stubborn, "account": "team-a", "gpus": 2, "time_limit": "1h", "grace": "10m"})).await;
+    let c = JobId::new(body["job_id"].as_str().unwrap()).unwrap();
+    tick_until(&s, &clock, |s| state(s, &c) == JobState::Running);
+    let (status, body) = call(&s, "DELETE", &format!("/api/v1/jobs/{c}?now=true"), None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let asked_s = clock.now_ms() / 1000;
+    tick_until(&s, &clock, |s| state(s, &c) == JobState::Cancelled);
+    let ended = s.job(&c).unwrap();
+    assert_eq!(ended.exit_code, Some(137));
+    assert!(ended.end_s.unwrap() <= asked_s + 2, "{ended:?}");
 }

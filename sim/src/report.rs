@@ -69,6 +69,8 @@ pub fn trace_cluster(
             max_time: None,
             default: true,
             grace_time: None,
+            max_grace: None,
+            allowed_accounts: None,
         }],
         fair_share: FairShareConfig {
             half_life: DurationSpec::from_secs(7 * 86_400),

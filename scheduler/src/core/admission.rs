@@ -25,6 +25,23 @@ impl Scheduler {
             .partitions
             .get(partition_name)
             .ok_or_else(|| Refusal::UnknownPartition(partition_name.to_owned()))?;
+        if partition
+            .allowed_accounts
+            .as_ref()
+            .is_some_and(|allowed| !allowed.contains(&spec.account))
+        {
+            return Err(Refusal::PartitionNotAllowed {
+                partition: partition_name.to_owned(),
+                account: spec.account.clone(),
+            });
+        }
+        if let Some(grace_s) = spec.grace_s.filter(|g| *g > partition.max_grace_s) {
+            return Err(Refusal::GraceTooLong {
+                asked_s: grace_s,
+                limit_s: partition.max_grace_s,
+                partition: partition_name.to_owned(),
+            });
+        }
         if spec.gpus == 0 {
             return Err(Refusal::NoGpus);
         }

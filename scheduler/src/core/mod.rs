@@ -8,7 +8,9 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 
-use gpuledger_model::config::{ClusterConfig, FairShareFormula, SchedulerConfig};
+use gpuledger_model::config::{
+    ClusterConfig, FairShareFormula, SchedulerConfig, DEFAULT_MAX_GRACE_S,
+};
 use gpuledger_model::quota::Quota;
 use gpuledger_model::tenant::TenantTree;
 use gpuledger_model::time::UnixSeconds;
@@ -34,6 +36,9 @@ struct PartitionInfo {
     tier: u32,
     max_time_s: Option<u64>,
     grace_s: Option<u64>,
+    max_grace_s: u64,
+    /// The accounts that may submit here; every account when `None`.
+    allowed_accounts: Option<Vec<AccountId>>,
 }
 
 /// The scheduler's whole state.
@@ -114,6 +119,8 @@ impl Scheduler {
                         tier: p.priority_tier,
                         max_time_s: p.max_time.map(|d| d.as_secs()),
                         grace_s: p.grace_time.map(|d| d.as_secs()),
+                        max_grace_s: p.max_grace_s(),
+                        allowed_accounts: p.allowed_accounts.clone(),
                     },
                 )
             })

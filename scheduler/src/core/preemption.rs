@@ -18,20 +18,21 @@ impl Scheduler {
         still_exiting
     }
 
+    /// The job's grace: its own, else its partition's, else the default; never more than its
+    /// partition's `max_grace`.
     pub(super) fn grace_s(&self, job: &RunningJob) -> u64 {
-        job.spec
+        let partition = self.partitions.get(
+            job.spec
+                .partition
+                .as_deref()
+                .unwrap_or(&self.default_partition),
+        );
+        let grace = job
+            .spec
             .grace_s
-            .or_else(|| {
-                self.partitions
-                    .get(
-                        job.spec
-                            .partition
-                            .as_deref()
-                            .unwrap_or(&self.default_partition),
-                    )
-                    .and_then(|p| p.grace_s)
-            })
-            .unwrap_or(self.knobs.default_grace.as_secs())
+            .or_else(|| partition.and_then(|p| p.grace_s))
+            .unwrap_or(self.knobs.default_grace.as_secs());
+        grace.min(partition.map_or(DEFAULT_MAX_GRACE_S, |p| p.max_grace_s))
     }
 
     /// Frees GPUs for `job` from lower tiers when it cannot start otherwise. Elastic jobs above

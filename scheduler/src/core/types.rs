@@ -128,6 +128,21 @@ pub enum Refusal {
     },
     #[error("partition `{0}` does not exist")]
     UnknownPartition(String),
+    #[error(
+        "account `{account}` may not submit to partition `{partition}` (its allowed_accounts)"
+    )]
+    PartitionNotAllowed {
+        partition: String,
+        account: AccountId,
+    },
+    #[error(
+        "grace {asked_s} s exceeds the {limit_s} s partition `{partition}` allows (max_grace)"
+    )]
+    GraceTooLong {
+        asked_s: u64,
+        limit_s: u64,
+        partition: String,
+    },
     #[error("a job needs at least 1 GPU")]
     NoGpus,
     #[error("min_gpus {min} must be between 1 and gpus {max}")]
