@@ -14,7 +14,28 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::ingest::batch;
-use common::{gpuledger_ok, spawn, terminate};
+use common::{add_token, spawn, terminate};
+
+/// An aggregator on a loopback port with its data in `dir/data`, the token file `tokens` and
+/// `options`.
+fn aggregator_with_tokens(
+    dir: &std::path::Path,
+    tokens: &str,
+    options: &[&str],
+) -> common::Process {
+    let data = dir.join("data");
+    let args = [
+        "aggregator",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--tokens",
+        tokens,
+    ];
+    let args: Vec<&str> = args.iter().chain(options).copied().collect();
+    spawn(&args, Stdio::inherit())
+}
 
 /// Sends a request's head (and `body_bytes` of its body, if any), then reads the answer's
 /// status line; how long the answer took.
@@ -59,24 +80,9 @@ fn bodies_wait_for_their_caller_and_share_one_budget() {
     let dir = tempfile::tempdir().unwrap();
     let tokens = dir.path().join("tokens");
     let tokens_arg = tokens.to_str().unwrap();
-    let node = gpuledger_ok(&[
-        "token", "add", "--file", tokens_arg, "--role", "node", "--node", "gpu001", "--name",
-        "gpu001",
-    ]);
-    let aggregator = spawn(
-        &[
-            "aggregator",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            dir.path().join("data").to_str().unwrap(),
-            "--tokens",
-            tokens_arg,
-            "--max-buffered-bytes",
-            "8MiB",
-        ],
-        Stdio::inherit(),
-    );
+    let node = add_token(tokens_arg, "node", "gpu001", &["--node", "gpu001"]);
+    let aggregator =
+        aggregator_with_tokens(dir.path(), tokens_arg, &["--max-buffered-bytes", "8MiB"]);
     let addr = aggregator.url.trim_start_matches("http://").to_owned();
     let pid = aggregator.child.id();
     let ingest_head = |token: Option<&str>, length: usize| {
@@ -300,34 +306,12 @@ fn operator_sql_cannot_take_the_aggregator_down_and_a_metrics_token_cannot_run_i
     let dir = tempfile::tempdir().unwrap();
     let tokens = dir.path().join("tokens");
     let tokens_arg = tokens.to_str().unwrap();
-    let operator = gpuledger_ok(&[
-        "token", "add", "--file", tokens_arg, "--role", "operator", "--name", "ops",
-    ]);
-    let scraper = gpuledger_ok(&[
-        "token",
-        "add",
-        "--file",
+    let operator = add_token(tokens_arg, "operator", "ops", &[]);
+    let scraper = add_token(tokens_arg, "metrics", "prometheus", &[]);
+    let aggregator = aggregator_with_tokens(
+        dir.path(),
         tokens_arg,
-        "--role",
-        "metrics",
-        "--name",
-        "prometheus",
-    ]);
-    let aggregator = spawn(
-        &[
-            "aggregator",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            dir.path().join("data").to_str().unwrap(),
-            "--tokens",
-            tokens_arg,
-            "--sql-memory-limit",
-            "64MiB",
-            "--sql-timeout",
-            "3s",
-        ],
-        Stdio::inherit(),
+        &["--sql-memory-limit", "64MiB", "--sql-timeout", "3s"],
     );
     let pid = aggregator.child.id();
     let agent: ureq::Agent = ureq::Agent::config_builder()

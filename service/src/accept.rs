@@ -468,13 +468,7 @@ mod tests {
     }
 
     fn small(addr: SocketAddr) -> String {
-        let mut s = std::net::TcpStream::connect(addr).unwrap();
-        s.write_all(b"GET /small HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
-            .unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let mut answer = String::new();
-        s.read_to_string(&mut answer).unwrap();
-        answer
+        small_from([127, 0, 0, 1], addr)
     }
 
     /// Reads until the server closes (or resets) the connection; the bytes read. Fails if
@@ -502,11 +496,7 @@ mod tests {
 
     /// What the server says to a new connection that sends nothing: its whole answer.
     fn answer_unasked(source: [u8; 4], addr: SocketAddr) -> String {
-        let mut s = connect_from(source, addr);
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let mut answer = String::new();
-        s.read_to_string(&mut answer).unwrap();
-        answer
+        read_answer(&mut connect_from(source, addr))
     }
 
     /// A 503's JSON error, checked to be a whole answer (its content-length is its body's).
@@ -563,6 +553,11 @@ mod tests {
         let mut s = connect_from(source, addr);
         s.write_all(b"GET /small HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
             .unwrap();
+        read_answer(&mut s)
+    }
+
+    /// Everything the server sends until it closes, as text (ten seconds at most).
+    fn read_answer(s: &mut std::net::TcpStream) -> String {
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let mut answer = String::new();
         s.read_to_string(&mut answer).unwrap();

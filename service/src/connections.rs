@@ -216,6 +216,17 @@ impl Drop for Slot {
 mod tests {
     use super::*;
 
+    /// Whether the registry told this connection to give its place up.
+    fn told_to_go(admitted: &Admitted) -> bool {
+        admitted
+            .slot
+            .activity
+            .evicted
+            .notified()
+            .now_or_never()
+            .is_some()
+    }
+
     fn client(last: u8) -> ClientKey {
         ClientKey::of(IpAddr::from([10, 0, 0, last]))
     }
@@ -242,20 +253,8 @@ mod tests {
         let third = registry.admit(client(1)).unwrap();
         assert!(third.displaced);
         // The first is in a request, so the second gave its place up.
-        assert!(first
-            .slot
-            .activity
-            .evicted
-            .notified()
-            .now_or_never()
-            .is_none());
-        assert!(second
-            .slot
-            .activity
-            .evicted
-            .notified()
-            .now_or_never()
-            .is_some());
+        assert!(!told_to_go(&first));
+        assert!(told_to_go(&second));
         assert_eq!(registry.open(), 2);
         drop(second);
         assert_eq!(registry.open(), 2, "an evicted slot is not released twice");
@@ -273,20 +272,8 @@ mod tests {
         let light = registry.admit(client(2)).unwrap();
         let newcomer = registry.admit(client(3)).unwrap();
         assert!(newcomer.displaced);
-        assert!(light
-            .slot
-            .activity
-            .evicted
-            .notified()
-            .now_or_never()
-            .is_none());
-        assert!(heavy[0]
-            .slot
-            .activity
-            .evicted
-            .notified()
-            .now_or_never()
-            .is_some());
+        assert!(!told_to_go(&light));
+        assert!(told_to_go(&heavy[0]));
         assert_eq!(registry.open(), 4);
         let _busy: Vec<InRequest> = [&heavy[1], &heavy[2], &light, &newcomer]
             .iter()

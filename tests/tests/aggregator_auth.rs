@@ -354,62 +354,38 @@ async fn the_status_page_signs_in_with_a_cookie_and_public_routes_are_the_operat
         "{cookie}"
     );
     assert_eq!(pair.len(), "gpuledger_session=".len() + 64, "{pair}");
-    let (s, _, page) = api
-        .call(
-            Request::get("/")
-                .header("cookie", &pair)
-                .body(Body::empty())
-                .unwrap(),
-        )
-        .await;
+    let with_cookie = |method: &str, uri: &str, cookie: &str| {
+        Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("cookie", cookie)
+            .body(Body::empty())
+            .unwrap()
+    };
+    let (s, _, page) = api.call(with_cookie("GET", "/", &pair)).await;
     assert_eq!(s, StatusCode::OK);
     assert!(
         page.contains("data-scope=\"alpha\"") && !page.contains("beta"),
         "{page}"
     );
     // The cookie opens the page, not the API.
-    let (s, _, _) = api
-        .call(
-            Request::get("/api/v1/usage")
-                .header("cookie", &pair)
-                .body(Body::empty())
-                .unwrap(),
-        )
-        .await;
+    let (s, _, _) = api.call(with_cookie("GET", "/api/v1/usage", &pair)).await;
     assert_eq!(s, StatusCode::UNAUTHORIZED);
     // Signing out ends the session on the server: the old cookie opens nothing after.
-    let response = tower::ServiceExt::oneshot(
-        api.app.clone(),
-        Request::post("/logout")
-            .header("cookie", &pair)
-            .body(Body::empty())
-            .unwrap(),
-    )
-    .await
-    .unwrap();
+    let response =
+        tower::ServiceExt::oneshot(api.app.clone(), with_cookie("POST", "/logout", &pair))
+            .await
+            .unwrap();
     assert_eq!(response.status(), StatusCode::SEE_OTHER);
     assert!(response.headers()["set-cookie"]
         .to_str()
         .unwrap()
         .contains("Max-Age=0"));
-    let (s, _, _) = api
-        .call(
-            Request::get("/")
-                .header("cookie", &pair)
-                .body(Body::empty())
-                .unwrap(),
-        )
-        .await;
+    let (s, _, _) = api.call(with_cookie("GET", "/", &pair)).await;
     assert_eq!(s, StatusCode::UNAUTHORIZED, "a signed-out session");
     // A forged session id is nobody.
-    let (s, _, _) = api
-        .call(
-            Request::get("/")
-                .header("cookie", format!("gpuledger_session={}", "ab".repeat(32)))
-                .body(Body::empty())
-                .unwrap(),
-        )
-        .await;
+    let forged = format!("gpuledger_session={}", "ab".repeat(32));
+    let (s, _, _) = api.call(with_cookie("GET", "/", &forged)).await;
     assert_eq!(s, StatusCode::UNAUTHORIZED);
     let response = tower::ServiceExt::oneshot(api.app.clone(), login("gpl_0123456789ab_00"))
         .await

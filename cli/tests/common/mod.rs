@@ -52,6 +52,16 @@ pub fn gpuledger_ok(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
+/// Adds a token of `role` named `name` to the token file `file` (`who`: `--account A` or
+/// `--node N` where the role needs one); the token.
+pub fn add_token(file: &str, role: &str, name: &str, who: &[&str]) -> String {
+    let args = [
+        "token", "add", "--file", file, "--role", role, "--name", name,
+    ];
+    let args: Vec<&str> = args.iter().chain(who).copied().collect();
+    gpuledger_ok(&args)
+}
+
 /// Polls `done` every 100 ms until it holds; fails the test after `secs` seconds.
 pub fn wait_for(what: &str, secs: u64, mut done: impl FnMut() -> bool) {
     let until = std::time::Instant::now() + std::time::Duration::from_secs(secs);
