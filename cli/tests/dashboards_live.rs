@@ -48,12 +48,14 @@ name = "Research"
 weight = 2
 quota = { gpu_hours_per_day = 100, gpu_hours_per_week = 500 }
 projects = [{ id = "pretrain" }]
+run_as = { user = "root" }
 [[accounts]]
 id = "team-b"
 name = "Product"
 weight = 1
 quota = { gpu_hours_per_day = 50 }
 projects = [{ id = "finetune" }]
+run_as = { user = "root" }
 "#;
 
 fn host_port(url: &str) -> &str {

@@ -57,6 +57,10 @@ fn systemd_units_pass_accepted_arguments() {
         unit.contains("KillMode=process"),
         "stopping the scheduler must not kill its jobs"
     );
+    assert!(
+        unit.contains("\nDelegate=yes\n"),
+        "the scheduler makes a cgroup per job below its own"
+    );
 }
 
 #[test]

@@ -50,7 +50,13 @@ fn rules_parse_and_their_unit_tests_pass() {
 #[test]
 fn the_scheduler_metrics_pass_promtool_check_metrics() {
     let dir = tempfile::tempdir().unwrap();
-    let cluster = gpuledger_sim::seed::load_cluster(None).unwrap();
+    let mut cluster = gpuledger_sim::seed::load_cluster(None).unwrap();
+    for account in &mut cluster.accounts {
+        account.run_as = Some(gpuledger_model::tenant::RunAs {
+            user: "root".into(),
+            group: None,
+        });
+    }
     let config = ServiceConfig {
         options: SchedulerOptions::parse("fairshare+backfill").unwrap(),
         dir: dir.path().join("scheduler"),

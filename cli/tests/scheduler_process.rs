@@ -16,7 +16,7 @@ const CONFIG: &str = "version = 1\n[cluster]\nname = \"one\"\n[[node_pools]]\nna
     [[partitions]]\nname = \"train\"\npriority_tier = 20\ndefault = true\n\
     [prices]\nversion = \"v\"\neffective_from = \"2026-01-01\"\ncurrency = \"USD\"\n\
     gpu_hour = { h100-sxm = \"1\" }\n\
-    [[accounts]]\nid = \"team-a\"\nname = \"A\"\nweight = 1\n";
+    [[accounts]]\nid = \"team-a\"\nname = \"A\"\nweight = 1\nrun_as = { user = \"root\" }\n";
 
 fn cli(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_gpuledger"))

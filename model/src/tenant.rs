@@ -21,6 +21,20 @@ pub struct Account {
     pub quota: Quota,
     #[serde(default)]
     pub projects: Vec<Project>,
+    /// The Unix user (and group) the live scheduler runs this account's jobs as. A scheduler
+    /// running as root refuses jobs of an account without one; `{ user = "root" }` says root
+    /// on purpose.
+    #[serde(default)]
+    pub run_as: Option<RunAs>,
+}
+
+/// A Unix user, and optionally a group other than the user's own, that jobs run as.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunAs {
+    pub user: String,
+    #[serde(default)]
+    pub group: Option<String>,
 }
 
 /// A project inside an account.

@@ -18,6 +18,8 @@ use nix::unistd::Pid;
 
 use gpuledger_model::JobId;
 
+use crate::cgroup::JobCgroups;
+
 /// What a job needs to start.
 #[derive(Clone, Debug)]
 pub struct Launch {
@@ -31,6 +33,15 @@ pub struct Launch {
     pub project: Option<String>,
     /// The job's own variables (checked at submission).
     pub env: std::collections::BTreeMap<String, String>,
+    /// The Unix user and group it runs as; the service's own when `None`.
+    pub user: Option<JobUser>,
+}
+
+/// A Unix user and group, by number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JobUser {
+    pub uid: u32,
+    pub gid: u32,
 }
 
 /// `PATH` for a job that sets none.
@@ -63,11 +74,13 @@ struct Watched {
     child: Option<Child>,
 }
 
-/// Runs jobs as local processes under `root/<job id>/` (stdout, stderr, exit status).
+/// Runs jobs as local processes under `root/<job id>/` (stdout, stderr, exit status), each in a
+/// cgroup of its own where the host has a writable cgroup v2 hierarchy ([`JobCgroups`]).
 #[derive(Debug)]
 pub struct LocalExecutor {
     root: PathBuf,
     jobs: HashMap<JobId, Watched>,
+    cgroups: Option<JobCgroups>,
 }
 
 /// Waits for the command and records its status; see the module docs.
@@ -76,7 +89,12 @@ pub struct LocalExecutor {
 /// it; the shell may meanwhile reap the command and keep its status for the next `wait`. So
 /// past 128 the wrapper waits again once the command is gone: that gives the command's own
 /// status, or 127 when the first `wait` already had it.
-const WRAPPER: &str = r#"trap ':' TERM HUP INT USR1 USR2
+///
+/// It starts the command only once the service says `go` on its standard input, after moving it
+/// into the job's cgroup: the command and everything it starts are born there.
+const WRAPPER: &str = r#"read -r go || exit 125
+exec </dev/null
+trap ':' TERM HUP INT USR1 USR2
 sh -c "$1" & child=$!
 while :; do
   wait "$child"; status=$?
@@ -92,10 +110,25 @@ exit "$status"
 
 impl LocalExecutor {
     pub fn new(root: impl Into<PathBuf>) -> Self {
+        let root = root.into();
+        let key = std::path::absolute(&root).unwrap_or_else(|_| root.clone());
+        let cgroups = match JobCgroups::for_executor(&key) {
+            Ok(cgroups) => Some(cgroups),
+            Err(error) => {
+                tracing::warn!(%error, "no job cgroups (cgroup v2, writable): jobs are tracked by process group only, and a job that leaves its group (setsid) escapes its stop");
+                None
+            }
+        };
         LocalExecutor {
-            root: root.into(),
+            root,
             jobs: HashMap::new(),
+            cgroups,
         }
+    }
+
+    /// Whether each job runs in a cgroup of its own.
+    pub fn has_cgroups(&self) -> bool {
+        self.cgroups.is_some()
     }
 
     /// The directory holding a job's output and exit status.
@@ -137,6 +170,22 @@ fn wrapper_running(pid: u32) -> bool {
     }
 }
 
+impl LocalExecutor {
+    /// Moves a just-spawned wrapper into the job's cgroup (where there are cgroups), then tells
+    /// it to start the command.
+    fn start(&self, job_id: &JobId, child: &mut Child) -> std::io::Result<()> {
+        use std::io::Write;
+        if let Some(cgroups) = &self.cgroups {
+            cgroups.enter(job_id, child.id())?;
+        }
+        let mut go = child
+            .stdin
+            .take()
+            .ok_or_else(|| std::io::Error::other("the wrapper's standard input"))?;
+        go.write_all(b"go\n")
+    }
+}
+
 impl Executor for LocalExecutor {
     fn launch(&mut self, job: &Launch) -> std::io::Result<u32> {
         use std::os::unix::process::CommandExt;
@@ -158,10 +207,27 @@ impl Executor for LocalExecutor {
         let stdout = append("stdout")?;
         let stderr = append("stderr")?;
         let visible: Vec<String> = job.gpus.iter().map(u32::to_string).collect();
+        if let Some(user) = job.user {
+            // Its directory and files are its user's; the directory above only lets it through.
+            std::fs::set_permissions(
+                &self.root,
+                std::os::unix::fs::PermissionsExt::from_mode(0o711),
+            )?;
+            for path in [
+                &dir,
+                &tmp,
+                &dir.join("stdout"),
+                &dir.join("stderr"),
+                &dir.join("allocation"),
+            ] {
+                std::os::unix::fs::chown(path, Some(user.uid), Some(user.gid))?;
+            }
+        }
         // A clean environment: never the service's (its credentials directory, tokens, proxy
         // settings); a default PATH, HOME and TMPDIR in the job's directory, the job's own
         // variables, then gpuledger's, which a job cannot override.
-        let child = Command::new("/bin/sh")
+        let mut command = Command::new("/bin/sh");
+        command
             .arg("-c")
             .arg(WRAPPER)
             .arg("gpuledger-job")
@@ -179,11 +245,20 @@ impl Executor for LocalExecutor {
             .env("GPULEDGER_PROJECT", job.project.as_deref().unwrap_or(""))
             .env("GPULEDGER_ALLOCATION", &job.allocation)
             .env("GPULEDGER_ALLOCATION_FILE", dir.join("allocation"))
-            .stdin(Stdio::null())
+            .stdin(Stdio::piped())
             .stdout(stdout)
             .stderr(stderr)
-            .process_group(0)
-            .spawn()?;
+            .process_group(0);
+        if let Some(user) = job.user {
+            // std drops root's supplementary groups when it changes the user.
+            command.uid(user.uid).gid(user.gid);
+        }
+        let mut child = command.spawn()?;
+        if let Err(error) = self.start(&job.job_id, &mut child) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(error);
+        }
         let pid = child.id();
         self.jobs.insert(
             job.job_id.clone(),
@@ -204,6 +279,10 @@ impl Executor for LocalExecutor {
         let Some(w) = self.jobs.get(job_id) else {
             return Ok(());
         };
+        if let Some(cgroups) = &self.cgroups {
+            // Every process of the job, also those that left its process group.
+            return cgroups.signal(job_id, signal);
+        }
         let pid = i32::try_from(w.pid).map_err(std::io::Error::other)?;
         match killpg(Pid::from_raw(pid), signal) {
             Ok(()) | Err(nix::errno::Errno::ESRCH) => Ok(()),
@@ -221,9 +300,17 @@ impl Executor for LocalExecutor {
             if !wrapper_gone {
                 continue;
             }
-            // The wrapper is gone; the group may still hold the command (it outlived a killed
-            // wrapper), which is then finished off.
-            if group_alive(w.pid) {
+            if let Some(cgroups) = &self.cgroups {
+                // Done only once nothing of it is left: what outlived the wrapper (a killed
+                // wrapper's command, a process that left the group) is killed first.
+                if !cgroups.is_empty(id) {
+                    let _ = cgroups.signal(id, Signal::SIGKILL);
+                    continue;
+                }
+                cgroups.remove(id);
+            } else if group_alive(w.pid) {
+                // The wrapper is gone; the group may still hold the command (it outlived a
+                // killed wrapper), which is then finished off.
                 if let Ok(p) = i32::try_from(w.pid) {
                     let _ = killpg(Pid::from_raw(p), Signal::SIGKILL);
                 }
@@ -268,6 +355,7 @@ mod tests {
             account: "a".into(),
             project: None,
             env: [("RUN_NAME".to_owned(), "llama 7b".to_owned())].into(),
+            user: None,
         }
     }
 
@@ -374,6 +462,82 @@ mod tests {
         assert_eq!(
             done,
             vec![(JobId::new("stubborn").unwrap(), ExitStatus::Killed)]
+        );
+    }
+
+    /// Whether process `pid` still runs (a zombie waiting for whoever adopted it does not).
+    fn alive(pid: i32) -> bool {
+        wrapper_running(pid as u32)
+    }
+
+    /// The pid a job wrote to `file` in its directory (waiting for it up to 10 s).
+    fn pid_in(dir: &Path, file: &str) -> i32 {
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(pid) = std::fs::read_to_string(dir.join(file))
+                .ok()
+                .and_then(|t| t.trim().parse().ok())
+            {
+                return pid;
+            }
+            assert!(Instant::now() < until, "no {file} written");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    #[test]
+    fn nothing_a_job_started_outlives_it_not_even_a_process_that_left_its_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ex = LocalExecutor::new(dir.path());
+        // The test suite runs as root on a host with cgroup v2 (CI does): this is its subject.
+        assert!(
+            ex.has_cgroups(),
+            "job cgroups need root and a cgroup v2 hierarchy"
+        );
+        // Exits at once, leaving a daemon behind (setsid and a double fork).
+        ex.launch(&launch(
+            "leaver",
+            "(setsid sh -c 'echo $$ > daemon; exec sleep 1000' &) ; sleep 0.3; exit 0",
+        ))
+        .unwrap();
+        // Ignores SIGTERM, and so does a daemon of its own.
+        ex.launch(&launch(
+            "stubborn",
+            "setsid sh -c 'trap \"\" TERM; echo $$ > daemon; while :; do sleep 0.05; done' & \
+             trap '' TERM; while :; do sleep 0.05; done",
+        ))
+        .unwrap();
+        let leaver_daemon = pid_in(&dir.path().join("leaver"), "daemon");
+        let stubborn_daemon = pid_in(&dir.path().join("stubborn"), "daemon");
+        // The leaver is done only once its daemon is gone too.
+        let done = wait_exit(&mut ex, Duration::from_secs(10));
+        let done = if done.is_empty() {
+            wait_exit(&mut ex, Duration::from_secs(10))
+        } else {
+            done
+        };
+        assert_eq!(
+            done,
+            vec![(JobId::new("leaver").unwrap(), ExitStatus::Code(0))]
+        );
+        assert!(!alive(leaver_daemon), "the leaver's daemon outlived it");
+        assert!(!ex
+            .cgroups
+            .as_ref()
+            .unwrap()
+            .path(&JobId::new("leaver").unwrap())
+            .exists());
+        // SIGTERM reaches the stubborn job's daemon too (it ignores it); SIGKILL ends both.
+        let stubborn = JobId::new("stubborn").unwrap();
+        ex.signal(&stubborn, Signal::SIGTERM).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(ex.reap().is_empty() && alive(stubborn_daemon));
+        ex.signal(&stubborn, Signal::SIGKILL).unwrap();
+        let done = wait_exit(&mut ex, Duration::from_secs(10));
+        assert_eq!(done, vec![(stubborn, ExitStatus::Killed)]);
+        assert!(
+            !alive(stubborn_daemon),
+            "the stubborn job's daemon outlived SIGKILL"
         );
     }
 

@@ -9,12 +9,15 @@
 //!   reservations (`reservations.rs`), the storage scans, usage feed and job events on their
 //!   own schedule (`feeds.rs`), `/metrics` (`metrics.rs`).
 //! - [`aggregator`] is the link to the aggregator (usage in, events out) behind a trait.
+//! - [`executor`] runs jobs as processes, each in its own cgroup ([`cgroup`]) where the host
+//!   allows.
 //! - [`http`] is the API (`squeue`/`sshare`-like views, submit, cancel, reservations, the
 //!   allocation feed exporters read); [`serve`] runs it and the cycle loop.
 //! - On start the state file is read back: pending jobs queue again, running ones keep their
 //!   GPUs and their processes are adopted.
 
 pub mod aggregator;
+pub mod cgroup;
 pub mod executor;
 mod feeds;
 pub mod http;
@@ -42,7 +45,7 @@ use gpuledger_scheduler::reservation::{reservations_toml, ReservationEntry};
 use gpuledger_scheduler::{Cycle, JobSpec, Preempting, Refusal, Scheduler, SchedulerOptions};
 
 use crate::aggregator::{AggregatorLink, HttpAggregator};
-use crate::executor::{Executor, ExitStatus, Launch};
+use crate::executor::{Executor, ExitStatus, JobUser, Launch};
 use crate::state::{JobInfo, JobState, Preemptor, State, SubmitRequest};
 
 /// What can go wrong in the service.
@@ -298,6 +301,7 @@ impl Service {
         request
             .check_env()
             .map_err(|(field, message)| Error::Invalid { field, message })?;
+        self.job_user(&request.account)?;
         if request.command.trim().is_empty() {
             return Err(Error::Invalid {
                 field: "command".into(),
@@ -477,6 +481,52 @@ impl Service {
         out
     }
 
+    /// The Unix user an account's jobs run as: its `run_as`, resolved on this host. A scheduler
+    /// running as root refuses an account without one rather than run tenants' jobs as root.
+    fn job_user(&self, account: &AccountId) -> Result<Option<JobUser>> {
+        let index = self.cluster.accounts.iter().position(|a| &a.id == account);
+        let field = format!("accounts[{}].run_as", index.unwrap_or(0));
+        let refuse = |message: String| Error::Invalid {
+            field: "account".into(),
+            message,
+        };
+        let Some(run_as) = index.and_then(|i| self.cluster.accounts[i].run_as.as_ref()) else {
+            if nix::unistd::geteuid().is_root() {
+                return Err(refuse(format!(
+                    "account `{account}` has no Unix user to run its jobs as and the scheduler runs as root: set {field} = {{ user = \"...\" }} in the cluster config ({{ user = \"root\" }} runs them as root on purpose)"
+                )));
+            }
+            return Ok(None);
+        };
+        let user = nix::unistd::User::from_name(&run_as.user)
+            .ok()
+            .flatten()
+            .ok_or_else(|| {
+                refuse(format!(
+                    "{field}: user `{}` does not exist on this host",
+                    run_as.user
+                ))
+            })?;
+        let gid = match &run_as.group {
+            Some(name) => {
+                nix::unistd::Group::from_name(name)
+                    .ok()
+                    .flatten()
+                    .ok_or_else(|| {
+                        refuse(format!(
+                            "{field}: group `{name}` does not exist on this host"
+                        ))
+                    })?
+                    .gid
+            }
+            None => user.gid,
+        };
+        Ok(Some(JobUser {
+            uid: user.uid.as_raw(),
+            gid: gid.as_raw(),
+        }))
+    }
+
     /// The job's grace: its own, else its partition's, else the default; never more than its
     /// partition's `max_grace`.
     fn grace_of(&self, info: &JobInfo) -> u64 {
@@ -555,6 +605,16 @@ impl Service {
             let Some(info) = inner.state.jobs.get(&started.job_id).cloned() else {
                 continue;
             };
+            let user = match self.job_user(&info.request.account) {
+                Ok(user) => user,
+                Err(e) => {
+                    tracing::error!(job = %info.id, error = %e, "job could not be launched");
+                    inner.sched.finish(&info.id, now);
+                    inner.finish_record(&info.id, now, JobState::Failed, None);
+                    inner.dirty = true;
+                    continue;
+                }
+            };
             let launch = Launch {
                 job_id: info.id.clone(),
                 command: info.request.command.clone(),
@@ -568,6 +628,7 @@ impl Service {
                 account: info.request.account.to_string(),
                 project: info.request.project.as_ref().map(|p| p.to_string()),
                 env: info.request.env.clone(),
+                user,
             };
             let kind = if info.preemptions > 0 {
                 JobEventKind::Resumed

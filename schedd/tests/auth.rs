@@ -30,8 +30,8 @@ fn cluster() -> ClusterConfig {
          [[partitions]]\nname = \"urgent\"\npriority_tier = 50\n\
          [prices]\nversion = \"v\"\neffective_from = \"2026-01-01\"\ncurrency = \"USD\"\n\
          gpu_hour = { h100-sxm = \"1\" }\n\
-         [[accounts]]\nid = \"team-a\"\nname = \"A\"\nweight = 1\n\
-         [[accounts]]\nid = \"team-b\"\nname = \"B\"\nweight = 1\n",
+         [[accounts]]\nid = \"team-a\"\nname = \"A\"\nweight = 1\nrun_as = { user = \"root\" }\n\
+         [[accounts]]\nid = \"team-b\"\nname = \"B\"\nweight = 1\nrun_as = { user = \"root\" }\n",
         "two.toml",
     )
     .unwrap()

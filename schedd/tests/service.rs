@@ -21,8 +21,10 @@ use gpuledger_scheduler::SchedulerOptions;
 const T0_MS: i64 = 1_780_272_000_000;
 
 fn cluster() -> ClusterConfig {
-    ClusterConfig::from_toml_str(
-        "version = 1\n[cluster]\nname = \"one\"\n[[node_pools]]\nname = \"p\"\nprefix = \"gpu\"\n\
+    ClusterConfig::from_toml_str(CLUSTER, "one.toml").unwrap()
+}
+
+const CLUSTER: &str = "version = 1\n[cluster]\nname = \"one\"\n[[node_pools]]\nname = \"p\"\nprefix = \"gpu\"\n\
          count = 1\ngpus_per_node = 8\ngpu_model = \"h100-sxm\"\n\
          [[partitions]]\nname = \"train\"\npriority_tier = 20\ndefault = true\n\
          [[partitions]]\nname = \"urgent\"\npriority_tier = 50\nallowed_accounts = [\"team-b\"]\n\
@@ -30,13 +32,13 @@ fn cluster() -> ClusterConfig {
          [prices]\nversion = \"v\"\neffective_from = \"2026-01-01\"\ncurrency = \"USD\"\n\
          gpu_hour = { h100-sxm = \"1\" }\n\
          [[accounts]]\nid = \"team-a\"\nname = \"A\"\nweight = 1\nquota = { max_gpus_per_job = 8 }\n\
-         [[accounts]]\nid = \"team-b\"\nname = \"B\"\nweight = 1\n",
-        "one.toml",
-    )
-    .unwrap()
-}
+         run_as = { user = \"root\" }\n\
+         [[accounts]]\nid = \"team-b\"\nname = \"B\"\nweight = 1\nrun_as = { user = \"nobody\" }\n";
 
+/// The service over `dir` (which team-b's jobs, run as `nobody`, may pass through).
 fn open(dir: &std::path::Path, clock: Arc<ManualClock>) -> Arc<Service> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711)).unwrap();
     let config = ServiceConfig {
         options: SchedulerOptions::parse("fairshare+backfill").unwrap(),
         dir: dir.join("scheduler"),
@@ -49,6 +51,41 @@ fn open(dir: &std::path::Path, clock: Arc<ManualClock>) -> Arc<Service> {
     };
     let executor = Box::new(LocalExecutor::new(dir.join("scheduler/jobs")));
     Arc::new(Service::open(cluster(), config, executor, clock).unwrap())
+}
+
+#[test]
+fn a_scheduler_running_as_root_refuses_an_account_without_a_user_and_names_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let unmapped = CLUSTER.replace("run_as = { user = \"nobody\" }\n", "");
+    let missing_user = CLUSTER.replace("user = \"nobody\"", "user = \"no-such-user-gl\"");
+    for (toml, says) in [
+        (unmapped, "set accounts[1].run_as = { user = \"...\" }"),
+        (
+            missing_user,
+            "accounts[1].run_as: user `no-such-user-gl` does not exist",
+        ),
+    ] {
+        let config = ServiceConfig {
+            options: SchedulerOptions::parse("fairshare+backfill").unwrap(),
+            dir: dir.path().join("scheduler"),
+            billing_reservations: None,
+            aggregator: None,
+            aggregator_token: None,
+            usage_every: Duration::from_secs(60),
+            storage_scans: None,
+            tls: Default::default(),
+        };
+        let executor = Box::new(LocalExecutor::new(dir.path().join("scheduler/jobs")));
+        let cluster = ClusterConfig::from_toml_str(&toml, "one.toml").unwrap();
+        let clock = Arc::new(ManualClock::new(T0_MS));
+        let s = Service::open(cluster, config, executor, clock).unwrap();
+        let request = serde_json::from_value(
+            json!({"command": "id -u", "account": "team-b", "gpus": 1, "time_limit": "1h"}),
+        )
+        .unwrap();
+        let refused = s.submit(request).unwrap_err().to_string();
+        assert!(refused.contains(says), "{refused}");
+    }
 }
 
 async fn call(
@@ -464,4 +501,58 @@ async fn grace_is_bounded_and_a_later_stop_never_puts_sigkill_off() {
     let ended = s.job(&c).unwrap();
     assert_eq!(ended.exit_code, Some(137));
     assert!(ended.end_s.unwrap() <= asked_s + 2, "{ended:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_runs_as_its_accounts_user_and_reaches_nothing_of_the_service_or_other_jobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let s = open(dir.path(), Arc::clone(&clock));
+    let submit = |body: Value| {
+        let s = Arc::clone(&s);
+        async move { call(&s, "POST", "/api/v1/jobs", Some(body)).await }
+    };
+    // team-a's job (run as root, on purpose here) runs on; team-b's jobs run as `nobody`.
+    let (_, body) = submit(json!({"command": "echo $$ > pid; while :; do sleep 0.05; done", "account": "team-a", "gpus": 1, "time_limit": "1h"})).await;
+    let a = JobId::new(body["job_id"].as_str().unwrap()).unwrap();
+    tick_until(&s, &clock, |s| state(s, &a) == JobState::Running);
+    let a_dir = dir.path().join(format!("scheduler/jobs/{a}"));
+    let until = Instant::now() + Duration::from_secs(10);
+    let victim = loop {
+        if let Some(pid) = std::fs::read_to_string(a_dir.join("pid"))
+            .ok()
+            .filter(|t| t.ends_with('\n'))
+        {
+            break pid.trim().to_owned();
+        }
+        assert!(Instant::now() < until);
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let snoop = "id -u; \
+        cat ../../state.json >/dev/null 2>&1 && echo READ-STATE; \
+        ls ../team-a.1 >/dev/null 2>&1 && echo READ-OTHER-JOB; \
+        kill -9 \"$VICTIM\" 2>/dev/null && echo KILLED-OTHER-JOB; \
+        touch ../../planted 2>/dev/null && echo WROTE-STATE-DIR; \
+        echo done";
+    let (status, body) = submit(json!({"command": snoop, "account": "team-b", "gpus": 1, "time_limit": "1h", "env": {"VICTIM": victim}})).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let b = JobId::new(body["job_id"].as_str().unwrap()).unwrap();
+    tick_until(&s, &clock, |s| state(s, &b) == JobState::Completed);
+    let out =
+        std::fs::read_to_string(dir.path().join(format!("scheduler/jobs/{b}/stdout"))).unwrap();
+    assert_eq!(out, "65534\ndone\n", "what team-b's job reached");
+    assert_eq!(
+        state(&s, &a),
+        JobState::Running,
+        "team-a's job is untouched"
+    );
+    assert!(!dir.path().join("scheduler/planted").exists());
+    use std::os::unix::fs::MetadataExt;
+    let b_dir = std::fs::metadata(dir.path().join(format!("scheduler/jobs/{b}"))).unwrap();
+    assert_eq!((b_dir.uid(), b_dir.mode() & 0o777), (65534, 0o700));
+    let state_file = std::fs::metadata(dir.path().join("scheduler/state.json")).unwrap();
+    assert_eq!(state_file.mode() & 0o777, 0o600);
+    let (_, body) = call(&s, "DELETE", &format!("/api/v1/jobs/{a}?now=true"), None).await;
+    assert_eq!(body["state"], "running", "{body}");
+    tick_until(&s, &clock, |s| state(s, &a) == JobState::Cancelled);
 }

@@ -42,6 +42,7 @@ pub fn trace_cluster(
         .into_iter()
         .map(|(vc, weight)| {
             Ok(Account {
+                run_as: None,
                 id: vc_account(&vc).map_err(|e| Error::Invalid(format!("VC `{vc}`: {e}")))?,
                 name: format!("Philly VC {vc}"),
                 weight,

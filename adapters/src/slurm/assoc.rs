@@ -429,6 +429,7 @@ pub fn import(lines: &[DumpLine], origin: &str) -> Result<Import> {
                         let id = AccountId::new(&l.name)
                             .map_err(|e| err(l.line, id_error("account", &l.name, e)))?;
                         accounts.push(Account {
+                            run_as: None,
                             id,
                             name: description.unwrap_or(&l.name).to_owned(),
                             weight: weight.unwrap_or(1).max(1),
