@@ -37,6 +37,14 @@ const CLUSTER: &str = "version = 1\n[cluster]\nname = \"one\"\n[[node_pools]]\nn
 
 /// The service over `dir` (which team-b's jobs, run as `nobody`, may pass through).
 fn open(dir: &std::path::Path, clock: Arc<ManualClock>) -> Arc<Service> {
+    Arc::new(open_with(dir, cluster(), clock).unwrap())
+}
+
+fn open_with(
+    dir: &std::path::Path,
+    cluster: ClusterConfig,
+    clock: Arc<ManualClock>,
+) -> gpuledger_schedd::Result<Service> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711)).unwrap();
     let config = ServiceConfig {
@@ -50,7 +58,7 @@ fn open(dir: &std::path::Path, clock: Arc<ManualClock>) -> Arc<Service> {
         tls: Default::default(),
     };
     let executor = Box::new(LocalExecutor::new(dir.join("scheduler/jobs")));
-    Arc::new(Service::open(cluster(), config, executor, clock).unwrap())
+    Service::open(cluster, config, executor, clock)
 }
 
 #[test]
@@ -65,20 +73,8 @@ fn a_scheduler_running_as_root_refuses_an_account_without_a_user_and_names_the_k
             "accounts[1].run_as: user `no-such-user-gl` does not exist",
         ),
     ] {
-        let config = ServiceConfig {
-            options: SchedulerOptions::parse("fairshare+backfill").unwrap(),
-            dir: dir.path().join("scheduler"),
-            billing_reservations: None,
-            aggregator: None,
-            aggregator_token: None,
-            usage_every: Duration::from_secs(60),
-            storage_scans: None,
-            tls: Default::default(),
-        };
-        let executor = Box::new(LocalExecutor::new(dir.path().join("scheduler/jobs")));
         let cluster = ClusterConfig::from_toml_str(&toml, "one.toml").unwrap();
-        let clock = Arc::new(ManualClock::new(T0_MS));
-        let s = Service::open(cluster, config, executor, clock).unwrap();
+        let s = open_with(dir.path(), cluster, Arc::new(ManualClock::new(T0_MS))).unwrap();
         let request = serde_json::from_value(
             json!({"command": "id -u", "account": "team-b", "gpus": 1, "time_limit": "1h"}),
         )
@@ -108,6 +104,10 @@ async fn call(
     let bytes = resp.into_body().collect().await.unwrap().to_bytes();
     let value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
     (status, value)
+}
+
+async fn submit(s: &Arc<Service>, body: Value) -> (StatusCode, Value) {
+    call(s, "POST", "/api/v1/jobs", Some(body)).await
 }
 
 /// Ticks (advancing the clock a second each time) until `done` holds, for up to 20 s.
@@ -418,19 +418,15 @@ async fn grace_is_bounded_and_a_later_stop_never_puts_sigkill_off() {
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(ManualClock::new(T0_MS));
     let s = open(dir.path(), Arc::clone(&clock));
-    let submit = |body: Value| {
-        let s = Arc::clone(&s);
-        async move { call(&s, "POST", "/api/v1/jobs", Some(body)).await }
-    };
     // A partition the account may not use, and a grace past the partition's max_grace.
-    let (status, body) = submit(json!({"command": "true", "account": "team-a", "partition": "urgent", "gpus": 1, "time_limit": "1h"})).await;
+    let (status, body) = submit(&s, json!({"command": "true", "account": "team-a", "partition": "urgent", "gpus": 1, "time_limit": "1h"})).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
     assert!(
         body.to_string()
             .contains("may not submit to partition `urgent`"),
         "{body}"
     );
-    let (status, body) = submit(json!({"command": "true", "account": "team-a", "gpus": 1, "time_limit": "1h", "grace": "1d"})).await;
+    let (status, body) = submit(&s, json!({"command": "true", "account": "team-a", "gpus": 1, "time_limit": "1h", "grace": "1d"})).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
     assert!(body.to_string().contains("max_grace"), "{body}");
     // A job's own variables may not be gpuledger's, nor malformed.
@@ -440,7 +436,7 @@ async fn grace_is_bounded_and_a_later_stop_never_puts_sigkill_off() {
         ("1X", "a name is letters"),
         ("A=B", "a name is letters"),
     ] {
-        let (status, body) = submit(json!({"command": "true", "account": "team-a", "gpus": 1, "time_limit": "1h", "env": {name: "x"}})).await;
+        let (status, body) = submit(&s, json!({"command": "true", "account": "team-a", "gpus": 1, "time_limit": "1h", "env": {name: "x"}})).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
         assert_eq!(body["error"]["field"], format!("env.{name}"), "{body}");
         assert!(body.to_string().contains(says), "{body}");
@@ -448,13 +444,13 @@ async fn grace_is_bounded_and_a_later_stop_never_puts_sigkill_off() {
 
     // A job that ignores SIGTERM, with the longest grace allowed and a 5-minute limit.
     let stubborn = "trap '' TERM; while :; do sleep 0.05; done";
-    let (_, body) = submit(json!({"command": stubborn, "account": "team-a", "gpus": 8, "time_limit": "5m", "grace": "10m"})).await;
+    let (_, body) = submit(&s, json!({"command": stubborn, "account": "team-a", "gpus": 8, "time_limit": "5m", "grace": "10m"})).await;
     let a = JobId::new(body["job_id"].as_str().unwrap()).unwrap();
     tick_until(&s, &clock, |s| state(s, &a) == JobState::Running);
     let start_s = s.job(&a).unwrap().start_s.unwrap();
     // Two minutes on, team-b's urgent job preempts it: SIGKILL ten minutes after SIGTERM.
     clock.advance_ms(120_000);
-    let (_, body) = submit(json!({"command": "true", "account": "team-b", "partition": "urgent", "gpus": 4, "time_limit": "1h"})).await;
+    let (_, body) = submit(&s, json!({"command": "true", "account": "team-b", "partition": "urgent", "gpus": 4, "time_limit": "1h"})).await;
     let b = JobId::new(body["job_id"].as_str().unwrap()).unwrap();
     tick_until(&s, &clock, |s| state(s, &a) == JobState::Preempting);
     let info = s.job(&a).unwrap();
@@ -491,7 +487,7 @@ async fn grace_is_bounded_and_a_later_stop_never_puts_sigkill_off() {
     tick_until(&s, &clock, |s| state(s, &b) == JobState::Completed);
 
     // `cancel --now`: SIGKILL at once, whatever the grace.
-    let (_, body) = submit(json!({"command": stubborn, "account": "team-a", "gpus": 2, "time_limit": "1h", "grace": "10m"})).await;
+    let (_, body) = submit(&s, json!({"command": stubborn, "account": "team-a", "gpus": 2, "time_limit": "1h", "grace": "10m"})).await;
     let c = JobId::new(body["job_id"].as_str().unwrap()).unwrap();
     tick_until(&s, &clock, |s| state(s, &c) == JobState::Running);
     let (status, body) = call(&s, "DELETE", &format!("/api/v1/jobs/{c}?now=true"), None).await;
@@ -508,12 +504,8 @@ async fn a_job_runs_as_its_accounts_user_and_reaches_nothing_of_the_service_or_o
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(ManualClock::new(T0_MS));
     let s = open(dir.path(), Arc::clone(&clock));
-    let submit = |body: Value| {
-        let s = Arc::clone(&s);
-        async move { call(&s, "POST", "/api/v1/jobs", Some(body)).await }
-    };
     // team-a's job (run as root, on purpose here) runs on; team-b's jobs run as `nobody`.
-    let (_, body) = submit(json!({"command": "echo $$ > pid; while :; do sleep 0.05; done", "account": "team-a", "gpus": 1, "time_limit": "1h"})).await;
+    let (_, body) = submit(&s, json!({"command": "echo $$ > pid; while :; do sleep 0.05; done", "account": "team-a", "gpus": 1, "time_limit": "1h"})).await;
     let a = JobId::new(body["job_id"].as_str().unwrap()).unwrap();
     tick_until(&s, &clock, |s| state(s, &a) == JobState::Running);
     let a_dir = dir.path().join(format!("scheduler/jobs/{a}"));
@@ -534,7 +526,7 @@ async fn a_job_runs_as_its_accounts_user_and_reaches_nothing_of_the_service_or_o
         kill -9 \"$VICTIM\" 2>/dev/null && echo KILLED-OTHER-JOB; \
         touch ../../planted 2>/dev/null && echo WROTE-STATE-DIR; \
         echo done";
-    let (status, body) = submit(json!({"command": snoop, "account": "team-b", "gpus": 1, "time_limit": "1h", "env": {"VICTIM": victim}})).await;
+    let (status, body) = submit(&s, json!({"command": snoop, "account": "team-b", "gpus": 1, "time_limit": "1h", "env": {"VICTIM": victim}})).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     let b = JobId::new(body["job_id"].as_str().unwrap()).unwrap();
     tick_until(&s, &clock, |s| state(s, &b) == JobState::Completed);
