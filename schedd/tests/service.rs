@@ -520,7 +520,20 @@ async fn a_job_runs_as_its_accounts_user_and_reaches_nothing_of_the_service_or_o
         assert!(Instant::now() < until);
         std::thread::sleep(Duration::from_millis(20));
     };
+    // The token file as `gpuledger token` writes it, beside the data.
+    let mut tokens = gpuledger_auth::TokenFile::default();
+    tokens
+        .issue(
+            gpuledger_auth::Role::Operator,
+            "ops",
+            None,
+            None,
+            chrono::Utc::now(),
+        )
+        .unwrap();
+    tokens.save(&dir.path().join("tokens.toml")).unwrap();
     let snoop = "id -u; \
+        cat ../../../tokens.toml >/dev/null 2>&1 && echo READ-TOKENS; \
         cat ../../state.json >/dev/null 2>&1 && echo READ-STATE; \
         ls ../team-a.1 >/dev/null 2>&1 && echo READ-OTHER-JOB; \
         kill -9 \"$VICTIM\" 2>/dev/null && echo KILLED-OTHER-JOB; \
