@@ -126,7 +126,8 @@ fn jobs_run_report_to_the_aggregator_and_survive_a_scheduler_restart() {
         "--grace",
         "10s",
         "--",
-        "trap 'exit 0' TERM; while :; do sleep 0.1; done",
+        // It leaves a daemon behind (a new session: outside its process group).
+        "setsid sh -c 'echo $$ > daemon; exec sleep 1000' & trap 'exit 0' TERM; while :; do sleep 0.1; done",
     ]);
     assert!(
         out.status.success(),
@@ -190,6 +191,17 @@ fn jobs_run_report_to_the_aggregator_and_survive_a_scheduler_restart() {
     wait_for("job 2 to be cancelled", 30, || {
         job(&url, "team-a.2")["state"] == "cancelled"
     });
+    // Its daemon went with it, though it left the job's process group and the scheduler that
+    // started it was restarted since: the job's cgroup holds it.
+    let daemon = std::fs::read_to_string(data.join("scheduler/jobs/team-a.2/daemon")).unwrap();
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", daemon.trim())).unwrap_or_default();
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next());
+    assert!(
+        state.is_none_or(|s| s == "Z"),
+        "the job's daemon still runs: {stat}"
+    );
 
     // Five GPUs on a four-GPU cluster can never run.
     let out = cli(&[
