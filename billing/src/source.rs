@@ -327,6 +327,18 @@ mod tests {
         }
     }
 
+    /// What June's telemetry in `source` gathers to, with no allocations or reservations.
+    fn gather_june(source: &Rows) -> Result<BillingInput> {
+        gather(
+            source,
+            &june(),
+            Metering::Telemetry,
+            &nodes(),
+            vec![],
+            vec![],
+        )
+    }
+
     fn june() -> Period {
         Period::month("2026-06").unwrap()
     }
@@ -353,15 +365,7 @@ mod tests {
             }],
             ..Rows::default()
         };
-        let input = gather(
-            &source,
-            &june(),
-            Metering::Telemetry,
-            &nodes(),
-            vec![],
-            vec![],
-        )
-        .unwrap();
+        let input = gather_june(&source).unwrap();
         let mfu: Vec<Option<u32>> = input.usage.iter().map(|u| u.mfu_bp).collect();
         assert_eq!(mfu, [Some(5000), Some(2500), None]);
         assert_eq!(input.usage[0].hour_start * 1000, HOUR);
@@ -454,15 +458,7 @@ mod tests {
             telemetry: vec![hour("1", 3600, 0.0, 0), bad],
             ..Rows::default()
         };
-        let err = gather(
-            &source,
-            &june(),
-            Metering::Telemetry,
-            &nodes(),
-            vec![],
-            vec![],
-        )
-        .unwrap_err();
+        let err = gather_june(&source).unwrap_err();
         assert!(
             err.to_string().starts_with("usage row 0: account:"),
             "{err}"
@@ -474,15 +470,7 @@ mod tests {
             telemetry: vec![idle],
             ..Rows::default()
         };
-        let err = gather(
-            &source,
-            &june(),
-            Metering::Telemetry,
-            &nodes(),
-            vec![],
-            vec![],
-        )
-        .unwrap_err();
+        let err = gather_june(&source).unwrap_err();
         assert!(
             err.to_string().starts_with("idle row 0: gpu_model:"),
             "{err}"

@@ -35,23 +35,15 @@ pub const MAX_ID_LEN: usize = 64;
 /// (`ACCOUNT.N`), so a job id has room for the longest account id and a number.
 pub const MAX_JOB_ID_LEN: usize = 96;
 
-fn max_len(kind: &str) -> usize {
-    if kind == "job" {
-        MAX_JOB_ID_LEN
-    } else {
-        MAX_ID_LEN
-    }
-}
-
-fn validate(kind: &'static str, value: &str) -> Result<(), IdError> {
+fn validate(kind: &'static str, max: usize, value: &str) -> Result<(), IdError> {
     if value.is_empty() {
         return Err(IdError::Empty { kind });
     }
-    if value.len() > max_len(kind) {
+    if value.len() > max {
         return Err(IdError::TooLong {
             kind,
             value: value.to_owned(),
-            max: max_len(kind),
+            max,
         });
     }
     if let Some(ch) = value
@@ -75,6 +67,9 @@ fn validate(kind: &'static str, value: &str) -> Result<(), IdError> {
 
 macro_rules! string_id {
     ($(#[$doc:meta])* $name:ident, $kind:literal) => {
+        string_id!($(#[$doc])* $name, $kind, MAX_ID_LEN);
+    };
+    ($(#[$doc:meta])* $name:ident, $kind:literal, $max:expr) => {
         $(#[$doc])*
         #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
         #[serde(try_from = "String", into = "String")]
@@ -84,7 +79,7 @@ macro_rules! string_id {
             /// Validates and wraps `value`.
             pub fn new(value: impl AsRef<str>) -> Result<Self, IdError> {
                 let value = value.as_ref();
-                validate($kind, value)?;
+                validate($kind, $max, value)?;
                 Ok(Self(Arc::from(value)))
             }
 
@@ -147,7 +142,8 @@ string_id!(
 string_id!(
     /// A job, as its scheduler names it (`1234`, `1234_7`, a pod name).
     JobId,
-    "job"
+    "job",
+    MAX_JOB_ID_LEN
 );
 string_id!(
     /// A node, by its short host name.
