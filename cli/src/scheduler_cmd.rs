@@ -1,13 +1,14 @@
 //! `gpuledger scheduler`: the live service (`serve`) and its command-line client (`submit`,
-//! `cancel`, `queue`, `share`, `reserve`, `unreserve`), which speak its HTTP API as `sbatch`,
-//! `scancel`, `squeue`, `sshare` and `scontrol create reservation` would.
+//! `cancel`, `queue`, `share`, `reserve`, `unreserve`, `nodes`, `drain`, `resume`), which speak
+//! its HTTP API as `sbatch`, `scancel`, `squeue`, `sshare`, `scontrol create reservation`,
+//! `sinfo` and `scontrol update nodename=... state=drain|resume` would.
 
 use std::time::Duration;
 
 use anyhow::Context;
 use serde_json::{json, Value};
 
-use gpuledger_schedd::http::{QueueReply, ShareReply};
+use gpuledger_schedd::http::{NodesReply, QueueReply, ShareReply};
 use gpuledger_schedd::serve::ServeOptions;
 use gpuledger_schedd::state::JobState;
 
@@ -44,6 +45,26 @@ pub enum SchedulerCommand {
     /// Remove a reservation.
     Unreserve {
         name: String,
+        #[arg(long, default_value = DEFAULT_URL, env = "GPULEDGER_SCHEDULER")]
+        url: String,
+    },
+    /// Nodes, their GPUs allocated and whether they are in service (as sinfo).
+    Nodes {
+        #[arg(long, default_value = DEFAULT_URL, env = "GPULEDGER_SCHEDULER")]
+        url: String,
+    },
+    /// Take a node out of service: no new job starts on it, jobs on it run on.
+    Drain {
+        node: String,
+        /// Why (shown by `nodes` and on /metrics).
+        #[arg(long)]
+        reason: String,
+        #[arg(long, default_value = DEFAULT_URL, env = "GPULEDGER_SCHEDULER")]
+        url: String,
+    },
+    /// Put a drained node back in service.
+    Resume {
+        node: String,
         #[arg(long, default_value = DEFAULT_URL, env = "GPULEDGER_SCHEDULER")]
         url: String,
     },
@@ -162,7 +183,51 @@ pub fn run(command: SchedulerCommand) -> anyhow::Result<()> {
             println!("reservation {name} removed");
             Ok(())
         }
+        SchedulerCommand::Nodes { url } => nodes(&url),
+        SchedulerCommand::Drain { node, reason, url } => {
+            let body = json!({ "reason": reason });
+            request(
+                "POST",
+                &format!("{url}/api/v1/nodes/{node}/drain"),
+                Some(body),
+            )?;
+            println!("{node}: drained");
+            Ok(())
+        }
+        SchedulerCommand::Resume { node, url } => {
+            let reply = request("POST", &format!("{url}/api/v1/nodes/{node}/resume"), None)?;
+            let was = reply["was_drained"].as_bool().unwrap_or(false);
+            println!(
+                "{node}: {}",
+                if was { "resumed" } else { "was not drained" }
+            );
+            Ok(())
+        }
     }
+}
+
+fn nodes(url: &str) -> anyhow::Result<()> {
+    let reply: NodesReply =
+        serde_json::from_value(request("GET", &format!("{url}/api/v1/nodes"), None)?)
+            .context("the scheduler's nodes reply")?;
+    let rows: Vec<Vec<String>> = reply
+        .nodes
+        .iter()
+        .map(|n| {
+            vec![
+                n.node.clone(),
+                n.state.clone(),
+                format!("{}/{}", n.allocated_gpus, n.gpus),
+                time(n.since_s),
+                n.reason.clone().unwrap_or_else(|| "-".into()),
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        table::render(&["NODE", "STATE", "GPUS(A/T)", "SINCE", "REASON"], &rows)
+    );
+    Ok(())
 }
 
 fn serve(options: ServeOptions) -> anyhow::Result<()> {

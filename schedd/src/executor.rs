@@ -12,13 +12,14 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 
 use gpuledger_model::JobId;
 
-use crate::cgroup::JobCgroups;
+use crate::cgroup::{CgroupMode, JobCgroups};
 
 /// What a job needs to start.
 #[derive(Clone, Debug)]
@@ -66,21 +67,62 @@ pub trait Executor: Send + std::fmt::Debug {
     fn signal(&mut self, job_id: &JobId, signal: Signal) -> std::io::Result<()>;
     /// Jobs that have exited since the last call.
     fn reap(&mut self) -> Vec<(JobId, ExitStatus)>;
+    /// Jobs with processes that SIGKILL has not ended within the executor's timeout (stuck in
+    /// the kernel, in a driver call), each reported once with how many are left.
+    fn unkillable(&mut self) -> Vec<(JobId, usize)> {
+        Vec::new()
+    }
 }
 
 #[derive(Debug)]
 struct Watched {
     pid: u32,
     child: Option<Child>,
+    /// When SIGKILL was first sent (or found needed): the unkillable timeout counts from it.
+    killed_at: Option<Instant>,
+    reported_unkillable: bool,
+}
+
+impl Watched {
+    fn new(pid: u32, child: Option<Child>) -> Self {
+        Watched {
+            pid,
+            child,
+            killed_at: None,
+            reported_unkillable: false,
+        }
+    }
+}
+
+/// How a [`LocalExecutor`] contains jobs.
+#[derive(Clone, Debug)]
+pub struct ExecutorOptions {
+    pub cgroups: CgroupMode,
+    /// Where the GPU device files are.
+    pub device_dir: PathBuf,
+    /// How long a job's processes may outlive SIGKILL before the job is reported unkillable
+    /// (Slurm's `UnkillableStepTimeout`).
+    pub unkillable_after: Duration,
+}
+
+impl Default for ExecutorOptions {
+    fn default() -> Self {
+        ExecutorOptions {
+            cgroups: CgroupMode::Auto,
+            device_dir: PathBuf::from("/dev"),
+            unkillable_after: Duration::from_secs(60),
+        }
+    }
 }
 
 /// Runs jobs as local processes under `root/<job id>/` (stdout, stderr, exit status), each in a
-/// cgroup of its own where the host has a writable cgroup v2 hierarchy ([`JobCgroups`]).
+/// cgroup of its own where the host allows ([`JobCgroups`]).
 #[derive(Debug)]
 pub struct LocalExecutor {
     root: PathBuf,
     jobs: HashMap<JobId, Watched>,
     cgroups: Option<JobCgroups>,
+    unkillable_after: Duration,
 }
 
 /// Waits for the command and records its status; see the module docs.
@@ -109,26 +151,68 @@ exit "$status"
 "#;
 
 impl LocalExecutor {
+    /// An executor with the default options: cgroups where the host has them, else process
+    /// groups with a warning.
     pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self::with_options(root, ExecutorOptions::default())
+            .expect("`auto` falls back to process groups rather than fail")
+    }
+
+    /// An executor containing jobs as `options` say; an error when the cgroup hierarchy asked
+    /// for (`v1`, `v2`) is not there or not writable.
+    pub fn with_options(
+        root: impl Into<PathBuf>,
+        options: ExecutorOptions,
+    ) -> std::io::Result<Self> {
         let root = root.into();
         let key = std::path::absolute(&root).unwrap_or_else(|_| root.clone());
-        let cgroups = match JobCgroups::for_executor(&key) {
-            Ok(cgroups) => Some(cgroups),
-            Err(error) => {
-                tracing::warn!(%error, "no job cgroups (cgroup v2, writable): jobs are tracked by process group only, and a job that leaves its group (setsid) escapes its stop");
+        let cgroups = match JobCgroups::for_executor(&key, options.cgroups, &options.device_dir) {
+            Ok(cgroups) => cgroups,
+            Err(error) if options.cgroups == CgroupMode::Auto => {
+                tracing::warn!(%error, "no job cgroups (neither a writable cgroup v2 hierarchy nor v1 freezer and pids): jobs are tracked by process group only, and a job that leaves its group (setsid) escapes its stop");
                 None
             }
+            Err(error) => {
+                return Err(std::io::Error::new(
+                    error.kind(),
+                    format!("job cgroups ({:?}): {error}", options.cgroups),
+                ))
+            }
         };
-        LocalExecutor {
+        match &cgroups {
+            Some(c) => {
+                tracing::info!(
+                    cgroup = c.version(),
+                    gpu_devices_confined = c.confines_devices(),
+                    "each job runs in a cgroup of its own"
+                );
+                if !c.confines_devices()
+                    && !crate::cgroup::gpu_devices(&options.device_dir).is_empty()
+                {
+                    tracing::warn!("no cgroup v1 devices controller: a job can open the device files of GPUs it was not given (CUDA_VISIBLE_DEVICES only hides them)");
+                }
+            }
+            None if options.cgroups == CgroupMode::Off => {
+                tracing::warn!("job cgroups off (--cgroup off): a job that leaves its process group (setsid) escapes its stop");
+            }
+            None => {}
+        }
+        Ok(LocalExecutor {
             root,
             jobs: HashMap::new(),
             cgroups,
-        }
+            unkillable_after: options.unkillable_after,
+        })
     }
 
     /// Whether each job runs in a cgroup of its own.
     pub fn has_cgroups(&self) -> bool {
         self.cgroups.is_some()
+    }
+
+    /// The job cgroups, where there are.
+    pub fn cgroups(&self) -> Option<&JobCgroups> {
+        self.cgroups.as_ref()
     }
 
     /// The directory holding a job's output and exit status.
@@ -173,10 +257,10 @@ fn wrapper_running(pid: u32) -> bool {
 impl LocalExecutor {
     /// Moves a just-spawned wrapper into the job's cgroup (where there are cgroups), then tells
     /// it to start the command.
-    fn start(&self, job_id: &JobId, child: &mut Child) -> std::io::Result<()> {
+    fn start(&self, job: &Launch, child: &mut Child) -> std::io::Result<()> {
         use std::io::Write;
         if let Some(cgroups) = &self.cgroups {
-            cgroups.enter(job_id, child.id())?;
+            cgroups.enter(&job.job_id, child.id(), &job.gpus)?;
         }
         let mut go = child
             .stdin
@@ -254,31 +338,28 @@ impl Executor for LocalExecutor {
             command.uid(user.uid).gid(user.gid);
         }
         let mut child = command.spawn()?;
-        if let Err(error) = self.start(&job.job_id, &mut child) {
+        if let Err(error) = self.start(job, &mut child) {
             let _ = child.kill();
             let _ = child.wait();
             return Err(error);
         }
         let pid = child.id();
-        self.jobs.insert(
-            job.job_id.clone(),
-            Watched {
-                pid,
-                child: Some(child),
-            },
-        );
+        self.jobs
+            .insert(job.job_id.clone(), Watched::new(pid, Some(child)));
         Ok(pid)
     }
 
     fn adopt(&mut self, job_id: &JobId, pid: u32) {
-        self.jobs
-            .insert(job_id.clone(), Watched { pid, child: None });
+        self.jobs.insert(job_id.clone(), Watched::new(pid, None));
     }
 
     fn signal(&mut self, job_id: &JobId, signal: Signal) -> std::io::Result<()> {
-        let Some(w) = self.jobs.get(job_id) else {
+        let Some(w) = self.jobs.get_mut(job_id) else {
             return Ok(());
         };
+        if signal == Signal::SIGKILL {
+            w.killed_at.get_or_insert_with(Instant::now);
+        }
         if let Some(cgroups) = &self.cgroups {
             // Every process of the job, also those that left its process group.
             return cgroups.signal(job_id, signal);
@@ -304,6 +385,7 @@ impl Executor for LocalExecutor {
                 // Done only once nothing of it is left: what outlived the wrapper (a killed
                 // wrapper's command, a process that left the group) is killed first.
                 if !cgroups.is_empty(id) {
+                    w.killed_at.get_or_insert_with(Instant::now);
                     let _ = cgroups.signal(id, Signal::SIGKILL);
                     continue;
                 }
@@ -328,12 +410,32 @@ impl Executor for LocalExecutor {
         }
         out
     }
+
+    fn unkillable(&mut self) -> Vec<(JobId, usize)> {
+        let mut stuck = Vec::new();
+        for (id, w) in self.jobs.iter_mut() {
+            let overdue = w
+                .killed_at
+                .is_some_and(|at| at.elapsed() >= self.unkillable_after);
+            if !overdue || w.reported_unkillable {
+                continue;
+            }
+            let left = match &self.cgroups {
+                Some(cgroups) => cgroups.processes(id).len(),
+                None => usize::from(group_alive(w.pid)),
+            };
+            if left > 0 {
+                w.reported_unkillable = true;
+                stuck.push((id.clone(), left));
+            }
+        }
+        stuck
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::{Duration, Instant};
 
     fn wait_exit(ex: &mut LocalExecutor, within: Duration) -> Vec<(JobId, ExitStatus)> {
         let until = Instant::now() + within;
@@ -485,15 +587,32 @@ mod tests {
         }
     }
 
+    /// An executor whose jobs are tracked by the cgroup hierarchy `mode` names. The test suite
+    /// runs as root on a host with cgroup v2 and the v1 controllers (CI does): both are its
+    /// subject.
+    fn executor_on(dir: &Path, mode: CgroupMode) -> LocalExecutor {
+        let options = ExecutorOptions {
+            cgroups: mode,
+            ..ExecutorOptions::default()
+        };
+        let ex = LocalExecutor::with_options(dir, options).unwrap();
+        assert!(ex.has_cgroups());
+        ex
+    }
+
     #[test]
-    fn nothing_a_job_started_outlives_it_not_even_a_process_that_left_its_group() {
+    fn nothing_a_job_started_outlives_it_not_even_a_process_that_left_its_group_v2() {
+        nothing_a_job_started_outlives_it(CgroupMode::V2);
+    }
+
+    #[test]
+    fn nothing_a_job_started_outlives_it_not_even_a_process_that_left_its_group_v1() {
+        nothing_a_job_started_outlives_it(CgroupMode::V1);
+    }
+
+    fn nothing_a_job_started_outlives_it(mode: CgroupMode) {
         let dir = tempfile::tempdir().unwrap();
-        let mut ex = LocalExecutor::new(dir.path());
-        // The test suite runs as root on a host with cgroup v2 (CI does): this is its subject.
-        assert!(
-            ex.has_cgroups(),
-            "job cgroups need root and a cgroup v2 hierarchy"
-        );
+        let mut ex = executor_on(dir.path(), mode);
         // Exits at once, leaving a daemon behind (setsid and a double fork).
         ex.launch(&launch(
             "leaver",
@@ -534,11 +653,105 @@ mod tests {
         assert!(ex.reap().is_empty() && alive(stubborn_daemon));
         ex.signal(&stubborn, Signal::SIGKILL).unwrap();
         let done = wait_exit(&mut ex, Duration::from_secs(10));
-        assert_eq!(done, vec![(stubborn, ExitStatus::Killed)]);
+        assert_eq!(done, vec![(stubborn.clone(), ExitStatus::Killed)]);
         assert!(
             !alive(stubborn_daemon),
             "the stubborn job's daemon outlived SIGKILL"
         );
+        // Nothing of the executor is left in the hierarchy once its jobs are gone.
+        let executor_cgroup = ex.cgroups.as_ref().unwrap().path(&stubborn);
+        assert!(!executor_cgroup.parent().unwrap().exists());
+    }
+
+    #[test]
+    fn a_job_cannot_open_the_device_files_of_gpus_it_was_not_given() {
+        // Real character devices of the NVIDIA driver's major number (195) and the GPUs' minor
+        // numbers; without the driver, opening one that is allowed fails with ENXIO, one the
+        // job's cgroup denies with EPERM, whatever the file's mode.
+        let dir = tempfile::tempdir().unwrap();
+        let dev = dir.path().join("dev");
+        std::fs::create_dir(&dev).unwrap();
+        for minor in 0..4u64 {
+            nix::sys::stat::mknod(
+                &dev.join(format!("nvidia{minor}")),
+                nix::sys::stat::SFlag::S_IFCHR,
+                nix::sys::stat::Mode::from_bits_truncate(0o666),
+                nix::sys::stat::makedev(195, minor),
+            )
+            .unwrap();
+        }
+        let found = crate::cgroup::gpu_devices(&dev);
+        assert_eq!(
+            found.iter().map(|d| d.index).collect::<Vec<_>>(),
+            [0, 1, 2, 3]
+        );
+        for mode in [CgroupMode::V2, CgroupMode::V1] {
+            let jobs = dir.path().join(format!("{mode:?}"));
+            let options = ExecutorOptions {
+                cgroups: mode,
+                device_dir: dev.clone(),
+                ..ExecutorOptions::default()
+            };
+            let mut ex = LocalExecutor::with_options(&jobs, options).unwrap();
+            assert!(
+                ex.cgroups().unwrap().confines_devices(),
+                "the v1 devices controller is mounted here"
+            );
+            // Given GPUs 2 and 3 (launch's default).
+            let mut job = launch(
+                "dev",
+                "for i in 0 1 2 3; do cat \"$DEV/nvidia$i\" 2>&1 >/dev/null | sed 's/.*: //'; done",
+            );
+            job.env.insert("DEV".into(), dev.display().to_string());
+            ex.launch(&job).unwrap();
+            let done = wait_exit(&mut ex, Duration::from_secs(10));
+            assert_eq!(
+                done,
+                vec![(JobId::new("dev").unwrap(), ExitStatus::Code(0))]
+            );
+            let out = std::fs::read_to_string(jobs.join("dev/stdout")).unwrap();
+            assert_eq!(
+                out,
+                "Operation not permitted\nOperation not permitted\nNo such device or address\nNo such device or address\n",
+                "{mode:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_process_that_outlives_sigkill_is_reported_once_and_the_job_ends_when_it_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = ExecutorOptions {
+            cgroups: CgroupMode::V2,
+            unkillable_after: Duration::from_millis(500),
+            ..ExecutorOptions::default()
+        };
+        let mut ex = LocalExecutor::with_options(dir.path(), options).unwrap();
+        ex.launch(&launch("stuck", "sleep 1000 & echo $! > sleeper; wait"))
+            .unwrap();
+        let sleeper = pid_in(&dir.path().join("stuck"), "sleeper");
+        // A process stuck in the kernel does not die of SIGKILL until it comes back: one frozen
+        // by the v1 freezer (in a cgroup of the test's own) stands in for it.
+        let freezer = PathBuf::from("/sys/fs/cgroup/freezer")
+            .join(format!("gpuledger-test-{}", std::process::id()));
+        std::fs::create_dir_all(&freezer).unwrap();
+        std::fs::write(freezer.join("cgroup.procs"), sleeper.to_string()).unwrap();
+        std::fs::write(freezer.join("freezer.state"), "FROZEN").unwrap();
+        let job = JobId::new("stuck").unwrap();
+        ex.signal(&job, Signal::SIGKILL).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(ex.reap().is_empty(), "done while a process of it is left");
+        assert!(ex.unkillable().is_empty(), "reported before the timeout");
+        std::thread::sleep(Duration::from_millis(500));
+        assert!(ex.reap().is_empty());
+        assert_eq!(ex.unkillable(), vec![(job.clone(), 1)]);
+        assert!(ex.unkillable().is_empty(), "reported once");
+        // Back from the kernel, it dies of the SIGKILL it was sent; the job is done.
+        std::fs::write(freezer.join("freezer.state"), "THAWED").unwrap();
+        let done = wait_exit(&mut ex, Duration::from_secs(10));
+        assert_eq!(done, vec![(job, ExitStatus::Killed)]);
+        assert!(!alive(sleeper));
+        std::fs::remove_dir(&freezer).unwrap();
     }
 
     #[test]

@@ -11,6 +11,8 @@
 //! | `GET /api/v1/share` | fair share per account (as `sshare`) |
 //! | `GET/POST /api/v1/reservations`, `DELETE /api/v1/reservations/{name}` | advance reservations |
 //! | `GET /api/v1/allocations` | which job holds each GPU, for exporters' labels |
+//! | `GET /api/v1/nodes` | nodes with GPUs allocated and whether in service (as `sinfo`); reasons for operators |
+//! | `POST /api/v1/nodes/{node}/drain` `{reason}`, `POST /api/v1/nodes/{node}/resume` | out of and back in service (operators) |
 //! | `GET /metrics` | jobs by state, pending jobs by account and reason, GPUs allocated/idle/reserved, starts, preemptions, cycles |
 //! | `GET /healthz` | liveness |
 //!
@@ -55,6 +57,7 @@ impl From<Error> for ApiError {
             Error::Invalid { field, .. } => (StatusCode::BAD_REQUEST, Some(field.clone())),
             Error::Refused(_) | Error::Reservation(_) => (StatusCode::UNPROCESSABLE_ENTITY, None),
             Error::UnknownJob(_) => (StatusCode::NOT_FOUND, None),
+            Error::UnknownNode(_) => (StatusCode::NOT_FOUND, Some("node".into())),
             _ => (StatusCode::INTERNAL_SERVER_ERROR, None),
         };
         ApiError {
@@ -207,6 +210,9 @@ pub fn router_with(service: Arc<Service>, guard: Guard, budget: BodyBudget) -> R
             axum::routing::delete(unreserve),
         )
         .route("/api/v1/allocations", get(allocations))
+        .route("/api/v1/nodes", get(nodes))
+        .route("/api/v1/nodes/{node}/drain", post(drain))
+        .route("/api/v1/nodes/{node}/resume", post(resume))
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .layer(axum::extract::DefaultBodyLimit::max(
@@ -350,6 +356,57 @@ async fn allocations(State(s): State<Arc<Api>>, headers: HeaderMap) -> ApiResult
         _ => return Err(denied(Denied::Forbidden, "read the allocation feed")),
     };
     Ok(Json(json!({ "gpus": rows })).into_response())
+}
+
+/// `GET /api/v1/nodes`: every node, as `sinfo` shows it.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct NodesReply {
+    pub nodes: Vec<crate::nodes::NodeRow>,
+}
+
+/// `POST /api/v1/nodes/{node}/drain`.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DrainRequest {
+    pub reason: String,
+}
+
+async fn nodes(State(s): State<Arc<Api>>, headers: HeaderMap) -> ApiResult<Response> {
+    s.read_scope(&headers, "read the nodes")?;
+    let operator = s
+        .principal(&headers, "read the nodes")?
+        .may(Action::Operate, s.guard.public());
+    let mut rows = s.nodes();
+    if !operator {
+        // A reason may name another account's job.
+        for row in &mut rows {
+            row.reason = row.reason.take().map(|_| "out of service".to_owned());
+            row.by = None;
+        }
+    }
+    Ok(Json(NodesReply { nodes: rows }).into_response())
+}
+
+async fn drain(
+    State(s): State<Arc<Api>>,
+    headers: HeaderMap,
+    Path(node): Path<String>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    s.check(&headers, Action::Operate, "drain a node")?;
+    let request: DrainRequest = parse_body(&body)?;
+    s.drain(&node, &request.reason, "operator")?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn resume(
+    State(s): State<Arc<Api>>,
+    headers: HeaderMap,
+    Path(node): Path<String>,
+) -> ApiResult<Response> {
+    s.check(&headers, Action::Operate, "resume a node")?;
+    let was_drained = s.resume(&node)?;
+    Ok(Json(json!({ "node": node, "was_drained": was_drained })).into_response())
 }
 
 async fn metrics(State(s): State<Arc<Api>>, headers: HeaderMap) -> ApiResult<Response> {

@@ -7,7 +7,8 @@
 //!   (launch, checkpoint signal, resize), then saves its [`state::State`] and sends job events.
 //!   Split by concept: the jobs on the executor between cycles (`jobs.rs`), advance
 //!   reservations (`reservations.rs`), the storage scans, usage feed and job events on their
-//!   own schedule (`feeds.rs`), `/metrics` (`metrics.rs`).
+//!   own schedule (`feeds.rs`), nodes in and out of service (`nodes.rs`), `/metrics`
+//!   (`metrics.rs`).
 //! - [`aggregator`] is the link to the aggregator (usage in, events out) behind a trait.
 //! - [`executor`] runs jobs as processes, each in its own cgroup ([`cgroup`]) where the host
 //!   allows.
@@ -23,6 +24,7 @@ mod feeds;
 pub mod http;
 mod jobs;
 mod metrics;
+pub mod nodes;
 mod reservations;
 pub mod serve;
 pub mod state;
@@ -66,6 +68,8 @@ pub enum Error {
     Invalid { field: String, message: String },
     #[error("job `{0}` is not known")]
     UnknownJob(JobId),
+    #[error("node `{0}` is not in the cluster config")]
+    UnknownNode(String),
     #[error(transparent)]
     Reservation(#[from] gpuledger_scheduler::reservation::ReservationError),
     #[error(transparent)]
@@ -246,6 +250,13 @@ impl Service {
                     }
                 }
                 _ => {}
+            }
+        }
+        for (node, drained) in &state.drained {
+            if sched.set_drained(node, true) {
+                tracing::warn!(node, reason = %drained.reason, "node is drained");
+            } else {
+                tracing::warn!(node, "a drained node is no longer in the cluster config");
             }
         }
         tracing::info!(
@@ -556,6 +567,7 @@ impl Service {
         let usage = self.fetch_usage_if_due(now);
         let mut inner = self.lock();
         inner.reap(now);
+        inner.drain_for_unkillable(now);
         inner.deadlines(now);
         match usage {
             Some(accounts) => {

@@ -76,18 +76,47 @@ impl Service {
             .iter()
             .map(|n| cluster.node_spec(*n).gpus - allocated_on[*n])
             .sum();
-        let idle = cluster.total_gpus() - allocated - reserved;
+        let drained_nodes: Vec<usize> = (0..cluster.node_count())
+            .filter(|n| inner.sched.is_drained(*n) && reserved_nodes.binary_search(n).is_err())
+            .collect();
+        let drained: u32 = drained_nodes
+            .iter()
+            .map(|n| cluster.node_spec(*n).gpus - allocated_on[*n])
+            .sum();
+        let idle = cluster.total_gpus() - allocated - reserved - drained;
         let _ = writeln!(
             out,
-            "# HELP gpuledger_scheduler_gpus GPUs by state: allocated to running jobs, reserved (free, in an advance reservation in force), idle.\n# TYPE gpuledger_scheduler_gpus gauge"
+            "# HELP gpuledger_scheduler_gpus GPUs by state: allocated to running jobs, reserved (free, in an advance reservation in force), drained (free, on a node out of service), idle.\n# TYPE gpuledger_scheduler_gpus gauge"
         );
         for (state, n) in [
             ("allocated", allocated),
+            ("drained", drained),
             ("idle", idle),
             ("reserved", reserved),
         ] {
             let _ = writeln!(out, "gpuledger_scheduler_gpus{{state=\"{state}\"}} {n}");
         }
+        let _ = writeln!(
+            out,
+            "# HELP gpuledger_scheduler_node_drained 1 for each node out of service (drained by an operator, or by the scheduler when a job's processes outlived SIGKILL).\n# TYPE gpuledger_scheduler_node_drained gauge"
+        );
+        for (node, d) in &inner.state.drained {
+            let by_service = d.by == crate::nodes::DRAINED_BY_SERVICE;
+            let _ = writeln!(
+                out,
+                "gpuledger_scheduler_node_drained{{node=\"{node}\",by_scheduler=\"{by_service}\"}} 1"
+            );
+        }
+        let unkillable = inner
+            .state
+            .jobs
+            .values()
+            .filter(|j| j.unkillable_s.is_some() && !j.state.is_done())
+            .count();
+        let _ = writeln!(
+            out,
+            "# HELP gpuledger_scheduler_unkillable_jobs Jobs with processes that outlived SIGKILL past the timeout, still holding their GPUs.\n# TYPE gpuledger_scheduler_unkillable_jobs gauge\ngpuledger_scheduler_unkillable_jobs {unkillable}"
+        );
         let c = &inner.counters;
         for (name, help, value) in [
             (

@@ -14,7 +14,7 @@ use gpuledger_model::DurationSpec;
 use gpuledger_scheduler::SchedulerOptions;
 use gpuledger_service::{announce, AccessArgs, ClientTlsArgs, HttpLimits, TlsArgs};
 
-use crate::executor::LocalExecutor;
+use crate::executor::{ExecutorOptions, LocalExecutor};
 use crate::{http, Error, Result, Service, ServiceConfig};
 
 /// Options of the scheduler service.
@@ -44,6 +44,14 @@ pub struct ServeOptions {
     /// How often the usage feed is read.
     #[arg(long, default_value = "60s")]
     pub usage_every: DurationSpec,
+    /// Which cgroups contain jobs: `auto` (v2 where writable, else v1 freezer and pids, else
+    /// process groups with a warning), `v2`, `v1` (refuse to start without), `off`.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub cgroup: crate::cgroup::CgroupMode,
+    /// How long a job's processes may outlive SIGKILL before its nodes are drained (Slurm's
+    /// UnkillableStepTimeout).
+    #[arg(long, default_value = "60s")]
+    pub unkillable_timeout: DurationSpec,
     // With a token file, tenants submit and see their own jobs, nodes read their own GPUs of
     // the allocation feed, operators do the rest.
     #[command(flatten)]
@@ -98,7 +106,16 @@ pub fn run(options: ServeOptions, cluster: ClusterConfig) -> Result<()> {
         storage_scans: Some(data_dir.join("storage").join("scans.csv")),
         tls: options.client_tls.config()?,
     };
-    let executor = Box::new(LocalExecutor::new(dir.join("jobs")));
+    let executor = LocalExecutor::with_options(
+        dir.join("jobs"),
+        ExecutorOptions {
+            cgroups: options.cgroup,
+            unkillable_after: Duration::from_secs(options.unkillable_timeout.as_secs().max(1)),
+            ..ExecutorOptions::default()
+        },
+    )
+    .map_err(|e| invalid("--cgroup", e))?;
+    let executor = Box::new(executor);
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let service = Arc::new(Service::open(cluster, config, executor, clock)?);
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -164,6 +164,10 @@ pub struct JobInfo {
     /// Why it is being stopped, when the service stops it: cancel or time limit.
     #[serde(default)]
     pub stopping: Option<JobState>,
+    /// Since when some of its processes have outlived SIGKILL past the executor's timeout: its
+    /// GPUs stay held and its nodes drained until they are gone.
+    #[serde(default)]
+    pub unkillable_s: Option<UnixSeconds>,
 }
 
 impl JobInfo {
@@ -187,6 +191,7 @@ impl JobInfo {
             signal_s: None,
             kill_s: None,
             stopping: None,
+            unkillable_s: None,
         }
     }
 }
@@ -232,6 +237,19 @@ pub struct State {
     /// Sequence number of the next batch of events sent.
     #[serde(default)]
     pub event_seq: u64,
+    /// Nodes out of service, by name.
+    #[serde(default)]
+    pub drained: BTreeMap<String, Drained>,
+}
+
+/// Why and since when a node is out of service (as Slurm's `scontrol show node` Reason).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Drained {
+    pub reason: String,
+    pub since_s: UnixSeconds,
+    /// `gpuledger` when the scheduler drained it itself, else the operator's name.
+    pub by: String,
 }
 
 impl State {

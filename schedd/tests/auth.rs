@@ -413,3 +413,38 @@ async fn a_tenant_learns_nothing_of_another_tenants_jobs() {
         "another tenant's job: median {m_other:?}; a missing one: {m_missing:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_an_operator_drains_or_resumes_a_node_and_only_an_operator_reads_why() {
+    let f = fixture();
+    let (op, a) = (Some(f.operator.as_str()), Some(f.a.as_str()));
+    let drain = "/api/v1/nodes/gpu001/drain";
+    let reason = json!({"reason": "job team-b.7 would not die"});
+    for (token, status) in [
+        (None, StatusCode::UNAUTHORIZED),
+        (a, StatusCode::FORBIDDEN),
+        (Some(f.finance.as_str()), StatusCode::FORBIDDEN),
+        (Some(f.node1.as_str()), StatusCode::FORBIDDEN),
+    ] {
+        let (got, body) = call(&f, token, "POST", drain, Some(reason.clone())).await;
+        assert_eq!(got, status, "{body}");
+        let (got, body) = call(&f, token, "POST", "/api/v1/nodes/gpu001/resume", None).await;
+        assert_eq!(got, status, "{body}");
+    }
+    assert_eq!(f.service.nodes()[0].state, "idle");
+    let (got, body) = call(&f, op, "POST", drain, Some(reason)).await;
+    assert_eq!(got, StatusCode::NO_CONTENT, "{body}");
+    // A tenant sees that the node is out of service, not why (the reason may name another
+    // account's job); the operator sees why.
+    let (_, body) = call(&f, a, "GET", "/api/v1/nodes", None).await;
+    assert_eq!(body["nodes"][0]["state"], "drained", "{body}");
+    assert_eq!(body["nodes"][0]["reason"], "out of service", "{body}");
+    assert_eq!(body["nodes"][0]["by"], Value::Null, "{body}");
+    let (_, body) = call(&f, op, "GET", "/api/v1/nodes", None).await;
+    assert_eq!(
+        body["nodes"][0]["reason"], "job team-b.7 would not die",
+        "{body}"
+    );
+    let (got, _) = call(&f, None, "GET", "/api/v1/nodes", None).await;
+    assert_eq!(got, StatusCode::UNAUTHORIZED);
+}

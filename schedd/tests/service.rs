@@ -13,7 +13,7 @@ use tower::ServiceExt;
 
 use gpuledger_model::time::{Clock, ManualClock};
 use gpuledger_model::{ClusterConfig, JobId};
-use gpuledger_schedd::executor::LocalExecutor;
+use gpuledger_schedd::executor::{ExecutorOptions, LocalExecutor};
 use gpuledger_schedd::state::JobState;
 use gpuledger_schedd::{http, Service, ServiceConfig};
 use gpuledger_scheduler::SchedulerOptions;
@@ -45,6 +45,15 @@ fn open_with(
     cluster: ClusterConfig,
     clock: Arc<ManualClock>,
 ) -> gpuledger_schedd::Result<Service> {
+    open_on(dir, cluster, clock, ExecutorOptions::default())
+}
+
+fn open_on(
+    dir: &std::path::Path,
+    cluster: ClusterConfig,
+    clock: Arc<ManualClock>,
+    executor: ExecutorOptions,
+) -> gpuledger_schedd::Result<Service> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711)).unwrap();
     let config = ServiceConfig {
@@ -57,8 +66,8 @@ fn open_with(
         storage_scans: None,
         tls: Default::default(),
     };
-    let executor = Box::new(LocalExecutor::new(dir.join("scheduler/jobs")));
-    Service::open(cluster, config, executor, clock)
+    let executor = LocalExecutor::with_options(dir.join("scheduler/jobs"), executor).unwrap();
+    Service::open(cluster, config, Box::new(executor), clock)
 }
 
 #[test]
@@ -560,4 +569,175 @@ async fn a_job_runs_as_its_accounts_user_and_reaches_nothing_of_the_service_or_o
     let (_, body) = call(&s, "DELETE", &format!("/api/v1/jobs/{a}?now=true"), None).await;
     assert_eq!(body["state"], "running", "{body}");
     tick_until(&s, &clock, |s| state(s, &a) == JobState::Cancelled);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_whose_processes_outlive_sigkill_keeps_its_gpus_and_its_node_is_drained() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let executor = ExecutorOptions {
+        unkillable_after: Duration::from_secs(1),
+        ..ExecutorOptions::default()
+    };
+    let s = Arc::new(open_on(dir.path(), cluster(), Arc::clone(&clock), executor).unwrap());
+    let (_, body) = submit(&s, json!({"command": "sleep 1000 & echo $! > sleeper; wait", "account": "team-a", "gpus": 8, "time_limit": "1h"})).await;
+    let a = JobId::new(body["job_id"].as_str().unwrap()).unwrap();
+    tick_until(&s, &clock, |s| state(s, &a) == JobState::Running);
+    let a_dir = dir.path().join(format!("scheduler/jobs/{a}"));
+    let until = Instant::now() + Duration::from_secs(10);
+    let sleeper = loop {
+        if let Some(pid) = std::fs::read_to_string(a_dir.join("sleeper"))
+            .ok()
+            .and_then(|t| t.trim().parse::<i32>().ok())
+        {
+            break pid;
+        }
+        assert!(Instant::now() < until);
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // The process is stuck in the kernel (frozen by the v1 freezer, in the test's own cgroup):
+    // SIGKILL reaches it only when it comes back.
+    let freezer = std::path::PathBuf::from("/sys/fs/cgroup/freezer")
+        .join(format!("gpuledger-service-test-{}", std::process::id()));
+    std::fs::create_dir_all(&freezer).unwrap();
+    std::fs::write(freezer.join("cgroup.procs"), sleeper.to_string()).unwrap();
+    std::fs::write(freezer.join("freezer.state"), "FROZEN").unwrap();
+    let (status, body) = call(&s, "DELETE", &format!("/api/v1/jobs/{a}?now=true"), None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (_, body) = submit(
+        &s,
+        json!({"command": "true", "account": "team-b", "gpus": 1, "time_limit": "1h"}),
+    )
+    .await;
+    let b = JobId::new(body["job_id"].as_str().unwrap()).unwrap();
+    tick_until(&s, &clock, |s| s.nodes()[0].state == "draining");
+    let node = s.nodes()[0].clone();
+    assert_eq!(node.by.as_deref(), Some("gpuledger"));
+    assert_eq!(
+        node.reason.as_deref(),
+        Some(format!("job {a}: processes outlived SIGKILL (1 left)").as_str())
+    );
+    // The job keeps its GPUs, in the allocation feed too, until its process is gone.
+    assert_eq!(state(&s, &a), JobState::Running);
+    assert!(s.job(&a).unwrap().unkillable_s.is_some());
+    assert_eq!(s.allocations().len(), 8);
+    let metrics = s.metrics();
+    assert!(
+        metrics.contains("gpuledger_scheduler_unkillable_jobs 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(&format!(
+            "gpuledger_scheduler_node_drained{{node=\"{}\",by_scheduler=\"true\"}} 1",
+            node.node
+        )),
+        "{metrics}"
+    );
+    // Back from the kernel it dies: the job ends cancelled, killed; the node stays drained
+    // and takes no job until an operator resumes it.
+    std::fs::write(freezer.join("freezer.state"), "THAWED").unwrap();
+    tick_until(&s, &clock, |s| state(s, &a) == JobState::Cancelled);
+    assert_eq!(s.job(&a).unwrap().exit_code, Some(137));
+    std::fs::remove_dir(&freezer).unwrap();
+    for _ in 0..3 {
+        clock.advance_ms(1000);
+        s.tick().unwrap();
+    }
+    assert_eq!(state(&s, &b), JobState::Pending);
+    assert_eq!(s.nodes()[0].state, "drained");
+    assert!(s
+        .metrics()
+        .contains("gpuledger_scheduler_gpus{state=\"drained\"} 8"));
+    // It stays drained across a restart.
+    drop(s);
+    let s = open(dir.path(), Arc::clone(&clock));
+    s.tick().unwrap();
+    assert_eq!(state(&s, &b), JobState::Pending);
+    let (status, body) = call(&s, "GET", "/api/v1/nodes", None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["nodes"][0]["state"], "drained", "{body}");
+    let path = format!("/api/v1/nodes/{}/resume", node.node);
+    let (status, body) = call(&s, "POST", &path, None).await;
+    assert_eq!(
+        (status, &body["was_drained"]),
+        (StatusCode::OK, &json!(true)),
+        "{body}"
+    );
+    tick_until(&s, &clock, |s| state(s, &b) == JobState::Completed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_drains_a_node_with_a_reason_and_bad_requests_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let s = open(dir.path(), Arc::clone(&clock));
+    let node = s.nodes()[0].node.clone();
+    let drain = |node: &str| format!("/api/v1/nodes/{node}/drain");
+    for (path, body, status, field) in [
+        (
+            drain("gpu999"),
+            json!({"reason": "x"}),
+            StatusCode::NOT_FOUND,
+            "node",
+        ),
+        (
+            drain(&node),
+            json!({"reason": " "}),
+            StatusCode::BAD_REQUEST,
+            "reason",
+        ),
+        (
+            drain(&node),
+            json!({"reason": "a\u{1b}[31m"}),
+            StatusCode::BAD_REQUEST,
+            "reason",
+        ),
+        (
+            drain(&node),
+            json!({"reason": "x".repeat(257)}),
+            StatusCode::BAD_REQUEST,
+            "reason",
+        ),
+        (
+            drain(&node),
+            json!({"reason": "x", "by": "me"}),
+            StatusCode::BAD_REQUEST,
+            "by",
+        ),
+    ] {
+        let (got, reply) = call(&s, "POST", &path, Some(body)).await;
+        assert_eq!(got, status, "{path}: {reply}");
+        assert_eq!(reply["error"]["field"], field, "{reply}");
+    }
+    assert_eq!(s.nodes()[0].state, "idle");
+    let (status, body) = call(
+        &s,
+        "POST",
+        &drain(&node),
+        Some(json!({"reason": "GPU 3 XID 79"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+    let (_, body) = submit(
+        &s,
+        json!({"command": "true", "account": "team-a", "gpus": 1, "time_limit": "1h"}),
+    )
+    .await;
+    let a = JobId::new(body["job_id"].as_str().unwrap()).unwrap();
+    for _ in 0..3 {
+        clock.advance_ms(1000);
+        s.tick().unwrap();
+    }
+    assert_eq!(state(&s, &a), JobState::Pending);
+    let row = s.nodes()[0].clone();
+    assert_eq!(
+        (row.state.as_str(), row.reason.as_deref(), row.by.as_deref()),
+        ("drained", Some("GPU 3 XID 79"), Some("operator"))
+    );
+    let path = format!("/api/v1/nodes/{node}/resume");
+    let (_, body) = call(&s, "POST", &path, None).await;
+    assert_eq!(body["was_drained"], true, "{body}");
+    tick_until(&s, &clock, |s| state(s, &a) == JobState::Completed);
+    let (_, body) = call(&s, "POST", &path, None).await;
+    assert_eq!(body["was_drained"], false, "{body}");
 }

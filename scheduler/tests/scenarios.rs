@@ -656,3 +656,41 @@ proptest! {
         prop_assert_eq!(started, ids.len());
     }
 }
+
+#[test]
+fn a_drained_node_takes_no_new_job_nor_a_plan_and_its_running_job_runs_on() {
+    // conservative backfill: plans for every waiting job, none of them on the drained node.
+    let mut h = harness(2, "fairshare+conservative");
+    let running = h.submit("a", 8, 10, 0);
+    h.step(0);
+    assert!(h.is_running(&running));
+    let on = h
+        .sched
+        .running_job(&running)
+        .map(|r| r.placement.0[0].node)
+        .unwrap();
+    let name = h.sched.cluster().node_spec(on).id.to_string();
+    assert!(h.sched.set_drained(&name, true));
+    assert!(!h.sched.set_drained("no-such-node", true));
+    // Two 8-GPU jobs: one takes the other node, the next may not take the drained one, not
+    // even once the job on it ends.
+    let first = h.submit("b", 8, 10, 1);
+    let second = h.submit("c", 8, 10, 2);
+    h.step(2);
+    assert!(h.is_running(&first) && h.is_running(&running));
+    assert!(!h.is_running(&second));
+    let planned = h.pending_job(&second).unwrap().estimated_start_s;
+    assert_eq!(
+        planned,
+        Some(2 + 10 * 3600),
+        "planned after the job on the other node, not on the drained one"
+    );
+    h.finish(&running, 3);
+    h.step(3);
+    assert!(!h.is_running(&second), "started on a drained node");
+    assert!(h.sched.is_drained(on));
+    // Resumed, the node takes it.
+    assert!(h.sched.set_drained(&name, false));
+    h.step(4);
+    assert!(h.is_running(&second));
+}

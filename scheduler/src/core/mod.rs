@@ -5,7 +5,7 @@
 //! service run the same code.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 
 use gpuledger_model::config::{
@@ -69,6 +69,9 @@ pub struct Scheduler {
     running_per_project: HashMap<(AccountId, ProjectId), u32>,
     /// Preemptors waiting for their victims to exit.
     claims: HashMap<JobId, Claim>,
+    /// Nodes out of service (an operator's drain, processes that would not die): no job
+    /// starts, is planned or grows on them; jobs already there run on.
+    drained: BTreeSet<usize>,
     last_cycle_s: UnixSeconds,
 }
 
@@ -179,8 +182,28 @@ impl Scheduler {
             running_per_account: HashMap::new(),
             running_per_project: HashMap::new(),
             claims: HashMap::new(),
+            drained: BTreeSet::new(),
             last_cycle_s: 0,
         }
+    }
+
+    /// Takes the node named `node` out of service (`drained`) or puts it back; false when
+    /// there is no such node.
+    pub fn set_drained(&mut self, node: &str, drained: bool) -> bool {
+        let Some(index) = self.cluster.node_index(node) else {
+            return false;
+        };
+        if drained {
+            self.drained.insert(index);
+        } else {
+            self.drained.remove(&index);
+        }
+        true
+    }
+
+    /// Whether the node at `index` is out of service.
+    pub fn is_drained(&self, index: usize) -> bool {
+        self.drained.contains(&index)
     }
 
     pub fn options(&self) -> SchedulerOptions {
@@ -538,11 +561,19 @@ impl Scheduler {
     }
 
     fn filter_for(&self, spec: &JobSpec, start: UnixSeconds, end: UnixSeconds) -> NodeFilter {
-        if self.reservations.is_empty() {
+        let mut filter = if self.reservations.is_empty() {
             NodeFilter::none()
         } else {
             self.reservations
                 .filter(&self.cluster, &spec.account, start, end)
+        };
+        self.block_drained(&mut filter);
+        filter
+    }
+
+    fn block_drained(&self, filter: &mut NodeFilter) {
+        for &node in &self.drained {
+            filter.block(node, self.cluster.node_count());
         }
     }
 
@@ -563,10 +594,11 @@ impl Scheduler {
         let candidates = sizes(spec, self.cluster.gpus_per_node_max());
         if !self.reservations.is_empty() {
             let end = now.saturating_add(limit as i64);
-            if let Some(reserved) =
+            if let Some(mut reserved) =
                 self.reservations
                     .usable_reserved(&self.cluster, &spec.account, now, end)
             {
+                self.block_drained(&mut reserved);
                 if let Some(p) = candidates
                     .iter()
                     .find_map(|g| window.find(*g, &spec.account, &reserved))

@@ -1,0 +1,280 @@
+//! Each job in a cgroup of its own, so that every process it starts stays countable and
+//! killable: `setsid`, a double fork or a daemonizing tool leave the job's process group, never
+//! its cgroup. A stop signal goes to every process of the cgroup, SIGKILL reaches them all at
+//! once, and a job is finished only once its cgroup is empty (then removed).
+//!
+//! Two ways to track a job, as Slurm's `cgroup/v2` and `cgroup/v1` plugins:
+//! - cgroup v2 ([`v2`]): one cgroup per job; SIGKILL is `cgroup.kill`, emptiness is
+//!   `cgroup.events`.
+//! - cgroup v1 ([`v1`]), where no writable v2 hierarchy is mounted: a cgroup per job in the
+//!   `freezer` and `pids` controllers; SIGKILL freezes the job, kills every process and thaws it,
+//!   so that nothing forks away in between.
+//!
+//! Where the v1 `devices` controller is mounted ([`devices`]), a job's cgroup there denies the
+//! device files of the GPUs it was not given: `CUDA_VISIBLE_DEVICES` only hides them.
+//!
+//! The job cgroups of one executor live under `<the service's own cgroup>/gpuledger-<key>/`, the
+//! key derived from the executor's job directory, so that two schedulers on one host (or two
+//! in one test process) never share one, and a restarted scheduler finds its jobs again. Under
+//! systemd the service needs `Delegate=yes` for its cgroup to be writable (deploy/systemd).
+
+mod devices;
+mod v1;
+mod v2;
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use nix::sys::signal::Signal;
+
+use gpuledger_model::JobId;
+
+pub use devices::{gpu_devices, GpuDevice};
+
+/// Which cgroup hierarchy tracks jobs (`--cgroup`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CgroupMode {
+    /// v2 where a writable v2 hierarchy is mounted, else v1 `freezer` and `pids`, else none
+    /// (process groups only, with a warning).
+    #[default]
+    Auto,
+    /// cgroup v2 only; the scheduler refuses to start without it.
+    V2,
+    /// cgroup v1 `freezer` and `pids` only; the scheduler refuses to start without them.
+    V1,
+    /// No cgroups: jobs are tracked by process group, and one that leaves it (`setsid`) escapes
+    /// its stop.
+    Off,
+}
+
+/// How jobs are tracked: one of the two hierarchies.
+#[derive(Debug, Clone)]
+enum Tracker {
+    V2(v2::Hierarchy),
+    V1(v1::Hierarchy),
+}
+
+/// Where an executor's job cgroups live.
+#[derive(Debug, Clone)]
+pub struct JobCgroups {
+    tracker: Tracker,
+    /// The v1 `devices` controller's parent of the job cgroups, where it is mounted.
+    devices: Option<PathBuf>,
+    /// Where the GPU device files are (`/dev`).
+    device_dir: PathBuf,
+}
+
+impl JobCgroups {
+    /// The job cgroups of the executor whose job directory is `jobs_root`, under this process's
+    /// own cgroups, created if needed; `None` for [`CgroupMode::Off`]. An error when the mode
+    /// asked for has no writable hierarchy here (`Auto`: neither has).
+    pub fn for_executor(
+        jobs_root: &Path,
+        mode: CgroupMode,
+        device_dir: &Path,
+    ) -> io::Result<Option<Self>> {
+        let name = format!("gpuledger-{:016x}", fnv1a(jobs_root));
+        let tracker = match mode {
+            CgroupMode::Off => return Ok(None),
+            CgroupMode::V2 => Tracker::V2(v2::Hierarchy::create(&name)?),
+            CgroupMode::V1 => Tracker::V1(v1::Hierarchy::create(&name)?),
+            CgroupMode::Auto => match v2::Hierarchy::create(&name) {
+                Ok(v2) => Tracker::V2(v2),
+                Err(v2_error) => match v1::Hierarchy::create(&name) {
+                    Ok(v1) => Tracker::V1(v1),
+                    Err(v1_error) => {
+                        return Err(io::Error::new(
+                            v2_error.kind(),
+                            format!("cgroup v2: {v2_error}; cgroup v1: {v1_error}"),
+                        ))
+                    }
+                },
+            },
+        };
+        let devices = controller_cgroup("devices", &name).ok();
+        Ok(Some(JobCgroups {
+            tracker,
+            devices,
+            device_dir: device_dir.to_owned(),
+        }))
+    }
+
+    /// `v2` or `v1`: the hierarchy that tracks jobs.
+    pub fn version(&self) -> &'static str {
+        match self.tracker {
+            Tracker::V2(_) => "v2",
+            Tracker::V1(_) => "v1",
+        }
+    }
+
+    /// Whether GPUs a job was not given are denied to it (the v1 `devices` controller).
+    pub fn confines_devices(&self) -> bool {
+        self.devices.is_some()
+    }
+
+    /// The job's cgroup directory in the hierarchy that tracks it.
+    pub fn path(&self, job: &JobId) -> PathBuf {
+        match &self.tracker {
+            Tracker::V2(h) => h.path(job),
+            Tracker::V1(h) => h.path(job),
+        }
+    }
+
+    /// Creates the job's cgroups and moves process `pid` (the job's wrapper, before it starts
+    /// the command) into them; the device files of this host's GPUs other than `gpus` are
+    /// denied first. The service moves it: a job's own user may not.
+    pub fn enter(&self, job: &JobId, pid: u32, gpus: &[u32]) -> io::Result<()> {
+        if let Some(parent) = &self.devices {
+            let denied = devices::others(&gpu_devices(&self.device_dir), gpus);
+            devices::confine(&parent.join(job.as_str()), &denied, pid)?;
+        }
+        match &self.tracker {
+            Tracker::V2(h) => h.enter(job, pid),
+            Tracker::V1(h) => h.enter(job, pid),
+        }
+    }
+
+    /// The processes in the job's cgroup now.
+    pub fn processes(&self, job: &JobId) -> Vec<i32> {
+        read_procs(&self.path(job).join("cgroup.procs"))
+    }
+
+    /// Sends `signal` to every process of the job's cgroup; SIGKILL reaches processes forked
+    /// while it runs too.
+    pub fn signal(&self, job: &JobId, signal: Signal) -> io::Result<()> {
+        match &self.tracker {
+            Tracker::V2(h) => h.signal(job, signal),
+            Tracker::V1(h) => h.signal(job, signal),
+        }
+    }
+
+    /// Whether no process is left in the job's cgroup (or it is gone).
+    pub fn is_empty(&self, job: &JobId) -> bool {
+        match &self.tracker {
+            Tracker::V2(h) => h.is_empty(job),
+            Tracker::V1(_) => !self.path(job).exists() || self.processes(job).is_empty(),
+        }
+    }
+
+    /// Removes the job's (empty) cgroups, and the executor's own once no job is left in it.
+    pub fn remove(&self, job: &JobId) {
+        if let Some(parent) = &self.devices {
+            remove_with_parent(&parent.join(job.as_str()));
+        }
+        match &self.tracker {
+            Tracker::V2(h) => remove_with_parent(&h.path(job)),
+            Tracker::V1(h) => h.remove(job),
+        }
+    }
+}
+
+/// Removes an empty cgroup, then its parent if that is empty too (it is created again with the
+/// next job). Either may still hold something: then it stays.
+fn remove_with_parent(dir: &Path) {
+    if fs::remove_dir(dir).is_ok() {
+        if let Some(parent) = dir.parent() {
+            let _ = fs::remove_dir(parent);
+        }
+    }
+}
+
+/// The process ids in a `cgroup.procs` file; none when it cannot be read.
+fn read_procs(file: &Path) -> Vec<i32> {
+    fs::read_to_string(file)
+        .map(|text| text.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+/// Writes a process id into a cgroup's `cgroup.procs`.
+fn move_into(dir: &Path, pid: u32) -> io::Result<()> {
+    fs::write(dir.join("cgroup.procs"), pid.to_string())
+}
+
+/// One mount of a cgroup filesystem, from `/proc/self/mountinfo`.
+#[derive(Debug)]
+struct Mount {
+    /// The part of the hierarchy mounted there (`/` unless a container's view).
+    root: String,
+    point: PathBuf,
+}
+
+/// The mount of the v2 hierarchy (`fs_type` `cgroup2`), or of the v1 hierarchy holding
+/// `controller` (`fs_type` `cgroup`, the controller among its options).
+fn find_mount(controller: Option<&str>) -> io::Result<Mount> {
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo")?;
+    mountinfo
+        .lines()
+        .find_map(|line| {
+            let (mount, fs) = line.split_once(" - ")?;
+            let mut fs = fs.split_whitespace();
+            let (fs_type, _source, options) = (fs.next()?, fs.next()?, fs.next().unwrap_or(""));
+            let wanted = match controller {
+                None => fs_type == "cgroup2",
+                Some(c) => fs_type == "cgroup" && options.split(',').any(|o| o == c),
+            };
+            let mut fields = mount.split_whitespace();
+            let root = fields.nth(3)?.to_owned();
+            let point = PathBuf::from(fields.next()?);
+            wanted.then_some(Mount { root, point })
+        })
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                match controller {
+                    None => "no cgroup v2 hierarchy is mounted".to_owned(),
+                    Some(c) => format!("no cgroup v1 `{c}` controller is mounted"),
+                },
+            )
+        })
+}
+
+/// This process's cgroup in the v2 hierarchy (the `0::` line of `/proc/self/cgroup`), or in
+/// the v1 hierarchy holding `controller`.
+fn own_cgroup(controller: Option<&str>) -> io::Result<String> {
+    let cgroups = fs::read_to_string("/proc/self/cgroup")?;
+    cgroups
+        .lines()
+        .find_map(|line| {
+            let mut parts = line.splitn(3, ':');
+            let (_id, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+            let wanted = match controller {
+                None => controllers.is_empty(),
+                Some(c) => controllers.split(',').any(|x| x == c),
+            };
+            wanted.then(|| path.to_owned())
+        })
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "this process is in no such cgroup"))
+}
+
+/// `name` under this process's own cgroup of a hierarchy (v2 when `controller` is `None`),
+/// created; an error when the hierarchy is missing or not writable here.
+fn own_child(controller: Option<&str>, name: &str) -> io::Result<PathBuf> {
+    let mount = find_mount(controller)?;
+    let own = own_cgroup(controller)?;
+    // Inside a container the mount may show only a subtree: the path is relative to it.
+    let relative = own
+        .strip_prefix(mount.root.trim_end_matches('/'))
+        .unwrap_or(&own);
+    let dir = mount
+        .point
+        .join(relative.trim_start_matches('/'))
+        .join(name);
+    fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+/// `name` under this process's cgroup of the v1 `controller`, created.
+fn controller_cgroup(controller: &str, name: &str) -> io::Result<PathBuf> {
+    own_child(Some(controller), name)
+}
+
+/// FNV-1a of a path: a short, stable key for the executor's cgroup.
+fn fnv1a(path: &Path) -> u64 {
+    path.as_os_str()
+        .as_encoded_bytes()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325, |hash, &b| {
+            (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+}
