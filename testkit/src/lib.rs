@@ -69,8 +69,15 @@ pub fn terminate(mut p: Process) {
 
 /// Starts `BINARY ARGS` and waits for its "listening on http(s)://..." line.
 pub fn spawn_binary(binary: &str, args: &[&str], stderr: Stdio) -> Process {
-    let mut child = Command::new(binary)
-        .args(args)
+    let mut command = Command::new(binary);
+    command.args(args);
+    spawn_command(command, stderr)
+}
+
+/// Starts a prepared command (its environment, its arguments) and waits for its "listening on
+/// http(s)://..." line.
+pub fn spawn_command(mut command: Command, stderr: Stdio) -> Process {
+    let mut child = command
         .stdout(Stdio::piped())
         .stderr(stderr)
         .spawn()

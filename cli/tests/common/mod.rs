@@ -15,7 +15,7 @@ use gpuledger_aggregator::query::Query;
 
 // Each test file takes what it needs of these.
 #[allow(unused_imports)]
-pub use gpuledger_testkit::{spawn_binary, terminate, Process, Tmpfs};
+pub use gpuledger_testkit::{spawn_binary, spawn_command, terminate, Process, Tmpfs};
 
 /// Starts `gpuledger ARGS` and waits for its "listening on http(s)://..." line.
 pub fn spawn(args: &[&str], stderr: Stdio) -> Process {
