@@ -46,6 +46,10 @@ pub struct Project {
     pub name: Option<String>,
     #[serde(default)]
     pub quota: Quota,
+    /// The Unix user (and group) this project's jobs run as, when not its account's: projects
+    /// of one account kept apart from each other.
+    #[serde(default)]
+    pub run_as: Option<RunAs>,
 }
 
 /// Accounts by id, for lookups.

@@ -312,7 +312,7 @@ impl Service {
         request
             .check_env()
             .map_err(|(field, message)| Error::Invalid { field, message })?;
-        self.job_user(&request.account)?;
+        self.job_user(&request.account, request.project.as_ref())?;
         if request.command.trim().is_empty() {
             return Err(Error::Invalid {
                 field: "command".into(),
@@ -492,17 +492,35 @@ impl Service {
         out
     }
 
-    /// The Unix user an account's jobs run as: its `run_as`, resolved on this host. A scheduler
-    /// running as root refuses an account without one rather than run tenants' jobs as root.
-    fn job_user(&self, account: &AccountId) -> Result<Option<JobUser>> {
+    /// The Unix user a job of `account` (in `project`) runs as: the project's `run_as`, else
+    /// the account's, resolved on this host. A scheduler running as root refuses an account
+    /// without one rather than run tenants' jobs as root.
+    fn job_user(
+        &self,
+        account: &AccountId,
+        project: Option<&ProjectId>,
+    ) -> Result<Option<JobUser>> {
         let index = self.cluster.accounts.iter().position(|a| &a.id == account);
-        let field = format!("accounts[{}].run_as", index.unwrap_or(0));
         let refuse = |message: String| Error::Invalid {
             field: "account".into(),
             message,
         };
-        let Some(run_as) = index.and_then(|i| self.cluster.accounts[i].run_as.as_ref()) else {
+        let configured = index.and_then(|i| {
+            let a = &self.cluster.accounts[i];
+            let in_project = project.and_then(|p| {
+                let j = a.projects.iter().position(|x| &x.id == p)?;
+                let run_as = a.projects[j].run_as.as_ref()?;
+                Some((format!("accounts[{i}].projects[{j}].run_as"), run_as))
+            });
+            in_project.or_else(|| {
+                a.run_as
+                    .as_ref()
+                    .map(|r| (format!("accounts[{i}].run_as"), r))
+            })
+        });
+        let Some((field, run_as)) = configured else {
             if nix::unistd::geteuid().is_root() {
+                let field = format!("accounts[{}].run_as", index.unwrap_or(0));
                 return Err(refuse(format!(
                     "account `{account}` has no Unix user to run its jobs as and the scheduler runs as root: set {field} = {{ user = \"...\" }} in the cluster config ({{ user = \"root\" }} runs them as root on purpose)"
                 )));
@@ -617,7 +635,7 @@ impl Service {
             let Some(info) = inner.state.jobs.get(&started.job_id).cloned() else {
                 continue;
             };
-            let user = match self.job_user(&info.request.account) {
+            let user = match self.job_user(&info.request.account, info.request.project.as_ref()) {
                 Ok(user) => user,
                 Err(e) => {
                     tracing::error!(job = %info.id, error = %e, "job could not be launched");

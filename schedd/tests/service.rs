@@ -741,3 +741,40 @@ async fn an_operator_drains_a_node_with_a_reason_and_bad_requests_are_refused() 
     let (_, body) = call(&s, "POST", &path, None).await;
     assert_eq!(body["was_drained"], false, "{body}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_projects_own_user_runs_its_jobs_and_the_accounts_runs_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let with_projects = CLUSTER.replace(
+        "run_as = { user = \"nobody\" }\n",
+        "run_as = { user = \"nobody\" }\nprojects = [{ id = \"vision\", run_as = { user = \"daemon\" } }, { id = \"nlp\" }, { id = \"ghost\", run_as = { user = \"no-such-user-gl\" } }]\n",
+    );
+    let cluster = ClusterConfig::from_toml_str(&with_projects, "one.toml").unwrap();
+    let s = Arc::new(open_with(dir.path(), cluster, Arc::clone(&clock)).unwrap());
+    let mut ids = Vec::new();
+    for project in ["vision", "nlp"] {
+        let (status, body) = submit(&s, json!({"command": "id -u", "account": "team-b", "project": project, "gpus": 1, "time_limit": "1h"})).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        ids.push(JobId::new(body["job_id"].as_str().unwrap()).unwrap());
+    }
+    tick_until(&s, &clock, |s| {
+        ids.iter().all(|id| state(s, id) == JobState::Completed)
+    });
+    let uid_of = |id: &JobId| {
+        std::fs::read_to_string(dir.path().join(format!("scheduler/jobs/{id}/stdout"))).unwrap()
+    };
+    assert_eq!(uid_of(&ids[0]), "1\n", "vision runs as daemon");
+    assert_eq!(
+        uid_of(&ids[1]),
+        "65534\n",
+        "nlp runs as its account's nobody"
+    );
+    let (status, body) = submit(&s, json!({"command": "id -u", "account": "team-b", "project": "ghost", "gpus": 1, "time_limit": "1h"})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(
+        body.to_string()
+            .contains("accounts[1].projects[2].run_as: user `no-such-user-gl` does not exist"),
+        "{body}"
+    );
+}

@@ -462,6 +462,7 @@ pub fn import(lines: &[DumpLine], origin: &str) -> Result<Import> {
                             id,
                             name: description.map(str::to_owned),
                             quota,
+                            run_as: None,
                         });
                     }
                     n => not_mapped.push(NotMapped {
