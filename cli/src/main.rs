@@ -112,7 +112,7 @@ struct DemoArgs {
 #[derive(clap::Args, Debug)]
 struct SimulateArgs {
     /// Trace in the Philly format: timestamp,duration,num_gpus,gpu_time,cluster.
-    #[arg(long, requires_all = ["vc_nodes", "nodes"], conflicts_with_all = ["jobs", "config"])]
+    #[arg(long, requires_all = ["vc_nodes", "nodes"], conflicts_with = "jobs")]
     trace: Option<PathBuf>,
     /// VC sizes (`vc,node num`), used as fair-share weights.
     #[arg(long)]
@@ -124,7 +124,9 @@ struct SimulateArgs {
     /// partition,min_gpus,time_limit_s,grace_s,checkpoint_every_s,checkpoint_save_s,outcome]).
     #[arg(long, required_unless_present = "trace")]
     jobs: Option<PathBuf>,
-    /// Cluster config for --jobs; the embedded seed cluster when absent.
+    /// Cluster config for --jobs (the embedded seed cluster when absent); with --trace, its
+    /// `[fair_share]` and `[scheduler]` settings and the weights of the accounts it names
+    /// (`vc-<id>`) replace the defaults and the VC sizes.
     #[arg(long)]
     config: Option<PathBuf>,
     /// Advance reservations in force (TOML `[[reservations]]`).
@@ -477,7 +479,10 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
                 .context("--trace needs --vc-nodes")?;
             let vc_nodes = parse_vc_nodes(&read(vc_path)?, &vc_path.display().to_string())?;
             let nodes = args.nodes.context("--trace needs --nodes")?;
-            let config = gpuledger_sim::report::trace_cluster(nodes, &jobs, &vc_nodes)?;
+            let mut config = gpuledger_sim::report::trace_cluster(nodes, &jobs, &vc_nodes)?;
+            if let Some(path) = &args.config {
+                gpuledger_sim::report::apply_settings(&mut config, &load_cluster(Some(path))?);
+            }
             (config, jobs)
         }
         (None, Some(file)) => (

@@ -240,6 +240,74 @@ fn simulate_replays_a_philly_trace_and_writes_jobs_csv() {
 }
 
 #[test]
+fn simulate_reports_each_accounts_fair_share_week_by_week_under_a_configs_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace.csv");
+    let vcs = dir.path().join("vc.csv");
+    // Two whole-node jobs of two days each on one node: aaa's runs first, bbb's after it.
+    std::fs::write(
+        &trace,
+        "timestamp,duration,num_gpus,gpu_time,cluster\n\
+         2017-09-04 10:00:00,172800.0,8,1382400.0,aaa\n\
+         2017-09-04 10:00:01,172800.0,8,1382400.0,bbb\n",
+    )
+    .unwrap();
+    std::fs::write(&vcs, "vc,node num\naaa,1\nbbb,1\n").unwrap();
+    // The config's weights replace the VC sizes for the accounts it names: aaa 3, bbb 1.
+    let config = dir.path().join("settings.toml");
+    let settings = gpuledger_sim::seed::SEED_CLUSTER_TOML.to_owned()
+        + "\n[[accounts]]\nid = \"vc-aaa\"\nname = \"a\"\nweight = 3\n";
+    std::fs::write(&config, settings).unwrap();
+    let out = dir.path().join("out");
+    let run = gpuledger(&[
+        "simulate",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--vc-nodes",
+        vcs.to_str().unwrap(),
+        "--nodes",
+        "1",
+        "--policy",
+        "fifo+backfill",
+        "--limit-estimate",
+        "exact",
+        "--config",
+        config.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    // While both wait or run the node is split 6:2; then bbb alone has all 8. aaa held 8 GPUs
+    // for its 48 h against a fair 288 GPU-hours; bbb 384 against 480: 0.8 of its share.
+    let weeks = std::fs::read_to_string(out.join("weeks.csv")).unwrap();
+    assert_eq!(
+        weeks,
+        "account,week,fair_gpu_hours,received_gpu_hours,ratio\n\
+         vc-aaa,0,288.00,384.00,1.333\n\
+         vc-bbb,0,480.00,384.00,0.800\n"
+    );
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(
+        report.contains("| vc-aaa | 75.0% | 1 | 0 | 0 | 100% | 0 (1.33) | 0 |"),
+        "{report}"
+    );
+    assert!(
+        report.contains("| vc-bbb | 25.0% | 1 | 0 | 0 | 100% | 0 (0.80) | 0 |"),
+        "{report}"
+    );
+    assert!(
+        report.contains(
+            "Jobs waiting more than 1 day: 1; 3 days: 0; 7 days: 0; the longest wait 2.0 days."
+        ),
+        "{report}"
+    );
+}
+
+#[test]
 fn simulate_runs_its_own_job_format_with_preemption_and_a_reservation() {
     let dir = tempfile::tempdir().unwrap();
     let cluster = dir.path().join("cluster.toml");

@@ -137,16 +137,19 @@ impl Partition {
     }
 }
 
-/// Fair share: `priority = weight / (1 + usage / factor)` with decayed usage.
+/// Fair share from decayed usage: by default each account's usage against its share of the
+/// accounts with work (`fair_tree`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FairShareConfig {
     /// Half-life of the exponential decay of past usage (Slurm `PriorityDecayHalfLife`).
     pub half_life: DurationSpec,
-    /// How many decayed GPU-hours halve an account's priority.
+    /// How many decayed GPU-hours halve an account's priority (`weighted` only).
     pub usage_factor_gpu_hours: u64,
-    /// `weighted` (the design's `weight / (1 + usage / factor)`) or `slurm_classic` (Slurm's
-    /// `2^(-usage share / normalised share)`).
+    /// `fair_tree` (default: accounts ranked by their normalised share over their normalised
+    /// usage among the accounts with work, as Slurm's Fair Tree), `weighted` (the design's
+    /// `weight / (1 + usage / factor)`) or `slurm_classic` (Slurm's `2^(-usage share /
+    /// normalised share)`).
     #[serde(default)]
     pub formula: FairShareFormula,
 }
@@ -156,6 +159,7 @@ pub struct FairShareConfig {
 #[serde(rename_all = "snake_case")]
 pub enum FairShareFormula {
     #[default]
+    FairTree,
     Weighted,
     SlurmClassic,
 }
@@ -165,7 +169,7 @@ impl Default for FairShareConfig {
         FairShareConfig {
             half_life: DurationSpec::from_secs(7 * 86_400),
             usage_factor_gpu_hours: 1_000,
-            formula: FairShareFormula::Weighted,
+            formula: FairShareFormula::FairTree,
         }
     }
 }
@@ -192,6 +196,18 @@ pub struct SchedulerConfig {
     pub weight_job_size: u32,
     /// Weight of the quota's `priority` (1-100) dimension.
     pub weight_quota_priority: u32,
+    /// The starvation bound: under backfill a job that has waited this long gets a planned
+    /// start (a backfill reservation) whatever its priority, so that jobs behind it cannot keep
+    /// starting in front of it.
+    pub max_wait: DurationSpec,
+    /// How many of the jobs past `max_wait` (the oldest) get planned starts in a cycle; 0 (the
+    /// default) turns the bound off. Each plan keeps GPUs from everyone else's backfill: on the
+    /// Philly months one at a time tripled the mean wait, and all at once turned the queue into
+    /// FIFO by age (docs/benchmarks.md).
+    pub max_wait_plans: u32,
+    /// Under backfill, each account's first waiting job gets a planned start too, so that a
+    /// small tenant's large job is not skipped for ever by smaller ones of others.
+    pub plan_each_account: bool,
 }
 
 impl Default for SchedulerConfig {
@@ -206,6 +222,9 @@ impl Default for SchedulerConfig {
             weight_age: 1_000,
             weight_job_size: 100,
             weight_quota_priority: 1_000,
+            max_wait: DurationSpec::from_secs(86_400),
+            max_wait_plans: 0,
+            plan_each_account: true,
         }
     }
 }
@@ -373,6 +392,13 @@ impl ClusterConfig {
             v.err(
                 "scheduler.max_age",
                 "must be longer than 0s, e.g. \"7d\"".into(),
+            );
+        }
+        if self.scheduler.max_wait.as_secs() < 60 {
+            v.err(
+                "scheduler.max_wait",
+                "must be at least 1m, e.g. \"1d\" (every job older than it is planned a start)"
+                    .into(),
             );
         }
         self.validate_prices(&mut v);

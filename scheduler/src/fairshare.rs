@@ -1,6 +1,8 @@
-//! Fair share: `priority = weight / (1 + usage / factor)`, where usage is an account's
-//! GPU-hours with exponential decay (a half-life, 7 days by default as in Slurm). Slurm's
-//! classic `2^(-usage/share)` factor is offered as an alternative.
+//! Fair share from each account's GPU-hours with exponential decay (a half-life, 7 days by
+//! default as in Slurm). The default factor follows entitlement ([`fair_tree_factors`]): among
+//! the accounts with work, each one's normalised share over its normalised usage ranks it, so
+//! an account under its share always ranks above one over it, whatever their sizes. The design's
+//! `weight / (1 + usage / factor)` and Slurm's classic `2^(-usage/share)` are alternatives.
 
 use std::collections::HashMap;
 
@@ -32,6 +34,49 @@ pub fn slurm_classic_factor(usage_share: f64, normalised_share: f64) -> f64 {
         return 0.0;
     }
     (-usage_share / normalised_share).exp2()
+}
+
+/// Fair Tree's factors (Slurm's `PriorityFlags` default since 19.05, for a flat tree of
+/// accounts): each account's level fair share is its normalised share `S` over its normalised
+/// usage `U`, both taken among the accounts with demand (running or waiting work; an account
+/// without any is taken as if it joined them). Accounts are ranked by it, highest first, and the
+/// `r`-th of `n` (from 0, ties sharing the rank of the first) gets `(n - r) / n`: under its
+/// share (`S/U > 1`) always above over it (`S/U < 1`). No usage at all ranks first.
+pub fn fair_tree_factors(weights: &[f64], usage: &[f64], has_demand: &[bool]) -> Vec<f64> {
+    let n = weights.len();
+    let sum_over = |values: &[f64]| -> f64 {
+        values
+            .iter()
+            .zip(has_demand)
+            .filter(|(_, d)| **d)
+            .map(|(v, _)| *v)
+            .sum()
+    };
+    let (weight_with_demand, usage_with_demand) = (sum_over(weights), sum_over(usage));
+    let level: Vec<f64> = (0..n)
+        .map(|i| {
+            let joins = if has_demand[i] { 0.0 } else { 1.0 };
+            let share =
+                weights[i] / (weight_with_demand + joins * weights[i]).max(f64::MIN_POSITIVE);
+            let total_usage = usage_with_demand + joins * usage[i];
+            if usage[i] <= 0.0 || total_usage <= 0.0 {
+                f64::INFINITY
+            } else {
+                share / (usage[i] / total_usage)
+            }
+        })
+        .collect();
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by(|&a, &b| level[b].total_cmp(&level[a]));
+    let mut factors = vec![0.0; n];
+    let mut rank = 0;
+    for (k, &i) in order.iter().enumerate() {
+        if k > 0 && level[i] != level[order[k - 1]] {
+            rank = k;
+        }
+        factors[i] = (n - rank) as f64 / n as f64;
+    }
+    factors
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -123,6 +168,28 @@ mod tests {
         ledger.record(&a, 3600.0 * 800.0, 0);
         assert!((ledger.gpu_hours(&a, 7 * 86_400) - 400.0).abs() < 1e-6);
         assert!((ledger.gpu_hours(&a, 14 * 86_400) - 200.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn under_its_share_ranks_above_over_it_whatever_the_sizes() {
+        // A weight-64 account that used 3 cluster-days and a weight-16 one that used a little
+        // more than its share: the big one is under its share (64/80 of the weight, 3/4 of the
+        // usage), the small one over (16/80, 1/4).
+        let factors = fair_tree_factors(
+            &[64.0, 16.0, 4.0],
+            &[72.0, 24.0, 500.0],
+            &[true, true, false],
+        );
+        assert!(factors[0] > factors[1], "{factors:?}");
+        // Swap the usage: now the small one is under.
+        let factors = fair_tree_factors(&[64.0, 16.0], &[90.0, 2.0], &[true, true]);
+        assert!(factors[1] > factors[0], "{factors:?}");
+        assert_eq!(factors, vec![0.5, 1.0]);
+        // No usage ranks first; equal standing shares a rank.
+        assert_eq!(
+            fair_tree_factors(&[2.0, 1.0, 1.0], &[0.0, 4.0, 4.0], &[true, true, true]),
+            vec![1.0, 2.0 / 3.0, 2.0 / 3.0]
+        );
     }
 
     #[test]

@@ -14,6 +14,7 @@ use crate::cluster::{Cluster, Placement, Slot};
 /// A planned start: these GPUs are spoken for during `[start, end)`.
 #[derive(Clone, Debug)]
 pub(crate) struct Hold {
+    pub job: JobId,
     pub start: UnixSeconds,
     pub end: UnixSeconds,
     pub placement: Placement,
@@ -71,12 +72,21 @@ impl Plan {
         self.started(id.clone(), end, placement);
     }
 
-    /// The cluster as a job starting now and running `limit_s` would find it: what is free
-    /// now, less what planned starts within its run hold.
-    pub fn window_now<'c>(&self, cluster: &'c Cluster, limit_s: u64) -> Cow<'c, Cluster> {
+    /// The cluster as job `job` starting now and running `limit_s` would find it: what is free
+    /// now, less what other jobs' planned starts within its run hold.
+    pub fn window_now<'c>(
+        &self,
+        cluster: &'c Cluster,
+        limit_s: u64,
+        job: &JobId,
+    ) -> Cow<'c, Cluster> {
         let end = self.now.saturating_add(limit_s as i64);
         let mut window = Cow::Borrowed(cluster);
-        for hold in self.holds.iter().filter(|h| h.overlaps(self.now, end)) {
+        for hold in self
+            .holds
+            .iter()
+            .filter(|h| &h.job != job && h.overlaps(self.now, end))
+        {
             window.to_mut().hold(&hold.placement);
         }
         window
@@ -125,10 +135,16 @@ impl Plan {
         None
     }
 
-    /// Plans a start. A multi-node placement holds its nodes whole, so that the whole-node
-    /// search finds them again at the planned time.
+    /// Forgets `job`'s planned start (it started).
+    pub fn forget(&mut self, job: &JobId) {
+        self.holds.retain(|h| &h.job != job);
+    }
+
+    /// Plans `job`'s start. A multi-node placement holds its nodes whole, so that the
+    /// whole-node search finds them again at the planned time.
     pub fn hold(
         &mut self,
+        job: JobId,
         start: UnixSeconds,
         end: UnixSeconds,
         placement: Placement,
@@ -149,6 +165,7 @@ impl Plan {
             placement
         };
         self.holds.push(Hold {
+            job,
             start,
             end,
             placement,

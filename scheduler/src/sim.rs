@@ -464,7 +464,12 @@ fn event(spec: &JobSpec, now: UnixSeconds, kind: JobEventKind) -> JobEvent {
 impl SimResult {
     /// Mean busy fraction of all GPUs between the first submission and the horizon.
     pub fn utilization(&self) -> f64 {
-        let span = (self.horizon_s - self.start_s) as f64;
+        self.utilization_between(self.start_s, self.horizon_s)
+    }
+
+    /// Busy GPU-seconds over all GPU-seconds in `[from, to)`.
+    pub fn utilization_between(&self, from: UnixSeconds, to: UnixSeconds) -> f64 {
+        let span = (to - from) as f64;
         if span <= 0.0 || self.total_gpus == 0 {
             return 0.0;
         }
@@ -475,8 +480,8 @@ impl SimResult {
                 .get(k + 1)
                 .map(|(t, _)| *t)
                 .unwrap_or(self.horizon_s)
-                .min(self.horizon_s);
-            busy_gpu_s += f64::from(*b) * (next - t).max(0) as f64;
+                .min(to);
+            busy_gpu_s += f64::from(*b) * (next - (*t).max(from)).max(0) as f64;
         }
         busy_gpu_s / (span * f64::from(self.total_gpus))
     }

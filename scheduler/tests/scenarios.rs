@@ -413,18 +413,24 @@ fn conservative_backfill_plans_every_job_and_delays_none() {
         Some(10 * H)
     );
     assert_eq!(h.pending_job(&mid).unwrap().estimated_start_s, Some(15 * H));
-    // Under EASY only the first job waiting has a plan.
+    // Under EASY the first job waiting has a plan, and each account's first waiting job
+    // (the starvation bound); c's second job has none.
     let mut easy = harness(2, "fifo+backfill");
     easy.submit("a", 8, 10, 0);
     easy.step(0);
     let w = easy.submit("b", 16, 5, 1);
     let m = easy.submit("c", 8, 20, 2);
+    let m2 = easy.submit("c", 8, 20, 2);
     easy.step(3);
     assert_eq!(
         easy.pending_job(&w).unwrap().estimated_start_s,
         Some(10 * H)
     );
-    assert_eq!(easy.pending_job(&m).unwrap().estimated_start_s, None);
+    assert_eq!(
+        easy.pending_job(&m).unwrap().estimated_start_s,
+        Some(15 * H)
+    );
+    assert_eq!(easy.pending_job(&m2).unwrap().estimated_start_s, None);
     h.finish(&first, 10 * H);
     h.finish(&short, 3 + 4 * H);
 }
@@ -693,4 +699,91 @@ fn a_drained_node_takes_no_new_job_nor_a_plan_and_its_running_job_runs_on() {
     assert!(h.sched.set_drained(&name, false));
     h.step(4);
     assert!(h.is_running(&second));
+}
+
+#[test]
+fn the_starvation_bound_plans_each_accounts_first_job_and_every_job_past_max_wait() {
+    let planned = |plan_each_account: bool, max_wait: &str, at: i64| {
+        let source = format!(
+            "{}[scheduler]\nplan_each_account = {plan_each_account}\nmax_wait = \"{max_wait}\"\nmax_wait_plans = 3\n",
+            config_source(2)
+        );
+        let config = ClusterConfig::from_toml_str(&source, "t.toml").unwrap();
+        // FIFO order: a's running job, a's whole-cluster job at the head (EASY plans it from
+        // 10 h), then b's and c's half-cluster jobs behind it.
+        let mut h = Harness::with_config(&config, "fifo+backfill");
+        let running = h.submit("a", 16, 10, 0);
+        h.step(0);
+        assert!(h.is_running(&running));
+        let head = h.submit("a", 16, 10, 1);
+        let b = h.submit("b", 8, 1, 2);
+        let c = h.submit("c", 8, 1, 3);
+        h.step(at);
+        assert_eq!(
+            h.pending_job(&head).unwrap().estimated_start_s,
+            Some(10 * 3600)
+        );
+        [b, c].map(|id| h.pending_job(&id).unwrap().estimated_start_s)
+    };
+    // EASY alone plans only the head: b's and c's jobs have no planned start.
+    assert_eq!(planned(false, "1d", 3), [None, None]);
+    // Each account's first waiting job gets one, after the head's run.
+    assert_eq!(planned(true, "1d", 3), [Some(20 * 3600), Some(20 * 3600)]);
+    // Past max_wait, every job gets one whatever its place.
+    assert_eq!(planned(false, "1m", 3), [None, None]);
+    assert_eq!(planned(false, "1m", 63), [Some(20 * 3600), Some(20 * 3600)]);
+}
+
+#[test]
+fn a_job_past_max_wait_keeps_its_planned_gpus_from_every_later_job() {
+    // One node; team b keeps two urgent 4-GPU jobs queued at all times (a higher tier, ahead
+    // of anything of a's), so whenever GPUs free up a b job takes them: a's whole-node job
+    // never finds the node free. Past max_wait its planned start holds the node for it.
+    let started_at = |max_wait: &str| {
+        let source = format!(
+            "{}[scheduler]\nplan_each_account = false\npreemption = false\nmax_wait = \"{max_wait}\"\nmax_wait_plans = 1\n",
+            config_source(1)
+        );
+        let config = ClusterConfig::from_toml_str(&source, "t.toml").unwrap();
+        let mut h = Harness::with_config(&config, "fairshare+backfill");
+        let first = h.urgent("b", 4, 1, 0);
+        let second = h.urgent("b", 4, 1, 0);
+        h.step(0);
+        assert!(h.is_running(&first) && h.is_running(&second));
+        let whole = h.submit("a", 8, 1, 1);
+        let mut t = 0;
+        while t < 3 * 86_400 {
+            t += 600;
+            let ended: Vec<JobId> = h
+                .sched
+                .running()
+                .filter(|r| r.limit_end_s() <= t)
+                .map(|r| r.spec.id.clone())
+                .collect();
+            for id in ended {
+                h.finish(&id, t);
+            }
+            let queued_b = h
+                .sched
+                .pending()
+                .iter()
+                .filter(|p| p.spec.account.as_str() == "b")
+                .count();
+            for _ in queued_b..2 {
+                h.urgent("b", 4, 1, t);
+            }
+            h.step(t);
+            if h.is_running(&whole) {
+                return Some(t);
+            }
+        }
+        None
+    };
+    assert_eq!(started_at("3650d"), None, "starved for three days");
+    let t = started_at("1d").expect("started within three days");
+    // Planned at one day, it starts when the b jobs then running reach their limits.
+    assert!(
+        (86_400..=86_400 + 3600 + 600).contains(&t),
+        "started at {t}"
+    );
 }

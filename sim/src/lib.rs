@@ -6,11 +6,14 @@
 //!   month stored and billed the same way;
 //! - [`report`]: a trace replay's report (queueing, completion, utilization, shares), its
 //!   `jobs.csv` and its SVG plots;
+//! - [`fairness`]: each account's fair share week by week (weighted max-min among accounts
+//!   with demand) against what it received;
 //! - [`seed`]: the seed scenario embedded in the binary.
 //!
 //! The end-to-end tests drive [`demo::run`] as `gpuledger demo` does.
 
 pub mod demo;
+pub mod fairness;
 pub mod report;
 pub mod seed;
 

@@ -97,6 +97,18 @@ pub fn trace_cluster(
     Ok(config)
 }
 
+/// A trace's cluster under another config's settings: its `[fair_share]` formula, half-life and
+/// factor, its `[scheduler]` knobs, and the weights of the accounts both name.
+pub fn apply_settings(trace: &mut ClusterConfig, settings: &ClusterConfig) {
+    trace.fair_share = settings.fair_share.clone();
+    trace.scheduler = settings.scheduler.clone();
+    for account in &mut trace.accounts {
+        if let Some(from) = settings.accounts.iter().find(|a| a.id == account.id) {
+            account.weight = from.weight;
+        }
+    }
+}
+
 pub use gpuledger_model::stats::percentile;
 
 /// Queueing and completion figures of a set of job records.
@@ -212,6 +224,35 @@ pub fn write_outputs(out: &Path, config: &ClusterConfig, result: &SimResult) -> 
         all.mean_jct_s,
         result.utilization() * 100.0
     );
+    let last_submit = result
+        .records
+        .iter()
+        .map(|r| r.spec.submit_s)
+        .max()
+        .unwrap_or(t0);
+    let waited = |days: i64| {
+        result
+            .records
+            .iter()
+            .filter(|r| waited_s(r, result.horizon_s) > days * 86_400)
+            .count()
+    };
+    let longest = result
+        .records
+        .iter()
+        .map(|r| waited_s(r, result.horizon_s))
+        .max()
+        .unwrap_or(0);
+    let _ = writeln!(
+        md,
+        "Jobs waiting more than 1 day: {}; 3 days: {}; 7 days: {}; the longest wait {:.1} days. \
+         Utilization over the submission window (first to last submission): {:.1}%.\n",
+        waited(1),
+        waited(3),
+        waited(7),
+        longest as f64 / 86_400.0,
+        result.utilization_between(t0, last_submit) * 100.0
+    );
     let total_weight: u64 = config.accounts.iter().map(|a| u64::from(a.weight)).sum();
     let _ = writeln!(
         md,
@@ -261,6 +302,7 @@ pub fn write_outputs(out: &Path, config: &ClusterConfig, result: &SimResult) -> 
             s.p99_wait_s
         );
     }
+    weekly_section(out, config, result, &mut md)?;
     let preemptions: u32 = result.records.iter().map(|r| r.preemptions).sum();
     let lost: i64 = result.records.iter().map(|r| r.lost_gpu_s).sum();
     let _ = writeln!(
@@ -277,6 +319,100 @@ pub fn write_outputs(out: &Path, config: &ClusterConfig, result: &SimResult) -> 
     std::fs::write(&report_path, &md)
         .map_err(Error::io(format!("writing {}", report_path.display())))?;
     Ok(md)
+}
+
+/// How long a job waited for its first start (to the horizon when it never started).
+fn waited_s(r: &gpuledger_scheduler::JobRecord, horizon_s: i64) -> i64 {
+    r.start_s.unwrap_or(horizon_s) - r.spec.submit_s
+}
+
+/// `weeks.csv` and the report's week-by-week fair share: per account, the weeks it had demand,
+/// those below 0.5 and 0.8 of its fair share, its worst week.
+fn weekly_section(
+    out: &Path,
+    config: &ClusterConfig,
+    result: &SimResult,
+    md: &mut String,
+) -> Result<()> {
+    use crate::fairness::{summarize, weekly_shares, MIN_FAIR_GPU_S};
+    let weights: BTreeMap<String, u32> = config
+        .accounts
+        .iter()
+        .map(|a| (a.id.to_string(), a.weight))
+        .collect();
+    let weeks = weekly_shares(result, &weights);
+    let mut csv = String::from("account,week,fair_gpu_hours,received_gpu_hours,ratio\n");
+    for w in weeks
+        .iter()
+        .filter(|w| w.fair_gpu_s > 0.0 || w.received_gpu_s > 0.0)
+    {
+        let _ = writeln!(
+            csv,
+            "{},{},{:.2},{:.2},{}",
+            w.account,
+            w.week,
+            w.fair_gpu_s / 3600.0,
+            w.received_gpu_s / 3600.0,
+            w.ratio().map(|r| format!("{r:.3}")).unwrap_or_default()
+        );
+    }
+    let path = out.join("weeks.csv");
+    std::fs::write(&path, csv).map_err(Error::io(format!("writing {}", path.display())))?;
+    let summary = summarize(&weeks);
+    let total_weight: u64 = config.accounts.iter().map(|a| u64::from(a.weight)).sum();
+    let _ = writeln!(
+        md,
+        "## Fair share week by week\n\n\
+         Each moment the cluster is split by weight among the accounts with running or waiting \
+         work, none given more than it asks for; a week's fair share is that split summed over \
+         the week (weeks from the first submission), against the GPU-hours the account held. \
+         Weeks with a fair share under {:.0} GPU-hours are counted apart (`weeks.csv` has every \
+         one).\n",
+        MIN_FAIR_GPU_S / 3600.0
+    );
+    let _ = writeln!(
+        md,
+        "| account | weight share | weeks with demand | below 0.5 | below 0.8 | at least 0.8 | worst week (ratio) | small weeks |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
+    let (mut all_weeks, mut all_half, mut all_low) = (0, 0, 0);
+    for account in &config.accounts {
+        let s = summary
+            .get(account.id.as_str())
+            .cloned()
+            .unwrap_or_default();
+        all_weeks += s.weeks;
+        all_half += s.below_half;
+        all_low += s.below_0_8;
+        let _ = writeln!(
+            md,
+            "| {} | {:.1}% | {} | {} | {} | {} | {} | {} |",
+            account.id,
+            f64::from(account.weight) * 100.0 / total_weight.max(1) as f64,
+            s.weeks,
+            s.below_half,
+            s.below_0_8,
+            percent_of(s.weeks - s.below_0_8, s.weeks),
+            s.worst
+                .map(|(week, r)| format!("{week} ({r:.2})"))
+                .unwrap_or_else(|| "-".into()),
+            s.small_weeks
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\nAll accounts: {all_weeks} account-weeks with demand, {all_half} below 0.5 of the fair share, {all_low} below 0.8 ({} at least 0.8).\n",
+        percent_of(all_weeks - all_low, all_weeks)
+    );
+    Ok(())
+}
+
+fn percent_of(part: usize, whole: usize) -> String {
+    if whole == 0 {
+        "-".into()
+    } else {
+        format!("{:.0}%", part as f64 * 100.0 / whole as f64)
+    }
 }
 
 /// Busy share of the cluster, averaged per hour, as `(days since start, share)`.

@@ -17,7 +17,7 @@ use gpuledger_model::time::UnixSeconds;
 use gpuledger_model::{AccountId, Allocation, JobId, ProjectId};
 
 use crate::cluster::{Cluster, NodeFilter, Placement};
-use crate::fairshare::{slurm_classic_factor, FairShareParams, UsageLedger};
+use crate::fairshare::{fair_tree_factors, slurm_classic_factor, FairShareParams, UsageLedger};
 use crate::plan::Plan;
 use crate::reservation::{AdvanceReservation, ReservationError, ReservationRequest, Reservations};
 use crate::windows::{day_of, UsageWindows, WindowKey, DAY_S};
@@ -419,13 +419,20 @@ impl Scheduler {
             Backfill::Conservative => self.knobs.backfill_depth.max(1) as usize,
         };
         let mut cycle = Cycle::default();
-        let mut plan: Option<Plan> = None;
-        let mut planned = 0usize;
         let mut blocked = false;
         // Within a cycle placement only gets harder (jobs start, plans are added), so a job of
         // an account is hopeless where one no larger and no longer already failed.
         let mut failures: Vec<Vec<(u32, u64)>> = vec![Vec::new(); self.account_ids.len().max(1)];
+        let mut account_planned = vec![false; self.account_ids.len().max(1)];
         let mut pending = std::mem::take(&mut self.pending);
+        let mut plan: Option<Plan> = None;
+        let mut planned = 0usize;
+        let starving = if depth > 0 {
+            self.plan_starving(&mut pending, now, &mut plan)
+        } else {
+            HashSet::new()
+        };
+        planned += starving.len();
         // A preemptor goes first: its victims' GPUs are freed for it, and a job ahead of it
         // in the queue planning onto them would make it preempt again, in a loop.
         if !self.claims.is_empty() {
@@ -445,7 +452,10 @@ impl Scheduler {
                 }
                 break;
             }
-            job.estimated_start_s = None;
+            let pre_planned = starving.contains(&job.spec.id);
+            if !pre_planned {
+                job.estimated_start_s = None;
+            }
             if let Some(reason) = self.quota_hold(job, now) {
                 job.reason = reason;
                 continue;
@@ -460,7 +470,8 @@ impl Scheduler {
                 // still cannot start the claim lapses rather than hold a quota slot for ever.
                 self.claims.remove(&job.spec.id);
             }
-            if !hopeless && !draining {
+            // A job past max_wait is tried whatever failed before it: its GPUs are held for it.
+            if (!hopeless || pre_planned) && !draining {
                 if let Some(p) = self.place_now(&job.spec, now, plan.as_ref()) {
                     let backfilled = plan.as_ref().is_some_and(Plan::has_holds);
                     let started = self.start(job, p, now, backfilled);
@@ -471,7 +482,9 @@ impl Scheduler {
                 }
                 if self.knobs.preemption && !job.has_preempted && gate.may_help(job.tier) {
                     let window = match plan.as_ref() {
-                        Some(p) => p.window_now(&self.cluster, limit).into_owned(),
+                        Some(p) => p
+                            .window_now(&self.cluster, limit, &job.spec.id)
+                            .into_owned(),
                         None => self.cluster.clone(),
                     };
                     if let Some(p) = self.preempt_for(job, now, window, &mut cycle, &mut plan) {
@@ -489,14 +502,22 @@ impl Scheduler {
                 entry.push((min, limit));
             }
             job.reason = self.blocked_reason(&job.spec, planned == 0);
-            let must_plan = self.claims.contains_key(&job.spec.id);
-            if planned < depth || must_plan {
+            // Each account's first waiting job gets a planned start too, whatever its place
+            // in the queue (the starvation bound's other half; see `plan_starving`).
+            let first_of_account =
+                depth > 0 && self.knobs.plan_each_account && !account_planned[job.limits.account];
+            let must_plan = self.claims.contains_key(&job.spec.id) || first_of_account;
+            if pre_planned {
+                account_planned[job.limits.account] = true;
+            } else if planned < depth || must_plan {
                 let plan = plan.get_or_insert_with(|| self.build_plan(now));
                 if let Some((t, p)) = self.plan_earliest(plan, &job.spec) {
                     job.estimated_start_s = Some(t);
-                    plan.hold(t, t.saturating_add(limit as i64), p, &self.cluster);
+                    let end = t.saturating_add(limit as i64);
+                    plan.hold(job.spec.id.clone(), t, end, p, &self.cluster);
                     planned += 1;
                 }
+                account_planned[job.limits.account] = true;
             }
             if depth == 0 {
                 blocked = true;
@@ -529,6 +550,7 @@ impl Scheduler {
         let running = &self.running[&started.job_id];
         gate.add(running);
         if let Some(plan) = plan.as_mut() {
+            plan.forget(&started.job_id);
             plan.started(
                 started.job_id.clone(),
                 running.limit_end_s().max(now),
@@ -536,6 +558,43 @@ impl Scheduler {
             );
         }
         cycle.started.push(started);
+    }
+
+    /// The starvation bound: the jobs that have waited `max_wait`, oldest first (at most
+    /// `max_wait_plans` of them), get planned starts before anyone else is placed or planned,
+    /// so that no job of higher priority may take the GPUs they will start on. They start when
+    /// the queue reaches them and their GPUs are free (their own plan does not stand in their
+    /// way). Returns the jobs planned.
+    fn plan_starving(
+        &self,
+        pending: &mut [PendingJob],
+        now: UnixSeconds,
+        plan: &mut Option<Plan>,
+    ) -> HashSet<JobId> {
+        let since = now.saturating_sub(self.knobs.max_wait.as_secs() as i64);
+        let mut oldest: Vec<usize> = (0..pending.len())
+            .filter(|&i| pending[i].spec.submit_s <= since)
+            .collect();
+        let mut planned = HashSet::new();
+        if oldest.is_empty() {
+            return planned;
+        }
+        oldest.sort_by_key(|&i| (pending[i].spec.submit_s, i));
+        oldest.truncate(self.knobs.max_wait_plans as usize);
+        for i in oldest {
+            let job = &mut pending[i];
+            if self.quota_hold(job, now).is_some() {
+                continue;
+            }
+            let plan = plan.get_or_insert_with(|| self.build_plan(now));
+            if let Some((t, p)) = self.plan_earliest(plan, &job.spec) {
+                job.estimated_start_s = Some(t);
+                let end = t.saturating_add(job.spec.time_limit_s as i64);
+                plan.hold(job.spec.id.clone(), t, end, p, &self.cluster);
+                planned.insert(job.spec.id.clone());
+            }
+        }
+        planned
     }
 
     /// The reason of a job that could not start: the reservation when one is what keeps it
@@ -588,7 +647,7 @@ impl Scheduler {
         let limit = spec.time_limit_s;
         let filter = self.filter_for(spec, now, now.saturating_add(limit as i64));
         let window = match plan {
-            Some(p) => p.window_now(&self.cluster, limit),
+            Some(p) => p.window_now(&self.cluster, limit, &spec.id),
             None => Cow::Borrowed(&self.cluster),
         };
         let candidates = sizes(spec, self.cluster.gpus_per_node_max());

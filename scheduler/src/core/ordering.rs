@@ -4,7 +4,8 @@
 use super::*;
 
 impl Scheduler {
-    /// Each account's fair-share factor in [0, 1], in `account_ids` order: the design's
+    /// Each account's fair-share factor in [0, 1], in `account_ids` order: Fair Tree's rank
+    /// by share over usage among the accounts with work ([`fair_tree_factors`]), the design's
     /// `weight / (1 + usage / factor)` over the largest weight, or Slurm's classic
     /// `2^(-usage share / normalised share)`.
     pub fn fair_share_factors(&self, now: UnixSeconds) -> Vec<f64> {
@@ -14,6 +15,14 @@ impl Scheduler {
             .map(|id| f64::from(self.tenants.account(id).map_or(0, |a| a.weight)))
             .collect();
         match self.formula {
+            FairShareFormula::FairTree => {
+                let usage: Vec<f64> = self
+                    .account_ids
+                    .iter()
+                    .map(|id| self.ledger.gpu_hours(id, now))
+                    .collect();
+                fair_tree_factors(&weights, &usage, &self.accounts_with_demand())
+            }
             FairShareFormula::Weighted => self
                 .account_ids
                 .iter()
@@ -42,6 +51,24 @@ impl Scheduler {
                     .collect()
             }
         }
+    }
+
+    /// Which accounts have running or waiting jobs, in `account_ids` order.
+    fn accounts_with_demand(&self) -> Vec<bool> {
+        let mut demand = vec![false; self.account_ids.len()];
+        for job in &self.pending {
+            if let Some(d) = demand.get_mut(job.limits.account) {
+                *d = true;
+            }
+        }
+        for (account, running) in &self.running_per_account {
+            if *running > 0 {
+                if let Some(&i) = self.account_index.get(account) {
+                    demand[i] = true;
+                }
+            }
+        }
+        demand
     }
 
     /// The fair-share factor of one account now, in [0, 1].

@@ -1,0 +1,262 @@
+//! Fair share as received, week by week: at every moment the cluster's GPUs are split by weight
+//! among the accounts with demand (running or waiting work), none given more than it asks for
+//! (weighted max-min, "water filling"); integrated over a week that is the account's fair share
+//! of the week, set against the GPU-hours it actually held. A whole-run share hides a tenant
+//! starved for a week and served later; this does not.
+
+use std::collections::BTreeMap;
+
+use gpuledger_scheduler::SimResult;
+
+/// One week.
+pub const WEEK_S: i64 = 7 * 86_400;
+
+/// Account-weeks whose fair share is below this many GPU-seconds (one GPU for a day) are
+/// counted apart: a small job waiting across a week's end owes its week almost nothing, and
+/// its ratio says nothing of fairness.
+pub const MIN_FAIR_GPU_S: f64 = 86_400.0;
+
+/// Each claimant's share of `capacity`: proportional to its weight, none above its demand, what
+/// a capped one leaves split among the others the same way. `claims` are `(weight, demand)`.
+pub fn water_fill(capacity: f64, claims: &[(f64, f64)]) -> Vec<f64> {
+    let mut order: Vec<usize> = (0..claims.len())
+        .filter(|&i| claims[i].0 > 0.0 && claims[i].1 > 0.0)
+        .collect();
+    // Smallest demand per unit of weight first: those are the ones capped at their demand.
+    order.sort_by(|&a, &b| (claims[a].1 / claims[a].0).total_cmp(&(claims[b].1 / claims[b].0)));
+    let mut shares = vec![0.0; claims.len()];
+    let mut left = capacity.max(0.0);
+    let mut weight: f64 = order.iter().map(|&i| claims[i].0).sum();
+    for (k, &i) in order.iter().enumerate() {
+        let (w, demand) = claims[i];
+        let level = left / weight;
+        if demand <= level * w {
+            shares[i] = demand;
+            left -= demand;
+            weight -= w;
+        } else {
+            for &j in &order[k..] {
+                shares[j] = level * claims[j].0;
+            }
+            break;
+        }
+    }
+    shares
+}
+
+/// One account in one week.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AccountWeek {
+    pub account: String,
+    /// Weeks since the first submission.
+    pub week: usize,
+    /// GPU-seconds its fair share came to while it had demand.
+    pub fair_gpu_s: f64,
+    /// GPU-seconds it held.
+    pub received_gpu_s: f64,
+}
+
+impl AccountWeek {
+    /// Received over fair; `None` when it had no demand that week.
+    pub fn ratio(&self) -> Option<f64> {
+        (self.fair_gpu_s > 0.0).then(|| self.received_gpu_s / self.fair_gpu_s)
+    }
+
+    /// Whether the week enters the weekly goals (its fair share is at least
+    /// [`MIN_FAIR_GPU_S`]).
+    pub fn counts(&self) -> bool {
+        self.fair_gpu_s >= MIN_FAIR_GPU_S
+    }
+}
+
+/// Every account-week from the first submission to the horizon, for the accounts in `weights`
+/// (account id to fair-share weight), in account then week order.
+pub fn weekly_shares(result: &SimResult, weights: &BTreeMap<String, u32>) -> Vec<AccountWeek> {
+    let index: BTreeMap<&str, usize> = weights
+        .keys()
+        .enumerate()
+        .map(|(i, a)| (a.as_str(), i))
+        .collect();
+    let start = result.start_s;
+    let weeks =
+        usize::try_from((result.horizon_s - start).max(1).div_euclid(WEEK_S) + 1).unwrap_or(1);
+    let n = weights.len();
+    let mut fair = vec![vec![0.0f64; weeks]; n];
+    let mut received = vec![vec![0.0f64; weeks]; n];
+    // Demand changes: +gpus at submission, -gpus at the job's final end.
+    let mut changes: Vec<(i64, usize, f64)> = Vec::new();
+    for r in &result.records {
+        let Some(&a) = index.get(r.spec.account.as_str()) else {
+            continue;
+        };
+        let gpus = f64::from(r.spec.gpus);
+        let end = r.end_s.unwrap_or(result.horizon_s).min(result.horizon_s);
+        if end > r.spec.submit_s {
+            changes.push((r.spec.submit_s, a, gpus));
+            changes.push((end, a, -gpus));
+        }
+        for run in &r.runs {
+            let run_end = run.end_s.unwrap_or(result.horizon_s).min(result.horizon_s);
+            spread(
+                start,
+                run.start_s,
+                run_end,
+                f64::from(run.gpus),
+                &mut received[a],
+            );
+        }
+    }
+    changes.sort_by_key(|c| c.0);
+    let claims_weight: Vec<f64> = weights.values().map(|w| f64::from(*w)).collect();
+    let capacity = f64::from(result.total_gpus);
+    let mut demand = vec![0.0f64; n];
+    let mut k = 0;
+    while k < changes.len() {
+        let t = changes[k].0;
+        while k < changes.len() && changes[k].0 == t {
+            demand[changes[k].1] += changes[k].2;
+            k += 1;
+        }
+        let Some(&(next, _, _)) = changes.get(k) else {
+            break;
+        };
+        let claims: Vec<(f64, f64)> = claims_weight
+            .iter()
+            .zip(&demand)
+            .map(|(w, d)| (*w, d.max(0.0)))
+            .collect();
+        for (a, share) in water_fill(capacity, &claims).into_iter().enumerate() {
+            if share > 0.0 {
+                spread(start, t, next, share, &mut fair[a]);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for (a, account) in weights.keys().enumerate() {
+        for week in 0..weeks {
+            out.push(AccountWeek {
+                account: account.clone(),
+                week,
+                fair_gpu_s: fair[a][week],
+                received_gpu_s: received[a][week],
+            });
+        }
+    }
+    out
+}
+
+/// Adds `rate` GPUs held over `[from, to)` to the weeks they fall in.
+fn spread(start: i64, from: i64, to: i64, rate: f64, weeks: &mut [f64]) {
+    let mut t = from.max(start);
+    while t < to {
+        let week = usize::try_from((t - start).div_euclid(WEEK_S)).unwrap_or(0);
+        let week_end = start + (week as i64 + 1) * WEEK_S;
+        let until = to.min(week_end);
+        if let Some(slot) = weeks.get_mut(week) {
+            *slot += rate * (until - t) as f64;
+        }
+        t = until;
+    }
+}
+
+/// What the weekly goals look at, per account.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WeeklySummary {
+    /// Weeks with a fair share of at least [`MIN_FAIR_GPU_S`].
+    pub weeks: usize,
+    /// Weeks with demand below that.
+    pub small_weeks: usize,
+    pub below_half: usize,
+    pub below_0_8: usize,
+    /// The lowest ratio of a counted week, and which week.
+    pub worst: Option<(usize, f64)>,
+}
+
+/// [`WeeklySummary`] per account, from [`weekly_shares`].
+pub fn summarize(weeks: &[AccountWeek]) -> BTreeMap<String, WeeklySummary> {
+    let mut out: BTreeMap<String, WeeklySummary> = BTreeMap::new();
+    for w in weeks {
+        let s = out.entry(w.account.clone()).or_default();
+        let Some(ratio) = w.ratio() else {
+            continue;
+        };
+        if !w.counts() {
+            s.small_weeks += 1;
+            continue;
+        }
+        s.weeks += 1;
+        s.below_half += usize::from(ratio < 0.5);
+        s.below_0_8 += usize::from(ratio < 0.8);
+        if s.worst.is_none_or(|(_, r)| ratio < r) {
+            s.worst = Some((w.week, ratio));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn capped_claimants_leave_their_rest_to_the_others_by_weight() {
+        // 100 GPUs; weights 1, 1, 2; the first asks for 10 only.
+        let shares = water_fill(100.0, &[(1.0, 10.0), (1.0, 500.0), (2.0, 500.0)]);
+        assert_eq!(shares, vec![10.0, 30.0, 60.0]);
+        // Nobody asks for more than there is: each gets its demand.
+        assert_eq!(
+            water_fill(100.0, &[(5.0, 20.0), (1.0, 30.0)]),
+            vec![20.0, 30.0]
+        );
+        // No demand, no share.
+        assert_eq!(
+            water_fill(100.0, &[(5.0, 0.0), (1.0, 300.0)]),
+            vec![0.0, 100.0]
+        );
+    }
+
+    /// The reference: raise every uncapped claimant's share in small equal steps per unit of
+    /// weight until the capacity or every demand is used up.
+    fn reference(capacity: f64, claims: &[(f64, f64)]) -> Vec<f64> {
+        let mut shares = vec![0.0; claims.len()];
+        let step = 1e-3;
+        let mut used = 0.0;
+        loop {
+            let open: Vec<usize> = (0..claims.len())
+                .filter(|&i| claims[i].1 - shares[i] > 1e-9)
+                .collect();
+            let want: f64 = open.iter().map(|&i| claims[i].0 * step).sum();
+            if open.is_empty() || used + want > capacity {
+                break;
+            }
+            for &i in &open {
+                let add = (claims[i].0 * step).min(claims[i].1 - shares[i]);
+                shares[i] += add;
+                used += add;
+            }
+        }
+        shares
+    }
+
+    proptest! {
+        #[test]
+        fn water_filling_matches_the_step_by_step_reference(
+            capacity in 1u32..64,
+            claims in prop::collection::vec((1u32..5, 0u32..40), 1..5),
+        ) {
+            let claims: Vec<(f64, f64)> =
+                claims.iter().map(|(w, d)| (f64::from(*w), f64::from(*d))).collect();
+            let fast = water_fill(f64::from(capacity), &claims);
+            let slow = reference(f64::from(capacity), &claims);
+            let total_demand: f64 = claims.iter().map(|c| c.1).sum();
+            let given: f64 = fast.iter().sum();
+            prop_assert!((given - total_demand.min(f64::from(capacity))).abs() < 1e-6);
+            for (i, (f, s)) in fast.iter().zip(&slow).enumerate() {
+                prop_assert!(*f <= claims[i].1 + 1e-9, "above demand");
+                // The reference stops one step short of the exact level.
+                prop_assert!((f - s).abs() <= 0.01 * claims[i].0 + 1e-6, "{fast:?} against {slow:?}");
+            }
+        }
+    }
+}
