@@ -14,14 +14,15 @@ impl Scheduler {
             .iter()
             .map(|id| f64::from(self.tenants.account(id).map_or(0, |a| a.weight)))
             .collect();
+        let usage = || -> Vec<f64> {
+            self.account_ids
+                .iter()
+                .map(|id| self.ledger.gpu_hours(id, now))
+                .collect()
+        };
         match self.formula {
             FairShareFormula::FairTree => {
-                let usage: Vec<f64> = self
-                    .account_ids
-                    .iter()
-                    .map(|id| self.ledger.gpu_hours(id, now))
-                    .collect();
-                fair_tree_factors(&weights, &usage, &self.accounts_with_demand())
+                fair_tree_factors(&weights, &usage(), &self.accounts_with_demand())
             }
             FairShareFormula::Weighted => self
                 .account_ids
@@ -30,11 +31,7 @@ impl Scheduler {
                 .map(|(id, w)| self.ledger.priority(id, *w, now) / self.max_weight)
                 .collect(),
             FairShareFormula::SlurmClassic => {
-                let usage: Vec<f64> = self
-                    .account_ids
-                    .iter()
-                    .map(|id| self.ledger.gpu_hours(id, now))
-                    .collect();
+                let usage = usage();
                 let total_usage: f64 = usage.iter().sum();
                 let total_weight: f64 = weights.iter().sum();
                 usage
