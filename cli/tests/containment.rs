@@ -69,6 +69,7 @@ fn running(pid: &str) -> bool {
 #[test]
 fn tenants_jobs_reach_nothing_of_the_service_or_each_other_and_none_outlives_its_stop() {
     let dir = tempfile::tempdir().unwrap();
+    let _jobs = gpuledger_testkit::KillJobsUnder::new(dir.path());
     // As an operator's /var/lib: passable by the jobs' users, listable by none of them.
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();

@@ -58,6 +58,7 @@ fn job(url: &str, id: &str) -> serde_json::Value {
 #[test]
 fn jobs_run_report_to_the_aggregator_and_survive_a_scheduler_restart() {
     let dir = tempfile::tempdir().unwrap();
+    let _jobs = gpuledger_testkit::KillJobsUnder::new(dir.path());
     let config = dir.path().join("cluster.toml");
     std::fs::write(&config, CONFIG).unwrap();
     let agg_dir = dir.path().join("agg");
@@ -254,6 +255,7 @@ fn token(file: &Path, role: &str, who: &[&str]) -> String {
 /// talks to (the cluster's CA), and a real Prometheus scrapes an exporter over TLS with a token.
 fn with_tokens_and_tls_each_service_and_client_proves_who_it_is() {
     let dir = tempfile::tempdir().unwrap();
+    let _jobs = gpuledger_testkit::KillJobsUnder::new(dir.path());
     let config = dir.path().join("cluster.toml");
     std::fs::write(&config, CONFIG).unwrap();
     let tokens = dir.path().join("tokens.toml");

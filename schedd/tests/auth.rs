@@ -46,6 +46,7 @@ struct Fixture {
     b: String,
     finance: String,
     node1: String,
+    _jobs: gpuledger_testkit::KillJobsUnder,
     _dir: tempfile::TempDir,
 }
 
@@ -100,6 +101,7 @@ fn fixture() -> Fixture {
         b,
         finance,
         node1,
+        _jobs: gpuledger_testkit::KillJobsUnder::new(dir.path()),
         _dir: dir,
     }
 }

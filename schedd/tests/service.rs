@@ -73,6 +73,7 @@ fn open_on(
 #[test]
 fn a_scheduler_running_as_root_refuses_an_account_without_a_user_and_names_the_key() {
     let dir = tempfile::tempdir().unwrap();
+    let _jobs = gpuledger_testkit::KillJobsUnder::new(dir.path());
     let unmapped = CLUSTER.replace("run_as = { user = \"nobody\" }\n", "");
     let missing_user = CLUSTER.replace("user = \"nobody\"", "user = \"no-such-user-gl\"");
     for (toml, says) in [
@@ -137,6 +138,7 @@ fn state(s: &Service, id: &JobId) -> JobState {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_run_get_preempted_with_grace_and_survive_a_restart() {
     let dir = tempfile::tempdir().unwrap();
+    let _jobs = gpuledger_testkit::KillJobsUnder::new(dir.path());
     let clock = Arc::new(ManualClock::new(T0_MS));
     let s = open(dir.path(), Arc::clone(&clock));
 
@@ -280,6 +282,7 @@ fn the_newest_storage_scan_gives_account_totals_and_projects() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_elastic_job_is_told_of_its_new_gpus() {
     let dir = tempfile::tempdir().unwrap();
+    let _jobs = gpuledger_testkit::KillJobsUnder::new(dir.path());
     let clock = Arc::new(ManualClock::new(T0_MS));
     let s = open(dir.path(), Arc::clone(&clock));
     // Re-reads its allocation on SIGHUP, as an elastic launcher would.
@@ -372,6 +375,7 @@ impl gpuledger_schedd::aggregator::AggregatorLink for Shared {
 async fn fair_share_follows_the_usage_feed_and_events_go_out_once_it_is_back() {
     use gpuledger_model::usage::AccountUsage;
     let dir = tempfile::tempdir().unwrap();
+    let _jobs = gpuledger_testkit::KillJobsUnder::new(dir.path());
     let clock = Arc::new(ManualClock::new(T0_MS));
     let fake = Arc::new(FakeAggregator::default());
     fake.feed.lock().unwrap().accounts.insert(
@@ -425,6 +429,7 @@ async fn fair_share_follows_the_usage_feed_and_events_go_out_once_it_is_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grace_is_bounded_and_a_later_stop_never_puts_sigkill_off() {
     let dir = tempfile::tempdir().unwrap();
+    let _jobs = gpuledger_testkit::KillJobsUnder::new(dir.path());
     let clock = Arc::new(ManualClock::new(T0_MS));
     let s = open(dir.path(), Arc::clone(&clock));
     // A partition the account may not use, and a grace past the partition's max_grace.
@@ -511,6 +516,7 @@ async fn grace_is_bounded_and_a_later_stop_never_puts_sigkill_off() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_runs_as_its_accounts_user_and_reaches_nothing_of_the_service_or_other_jobs() {
     let dir = tempfile::tempdir().unwrap();
+    let _jobs = gpuledger_testkit::KillJobsUnder::new(dir.path());
     let clock = Arc::new(ManualClock::new(T0_MS));
     let s = open(dir.path(), Arc::clone(&clock));
     // team-a's job (run as root, on purpose here) runs on; team-b's jobs run as `nobody`.
@@ -574,6 +580,7 @@ async fn a_job_runs_as_its_accounts_user_and_reaches_nothing_of_the_service_or_o
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_whose_processes_outlive_sigkill_keeps_its_gpus_and_its_node_is_drained() {
     let dir = tempfile::tempdir().unwrap();
+    let _jobs = gpuledger_testkit::KillJobsUnder::new(dir.path());
     let clock = Arc::new(ManualClock::new(T0_MS));
     let executor = ExecutorOptions {
         unkillable_after: Duration::from_secs(1),
@@ -669,6 +676,7 @@ async fn a_job_whose_processes_outlive_sigkill_keeps_its_gpus_and_its_node_is_dr
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_drains_a_node_with_a_reason_and_bad_requests_are_refused() {
     let dir = tempfile::tempdir().unwrap();
+    let _jobs = gpuledger_testkit::KillJobsUnder::new(dir.path());
     let clock = Arc::new(ManualClock::new(T0_MS));
     let s = open(dir.path(), Arc::clone(&clock));
     let node = s.nodes()[0].node.clone();
@@ -745,6 +753,7 @@ async fn an_operator_drains_a_node_with_a_reason_and_bad_requests_are_refused() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_projects_own_user_runs_its_jobs_and_the_accounts_runs_the_rest() {
     let dir = tempfile::tempdir().unwrap();
+    let _jobs = gpuledger_testkit::KillJobsUnder::new(dir.path());
     let clock = Arc::new(ManualClock::new(T0_MS));
     let with_projects = CLUSTER.replace(
         "run_as = { user = \"nobody\" }\n",

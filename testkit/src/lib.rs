@@ -107,3 +107,66 @@ pub fn connect_from(source: [u8; 4], addr: std::net::SocketAddr) -> std::net::Tc
         .unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
     socket.into()
 }
+
+/// Kills, when dropped, every process whose working directory is below a directory: the jobs a
+/// scheduler test started, which outlive the scheduler by design, should the test fail before
+/// it ends them. Declare it after the directory, so that it is dropped first.
+#[derive(Debug)]
+pub struct KillJobsUnder(std::path::PathBuf);
+
+impl KillJobsUnder {
+    pub fn new(dir: &Path) -> Self {
+        KillJobsUnder(std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_owned()))
+    }
+}
+
+impl Drop for KillJobsUnder {
+    fn drop(&mut self) {
+        for pid in processes_under(&self.0) {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+/// The processes whose working directory is `dir` or below it.
+pub fn processes_under(dir: &Path) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd.starts_with(dir))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_guard_kills_what_runs_in_its_directory_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let other = tempfile::tempdir().unwrap();
+        let spawn_in = |cwd: &Path| {
+            Command::new("sleep")
+                .arg("100")
+                .current_dir(cwd)
+                .spawn()
+                .unwrap()
+        };
+        let mut inside = spawn_in(&dir.path().join("."));
+        let mut outside = spawn_in(other.path());
+        drop(KillJobsUnder::new(dir.path()));
+        let status = inside.wait().unwrap();
+        assert!(!status.success(), "killed");
+        assert!(matches!(outside.try_wait(), Ok(None)), "left alone");
+        outside.kill().unwrap();
+        outside.wait().unwrap();
+    }
+}
