@@ -168,8 +168,20 @@ struct ReportArgs {
     data_dir: String,
 }
 
-fn main() -> anyhow::Result<()> {
+/// Exit status 1 with one line, `error: ...` and its causes joined by `: `, never a backtrace
+/// (whatever `RUST_BACKTRACE` says); clap exits 2 for a bad command line.
+fn main() -> std::process::ExitCode {
     gpuledger_service::init_logging();
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     match Cli::parse_from(expand_exporter_config(std::env::args().collect())?).command {
         Command::Demo(args) => demo(args),
         Command::Invoice(args) => gpuledger::invoice_cmd::invoice(args),

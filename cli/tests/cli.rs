@@ -35,6 +35,26 @@ fn check_config_names_file_line_and_field() {
 }
 
 #[test]
+fn an_error_is_one_line_and_exit_status_1_even_with_backtraces_asked_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cluster.toml");
+    std::fs::write(&path, "version = 1\n[cluster]\nname = 7\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuledger"))
+        .args(["check-config", path.to_str().unwrap()])
+        .env("RUST_BACKTRACE", "1")
+        .env("RUST_LIB_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.starts_with("error: "), "{stderr}");
+    assert!(stderr.contains("cluster.toml"), "{stderr}");
+    // A bad command line is clap's: status 2.
+    assert_eq!(gpuledger(&["no-such-command"]).status.code(), Some(2));
+}
+
+#[test]
 fn check_config_summarises_a_good_file() {
     let out = gpuledger(&[
         "check-config",

@@ -73,12 +73,17 @@ fn a_config_file_with_an_unknown_key_is_refused_with_its_line() {
     std::fs::write(&config, "node = \"gpu042\"\nspool_dri = \"/tmp/x\"\n").unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_gpuledger-exporter"))
         .args(["--config", config.to_str().unwrap()])
+        // One line and status 1, never a backtrace, whatever the environment asks for.
+        .env("RUST_BACKTRACE", "1")
+        .env("RUST_LIB_BACKTRACE", "1")
         .output()
         .unwrap();
-    assert!(!out.status.success());
+    assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("exporter.toml:2: unknown key `spool_dri`"),
         "{stderr}"
     );
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.starts_with("error: "), "{stderr}");
 }

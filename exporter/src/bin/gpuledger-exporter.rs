@@ -17,8 +17,20 @@ struct Cli {
     options: ExporterOptions,
 }
 
-fn main() -> anyhow::Result<()> {
+/// Exit status 1 with one line, `error: ...` and its causes, never a backtrace; clap exits 2
+/// for a bad command line.
+fn main() -> std::process::ExitCode {
     gpuledger_service::init_logging();
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     let options = ExporterOptions::augment_args(clap::Command::new("gpuledger-exporter"));
     let typed: Vec<String> = std::env::args().skip(1).collect();
     let args = daemon::expand_config_file(typed, &options)?;
