@@ -23,6 +23,15 @@ use gpuledger_sim::seed::{load_cluster, load_demo, load_price_book};
     about = "GPU cluster telemetry, fair-share scheduling and chargeback"
 )]
 struct Cli {
+    /// How log lines are written to standard error: text (coloured only on a terminal) or json.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value = "text",
+        env = "GPULEDGER_LOG_FORMAT"
+    )]
+    log_format: gpuledger_service::LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -171,7 +180,6 @@ struct ReportArgs {
 /// Exit status 1 with one line, `error: ...` and its causes joined by `: `, never a backtrace
 /// (whatever `RUST_BACKTRACE` says); clap exits 2 for a bad command line.
 fn main() -> std::process::ExitCode {
-    gpuledger_service::init_logging();
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
@@ -182,7 +190,9 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> anyhow::Result<()> {
-    match Cli::parse_from(expand_exporter_config(std::env::args().collect())?).command {
+    let cli = Cli::parse_from(expand_exporter_config(std::env::args().collect())?);
+    gpuledger_service::init_logging(cli.log_format);
+    match cli.command {
         Command::Demo(args) => demo(args),
         Command::Invoice(args) => gpuledger::invoice_cmd::invoice(args),
         Command::StorageScan(args) => gpuledger::invoice_cmd::storage_scan(args),

@@ -55,6 +55,54 @@ fn an_error_is_one_line_and_exit_status_1_even_with_backtraces_asked_for() {
 }
 
 #[test]
+fn logs_are_json_lines_when_asked_and_never_coloured_when_not_on_a_terminal() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    for format in ["json", "text"] {
+        let data = dir.path().join(format);
+        let mut aggregator = gpuledger_testkit::spawn_binary(
+            env!("CARGO_BIN_EXE_gpuledger"),
+            &[
+                "--log-format",
+                format,
+                "aggregator",
+                "--listen",
+                "127.0.0.1:0",
+                "--data-dir",
+                data.to_str().unwrap(),
+            ],
+            std::process::Stdio::piped(),
+        );
+        let mut line = String::new();
+        std::io::BufReader::new(aggregator.child.stderr.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        // Without --tokens the aggregator warns that authentication is off.
+        assert!(
+            !line.contains('\u{1b}'),
+            "{format}: colour codes in {line:?}"
+        );
+        if format == "json" {
+            let event: serde_json::Value = serde_json::from_str(&line).unwrap();
+            assert_eq!(event["level"], "WARN", "{line}");
+            assert!(
+                event["fields"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("authentication is off"),
+                "{line}"
+            );
+        } else {
+            assert!(
+                line.contains(" WARN ") && line.contains("authentication is off"),
+                "{line}"
+            );
+        }
+        gpuledger_testkit::terminate(aggregator);
+    }
+}
+
+#[test]
 fn check_config_summarises_a_good_file() {
     let out = gpuledger(&[
         "check-config",

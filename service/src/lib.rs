@@ -62,15 +62,32 @@ pub fn announce(line: &str) {
     let _ = writeln!(out, "{line}").and_then(|()| out.flush());
 }
 
-/// Logs to stderr, filtered by `GPULEDGER_LOG` (default `warn`); every binary calls it.
-pub fn init_logging() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("GPULEDGER_LOG")
-                .unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+/// How log lines are written (`--log-format`, `GPULEDGER_LOG_FORMAT`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    /// One line per event, coloured only when standard error is a terminal.
+    #[default]
+    Text,
+    /// One JSON object per line (`timestamp`, `level`, `fields`, `target`, `span`), for a log
+    /// shipper.
+    Json,
+}
+
+/// Logs to stderr as `format` says, filtered by `GPULEDGER_LOG` (default `warn`); every binary
+/// calls it.
+pub fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal;
+    let filter = || {
+        tracing_subscriber::EnvFilter::try_from_env("GPULEDGER_LOG")
+            .unwrap_or_else(|_| "warn".into())
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter())
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => builder.json().with_ansi(false).init(),
+    }
 }
 
 /// Binds `addr`, naming it when that fails.

@@ -13,6 +13,9 @@ use gpuledger_exporter::daemon::{self, ExporterOptions};
     about = "gpuledger's per-node exporter: GPU telemetry with job and tenant labels"
 )]
 struct Cli {
+    /// How log lines are written to standard error: text (coloured only on a terminal) or json.
+    #[arg(long, value_enum, default_value = "text", env = "GPULEDGER_LOG_FORMAT")]
+    log_format: gpuledger_service::LogFormat,
     #[command(flatten)]
     options: ExporterOptions,
 }
@@ -20,7 +23,6 @@ struct Cli {
 /// Exit status 1 with one line, `error: ...` and its causes, never a backtrace; clap exits 2
 /// for a bad command line.
 fn main() -> std::process::ExitCode {
-    gpuledger_service::init_logging();
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
@@ -35,6 +37,7 @@ fn run() -> anyhow::Result<()> {
     let typed: Vec<String> = std::env::args().skip(1).collect();
     let args = daemon::expand_config_file(typed, &options)?;
     let cli = Cli::parse_from(std::iter::once("gpuledger-exporter".to_owned()).chain(args));
+    gpuledger_service::init_logging(cli.log_format);
     daemon::run(cli.options)?;
     Ok(())
 }
