@@ -180,13 +180,7 @@ struct ReportArgs {
 /// Exit status 1 with one line, `error: ...` and its causes joined by `: `, never a backtrace
 /// (whatever `RUST_BACKTRACE` says); clap exits 2 for a bad command line.
 fn main() -> std::process::ExitCode {
-    match run() {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("error: {error:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    gpuledger_service::exit_status(run())
 }
 
 fn run() -> anyhow::Result<()> {

@@ -62,6 +62,20 @@ pub fn announce(line: &str) {
     let _ = writeln!(out, "{line}").and_then(|()| out.flush());
 }
 
+/// A binary's exit: status 1 with one line on stderr, `error: ` and the error in its alternate
+/// form (anyhow's cause chain joined by `: `), never a backtrace; success otherwise.
+pub fn exit_status<E: std::fmt::Display>(
+    result: std::result::Result<(), E>,
+) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// How log lines are written (`--log-format`, `GPULEDGER_LOG_FORMAT`).
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum LogFormat {

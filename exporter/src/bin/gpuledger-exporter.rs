@@ -23,13 +23,7 @@ struct Cli {
 /// Exit status 1 with one line, `error: ...` and its causes, never a backtrace; clap exits 2
 /// for a bad command line.
 fn main() -> std::process::ExitCode {
-    match run() {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("error: {error:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    gpuledger_service::exit_status(run())
 }
 
 fn run() -> anyhow::Result<()> {
