@@ -7,10 +7,12 @@
 //! | project | a Kueue `LocalQueue` in the account's namespace, pointing at the account's `ClusterQueue` |
 //! | GPU pool (model) | a Kueue `ResourceFlavor` with the node label `nvidia.com/gpu.product` |
 //! | weight | the `ClusterQueue`'s nominal GPUs (its weight's share of each pool) and its fair-sharing weight |
+//! | `max_gpus` (Slurm `GrpTRES=gres/gpu`) | the `ClusterQueue`'s nominal GPUs instead (at most the pool), `borrowingLimit: 0`, and the namespace's `requests.nvidia.com/gpu` |
 //! | partition tier | a Kueue `WorkloadPriorityClass` |
 //!
 //! The `ResourceQuota` caps what the namespace may request at once: every GPU of the cluster
-//! (borrowing through the cohort is Kueue's to allow), `pods` as `max_running_jobs` times the
+//! (borrowing through the cohort is Kueue's to allow) or, with `max_gpus`, that many (the one
+//! cap across GPU models; each flavor's nominal quota alone would allow it per model), `pods` as `max_running_jobs` times the
 //! nodes its largest job may span, storage as the account's `storage` quota. Quotas Kubernetes
 //! has no place for (GPU-hours per day and week, run time) stay with gpuledger's scheduler or
 //! its alerts; they are listed in a comment at the top.
@@ -125,10 +127,11 @@ pub fn export(config: &ClusterConfig) -> String {
         );
         let max_job = a.quota.max_gpus_per_job.map_or(total_gpus, u64::from);
         let nodes_per_job = max_job.div_ceil(u64::from(gpus_per_node)).max(1);
+        let max_gpus = a.quota.max_gpus.map(u64::from);
         let _ = write!(
             y,
             "---\napiVersion: v1\nkind: ResourceQuota\nmetadata:\n  name: gpuledger\n  namespace: {ns}\nspec:\n  hard:\n    requests.nvidia.com/gpu: {}\n",
-            quoted(&total_gpus.to_string())
+            quoted(&max_gpus.unwrap_or(total_gpus).min(total_gpus).to_string())
         );
         if let Some(jobs) = a.quota.max_running_jobs {
             let _ = writeln!(
@@ -147,11 +150,17 @@ pub fn export(config: &ClusterConfig) -> String {
             quoted(&a.weight.to_string())
         );
         for (model, gpus, _) in &pools {
+            // A concurrent-GPU quota is the account's quota in Kueue's terms: admitted up to
+            // it, never borrowing past it.
+            let (nominal, borrowing) = match max_gpus {
+                Some(cap) => (cap.min(*gpus), "              borrowingLimit: 0\n"),
+                None => (share(*gpus), ""),
+            };
             let _ = write!(
                 y,
-                "        - name: {}\n          resources:\n            - name: nvidia.com/gpu\n              nominalQuota: {}\n",
+                "        - name: {}\n          resources:\n            - name: nvidia.com/gpu\n              nominalQuota: {}\n{borrowing}",
                 model.key(),
-                share(*gpus)
+                nominal
             );
         }
         let queues: Vec<String> = if a.projects.is_empty() {
@@ -173,6 +182,51 @@ pub fn export(config: &ClusterConfig) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_concurrent_gpu_quota_is_the_cluster_queues_nominal_quota() {
+        let mut config = ClusterConfig::from_toml_str(
+            "version = 1\n[cluster]\nname = \"c\"\n\
+             [[node_pools]]\nname = \"p\"\nprefix = \"n\"\ncount = 4\ngpus_per_node = 8\ngpu_model = \"h100-sxm\"\n\
+             [[partitions]]\nname = \"p\"\npriority_tier = 10\n\
+             [prices]\nversion = \"v\"\neffective_from = \"2026-01-01\"\ncurrency = \"CNY\"\ngpu_hour = { h100-sxm = \"1\" }\n\
+             [[accounts]]\nid = \"capped\"\nname = \"C\"\nweight = 3\nquota = { max_gpus = 12 }\n\
+             [[accounts]]\nid = \"free\"\nname = \"F\"\nweight = 1\n",
+            "test",
+        )
+        .unwrap();
+        let queue_of = |yaml: &str, ns: &str| -> String {
+            let start = yaml
+                .find(&format!("kind: ClusterQueue\nmetadata:\n  name: {ns}\n"))
+                .unwrap();
+            yaml[start..].split("---").next().unwrap().to_owned()
+        };
+        let quota_of = |yaml: &str, ns: &str| -> String {
+            let start = yaml
+                .find(&format!(
+                    "kind: ResourceQuota\nmetadata:\n  name: gpuledger\n  namespace: {ns}\n"
+                ))
+                .unwrap();
+            yaml[start..].split("---").next().unwrap().to_owned()
+        };
+        let yaml = export(&config);
+        let capped = queue_of(&yaml, "capped");
+        assert!(capped.contains("nominalQuota: 12\n"), "{capped}");
+        assert!(capped.contains("borrowingLimit: 0\n"), "{capped}");
+        assert!(quota_of(&yaml, "capped").contains("requests.nvidia.com/gpu: \"12\""));
+        let free = queue_of(&yaml, "free");
+        assert!(
+            free.contains("nominalQuota: 8\n"),
+            "a quarter of 32: {free}"
+        );
+        assert!(!free.contains("borrowingLimit"), "{free}");
+        assert!(quota_of(&yaml, "free").contains("requests.nvidia.com/gpu: \"32\""));
+        // A cap past the cluster is the cluster.
+        config.accounts[0].quota.max_gpus = Some(1000);
+        let yaml = export(&config);
+        assert!(queue_of(&yaml, "capped").contains("nominalQuota: 32\n"));
+        assert!(quota_of(&yaml, "capped").contains("requests.nvidia.com/gpu: \"32\""));
+    }
 
     #[test]
     fn storage_is_a_kubernetes_quantity() {

@@ -171,6 +171,11 @@ fn a_sacctmgr_dump_of_ten_accounts_gives_the_same_quotas() {
         assert_eq!(a.quota.max_run_time, wall, "{id}.max_run_time");
         assert_eq!(a.quota.priority, priority, "{id}.priority");
         assert_eq!(
+            a.quota.max_gpus,
+            (id == "team-c").then_some(64),
+            "{id}.max_gpus: GrpTRES=gres/gpu"
+        );
+        assert_eq!(
             a.quota.gpu_hours_per_day, None,
             "{id}: Slurm has no daily GPU-hours"
         );
@@ -186,7 +191,6 @@ fn a_sacctmgr_dump_of_ten_accounts_gives_the_same_quotas() {
     );
     for said in [
         "10 accounts, 3 projects imported",
-        "GrpTRES=gres/gpu=64: not mapped: gpuledger has no concurrent-GPU",
         "MaxTRESPerJob cpu: not mapped",
         "MaxJobs=4: not mapped: a per-user limit",
         "QOS=normal,urgent: not mapped",

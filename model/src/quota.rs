@@ -12,6 +12,8 @@ use crate::units::{ByteSize, DurationSpec};
 pub struct Quota {
     /// Jobs running at once (Slurm `GrpJobs`).
     pub max_running_jobs: Option<u32>,
+    /// GPUs held at once by all running jobs together (Slurm `GrpTRES=gres/gpu=N`).
+    pub max_gpus: Option<u32>,
     /// GPU-hours a calendar day (UTC).
     pub gpu_hours_per_day: Option<u64>,
     /// GPU-hours a rolling week (Slurm `GrpTRESMins=gres/gpu`, in hours).
@@ -30,6 +32,7 @@ pub struct Quota {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum QuotaDimension {
     MaxRunningJobs,
+    MaxGpus,
     GpuHoursPerDay,
     GpuHoursPerWeek,
     MaxGpusPerJob,
@@ -42,6 +45,7 @@ impl QuotaDimension {
     pub fn field(self) -> &'static str {
         match self {
             QuotaDimension::MaxRunningJobs => "max_running_jobs",
+            QuotaDimension::MaxGpus => "max_gpus",
             QuotaDimension::GpuHoursPerDay => "gpu_hours_per_day",
             QuotaDimension::GpuHoursPerWeek => "gpu_hours_per_week",
             QuotaDimension::MaxGpusPerJob => "max_gpus_per_job",
@@ -70,6 +74,7 @@ impl Quota {
     pub fn effective_for_project(account: &Quota, project: &Quota) -> Quota {
         Quota {
             max_running_jobs: tighter(account.max_running_jobs, project.max_running_jobs),
+            max_gpus: tighter(account.max_gpus, project.max_gpus),
             gpu_hours_per_day: tighter(account.gpu_hours_per_day, project.gpu_hours_per_day),
             gpu_hours_per_week: tighter(account.gpu_hours_per_week, project.gpu_hours_per_week),
             max_gpus_per_job: tighter(account.max_gpus_per_job, project.max_gpus_per_job),
@@ -85,6 +90,9 @@ impl Quota {
         let mut out = Vec::new();
         if exceeds(&self.max_running_jobs, &parent.max_running_jobs) {
             out.push(QuotaDimension::MaxRunningJobs);
+        }
+        if exceeds(&self.max_gpus, &parent.max_gpus) {
+            out.push(QuotaDimension::MaxGpus);
         }
         if exceeds(&self.gpu_hours_per_day, &parent.gpu_hours_per_day) {
             out.push(QuotaDimension::GpuHoursPerDay);
@@ -114,27 +122,31 @@ mod tests {
         let account = Quota {
             max_gpus_per_job: Some(256),
             max_running_jobs: Some(10),
+            max_gpus: Some(32),
             priority: Some(40),
             ..Quota::default()
         };
         let project = Quota {
             max_gpus_per_job: Some(64),
             gpu_hours_per_day: Some(500),
+            max_gpus: Some(16),
             ..Quota::default()
         };
         let eff = Quota::effective_for_project(&account, &project);
         assert_eq!(eff.max_gpus_per_job, Some(64));
         assert_eq!(eff.max_running_jobs, Some(10));
+        assert_eq!(eff.max_gpus, Some(16));
         assert_eq!(eff.gpu_hours_per_day, Some(500));
         assert_eq!(eff.priority, Some(40));
         assert!(project.exceeded_dimensions(&account).is_empty());
         let greedy = Quota {
             max_gpus_per_job: Some(512),
+            max_gpus: Some(64),
             ..Quota::default()
         };
         assert_eq!(
             greedy.exceeded_dimensions(&account),
-            vec![QuotaDimension::MaxGpusPerJob]
+            vec![QuotaDimension::MaxGpus, QuotaDimension::MaxGpusPerJob]
         );
     }
 }

@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 
+use gpuledger_model::config::FairShareFormula;
 use gpuledger_model::time::UnixSeconds;
 use gpuledger_model::AccountId;
 
@@ -34,6 +35,47 @@ pub fn slurm_classic_factor(usage_share: f64, normalised_share: f64) -> f64 {
         return 0.0;
     }
     (-usage_share / normalised_share).exp2()
+}
+
+/// Each account's fair-share factor in [0, 1] under `formula`, from its weight, its decayed
+/// GPU-hours and whether it has running or waiting work (all in the same order): Fair Tree's
+/// rank ([`fair_tree_factors`]), the design's `weight / (1 + usage / factor)` over the largest
+/// weight, or Slurm's classic `2^(-usage share / normalised share)`. gpuledger's scheduler and
+/// `gpuledger slurm steer` both rank accounts with this one function.
+pub fn account_factors(
+    formula: FairShareFormula,
+    factor_gpu_hours: f64,
+    weights: &[f64],
+    usage: &[f64],
+    has_demand: &[bool],
+) -> Vec<f64> {
+    match formula {
+        FairShareFormula::FairTree => fair_tree_factors(weights, usage, has_demand),
+        FairShareFormula::Weighted => {
+            let max_weight = weights.iter().copied().fold(1.0, f64::max);
+            weights
+                .iter()
+                .zip(usage)
+                .map(|(w, u)| weighted_priority(*w, *u, factor_gpu_hours) / max_weight)
+                .collect()
+        }
+        FairShareFormula::SlurmClassic => {
+            let total_usage: f64 = usage.iter().sum();
+            let total_weight: f64 = weights.iter().sum();
+            usage
+                .iter()
+                .zip(weights)
+                .map(|(u, w)| {
+                    let usage_share = if total_usage > 0.0 {
+                        u / total_usage
+                    } else {
+                        0.0
+                    };
+                    slurm_classic_factor(usage_share, w / total_weight.max(1.0))
+                })
+                .collect()
+        }
+    }
 }
 
 /// Fair Tree's factors (Slurm's `PriorityFlags` default since 19.05, for a flat tree of

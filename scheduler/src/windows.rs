@@ -4,10 +4,56 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use gpuledger_model::quota::Quota;
 use gpuledger_model::time::UnixSeconds;
 use gpuledger_model::{AccountId, ProjectId};
 
+use crate::core::PendingReason;
+
 pub const DAY_S: i64 = 86_400;
+
+/// GPU-seconds used in the UTC day of now and in the seven UTC days ending with it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WindowUse {
+    pub day_gpu_s: i64,
+    pub week_gpu_s: i64,
+}
+
+/// The GPU-hour window a job would pass by starting now, as the pending reason: what was used
+/// (`used`), what running jobs may still use today up to their time limits (`committed_s`)
+/// and what this job would use today (`need_s`), against `quota`'s day and week. Later days
+/// are checked as later jobs start. gpuledger's scheduler and `gpuledger slurm steer` both
+/// decide with this one function.
+pub fn gpu_hours_verdict(
+    quota: &Quota,
+    used: WindowUse,
+    committed_s: i64,
+    need_s: i64,
+) -> Option<PendingReason> {
+    let over = |limit: u64, used: i64| {
+        used.saturating_add(committed_s).saturating_add(need_s)
+            > i64::try_from(limit.saturating_mul(3600)).unwrap_or(i64::MAX)
+    };
+    if quota
+        .gpu_hours_per_day
+        .is_some_and(|l| over(l, used.day_gpu_s))
+    {
+        return Some(PendingReason::AssocGrpGpuHoursDay);
+    }
+    if quota
+        .gpu_hours_per_week
+        .is_some_and(|l| over(l, used.week_gpu_s))
+    {
+        return Some(PendingReason::AssocGrpGpuHoursWeek);
+    }
+    None
+}
+
+/// GPU-seconds `gpus` held from `now` until `end` use in the UTC day of `now`.
+pub fn today_part(gpus: u32, now: UnixSeconds, end: UnixSeconds) -> i64 {
+    let day_end = (day_of(now) + 1) * DAY_S;
+    i64::from(gpus) * (end.min(day_end) - now).max(0)
+}
 
 /// The UTC day of a time, as days since the epoch.
 pub fn day_of(t: UnixSeconds) -> i64 {
@@ -102,6 +148,47 @@ impl UsageWindows {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_verdict_counts_used_committed_and_needed_against_day_then_week() {
+        let quota = Quota {
+            gpu_hours_per_day: Some(10),
+            gpu_hours_per_week: Some(50),
+            ..Quota::default()
+        };
+        let used = WindowUse {
+            day_gpu_s: 8 * 3600,
+            week_gpu_s: 40 * 3600,
+        };
+        assert_eq!(
+            gpu_hours_verdict(&quota, used, 3600, 3600),
+            None,
+            "exactly 10"
+        );
+        assert_eq!(
+            gpu_hours_verdict(&quota, used, 3600, 3601),
+            Some(PendingReason::AssocGrpGpuHoursDay)
+        );
+        let week_bound = WindowUse {
+            day_gpu_s: 0,
+            week_gpu_s: 49 * 3600,
+        };
+        assert_eq!(
+            gpu_hours_verdict(&quota, week_bound, 0, 3601),
+            Some(PendingReason::AssocGrpGpuHoursWeek)
+        );
+        assert_eq!(
+            gpu_hours_verdict(&Quota::default(), week_bound, i64::MAX, i64::MAX),
+            None,
+            "no quota, no hold, no overflow"
+        );
+        assert_eq!(
+            today_part(8, DAY_S - 600, DAY_S + 3600),
+            8 * 600,
+            "cut at midnight"
+        );
+        assert_eq!(today_part(8, 100, 50), 0);
+    }
 
     #[test]
     fn usage_is_split_at_midnight_and_summed_over_seven_days() {

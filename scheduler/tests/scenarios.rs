@@ -213,6 +213,112 @@ fn the_running_jobs_quota_holds_jobs_with_its_reason() {
     assert_eq!(in_project.iter().filter(|id| h.is_running(id)).count(), 2);
 }
 
+/// Account c may hold 12 GPUs at once, its project pc 4 (Slurm `GrpTRES=gres/gpu`).
+fn capped_harness(policy: &str) -> Harness {
+    let source = config_source(4).replace(
+        "id = \"c\"\nname = \"C\"\nweight = 1\n",
+        "id = \"c\"\nname = \"C\"\nweight = 1\nquota = { max_gpus = 12 }\n\
+         projects = [{ id = \"pc\", quota = { max_gpus = 4 } }]\n",
+    );
+    assert!(source.contains("max_gpus = 12"));
+    Harness::with_config(
+        &ClusterConfig::from_toml_str(&source, "t.toml").unwrap(),
+        policy,
+    )
+}
+
+#[test]
+fn the_concurrent_gpu_quota_holds_jobs_with_assoc_grp_gres() {
+    for policy in ["fifo", "fairshare+backfill", "fairshare+conservative"] {
+        let mut h = capped_harness(policy);
+        let too_big = h.spec("c", 16, 1, 0);
+        assert_eq!(
+            h.sched.submit(too_big),
+            Err(Refusal::MoreThanMaxGpus {
+                asked: 16,
+                limit: 12
+            }),
+            "{policy}: a job larger than the cap could never start"
+        );
+        let mut in_project = h.spec("c", 8, 1, 0);
+        in_project.project = Some(ProjectId::new("pc").unwrap());
+        assert!(
+            matches!(
+                h.sched.submit(in_project),
+                Err(Refusal::MoreThanMaxGpus { limit: 4, .. })
+            ),
+            "{policy}: the project's cap is tighter"
+        );
+        let first = h.submit("c", 8, 1, 0);
+        let second = h.submit("c", 4, 1, 1);
+        let third = h.submit("c", 4, 1, 2);
+        let other = h.submit("b", 8, 1, 3);
+        h.step(3);
+        assert!(h.is_running(&first) && h.is_running(&second), "{policy}");
+        assert_eq!(
+            h.reason(&third),
+            Some(PendingReason::AssocGrpGres),
+            "{policy}: 12 GPUs held, 12 allowed"
+        );
+        assert_eq!(PendingReason::AssocGrpGres.as_str(), "AssocGrpGRES");
+        assert!(h.is_running(&other), "{policy}: the cap holds c only");
+        // Two project jobs of 4 GPUs each: one fits under the project's 4 once room is made.
+        let mut p = Vec::new();
+        for t in 4..6 {
+            let mut s = h.spec("c", 4, 1, t);
+            s.project = Some(ProjectId::new("pc").unwrap());
+            p.push(h.submit_spec(s));
+        }
+        h.step(6);
+        assert!(p.iter().all(|id| !h.is_running(id)), "{policy}");
+        h.finish(&first, H);
+        h.step(H);
+        assert!(
+            h.is_running(&third),
+            "{policy}: 4 held, 8 free under the cap"
+        );
+        assert_eq!(
+            p.iter().filter(|id| h.is_running(id)).count(),
+            1,
+            "{policy}: the project's 4 take the rest"
+        );
+        h.finish(&second, H + 10);
+        h.step(H + 10);
+        let waiting = p.iter().find(|id| !h.is_running(id)).unwrap();
+        assert_eq!(
+            h.reason(waiting),
+            Some(PendingReason::AssocGrpGres),
+            "{policy}: the account has room for 4 more, its project none"
+        );
+    }
+}
+
+#[test]
+fn an_elastic_job_starts_and_grows_only_within_the_concurrent_gpu_quota() {
+    let mut h = capped_harness("fairshare+backfill");
+    let small = h.submit("c", 6, 1, 0);
+    h.step(0);
+    assert!(h.is_running(&small));
+    let mut spec = h.spec("c", 8, 10, 1);
+    spec.min_gpus = Some(2);
+    let elastic = h.submit_spec(spec);
+    h.cycle(1);
+    assert_eq!(
+        h.gpus_of(&elastic),
+        6,
+        "26 GPUs are free but the cap of 12 leaves 6"
+    );
+    h.cycle(2);
+    assert_eq!(h.gpus_of(&elastic), 6, "and it does not grow past the cap");
+    h.finish(&small, H);
+    h.cycle(H);
+    assert_eq!(
+        h.gpus_of(&elastic),
+        8,
+        "room again: it grows to its maximum"
+    );
+}
+
 #[test]
 fn preemption_takes_the_job_that_loses_least_and_gives_it_grace() {
     let mut h = harness(2, "fairshare+backfill");

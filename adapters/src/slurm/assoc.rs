@@ -11,14 +11,15 @@
 //! |---|---|
 //! | `Fairshare=N` | `weight` (`parent` or absent: 1) |
 //! | `GrpJobs=N` | `max_running_jobs` |
+//! | `GrpTRES=gres/gpu=N` | `max_gpus` (GPUs held at once by the account's running jobs) |
 //! | `GrpTRESMins=gres/gpu=M` | `gpu_hours_per_week` = M / 60 (Slurm's holds until its usage reset; gpuledger's is a rolling week) |
 //! | `MaxTRESPerJob=gres/gpu=N` | `max_gpus_per_job` |
 //! | `MaxWall=`, `MaxWallDurationPerJob=` | `max_run_time` |
 //! | `Priority=N` | `priority` (1-100) |
 //! | `Description=` | `name` |
 //!
-//! Everything else is reported, with its line, as not mapped: `GrpTRES` (gpuledger has no
-//! concurrent-GPU quota yet), `MaxJobs` (a per-user limit in Slurm), CPU and memory TRES, QOS
+//! Everything else is reported, with its line, as not mapped: `GrpTRES` other than GPUs,
+//! `MaxJobs` (a per-user limit in Slurm), CPU and memory TRES, QOS
 //! (gpuledger's tiers are partitions), users (gpuledger authenticates per account), accounts
 //! deeper than two levels (their jobs are booked to the project above them).
 
@@ -184,7 +185,7 @@ const DESCRIPTIVE: [&str; 5] = [
 
 fn why_not(key: &str) -> &'static str {
     match key {
-        "grptres" => "gpuledger has no concurrent-GPU (or CPU, memory) quota yet",
+        "grptres" => "gpuledger limits GPUs held at once, not CPUs or memory",
         "maxjobs" | "maxsubmitjobs" | "maxjobsaccrue" => {
             "a per-user limit in Slurm; gpuledger's limits are per account and project"
         }
@@ -272,6 +273,16 @@ fn limits(l: &DumpLine, not_mapped: &mut Vec<NotMapped>) -> Result<(Quota, Optio
                         format!("{key} {other}"),
                         "gpuledger limits GPUs per job, nothing else",
                     );
+                }
+            }
+            "grptres" => {
+                if let Some(g) = strict_tres_gpus(key, value)? {
+                    quota.max_gpus = Some(u32::try_from(g).map_err(|_| {
+                        format!("`{key}` gres/gpu={g}: at most {} GPUs at once", u32::MAX)
+                    })?);
+                }
+                for other in tres(value).keys().filter(|t| !t.starts_with("gres/gpu")) {
+                    skip(format!("{key} {other}"), why_not("grptres"));
                 }
             }
             "grptresmins" => {
@@ -502,6 +513,9 @@ fn quota_toml(q: &Quota) -> String {
     if let Some(v) = q.max_running_jobs {
         parts.push(format!("max_running_jobs = {v}"));
     }
+    if let Some(v) = q.max_gpus {
+        parts.push(format!("max_gpus = {v}"));
+    }
     if let Some(v) = q.gpu_hours_per_day {
         parts.push(format!("gpu_hours_per_day = {v}"));
     }
@@ -580,7 +594,7 @@ mod tests {
 Cluster - 'tux':Fairshare=1:QOS='normal'\n\
 Parent - 'root'\n\
 User - 'root':DefaultAccount='root':AdminLevel='Administrator':Fairshare=1\n\
-Account - 'physics':Description='Physics: theory and lab':Organization='science':Fairshare=40:GrpTRES=gres/gpu=64:GrpJobs=20:MaxJobs=4:MaxTRESPerJob=cpu=64,gres/gpu=16:MaxWallDurationPerJob=2880:QOS='normal,high'\n\
+Account - 'physics':Description='Physics: theory and lab':Organization='science':Fairshare=40:GrpTRES=cpu=512,gres/gpu=64:GrpJobs=20:MaxJobs=4:MaxTRESPerJob=cpu=64,gres/gpu=16:MaxWallDurationPerJob=2880:QOS='normal,high'\n\
 Parent - 'physics'\n\
 Account - 'lattice':Description='lattice':GrpTRESMins=gres/gpu=6000:MaxWall=1-00:00:00\n\
 User - 'alice':DefaultAccount='physics':Fairshare=1:MaxJobs=2\n\
@@ -601,6 +615,7 @@ Account - 'lattice-a':Fairshare=1\n";
         assert_eq!(physics.weight, 40);
         assert_eq!(physics.quota.max_running_jobs, Some(20));
         assert_eq!(physics.quota.max_gpus_per_job, Some(16));
+        assert_eq!(physics.quota.max_gpus, Some(64), "GrpTRES=gres/gpu");
         assert_eq!(
             physics.quota.max_run_time,
             Some(DurationSpec::from_secs(2 * 86_400))
@@ -618,7 +633,7 @@ Account - 'lattice-a':Fairshare=1\n";
         );
         let report = report(&import);
         for expected in [
-            "line 5: GrpTRES=gres/gpu=64: not mapped",
+            "line 5: GrpTRES cpu: not mapped",
             "line 5: MaxJobs=4: not mapped",
             "line 5: MaxTRESPerJob cpu: not mapped",
             "line 5: QOS=normal,high: not mapped",

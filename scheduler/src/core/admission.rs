@@ -61,6 +61,14 @@ impl Scheduler {
                 });
             }
         }
+        if let Some(limit) = quota.max_gpus {
+            if spec.min_size() > limit {
+                return Err(Refusal::MoreThanMaxGpus {
+                    asked: spec.min_size(),
+                    limit,
+                });
+            }
+        }
         let capacity = self
             .capacity
             .get(&spec.account)
@@ -109,6 +117,7 @@ impl Scheduler {
             account: self.account_index.get(&spec.account).copied().unwrap_or(0),
             running_limited: quota.max_running_jobs.is_some()
                 || account.is_some_and(|a| a.quota.max_running_jobs.is_some()),
+            gpus_limited: quota.max_gpus.is_some(),
             gpu_hours_limited: account.is_some_and(|a| has_gpu_hour_quota(&a.quota))
                 || project_quota.is_some_and(has_gpu_hour_quota),
             storage_limited: account.is_some_and(|a| a.quota.storage.is_some())
@@ -122,6 +131,13 @@ impl Scheduler {
         let spec = &job.spec;
         if job.limits.running_limited && self.at_job_limit(spec) {
             return Some(PendingReason::AssocMaxJobsLimit);
+        }
+        if job.limits.gpus_limited
+            && self
+                .gpu_room(spec)
+                .is_some_and(|room| room < spec.min_size())
+        {
+            return Some(PendingReason::AssocGrpGres);
         }
         if job.limits.storage_limited && self.over_storage_quota(spec) {
             return Some(PendingReason::AssocGrpStorage);
@@ -191,36 +207,61 @@ impl Scheduler {
         }
         let today = day_of(now);
         let day_end = (today + 1) * DAY_S;
-        let gpus = i64::from(spec.min_size());
-        let limit_end = now.saturating_add(spec.time_limit_s as i64);
-        // Running jobs count for what they may still use: up to their time limits.
-        let committed = |until: UnixSeconds| -> i64 {
-            self.running
-                .values()
-                .filter(|r| r.spec.account == key.0 && (key.1.is_none() || r.spec.project == key.1))
-                .map(|r| {
-                    i64::from(r.placement.gpu_count())
-                        * (r.limit_end_s().min(until) - r.accrued_until).max(0)
-                })
-                .sum()
+        // Running jobs count for what they may still use today: up to their time limits.
+        let committed: i64 = self
+            .running
+            .values()
+            .filter(|r| r.spec.account == key.0 && (key.1.is_none() || r.spec.project == key.1))
+            .map(|r| {
+                i64::from(r.placement.gpu_count())
+                    * (r.limit_end_s().min(day_end) - r.accrued_until).max(0)
+            })
+            .sum();
+        let used = WindowUse {
+            day_gpu_s: self.windows.day(key, today),
+            week_gpu_s: self.windows.week(key, today),
         };
-        if let Some(limit) = quota.gpu_hours_per_day {
-            let used = self.windows.day(key, today) + committed(day_end);
-            let need = gpus * (limit_end.min(day_end) - now);
-            if used + need > limit as i64 * 3600 {
-                return Some(PendingReason::AssocGrpGpuHoursDay);
-            }
+        let need = today_part(
+            spec.min_size(),
+            now,
+            now.saturating_add(spec.time_limit_s as i64),
+        );
+        gpu_hours_verdict(quota, used, committed, need)
+    }
+
+    /// GPUs held now by the running jobs of an account (project `None`) or a project.
+    pub(super) fn held(&self, key: &WindowKey) -> u32 {
+        self.gpus_held.get(key).copied().unwrap_or(0)
+    }
+
+    /// Adds (or, negative, removes) GPUs a job of `spec` holds to its account and project.
+    pub(super) fn count_held(&mut self, spec: &JobSpec, gpus: i64) {
+        let keys = std::iter::once((spec.account.clone(), None)).chain(
+            spec.project
+                .clone()
+                .map(|p| (spec.account.clone(), Some(p))),
+        );
+        for key in keys {
+            let n = self.gpus_held.entry(key).or_default();
+            *n = u32::try_from((i64::from(*n) + gpus).max(0)).unwrap_or(u32::MAX);
         }
-        if let Some(limit) = quota.gpu_hours_per_week {
-            // The seven UTC days ending today: what was used, what running jobs may still use
-            // today, and this job's today. Later days are checked as later jobs start.
-            let used = self.windows.week(key, today) + committed(day_end);
-            let need = gpus * (limit_end.min(day_end) - now);
-            if used + need > limit as i64 * 3600 {
-                return Some(PendingReason::AssocGrpGpuHoursWeek);
-            }
+    }
+
+    /// How many more GPUs a job of `spec` may hold under `max_gpus` (its account's and its
+    /// project's, the tighter); `None` when neither sets one.
+    pub(super) fn gpu_room(&self, spec: &JobSpec) -> Option<u32> {
+        let account = self.tenants.account(&spec.account)?;
+        let room =
+            |limit: Option<u32>, key: WindowKey| limit.map(|l| l.saturating_sub(self.held(&key)));
+        let of_account = room(account.quota.max_gpus, (spec.account.clone(), None));
+        let of_project = spec.project.as_ref().and_then(|p| {
+            let quota = &account.projects.iter().find(|q| &q.id == p)?.quota;
+            room(quota.max_gpus, (spec.account.clone(), Some(p.clone())))
+        });
+        match (of_account, of_project) {
+            (Some(a), Some(p)) => Some(a.min(p)),
+            (a, p) => a.or(p),
         }
-        None
     }
 
     pub(super) fn at_job_limit(&self, spec: &JobSpec) -> bool {

@@ -17,10 +17,12 @@ use gpuledger_model::time::UnixSeconds;
 use gpuledger_model::{AccountId, Allocation, JobId, ProjectId};
 
 use crate::cluster::{Cluster, NodeFilter, Placement};
-use crate::fairshare::{fair_tree_factors, slurm_classic_factor, FairShareParams, UsageLedger};
+use crate::fairshare::{account_factors, FairShareParams, UsageLedger};
 use crate::plan::Plan;
 use crate::reservation::{AdvanceReservation, ReservationError, ReservationRequest, Reservations};
-use crate::windows::{day_of, UsageWindows, WindowKey, DAY_S};
+use crate::windows::{
+    day_of, gpu_hours_verdict, today_part, UsageWindows, WindowKey, WindowUse, DAY_S,
+};
 
 mod admission;
 mod ordering;
@@ -52,7 +54,6 @@ pub struct Scheduler {
     account_index: HashMap<AccountId, usize>,
     /// The most GPUs each account's jobs could ever get.
     capacity: HashMap<AccountId, u32>,
-    max_weight: f64,
     formula: FairShareFormula,
     partitions: HashMap<String, PartitionInfo>,
     default_partition: String,
@@ -67,6 +68,8 @@ pub struct Scheduler {
     running: BTreeMap<JobId, RunningJob>,
     running_per_account: HashMap<AccountId, u32>,
     running_per_project: HashMap<(AccountId, ProjectId), u32>,
+    /// GPUs held by running jobs per account (project `None`) and project, for `max_gpus`.
+    gpus_held: HashMap<WindowKey, u32>,
     /// Preemptors waiting for their victims to exit.
     claims: HashMap<JobId, Claim>,
     /// Nodes out of service (an operator's drain, processes that would not die): no job
@@ -133,10 +136,6 @@ impl Scheduler {
             factor_gpu_hours: config.fair_share.usage_factor_gpu_hours as f64,
         };
         let tenants = config.tenants();
-        let max_weight = tenants
-            .accounts()
-            .map(|a| f64::from(a.weight))
-            .fold(1.0, f64::max);
         let account_ids: Vec<AccountId> = tenants.accounts().map(|a| a.id.clone()).collect();
         let account_index = account_ids
             .iter()
@@ -155,7 +154,6 @@ impl Scheduler {
             account_ids,
             account_index,
             capacity,
-            max_weight,
             formula: config.fair_share.formula,
             partitions,
             default_partition: config
@@ -181,6 +179,7 @@ impl Scheduler {
             running: BTreeMap::new(),
             running_per_account: HashMap::new(),
             running_per_project: HashMap::new(),
+            gpus_held: HashMap::new(),
             claims: HashMap::new(),
             drained: BTreeSet::new(),
             last_cycle_s: 0,
@@ -377,6 +376,7 @@ impl Scheduler {
         let mut job = self.running.remove(id)?;
         accrue(&mut self.ledger, &mut self.windows, &mut job, now);
         self.cluster.release(&job.placement);
+        self.count_held(&job.spec, -i64::from(job.placement.gpu_count()));
         decrement(&mut self.running_per_account, &job.spec.account);
         if let Some(p) = &job.spec.project {
             decrement(
@@ -650,7 +650,10 @@ impl Scheduler {
             Some(p) => p.window_now(&self.cluster, limit, &spec.id),
             None => Cow::Borrowed(&self.cluster),
         };
-        let candidates = sizes(spec, self.cluster.gpus_per_node_max());
+        let mut candidates = sizes(spec, self.cluster.gpus_per_node_max());
+        if let Some(room) = self.gpu_room(spec) {
+            candidates.retain(|g| *g <= room);
+        }
         if !self.reservations.is_empty() {
             let end = now.saturating_add(limit as i64);
             if let Some(mut reserved) =
@@ -700,6 +703,7 @@ impl Scheduler {
         self.claims.remove(&job.spec.id);
         self.pending_ids.remove(&job.spec.id);
         self.cluster.take(&placement);
+        self.count_held(&job.spec, i64::from(placement.gpu_count()));
         let allocation = self.cluster.to_allocation(&placement);
         *self
             .running_per_account
@@ -754,7 +758,13 @@ impl Scheduler {
                 continue;
             };
             let filter = self.filter_for(&r.spec, r.start_s, r.limit_end_s());
-            let more = r.spec.gpus - r.placement.gpu_count();
+            let mut more = r.spec.gpus - r.placement.gpu_count();
+            if let Some(room) = self.gpu_room(&r.spec) {
+                more = more.min(room);
+                if more == 0 {
+                    continue;
+                }
+            }
             let Some(extra) =
                 self.cluster
                     .find_growth(&r.placement, more, &r.spec.account, &filter)
@@ -762,6 +772,8 @@ impl Scheduler {
                 continue;
             };
             self.cluster.take(&extra);
+            let spec = r.spec.clone();
+            self.count_held(&spec, i64::from(extra.gpu_count()));
             let Some(r) = self.running.get_mut(&id) else {
                 continue;
             };
@@ -831,6 +843,25 @@ impl Scheduler {
                     account.id
                 ));
             }
+            let held: u32 = self
+                .running
+                .values()
+                .filter(|j| j.spec.account == account.id)
+                .map(|j| j.placement.gpu_count())
+                .sum();
+            let counted = self.held(&(account.id.clone(), None));
+            if counted != held {
+                return Err(format!(
+                    "account {} counted {counted} GPUs held, holds {held}",
+                    account.id
+                ));
+            }
+            if account.quota.max_gpus.is_some_and(|l| held > l) {
+                return Err(format!(
+                    "account {} holds {held} GPUs, over its max_gpus",
+                    account.id
+                ));
+            }
             if account.quota.max_running_jobs.is_some_and(|l| n > l) {
                 return Err(format!(
                     "account {} runs {n} jobs, over its quota",
@@ -856,6 +887,20 @@ impl Scheduler {
                         j.spec.account == account.id && j.spec.project.as_ref() == Some(&project.id)
                     })
                     .count() as u32;
+                let held: u32 = self
+                    .running
+                    .values()
+                    .filter(|j| {
+                        j.spec.account == account.id && j.spec.project.as_ref() == Some(&project.id)
+                    })
+                    .map(|j| j.placement.gpu_count())
+                    .sum();
+                if project.quota.max_gpus.is_some_and(|l| held > l) {
+                    return Err(format!(
+                        "project {}/{} holds {held} GPUs, over its max_gpus",
+                        account.id, project.id
+                    ));
+                }
                 if project.quota.max_running_jobs.is_some_and(|l| running > l) {
                     return Err(format!(
                         "project {}/{} runs {running} jobs, over its quota",

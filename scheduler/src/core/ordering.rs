@@ -14,40 +14,18 @@ impl Scheduler {
             .iter()
             .map(|id| f64::from(self.tenants.account(id).map_or(0, |a| a.weight)))
             .collect();
-        let usage = || -> Vec<f64> {
-            self.account_ids
-                .iter()
-                .map(|id| self.ledger.gpu_hours(id, now))
-                .collect()
-        };
-        match self.formula {
-            FairShareFormula::FairTree => {
-                fair_tree_factors(&weights, &usage(), &self.accounts_with_demand())
-            }
-            FairShareFormula::Weighted => self
-                .account_ids
-                .iter()
-                .zip(&weights)
-                .map(|(id, w)| self.ledger.priority(id, *w, now) / self.max_weight)
-                .collect(),
-            FairShareFormula::SlurmClassic => {
-                let usage = usage();
-                let total_usage: f64 = usage.iter().sum();
-                let total_weight: f64 = weights.iter().sum();
-                usage
-                    .iter()
-                    .zip(&weights)
-                    .map(|(u, w)| {
-                        let usage_share = if total_usage > 0.0 {
-                            u / total_usage
-                        } else {
-                            0.0
-                        };
-                        slurm_classic_factor(usage_share, w / total_weight.max(1.0))
-                    })
-                    .collect()
-            }
-        }
+        let usage: Vec<f64> = self
+            .account_ids
+            .iter()
+            .map(|id| self.ledger.gpu_hours(id, now))
+            .collect();
+        account_factors(
+            self.formula,
+            self.ledger.params().factor_gpu_hours,
+            &weights,
+            &usage,
+            &self.accounts_with_demand(),
+        )
     }
 
     /// Which accounts have running or waiting jobs, in `account_ids` order.

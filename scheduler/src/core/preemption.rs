@@ -164,6 +164,11 @@ impl Scheduler {
                     let freed = r.placement.shrink_to(keep);
                     accrue(&mut self.ledger, &mut self.windows, r, now);
                     self.cluster.release(&freed);
+                    let spec = r.spec.clone();
+                    self.count_held(&spec, -i64::from(freed.gpu_count()));
+                    let Some(r) = self.running.get_mut(&c.id) else {
+                        continue;
+                    };
                     cycle.resized.push(Resized {
                         job_id: c.id.clone(),
                         allocation: self.cluster.to_allocation(&r.placement),

@@ -151,6 +151,10 @@ pub enum Refusal {
         "job asks for {asked} GPUs; its quota allows at most {limit} per job (max_gpus_per_job)"
     )]
     TooManyGpus { asked: u32, limit: u32 },
+    #[error(
+        "job needs at least {asked} GPUs at once; its quota allows {limit} held at once (max_gpus)"
+    )]
+    MoreThanMaxGpus { asked: u32, limit: u32 },
     #[error("job asks for {asked} GPUs; the nodes its account may use have {capacity}")]
     LargerThanCluster { asked: u32, capacity: u32 },
     #[error("time limit {asked_s} s exceeds the {limit_s} s allowed ({what})")]
@@ -180,6 +184,9 @@ pub enum PendingReason {
     Priority,
     /// Its account or project runs as many jobs as its quota allows.
     AssocMaxJobsLimit,
+    /// Its account's or project's running jobs hold as many GPUs as `max_gpus` allows (Slurm's
+    /// `GrpTRES=gres/gpu`).
+    AssocGrpGres,
     /// Starting it would pass its account's or project's GPU-hours for today.
     AssocGrpGpuHoursDay,
     /// Starting it would pass its account's or project's GPU-hours for the last seven days.
@@ -198,6 +205,7 @@ impl PendingReason {
             PendingReason::Resources => "Resources",
             PendingReason::Priority => "Priority",
             PendingReason::AssocMaxJobsLimit => "AssocMaxJobsLimit",
+            PendingReason::AssocGrpGres => "AssocGrpGRES",
             PendingReason::AssocGrpGpuHoursDay => "AssocGrpGPUHoursPerDay",
             PendingReason::AssocGrpGpuHoursWeek => "AssocGrpGPUHoursPerWeek",
             PendingReason::AssocGrpStorage => "AssocGrpStorageLimit",
@@ -245,6 +253,7 @@ pub(crate) struct JobLimits {
     /// Index of its account in the scheduler's account list.
     pub(crate) account: usize,
     pub(crate) running_limited: bool,
+    pub(crate) gpus_limited: bool,
     pub(crate) gpu_hours_limited: bool,
     pub(crate) storage_limited: bool,
     /// The quota's priority (1-100) as a fraction.
