@@ -530,7 +530,8 @@ async fn usage(
 }
 
 /// Decays each hour's GPU-seconds from the middle of the hour (its end, when `at` falls inside
-/// it, counted as elapsed 0) to `at_ms`, in GPU-hours.
+/// it, counted as elapsed 0) to `at_ms`, in GPU-hours; and adds them, undecayed, to the quota
+/// windows of `at_ms`.
 fn decayed_usage(
     rows: &[crate::query::HourlyUsage],
     at_ms: UnixMillis,
@@ -543,8 +544,14 @@ fn decayed_usage(
         let hours = r.gpu_seconds as f64 / 3600.0 * decay_factor(elapsed_s, half_life_s as f64);
         let account = out.entry(r.account.clone()).or_default();
         account.decayed_gpu_hours += hours;
+        account.window.add_hour(r.hour_ms, at_ms, r.gpu_seconds);
         if let Some(project) = &r.project {
             *account.projects.entry(project.clone()).or_default() += hours;
+            account
+                .project_windows
+                .entry(project.clone())
+                .or_default()
+                .add_hour(r.hour_ms, at_ms, r.gpu_seconds);
         }
     }
     out
@@ -872,5 +879,10 @@ mod tests {
         let u = decayed_usage(&rows, at, 3600);
         assert!((u["a"].decayed_gpu_hours - 1.0).abs() < 1e-12);
         assert!((u["a"].projects["p"] - 1.0).abs() < 1e-12);
+        assert_eq!(u["a"].window.day_gpu_s, 7200, "undecayed, the same UTC day");
+        assert_eq!(u["a"].project_windows["p"].week_gpu_s, 7200);
+        let next_day = decayed_usage(&rows, 86_400_000, 3600);
+        assert_eq!(next_day["a"].window.day_gpu_s, 0);
+        assert_eq!(next_day["a"].window.week_gpu_s, 7200);
     }
 }

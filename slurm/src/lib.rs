@@ -3,9 +3,13 @@
 //!
 //! - [`follow`]: `gpuledger slurm follow`, polling `squeue`/`scontrol`, the jobcomp log or
 //!   `sacct` and posting each job's lifecycle to the aggregator as job events, exactly once
-//!   across crashes (a state file with a numbered outbox).
+//!   across crashes (a state file with a numbered outbox);
+//! - [`steer`]: `gpuledger slurm steer`, setting pending jobs' fair-share factors from
+//!   gpuledger's measured usage and holding jobs over GPU-hour quotas, with the policy code of
+//!   gpuledger's own scheduler.
 
 pub mod follow;
+pub mod steer;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

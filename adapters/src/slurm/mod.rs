@@ -1,8 +1,9 @@
-//! Slurm: its associations ([`assoc`]) and its job records ([`jobs`]), and the value formats
-//! they share ([`tres`], [`duration`], [`time`]).
+//! Slurm: its associations ([`assoc`]), its job records ([`jobs`]) and its queue as JSON
+//! ([`queue`]), and the value formats they share ([`tres`], [`duration`], [`time`]).
 
 pub mod assoc;
 pub mod jobs;
+pub mod queue;
 
 use std::collections::BTreeMap;
 

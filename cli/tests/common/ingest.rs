@@ -17,6 +17,11 @@ pub fn agent() -> ureq::Agent {
 /// Batch `seq` of `node`: `rows` samples of 8 GPUs, 1 s each, consecutive across batches from
 /// `t0_ms`, account `team-a`, a job per GPU; Arrow IPC, as the ingest route takes it.
 pub fn batch(node: &str, seq: u64, t0_ms: i64, rows: usize) -> Vec<u8> {
+    batch_of(node, seq, t0_ms, rows, "team-a")
+}
+
+/// As [`batch`], the GPUs' jobs booked to `account`.
+pub fn batch_of(node: &str, seq: u64, t0_ms: i64, rows: usize, account: &str) -> Vec<u8> {
     let mut b = SampleBatchBuilder::with_capacity(rows);
     for i in 0..rows {
         let step = seq as i64 * (rows / 8) as i64 + (i / 8) as i64;
@@ -29,7 +34,7 @@ pub fn batch(node: &str, seq: u64, t0_ms: i64, rows: usize) -> Vec<u8> {
             gpu_model: "h100-sxm".into(),
             mig_instance: None,
             job_id: Some(format!("{}", 100 + i % 8)),
-            account: Some("team-a".into()),
+            account: Some(account.into()),
             project: None,
             gpu_util_pct: Some(90.0),
             sm_active: None,

@@ -38,6 +38,11 @@ fn user() -> String {
 impl Slurm {
     /// Starts munged, slurmctld and slurmd; `account_map` is what the prolog reads.
     pub fn start(account_map: &str) -> Slurm {
+        Slurm::start_with(account_map, "")
+    }
+
+    /// As [`Slurm::start`], with `extra` lines added to slurm.conf (before the node line).
+    pub fn start_with(account_map: &str, extra: &str) -> Slurm {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().to_path_buf();
         for sub in ["dev", "state", "spool", "log", "out", "jobs", "munge"] {
@@ -111,7 +116,7 @@ impl Slurm {
              TaskPlugin=task/none\nSchedulerType=sched/backfill\nSelectType=select/cons_tres\nSelectTypeParameters=CR_Core\n\
              GresTypes=gpu\nJobCompType=jobcomp/filetxt\nJobCompLoc={jobcomp}\nAccountingStorageType=accounting_storage/none\n\
              JobAcctGatherType=jobacct_gather/none\nMpiDefault=none\nReturnToService=2\nPrologFlags=Alloc\n\
-             Prolog={d}/prolog\nEpilog={d}/epilog\nMinJobAge=300\n\
+             Prolog={d}/prolog\nEpilog={d}/epilog\nMinJobAge=300\n{extra}\
              NodeName={node} NodeAddr=127.0.0.1 CPUs=2 RealMemory=1000 Gres=gpu:h100:8 State=UNKNOWN\n\
              PartitionName=train Nodes={node} Default=YES MaxTime=INFINITE State=UP\n",
             socket = socket.display(),
@@ -176,7 +181,20 @@ impl Slurm {
 
     /// `sbatch --parsable`: the job id.
     pub fn sbatch(&self, account: &str, gres: &str, minutes: u32, script: &str) -> String {
+        self.sbatch_with(account, gres, minutes, script, &[])
+    }
+
+    /// `sbatch --parsable` with more options (`--hold`, `--comment=...`): the job id.
+    pub fn sbatch_with(
+        &self,
+        account: &str,
+        gres: &str,
+        minutes: u32,
+        script: &str,
+        more: &[&str],
+    ) -> String {
         let out = Command::new(need("sbatch"))
+            .args(more)
             .args([
                 "--parsable",
                 "-A",

@@ -1,0 +1,775 @@
+//! What one pass of the steering loop changes in Slurm, from what Slurm shows (its queue and
+//! each pending job's site factor), gpuledger's usage feed, the cluster config and what the
+//! loop did before. Pure: no command runs here, and the time is an argument.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gpuledger_adapters::slurm::jobs::{AccountMap, State};
+use gpuledger_adapters::slurm::queue::QueuedJob;
+use gpuledger_model::config::ClusterConfig;
+use gpuledger_model::quota::Quota;
+use gpuledger_model::usage::{UsageFeed, WindowGpuSeconds};
+use gpuledger_scheduler::fairshare::account_factors;
+use gpuledger_scheduler::windows::{day_of, gpu_hours_verdict, today_part, WindowUse, DAY_S};
+
+use super::state::{HeldJob, Phase, SteerState};
+
+/// Where the fair-share factor goes in Slurm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Target {
+    /// `scontrol update JobId=N SiteFactor=V`: one term of priority/multifactor's sum, beside
+    /// Slurm's own age, fair-share, size, partition and QOS terms.
+    SiteFactor,
+    /// `scontrol update JobId=N Priority=V`: the job's whole priority, fixed (Slurm stops
+    /// computing it).
+    Priority,
+}
+
+/// How the pass decides.
+#[derive(Clone, Copy, Debug)]
+pub struct Settings {
+    pub target: Target,
+    /// The value a factor of 1 becomes (Slurm's priority weights are integers).
+    pub weight: u32,
+    pub fair_share: bool,
+    pub quotas: bool,
+}
+
+/// One change to make in Slurm.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Set a pending job's site factor or priority.
+    Set {
+        job: String,
+        account: String,
+        value: i64,
+        was: Option<i64>,
+    },
+    /// Hold a pending job whose account or project is over a GPU-hour quota, with the reason
+    /// in its comment; `comment` is the job's own, put back on release.
+    Hold {
+        job: String,
+        account: String,
+        reason: &'static str,
+        comment: String,
+    },
+    /// Release a job this loop held, its own comment put back.
+    Release { job: String, comment: String },
+    /// A job this loop held was released by someone else: leave it alone from now on.
+    Overridden {
+        job: String,
+        comment: Option<String>,
+    },
+}
+
+/// The prefix of the comment on a job this loop holds.
+pub const COMMENT_PREFIX: &str = "gpuledger: ";
+
+/// Which gpuledger account and project a Slurm job books to; `None` when the account is not
+/// in the config (its jobs are left alone).
+fn owner<'c>(
+    job: &QueuedJob,
+    map: &AccountMap,
+    config: &'c ClusterConfig,
+) -> Option<(&'c gpuledger_model::tenant::Account, Option<String>)> {
+    let (account, project) = map.resolve(&job.account);
+    let a = config.accounts.iter().find(|a| a.id.as_str() == account)?;
+    Some((a, project))
+}
+
+/// What a pass knows besides Slurm: measured usage, the account map and the config.
+#[derive(Clone, Copy, Debug)]
+pub struct Known<'a> {
+    pub feed: &'a UsageFeed,
+    pub map: &'a AccountMap,
+    pub config: &'a ClusterConfig,
+}
+
+/// Each configured account's fair-share factor from the feed, with demand as Slurm shows it.
+fn factors(jobs: &[QueuedJob], known: &Known) -> BTreeMap<String, f64> {
+    let Known { feed, map, config } = *known;
+    let busy: BTreeSet<String> = jobs
+        .iter()
+        .filter(|j| matches!(j.state, State::Pending | State::Running))
+        .filter_map(|j| owner(j, map, config).map(|(a, _)| a.id.to_string()))
+        .collect();
+    let ids: Vec<String> = config.accounts.iter().map(|a| a.id.to_string()).collect();
+    let weights: Vec<f64> = config
+        .accounts
+        .iter()
+        .map(|a| f64::from(a.weight))
+        .collect();
+    let usage: Vec<f64> = ids
+        .iter()
+        .map(|id| feed.accounts.get(id).map_or(0.0, |u| u.decayed_gpu_hours))
+        .collect();
+    let demand: Vec<bool> = ids.iter().map(|id| busy.contains(id)).collect();
+    let f = account_factors(
+        config.fair_share.formula,
+        config.fair_share.usage_factor_gpu_hours as f64,
+        &weights,
+        &usage,
+        &demand,
+    );
+    ids.into_iter().zip(f).collect()
+}
+
+/// The quota scopes a job falls under: its account's, and its project's when it has one.
+fn scopes<'c>(
+    account: &'c gpuledger_model::tenant::Account,
+    project: Option<&str>,
+) -> Vec<(Option<String>, &'c Quota)> {
+    let mut out = vec![(None, &account.quota)];
+    if let Some(p) = project.and_then(|p| account.projects.iter().find(|q| q.id.as_str() == p)) {
+        out.push((Some(p.id.to_string()), &p.quota));
+    }
+    out
+}
+
+/// The quota a pending job would pass by starting now, as Slurm's reason name.
+fn over_quota(
+    job: &QueuedJob,
+    jobs: &[QueuedJob],
+    known: &Known,
+    now_s: i64,
+) -> Option<&'static str> {
+    let Known { feed, map, config } = *known;
+    let (account, project) = owner(job, map, config)?;
+    let day_end = (day_of(now_s) + 1) * DAY_S;
+    let end_of = |j: &QueuedJob, from: i64| match j.time_limit_s {
+        Some(limit) => from.saturating_add(limit as i64).min(day_end),
+        None => day_end,
+    };
+    for (scope_project, quota) in scopes(account, project.as_deref()) {
+        if quota.gpu_hours_per_day.is_none() && quota.gpu_hours_per_week.is_none() {
+            continue;
+        }
+        let usage = feed.accounts.get(account.id.as_str());
+        let window: WindowGpuSeconds = match &scope_project {
+            None => usage.map(|u| u.window).unwrap_or_default(),
+            Some(p) => usage
+                .and_then(|u| u.project_windows.get(p).copied())
+                .unwrap_or_default(),
+        };
+        // Running jobs of the scope count for what they may still use today.
+        let committed: i64 = jobs
+            .iter()
+            .filter(|j| j.state == State::Running)
+            .filter(|j| {
+                owner(j, map, config).is_some_and(|(a, p)| {
+                    a.id == account.id && (scope_project.is_none() || p == scope_project)
+                })
+            })
+            .map(|j| {
+                let start = j.start_s.unwrap_or(now_s);
+                today_part(j.gpus, now_s, end_of(j, start))
+            })
+            .sum();
+        let need = today_part(job.gpus, now_s, end_of(job, now_s));
+        let used = WindowUse {
+            day_gpu_s: window.day_gpu_s,
+            week_gpu_s: window.week_gpu_s,
+        };
+        if let Some(reason) = gpu_hours_verdict(quota, used, committed, need) {
+            return Some(reason.as_str());
+        }
+    }
+    None
+}
+
+/// The changes one pass makes. `current` holds each pending job's site factor as `sprio`
+/// shows it (absent for held jobs); with [`Target::Priority`] the job's priority is compared.
+pub fn decide(
+    jobs: &[QueuedJob],
+    current: &BTreeMap<String, i64>,
+    known: &Known,
+    state: &SteerState,
+    settings: Settings,
+    now_s: i64,
+) -> Vec<Action> {
+    let (map, config) = (known.map, known.config);
+    let factors = factors(jobs, known);
+    let mut actions = Vec::new();
+    for job in jobs.iter().filter(|j| j.state == State::Pending) {
+        let Some((account, _)) = owner(job, map, config) else {
+            continue;
+        };
+        let ours = state.holds.get(&job.job_id);
+        let over = if settings.quotas {
+            over_quota(job, jobs, known, now_s)
+        } else {
+            None
+        };
+        let mut schedulable = !job.is_held();
+        match ours {
+            Some(held) if held.phase == Phase::Held && !job.is_held() => {
+                // Someone released what this loop held: theirs to decide from now on.
+                actions.push(Action::Overridden {
+                    job: job.job_id.clone(),
+                    comment: job
+                        .comment
+                        .starts_with(COMMENT_PREFIX)
+                        .then(|| held.comment.clone()),
+                });
+                continue;
+            }
+            Some(held) if over.is_none() || held.phase == Phase::Releasing => {
+                actions.push(Action::Release {
+                    job: job.job_id.clone(),
+                    comment: held.comment.clone(),
+                });
+                schedulable = true;
+            }
+            Some(held) => {
+                // Still over (or a hold interrupted before it was made): hold, with the
+                // reason of now.
+                let reason = over.unwrap_or(held.reason.as_str());
+                if held.phase == Phase::Holding
+                    || !job.is_held()
+                    || job.comment != format!("{COMMENT_PREFIX}{reason}")
+                {
+                    actions.push(Action::Hold {
+                        job: job.job_id.clone(),
+                        account: account.id.to_string(),
+                        reason: static_reason(reason),
+                        comment: held.comment.clone(),
+                    });
+                }
+                continue;
+            }
+            None if schedulable && !state.overridden.contains(&job.job_id) => {
+                if let Some(reason) = over {
+                    actions.push(Action::Hold {
+                        job: job.job_id.clone(),
+                        account: account.id.to_string(),
+                        reason,
+                        comment: job.comment.clone(),
+                    });
+                    continue;
+                }
+            }
+            None => {}
+        }
+        if !settings.fair_share || !schedulable {
+            continue;
+        }
+        let factor = factors.get(account.id.as_str()).copied().unwrap_or(0.0);
+        let scaled = (factor * f64::from(settings.weight)).round() as i64;
+        let (value, was) = match settings.target {
+            Target::SiteFactor => (scaled, current.get(&job.job_id).copied()),
+            // Priority 0 is a hold: the lowest steered priority is 1.
+            Target::Priority => (scaled.max(1), Some(job.priority as i64)),
+        };
+        // A job just released shows no factor yet: set it.
+        if was != Some(value) || job.is_held() {
+            actions.push(Action::Set {
+                job: job.job_id.clone(),
+                account: account.id.to_string(),
+                value,
+                was,
+            });
+        }
+    }
+    actions
+}
+
+/// The reason names are the scheduler's own `&'static str`s; a reason read back from the
+/// state file is matched to one of them.
+fn static_reason(reason: &str) -> &'static str {
+    use gpuledger_scheduler::PendingReason as R;
+    [R::AssocGrpGpuHoursDay, R::AssocGrpGpuHoursWeek]
+        .into_iter()
+        .map(R::as_str)
+        .find(|r| *r == reason)
+        .unwrap_or("AssocGrpGPUHoursPerDay")
+}
+
+/// The state after `actions` are all applied (what is saved once they are).
+pub fn apply(state: &mut SteerState, actions: &[Action], jobs: &[QueuedJob]) {
+    for a in actions {
+        match a {
+            Action::Hold {
+                job,
+                reason,
+                comment,
+                ..
+            } => {
+                state.holds.insert(
+                    job.clone(),
+                    HeldJob {
+                        reason: (*reason).to_owned(),
+                        comment: comment.clone(),
+                        phase: Phase::Held,
+                    },
+                );
+            }
+            Action::Release { job, .. } => {
+                state.holds.remove(job);
+            }
+            Action::Overridden { job, .. } => {
+                state.holds.remove(job);
+                state.overridden.insert(job.clone());
+            }
+            Action::Set { .. } => {}
+        }
+    }
+    // Jobs Slurm no longer shows have ended: nothing to remember of them.
+    let known: BTreeSet<&str> = jobs.iter().map(|j| j.job_id.as_str()).collect();
+    state.holds.retain(|id, _| known.contains(id.as_str()));
+    state.overridden.retain(|id| known.contains(id.as_str()));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuledger_model::usage::AccountUsage;
+
+    const CONFIG: &str = r#"version = 1
+[cluster]
+name = "t"
+[[node_pools]]
+name = "p"
+prefix = "n"
+count = 1
+gpus_per_node = 8
+gpu_model = "h100-sxm"
+[[partitions]]
+name = "train"
+priority_tier = 10
+[prices]
+version = "v"
+effective_from = "2026-01-01"
+currency = "CNY"
+gpu_hour = { h100-sxm = "1" }
+[[accounts]]
+id = "heavy"
+name = "H"
+weight = 1
+[[accounts]]
+id = "light"
+name = "L"
+weight = 1
+quota = { gpu_hours_per_day = 10 }
+projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
+"#;
+
+    const NOW: i64 = 20 * DAY_S + 3600;
+
+    fn job(id: &str, account: &str, state: State, gpus: u32) -> QueuedJob {
+        QueuedJob {
+            job_id: id.into(),
+            account: account.into(),
+            user: "u".into(),
+            partition: "train".into(),
+            state,
+            reason: if state == State::Pending {
+                "Priority".into()
+            } else {
+                "None".into()
+            },
+            priority: 1,
+            comment: String::new(),
+            gpus,
+            time_limit_s: Some(3600),
+            start_s: (state == State::Running).then_some(NOW - 60),
+            submit_s: Some(NOW - 120),
+        }
+    }
+
+    fn held(mut j: QueuedJob, comment: &str) -> QueuedJob {
+        j.priority = 0;
+        j.reason = "JobHeldAdmin".into();
+        j.comment = comment.into();
+        j
+    }
+
+    fn feed(heavy_hours: f64, light_day_s: i64) -> UsageFeed {
+        let mut f = UsageFeed::default();
+        f.accounts.insert(
+            "heavy".into(),
+            AccountUsage {
+                decayed_gpu_hours: heavy_hours,
+                ..AccountUsage::default()
+            },
+        );
+        f.accounts.insert(
+            "light".into(),
+            AccountUsage {
+                decayed_gpu_hours: 1.0,
+                window: WindowGpuSeconds {
+                    day_gpu_s: light_day_s,
+                    week_gpu_s: light_day_s,
+                },
+                ..AccountUsage::default()
+            },
+        );
+        f
+    }
+
+    fn settings() -> Settings {
+        Settings {
+            target: Target::SiteFactor,
+            weight: 10_000,
+            fair_share: true,
+            quotas: true,
+        }
+    }
+
+    fn config() -> ClusterConfig {
+        ClusterConfig::from_toml_str(CONFIG, "t").unwrap()
+    }
+
+    fn map() -> AccountMap {
+        AccountMap::parse("small light small\n", "map").unwrap()
+    }
+
+    #[test]
+    fn the_lighter_account_gets_the_larger_site_factor_and_unchanged_values_are_left() {
+        let jobs = vec![
+            job("1", "heavy", State::Pending, 8),
+            job("2", "light", State::Pending, 8),
+            job("3", "stranger", State::Pending, 8),
+        ];
+        let (config, map) = (config(), map());
+        let state = SteerState::default();
+        let actions = decide(
+            &jobs,
+            &BTreeMap::new(),
+            &Known {
+                feed: &feed(500.0, 0),
+                map: &map,
+                config: &config,
+            },
+            &state,
+            settings(),
+            NOW,
+        );
+        let set: BTreeMap<&str, i64> = actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Set { job, value, .. } => Some((job.as_str(), *value)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            set,
+            [("1", 5_000), ("2", 10_000)].into(),
+            "fair tree: light ranks 1st of 2, heavy 2nd; an unknown account is left alone"
+        );
+        let current: BTreeMap<String, i64> = [("1".into(), 5_000), ("2".into(), 10_000)].into();
+        let again = decide(
+            &jobs,
+            &current,
+            &Known {
+                feed: &feed(500.0, 0),
+                map: &map,
+                config: &config,
+            },
+            &state,
+            settings(),
+            NOW,
+        );
+        assert!(again.is_empty(), "nothing moved: {again:?}");
+    }
+
+    #[test]
+    fn as_the_whole_priority_the_factor_is_compared_with_the_jobs_priority_and_never_0() {
+        let (config, map) = (config(), map());
+        let mut jobs = vec![
+            job("1", "heavy", State::Pending, 8),
+            job("2", "light", State::Pending, 8),
+        ];
+        jobs[1].priority = 100;
+        let by_priority = Settings {
+            target: Target::Priority,
+            weight: 100,
+            ..settings()
+        };
+        let actions = decide(
+            &jobs,
+            &BTreeMap::new(),
+            &Known {
+                feed: &feed(500.0, 0),
+                map: &map,
+                config: &config,
+            },
+            &SteerState::default(),
+            by_priority,
+            NOW,
+        );
+        assert_eq!(
+            actions,
+            vec![Action::Set {
+                job: "1".into(),
+                account: "heavy".into(),
+                value: 50,
+                was: Some(1)
+            }],
+            "light's job already has 100"
+        );
+        // Weighted with a large factor: a factor rounding to 0 is set to 1, not a hold.
+        let mut weighted = config.clone();
+        weighted.fair_share.formula = gpuledger_model::config::FairShareFormula::Weighted;
+        weighted.fair_share.usage_factor_gpu_hours = 1;
+        jobs[0].priority = 7;
+        let actions = decide(
+            &jobs[..1],
+            &BTreeMap::new(),
+            &Known {
+                feed: &feed(1e9, 0),
+                map: &map,
+                config: &weighted,
+            },
+            &SteerState::default(),
+            by_priority,
+            NOW,
+        );
+        assert!(
+            matches!(&actions[..], [Action::Set { value: 1, .. }]),
+            "{actions:?}"
+        );
+    }
+
+    #[test]
+    fn a_job_over_a_gpu_hour_quota_is_held_then_released_when_the_window_has_room() {
+        let (config, map) = (config(), map());
+        let mut state = SteerState::default();
+        // 9 of light's 10 GPU-hours used today; a 1-hour 2-GPU job would pass them.
+        let jobs = vec![job("7", "light", State::Pending, 2)];
+        let actions = decide(
+            &jobs,
+            &BTreeMap::new(),
+            &Known {
+                feed: &feed(0.0, 9 * 3600),
+                map: &map,
+                config: &config,
+            },
+            &state,
+            settings(),
+            NOW,
+        );
+        assert_eq!(
+            actions,
+            vec![Action::Hold {
+                job: "7".into(),
+                account: "light".into(),
+                reason: "AssocGrpGPUHoursPerDay",
+                comment: String::new(),
+            }]
+        );
+        apply(&mut state, &actions, &jobs);
+        let jobs = vec![held(jobs[0].clone(), "gpuledger: AssocGrpGPUHoursPerDay")];
+        // Still over: nothing to do.
+        let same = decide(
+            &jobs,
+            &BTreeMap::new(),
+            &Known {
+                feed: &feed(0.0, 9 * 3600),
+                map: &map,
+                config: &config,
+            },
+            &state,
+            settings(),
+            NOW,
+        );
+        assert!(same.is_empty(), "{same:?}");
+        // The next UTC day: the window is empty, the job is released and steered.
+        let tomorrow = 21 * DAY_S + 60;
+        let actions = decide(
+            &jobs,
+            &BTreeMap::new(),
+            &Known {
+                feed: &feed(0.0, 0),
+                map: &map,
+                config: &config,
+            },
+            &state,
+            settings(),
+            tomorrow,
+        );
+        assert_eq!(actions.len(), 2, "{actions:?}");
+        assert_eq!(
+            actions[0],
+            Action::Release {
+                job: "7".into(),
+                comment: String::new()
+            }
+        );
+        assert!(matches!(actions[1], Action::Set { .. }));
+        apply(&mut state, &actions, &jobs);
+        assert!(state.holds.is_empty());
+    }
+
+    #[test]
+    fn running_jobs_count_for_what_they_may_still_use_and_projects_have_their_own_window() {
+        let (config, map) = (config(), map());
+        let state = SteerState::default();
+        // 8 GPUs running for another hour (limit 1 h, started a minute ago): 8 GPU-hours
+        // committed; a 2-GPU hour more passes 10 with 1 used.
+        let jobs = vec![
+            job("1", "light", State::Running, 8),
+            job("2", "light", State::Pending, 2),
+        ];
+        let actions = decide(
+            &jobs,
+            &BTreeMap::new(),
+            &Known {
+                feed: &feed(0.0, 3600),
+                map: &map,
+                config: &config,
+            },
+            &state,
+            settings(),
+            NOW,
+        );
+        assert!(
+            actions
+                .iter()
+                .any(|a| matches!(a, Action::Hold { job, .. } if job == "2")),
+            "{actions:?}"
+        );
+        // The project `small` (Slurm account `small`) has 2 GPU-hours a day: a 3-GPU hour
+        // passes it, though the account has room.
+        let jobs = vec![job("3", "small", State::Pending, 3)];
+        let actions = decide(
+            &jobs,
+            &BTreeMap::new(),
+            &Known {
+                feed: &feed(0.0, 0),
+                map: &map,
+                config: &config,
+            },
+            &state,
+            settings(),
+            NOW,
+        );
+        assert!(
+            actions
+                .iter()
+                .any(|a| matches!(a, Action::Hold { job, .. } if job == "3")),
+            "{actions:?}"
+        );
+    }
+
+    #[test]
+    fn jobs_held_by_others_are_never_touched_and_a_release_by_others_is_respected() {
+        let (config, map) = (config(), map());
+        let mut state = SteerState::default();
+        let theirs = held(job("5", "light", State::Pending, 2), "mine");
+        let actions = decide(
+            std::slice::from_ref(&theirs),
+            &BTreeMap::new(),
+            &Known {
+                feed: &feed(0.0, 0),
+                map: &map,
+                config: &config,
+            },
+            &state,
+            settings(),
+            NOW,
+        );
+        assert!(actions.is_empty(), "a job someone else held: {actions:?}");
+        // A job this loop held that an operator released: forgotten, its comment restored,
+        // never held again.
+        state.holds.insert(
+            "6".into(),
+            HeldJob {
+                reason: "AssocGrpGPUHoursPerDay".into(),
+                comment: "theirs".into(),
+                phase: Phase::Held,
+            },
+        );
+        let mut released = job("6", "light", State::Pending, 2);
+        released.comment = "gpuledger: AssocGrpGPUHoursPerDay".into();
+        let jobs = vec![released];
+        let actions = decide(
+            &jobs,
+            &BTreeMap::new(),
+            &Known {
+                feed: &feed(0.0, 10 * 3600),
+                map: &map,
+                config: &config,
+            },
+            &state,
+            settings(),
+            NOW,
+        );
+        assert_eq!(
+            actions,
+            vec![Action::Overridden {
+                job: "6".into(),
+                comment: Some("theirs".into())
+            }]
+        );
+        apply(&mut state, &actions, &jobs);
+        let later = decide(
+            &jobs,
+            &[("6".to_owned(), 10_000)].into(),
+            &Known {
+                feed: &feed(0.0, 10 * 3600),
+                map: &map,
+                config: &config,
+            },
+            &state,
+            settings(),
+            NOW,
+        );
+        assert!(
+            !later.iter().any(|a| matches!(a, Action::Hold { .. })),
+            "{later:?}"
+        );
+        // Once Slurm forgets the job, so does the state.
+        apply(&mut state, &[], &[]);
+        assert!(state.overridden.is_empty());
+    }
+
+    #[test]
+    fn an_interrupted_hold_or_release_is_finished_after_a_restart() {
+        let (config, map) = (config(), map());
+        let mut state = SteerState::default();
+        state.holds.insert(
+            "8".into(),
+            HeldJob {
+                reason: "AssocGrpGPUHoursPerDay".into(),
+                comment: "c".into(),
+                phase: Phase::Holding,
+            },
+        );
+        // The crash came before `scontrol hold`: the job is not held, still over quota.
+        let jobs = vec![job("8", "light", State::Pending, 2)];
+        let actions = decide(
+            &jobs,
+            &BTreeMap::new(),
+            &Known {
+                feed: &feed(0.0, 10 * 3600),
+                map: &map,
+                config: &config,
+            },
+            &state,
+            settings(),
+            NOW,
+        );
+        assert!(
+            matches!(&actions[..], [Action::Hold { job, comment, .. }] if job == "8" && comment == "c"),
+            "{actions:?}"
+        );
+        state.holds.get_mut("8").unwrap().phase = Phase::Releasing;
+        let jobs = vec![held(jobs[0].clone(), "gpuledger: AssocGrpGPUHoursPerDay")];
+        let actions = decide(
+            &jobs,
+            &BTreeMap::new(),
+            &Known {
+                feed: &feed(0.0, 10 * 3600),
+                map: &map,
+                config: &config,
+            },
+            &state,
+            settings(),
+            NOW,
+        );
+        assert!(
+            matches!(&actions[0], Action::Release { job, comment } if job == "8" && comment == "c"),
+            "{actions:?}"
+        );
+    }
+}
