@@ -6,9 +6,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use gpuledger_adapters::slurm::jobs::{AccountMap, State};
 use gpuledger_adapters::slurm::queue::QueuedJob;
-use gpuledger_model::config::ClusterConfig;
+use gpuledger_model::config::{ClusterConfig, FairShareConfig};
 use gpuledger_model::quota::Quota;
+use gpuledger_model::tenant::Account;
 use gpuledger_model::usage::{UsageFeed, WindowGpuSeconds};
+use gpuledger_model::AccountId;
 use gpuledger_scheduler::fairshare::account_factors;
 use gpuledger_scheduler::windows::{day_of, gpu_hours_verdict, today_part, WindowUse, DAY_S};
 
@@ -65,48 +67,95 @@ pub enum Action {
 /// The prefix of the comment on a job this loop holds.
 pub const COMMENT_PREFIX: &str = "gpuledger: ";
 
-/// Which gpuledger account and project a Slurm job books to; `None` when the account is not
-/// in the config (its jobs are left alone).
+/// The accounts a pass steers, with their weights and quotas, and how it ranks them.
+#[derive(Clone, Debug)]
+pub struct Policy {
+    pub accounts: Vec<Account>,
+    pub fair_share: FairShareConfig,
+}
+
+impl Policy {
+    /// The cluster config's accounts and fair share.
+    pub fn from_config(config: &ClusterConfig) -> Policy {
+        Policy {
+            accounts: config.accounts.clone(),
+            fair_share: config.fair_share.clone(),
+        }
+    }
+
+    /// No config: every Slurm account weighs 1 and has no quota; the default formula.
+    pub fn without_config() -> Policy {
+        Policy {
+            accounts: Vec::new(),
+            fair_share: FairShareConfig::default(),
+        }
+    }
+
+    /// The policy's accounts and, after them, each Slurm account of `jobs` it does not name as
+    /// an account of weight 1 without quotas (Slurm's default `Fairshare=1`). A Slurm account
+    /// whose name is no valid gpuledger id is left out (its jobs are left alone).
+    fn with_slurm_accounts(&self, jobs: &[QueuedJob], map: &AccountMap) -> Vec<Account> {
+        let mut accounts = self.accounts.clone();
+        for job in jobs {
+            let (name, _) = map.resolve(&job.account);
+            if accounts.iter().any(|a| a.id.as_str() == name) {
+                continue;
+            }
+            if let Ok(id) = AccountId::new(&name) {
+                accounts.push(Account {
+                    id,
+                    name,
+                    weight: 1,
+                    quota: Quota::default(),
+                    projects: Vec::new(),
+                    run_as: None,
+                });
+            }
+        }
+        accounts
+    }
+}
+
+/// Which gpuledger account and project a Slurm job books to; `None` for an account not
+/// steered.
 fn owner<'c>(
     job: &QueuedJob,
     map: &AccountMap,
-    config: &'c ClusterConfig,
-) -> Option<(&'c gpuledger_model::tenant::Account, Option<String>)> {
+    accounts: &'c [Account],
+) -> Option<(&'c Account, Option<String>)> {
     let (account, project) = map.resolve(&job.account);
-    let a = config.accounts.iter().find(|a| a.id.as_str() == account)?;
+    let a = accounts.iter().find(|a| a.id.as_str() == account)?;
     Some((a, project))
 }
 
-/// What a pass knows besides Slurm: measured usage, the account map and the config.
+/// What a pass knows besides Slurm: measured usage, the account map and the policy.
 #[derive(Clone, Copy, Debug)]
 pub struct Known<'a> {
     pub feed: &'a UsageFeed,
     pub map: &'a AccountMap,
-    pub config: &'a ClusterConfig,
+    pub policy: &'a Policy,
 }
 
-/// Each configured account's fair-share factor from the feed, with demand as Slurm shows it.
-fn factors(jobs: &[QueuedJob], known: &Known) -> BTreeMap<String, f64> {
-    let Known { feed, map, config } = *known;
+/// Each account's fair-share factor from the feed, with demand as Slurm shows it.
+fn factors(jobs: &[QueuedJob], known: &Known, accounts: &[Account]) -> BTreeMap<String, f64> {
+    let Known {
+        feed, map, policy, ..
+    } = *known;
     let busy: BTreeSet<String> = jobs
         .iter()
         .filter(|j| matches!(j.state, State::Pending | State::Running))
-        .filter_map(|j| owner(j, map, config).map(|(a, _)| a.id.to_string()))
+        .filter_map(|j| owner(j, map, accounts).map(|(a, _)| a.id.to_string()))
         .collect();
-    let ids: Vec<String> = config.accounts.iter().map(|a| a.id.to_string()).collect();
-    let weights: Vec<f64> = config
-        .accounts
-        .iter()
-        .map(|a| f64::from(a.weight))
-        .collect();
+    let ids: Vec<String> = accounts.iter().map(|a| a.id.to_string()).collect();
+    let weights: Vec<f64> = accounts.iter().map(|a| f64::from(a.weight)).collect();
     let usage: Vec<f64> = ids
         .iter()
         .map(|id| feed.accounts.get(id).map_or(0.0, |u| u.decayed_gpu_hours))
         .collect();
     let demand: Vec<bool> = ids.iter().map(|id| busy.contains(id)).collect();
     let f = account_factors(
-        config.fair_share.formula,
-        config.fair_share.usage_factor_gpu_hours as f64,
+        policy.fair_share.formula,
+        policy.fair_share.usage_factor_gpu_hours as f64,
         &weights,
         &usage,
         &demand,
@@ -115,10 +164,7 @@ fn factors(jobs: &[QueuedJob], known: &Known) -> BTreeMap<String, f64> {
 }
 
 /// The quota scopes a job falls under: its account's, and its project's when it has one.
-fn scopes<'c>(
-    account: &'c gpuledger_model::tenant::Account,
-    project: Option<&str>,
-) -> Vec<(Option<String>, &'c Quota)> {
+fn scopes<'c>(account: &'c Account, project: Option<&str>) -> Vec<(Option<String>, &'c Quota)> {
     let mut out = vec![(None, &account.quota)];
     if let Some(p) = project.and_then(|p| account.projects.iter().find(|q| q.id.as_str() == p)) {
         out.push((Some(p.id.to_string()), &p.quota));
@@ -131,10 +177,11 @@ fn over_quota(
     job: &QueuedJob,
     jobs: &[QueuedJob],
     known: &Known,
+    accounts: &[Account],
     now_s: i64,
 ) -> Option<&'static str> {
-    let Known { feed, map, config } = *known;
-    let (account, project) = owner(job, map, config)?;
+    let Known { feed, map, .. } = *known;
+    let (account, project) = owner(job, map, accounts)?;
     let day_end = (day_of(now_s) + 1) * DAY_S;
     let end_of = |j: &QueuedJob, from: i64| match j.time_limit_s {
         Some(limit) => from.saturating_add(limit as i64).min(day_end),
@@ -156,7 +203,7 @@ fn over_quota(
             .iter()
             .filter(|j| j.state == State::Running)
             .filter(|j| {
-                owner(j, map, config).is_some_and(|(a, p)| {
+                owner(j, map, accounts).is_some_and(|(a, p)| {
                     a.id == account.id && (scope_project.is_none() || p == scope_project)
                 })
             })
@@ -187,16 +234,17 @@ pub fn decide(
     settings: Settings,
     now_s: i64,
 ) -> Vec<Action> {
-    let (map, config) = (known.map, known.config);
-    let factors = factors(jobs, known);
+    let map = known.map;
+    let accounts = known.policy.with_slurm_accounts(jobs, map);
+    let factors = factors(jobs, known, &accounts);
     let mut actions = Vec::new();
     for job in jobs.iter().filter(|j| j.state == State::Pending) {
-        let Some((account, _)) = owner(job, map, config) else {
+        let Some((account, _)) = owner(job, map, &accounts) else {
             continue;
         };
         let ours = state.holds.get(&job.job_id);
         let over = if settings.quotas {
-            over_quota(job, jobs, known, now_s)
+            over_quota(job, jobs, known, &accounts, now_s)
         } else {
             None
         };
@@ -429,6 +477,7 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
             job("1", "heavy", State::Pending, 8),
             job("2", "light", State::Pending, 8),
             job("3", "stranger", State::Pending, 8),
+            job("4", "Not An Id!", State::Pending, 8),
         ];
         let (config, map) = (config(), map());
         let state = SteerState::default();
@@ -438,7 +487,7 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
             &Known {
                 feed: &feed(500.0, 0),
                 map: &map,
-                config: &config,
+                policy: &Policy::from_config(&config),
             },
             &state,
             settings(),
@@ -453,17 +502,18 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
             .collect();
         assert_eq!(
             set,
-            [("1", 5_000), ("2", 10_000)].into(),
-            "fair tree: light ranks 1st of 2, heavy 2nd; an unknown account is left alone"
+            [("1", 3_333), ("2", 6_667), ("3", 10_000)].into(),
+            "fair tree: a Slurm account the config lacks weighs 1 and has used nothing, so it \
+             ranks 1st of 3, light 2nd, heavy 3rd; a name that is no account id is left alone"
         );
-        let current: BTreeMap<String, i64> = [("1".into(), 5_000), ("2".into(), 10_000)].into();
+        let current: BTreeMap<String, i64> = set.iter().map(|(k, v)| ((*k).into(), *v)).collect();
         let again = decide(
             &jobs,
             &current,
             &Known {
                 feed: &feed(500.0, 0),
                 map: &map,
-                config: &config,
+                policy: &Policy::from_config(&config),
             },
             &state,
             settings(),
@@ -491,7 +541,7 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
             &Known {
                 feed: &feed(500.0, 0),
                 map: &map,
-                config: &config,
+                policy: &Policy::from_config(&config),
             },
             &SteerState::default(),
             by_priority,
@@ -508,7 +558,7 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
             "light's job already has 100"
         );
         // Weighted with a large factor: a factor rounding to 0 is set to 1, not a hold.
-        let mut weighted = config.clone();
+        let mut weighted = Policy::from_config(&config);
         weighted.fair_share.formula = gpuledger_model::config::FairShareFormula::Weighted;
         weighted.fair_share.usage_factor_gpu_hours = 1;
         jobs[0].priority = 7;
@@ -518,7 +568,7 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
             &Known {
                 feed: &feed(1e9, 0),
                 map: &map,
-                config: &weighted,
+                policy: &weighted,
             },
             &SteerState::default(),
             by_priority,
@@ -542,7 +592,7 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
             &Known {
                 feed: &feed(0.0, 9 * 3600),
                 map: &map,
-                config: &config,
+                policy: &Policy::from_config(&config),
             },
             &state,
             settings(),
@@ -566,7 +616,7 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
             &Known {
                 feed: &feed(0.0, 9 * 3600),
                 map: &map,
-                config: &config,
+                policy: &Policy::from_config(&config),
             },
             &state,
             settings(),
@@ -581,7 +631,7 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
             &Known {
                 feed: &feed(0.0, 0),
                 map: &map,
-                config: &config,
+                policy: &Policy::from_config(&config),
             },
             &state,
             settings(),
@@ -616,7 +666,7 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
             &Known {
                 feed: &feed(0.0, 3600),
                 map: &map,
-                config: &config,
+                policy: &Policy::from_config(&config),
             },
             &state,
             settings(),
@@ -637,7 +687,7 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
             &Known {
                 feed: &feed(0.0, 0),
                 map: &map,
-                config: &config,
+                policy: &Policy::from_config(&config),
             },
             &state,
             settings(),
@@ -662,7 +712,7 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
             &Known {
                 feed: &feed(0.0, 0),
                 map: &map,
-                config: &config,
+                policy: &Policy::from_config(&config),
             },
             &state,
             settings(),
@@ -688,7 +738,7 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
             &Known {
                 feed: &feed(0.0, 10 * 3600),
                 map: &map,
-                config: &config,
+                policy: &Policy::from_config(&config),
             },
             &state,
             settings(),
@@ -708,7 +758,7 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
             &Known {
                 feed: &feed(0.0, 10 * 3600),
                 map: &map,
-                config: &config,
+                policy: &Policy::from_config(&config),
             },
             &state,
             settings(),
@@ -743,7 +793,7 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
             &Known {
                 feed: &feed(0.0, 10 * 3600),
                 map: &map,
-                config: &config,
+                policy: &Policy::from_config(&config),
             },
             &state,
             settings(),
@@ -761,7 +811,7 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
             &Known {
                 feed: &feed(0.0, 10 * 3600),
                 map: &map,
-                config: &config,
+                policy: &Policy::from_config(&config),
             },
             &state,
             settings(),

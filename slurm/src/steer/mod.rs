@@ -27,7 +27,7 @@ use gpuledger_model::config::ClusterConfig;
 use gpuledger_model::units::DurationSpecMs;
 use gpuledger_model::usage::{UsageFeed, USAGE_PATH};
 
-use self::decide::{Action, Settings, Target, COMMENT_PREFIX};
+use self::decide::{Action, Policy, Settings, Target, COMMENT_PREFIX};
 use self::state::{HeldJob, Phase, SteerState};
 use crate::follow::run_command;
 use crate::{Error, Result};
@@ -42,9 +42,10 @@ pub struct SteerOptions {
     /// feed of every account needs an operator).
     #[arg(long, env = "GPULEDGER_AGGREGATOR_TOKEN_FILE")]
     pub aggregator_token_file: Option<PathBuf>,
-    /// The cluster config: accounts, weights, quotas and the fair-share formula.
+    /// The cluster config: accounts, weights, quotas and the fair-share formula. Slurm accounts
+    /// it does not name (all of them, without it) are steered with weight 1 and no quota.
     #[arg(long)]
-    pub config: PathBuf,
+    pub config: Option<PathBuf>,
     /// Which gpuledger account and project each Slurm account books to (from `gpuledger
     /// import slurm-assoc --account-map`); other Slurm accounts are accounts of their own.
     #[arg(long)]
@@ -108,7 +109,7 @@ struct Reading {
 
 struct Steer {
     options: SteerOptions,
-    config: ClusterConfig,
+    policy: Policy,
     map: AccountMap,
     token: Option<String>,
     agent: ureq::Agent,
@@ -121,7 +122,7 @@ impl Steer {
             "{}{USAGE_PATH}?at={}&half_life={}s",
             self.options.aggregator.trim_end_matches('/'),
             at_s * 1000,
-            self.config.fair_share.half_life.as_secs()
+            self.policy.fair_share.half_life.as_secs()
         );
         let mut request = self.agent.get(&url);
         if let Some(t) = &self.token {
@@ -233,7 +234,7 @@ impl Steer {
             &decide::Known {
                 feed: &reading.feed,
                 map: &self.map,
-                config: &self.config,
+                policy: &self.policy,
             },
             state,
             self.settings,
@@ -326,7 +327,10 @@ pub fn steer(options: SteerOptions) -> Result<()> {
             "--no-fair-share and --no-quotas together leave nothing to do".into(),
         ));
     }
-    let config = load_config(&options.config)?;
+    let policy = match &options.config {
+        Some(path) => Policy::from_config(&load_config(path)?),
+        None => Policy::without_config(),
+    };
     let map = match &options.account_map {
         Some(p) => {
             let text = std::fs::read_to_string(p)
@@ -353,7 +357,7 @@ pub fn steer(options: SteerOptions) -> Result<()> {
         quotas: !options.no_quotas,
     };
     let steer = Steer {
-        config,
+        policy,
         map,
         token,
         agent,
