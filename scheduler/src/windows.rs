@@ -4,11 +4,9 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use gpuledger_model::quota::Quota;
+use gpuledger_model::quota::{Quota, QuotaDimension};
 use gpuledger_model::time::UnixSeconds;
 use gpuledger_model::{AccountId, ProjectId};
-
-use crate::core::PendingReason;
 
 pub const DAY_S: i64 = 86_400;
 
@@ -19,7 +17,8 @@ pub struct WindowUse {
     pub week_gpu_s: i64,
 }
 
-/// The GPU-hour window a job would pass by starting now, as the pending reason: what was used
+/// The GPU-hour window a job would pass by starting now (`GpuHoursPerDay`, then
+/// `GpuHoursPerWeek`; the pending reason is `PendingReason::of_quota`'s): what was used
 /// (`used`), what running jobs may still use today up to their time limits (`committed_s`)
 /// and what this job would use today (`need_s`), against `quota`'s day and week. Later days
 /// are checked as later jobs start. gpuledger's scheduler and `gpuledger slurm steer` both
@@ -29,7 +28,7 @@ pub fn gpu_hours_verdict(
     used: WindowUse,
     committed_s: i64,
     need_s: i64,
-) -> Option<PendingReason> {
+) -> Option<QuotaDimension> {
     let over = |limit: u64, used: i64| {
         used.saturating_add(committed_s).saturating_add(need_s)
             > i64::try_from(limit.saturating_mul(3600)).unwrap_or(i64::MAX)
@@ -38,13 +37,13 @@ pub fn gpu_hours_verdict(
         .gpu_hours_per_day
         .is_some_and(|l| over(l, used.day_gpu_s))
     {
-        return Some(PendingReason::AssocGrpGpuHoursDay);
+        return Some(QuotaDimension::GpuHoursPerDay);
     }
     if quota
         .gpu_hours_per_week
         .is_some_and(|l| over(l, used.week_gpu_s))
     {
-        return Some(PendingReason::AssocGrpGpuHoursWeek);
+        return Some(QuotaDimension::GpuHoursPerWeek);
     }
     None
 }
@@ -167,7 +166,7 @@ mod tests {
         );
         assert_eq!(
             gpu_hours_verdict(&quota, used, 3600, 3601),
-            Some(PendingReason::AssocGrpGpuHoursDay)
+            Some(QuotaDimension::GpuHoursPerDay)
         );
         let week_bound = WindowUse {
             day_gpu_s: 0,
@@ -175,7 +174,7 @@ mod tests {
         };
         assert_eq!(
             gpu_hours_verdict(&quota, week_bound, 0, 3601),
-            Some(PendingReason::AssocGrpGpuHoursWeek)
+            Some(QuotaDimension::GpuHoursPerWeek)
         );
         assert_eq!(
             gpu_hours_verdict(&Quota::default(), week_bound, i64::MAX, i64::MAX),

@@ -226,7 +226,7 @@ impl Scheduler {
             now,
             now.saturating_add(spec.time_limit_s as i64),
         );
-        gpu_hours_verdict(quota, used, committed, need)
+        gpu_hours_verdict(quota, used, committed, need).and_then(PendingReason::of_quota)
     }
 
     /// GPUs held now by the running jobs of an account (project `None`) or a project.

@@ -213,6 +213,20 @@ impl PendingReason {
         }
     }
 
+    /// The reason a job waits under a quota dimension, where it is one a pending job can wait
+    /// out (Slurm's `AssocGrp*` names).
+    pub fn of_quota(dimension: gpuledger_model::quota::QuotaDimension) -> Option<PendingReason> {
+        use gpuledger_model::quota::QuotaDimension as D;
+        match dimension {
+            D::MaxRunningJobs => Some(PendingReason::AssocMaxJobsLimit),
+            D::MaxGpus => Some(PendingReason::AssocGrpGres),
+            D::GpuHoursPerDay => Some(PendingReason::AssocGrpGpuHoursDay),
+            D::GpuHoursPerWeek => Some(PendingReason::AssocGrpGpuHoursWeek),
+            D::Storage => Some(PendingReason::AssocGrpStorage),
+            D::MaxGpusPerJob | D::MaxRunTime | D::Priority => None,
+        }
+    }
+
     /// True when the job waits for GPUs (rather than for its quota).
     pub fn waits_for_gpus(self) -> bool {
         matches!(

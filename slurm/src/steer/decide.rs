@@ -13,6 +13,7 @@ use gpuledger_model::usage::{UsageFeed, WindowGpuSeconds};
 use gpuledger_model::AccountId;
 use gpuledger_scheduler::fairshare::account_factors;
 use gpuledger_scheduler::windows::{day_of, gpu_hours_verdict, today_part, WindowUse, DAY_S};
+use gpuledger_scheduler::PendingReason;
 
 use super::state::{HeldJob, Phase, SteerState};
 
@@ -217,7 +218,9 @@ fn over_quota(
             day_gpu_s: window.day_gpu_s,
             week_gpu_s: window.week_gpu_s,
         };
-        if let Some(reason) = gpu_hours_verdict(quota, used, committed, need) {
+        if let Some(reason) =
+            gpu_hours_verdict(quota, used, committed, need).and_then(PendingReason::of_quota)
+        {
             return Some(reason.as_str());
         }
     }
@@ -324,7 +327,7 @@ pub fn decide(
 /// The reason names are the scheduler's own `&'static str`s; a reason read back from the
 /// state file is matched to one of them.
 fn static_reason(reason: &str) -> &'static str {
-    use gpuledger_scheduler::PendingReason as R;
+    use PendingReason as R;
     [R::AssocGrpGpuHoursDay, R::AssocGrpGpuHoursWeek]
         .into_iter()
         .map(R::as_str)
