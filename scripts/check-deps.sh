@@ -35,7 +35,7 @@ never gpuledger-service gpuledger-aggregator gpuledger-schedd gpuledger-exporter
 never gpuledger-aggregator gpuledger-scheduler gpuledger-schedd gpuledger
 never gpuledger-schedd gpuledger-aggregator datafusion gpuledger
 never gpuledger-testkit gpuledger-model "${services[@]}" gpuledger
-for lib in gpuledger-auth gpuledger-adapters gpuledger-sim gpuledger-dashboards gpuledger-bench gpuledger-slurm gpuledger-tests; do
+for lib in gpuledger-auth gpuledger-adapters gpuledger-sim gpuledger-dashboards gpuledger-bench gpuledger-slurm gpuledger-stack gpuledger-tests; do
   never "$lib" gpuledger
 done
 

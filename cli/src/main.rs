@@ -41,6 +41,10 @@ enum Command {
     /// Run the seed scenario end to end over a simulated month: workload, scheduler, per-GPU
     /// telemetry through the aggregator into Parquet, billing, and a summary per account.
     Demo(DemoArgs),
+    /// A live stack on this host under one state directory: aggregator, scheduler, synthetic
+    /// exporters, a small workload and Prometheus (when installed), tokens on; prints every
+    /// URL; Ctrl-C stops it all; starting again continues with the same data.
+    Up(gpuledger_stack::UpOptions),
     /// Price a month of stored usage under the price book: per account an invoice revision
     /// (CSV, JSON, HTML), one FOCUS 1.2 CSV for finance, and the billing models compared.
     Invoice(gpuledger::invoice_cmd::InvoiceArgs),
@@ -72,8 +76,9 @@ enum Command {
     /// every panel's queries against a Prometheus, `preview` draws what they return as HTML.
     #[command(subcommand)]
     Dashboards(gpuledger::dashboards_cmd::DashboardsCommand),
-    /// Follow a Slurm cluster: `follow` posts its jobs' events (from squeue and scontrol, the
-    /// jobcomp log or sacct) to the aggregator.
+    /// Beside Slurm: `follow` posts its jobs' events (from squeue and scontrol, the
+    /// jobcomp log or sacct) to the aggregator; `steer` sets pending jobs' fair-share factors
+    /// from measured usage and holds jobs over GPU-hour quotas.
     #[command(subcommand)]
     Slurm(gpuledger::slurm_cmd::SlurmCommand),
     /// Bring in what an existing cluster defines: `slurm-assoc` reads `sacctmgr dump`.
@@ -188,6 +193,13 @@ fn run() -> anyhow::Result<()> {
     gpuledger_service::init_logging(cli.log_format);
     match cli.command {
         Command::Demo(args) => demo(args),
+        Command::Up(options) => Ok(gpuledger_stack::up(
+            &options,
+            &gpuledger_stack::Binary {
+                exe: std::env::current_exe()?,
+                seed_cluster_toml: gpuledger_sim::seed::SEED_CLUSTER_TOML,
+            },
+        )?),
         Command::Invoice(args) => gpuledger::invoice_cmd::invoice(args),
         Command::StorageScan(args) => gpuledger::invoice_cmd::storage_scan(args),
         Command::Report(args) => report(args),

@@ -329,7 +329,8 @@ fn every_panel_of_every_dashboard_has_data_in_a_real_prometheus() {
         "{err}"
     );
 
-    // The example scrape configuration parses, with its rules.
+    // The example scrape configuration passes as shipped, with its rules, and with its
+    // authorization blocks uncommented beside a token file.
     let example = dir.path().join("example");
     std::fs::create_dir_all(&example).unwrap();
     for f in ["prometheus.yml", "gpuledger-rules.yml"] {
@@ -339,21 +340,32 @@ fn every_panel_of_every_dashboard_has_data_in_a_real_prometheus() {
         )
         .unwrap();
     }
-    std::fs::write(example.join("gpuledger-token"), "gpl_x\n").unwrap();
-    let out = Command::new("promtool")
-        .args([
-            "check",
-            "config",
-            example.join("prometheus.yml").to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let promtool_check = |file: &Path| {
+        let out = Command::new("promtool")
+            .args(["check", "config", file.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    promtool_check(&example.join("prometheus.yml"));
+    let shipped = std::fs::read_to_string(example.join("prometheus.yml")).unwrap();
+    let with_tokens = shipped
+        .replace("# authorization:", "authorization:")
+        .replace("#   credentials_file", "  credentials_file");
+    assert_eq!(
+        with_tokens
+            .matches("credentials_file: gpuledger-token")
+            .count(),
+        3
     );
+    std::fs::write(example.join("with-tokens.yml"), with_tokens).unwrap();
+    std::fs::write(example.join("gpuledger-token"), "gpl_x\n").unwrap();
+    promtool_check(&example.join("with-tokens.yml"));
 
     // Each dashboard's panel list with the data it drew, in a real browser.
     let previews = dir.path().join("previews");

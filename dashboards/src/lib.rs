@@ -41,6 +41,11 @@ impl Error {
     }
 }
 
+/// The Prometheus recording and alerting rules, as shipped (`prometheus/gpuledger-rules.yml`;
+/// their selectors name the scrape jobs `gpuledger-exporter`, `gpuledger-aggregator` and
+/// `gpuledger-scheduler`).
+pub const PROMETHEUS_RULES: &str = include_str!("../prometheus/gpuledger-rules.yml");
+
 /// The dashboards and provisioning files, as shipped.
 pub const EMBEDDED: [(&str, &str); 6] = [
     ("cluster.json", include_str!("../grafana/cluster.json")),
