@@ -4,6 +4,7 @@
 pub mod adopt_cmd;
 pub mod dashboards_cmd;
 pub mod invoice_cmd;
+pub mod man_cmd;
 pub mod scheduler_cmd;
 pub mod slurm_cmd;
 pub mod table;

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use rust_decimal::Decimal;
 
@@ -91,6 +91,15 @@ enum Command {
     /// Manage the bearer tokens the services accept: `add` (shown once), `list`, `revoke`.
     #[command(subcommand)]
     Token(gpuledger::token_cmd::TokenCommand),
+    /// Print the shell completion script (bash, zsh, fish, elvish, powershell); e.g.
+    /// `gpuledger completions bash > /etc/bash_completion.d/gpuledger`.
+    Completions { shell: clap_complete::Shell },
+    /// Write a man page per command (gpuledger.1, gpuledger-scheduler-submit.1, ...) into a
+    /// directory; e.g. `--out /usr/local/share/man/man1`.
+    Man {
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Check a cluster config file and print what it defines.
     CheckConfig {
         /// The TOML file.
@@ -216,6 +225,20 @@ fn run() -> anyhow::Result<()> {
         Command::Import(command) => gpuledger::adopt_cmd::import(command),
         Command::Slurm(command) => gpuledger::slurm_cmd::run(command),
         Command::Export(command) => gpuledger::adopt_cmd::export(command),
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "gpuledger",
+                &mut std::io::stdout(),
+            );
+            Ok(())
+        }
+        Command::Man { out } => {
+            let written = gpuledger::man_cmd::write_man_pages(Cli::command(), &out)?;
+            println!("{written} man pages in {}", out.display());
+            Ok(())
+        }
         Command::CheckConfig { file } => check_config(&file),
     }
 }

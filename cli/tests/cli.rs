@@ -519,3 +519,40 @@ fn without_tokens_the_services_refuse_an_address_other_hosts_can_reach() {
         );
     }
 }
+
+#[test]
+fn completions_and_man_pages_come_from_the_command_line_itself() {
+    let out = gpuledger(&["completions", "bash"]);
+    assert!(out.status.success());
+    let script = String::from_utf8(out.stdout).unwrap();
+    for word in ["_gpuledger", "scheduler", "check-config", "--exporters"] {
+        assert!(script.contains(word), "the bash script lacks {word}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("gpuledger.bash");
+    std::fs::write(&file, &script).unwrap();
+    let syntax = Command::new("bash")
+        .args(["-n", file.to_str().unwrap()])
+        .status()
+        .unwrap();
+    assert!(syntax.success(), "bash reads the script");
+    for shell in ["zsh", "fish"] {
+        let out = gpuledger(&["completions", shell]);
+        assert!(out.status.success() && !out.stdout.is_empty(), "{shell}");
+    }
+    let man = dir.path().join("man1");
+    let out = gpuledger(&["man", "--out", man.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let page = std::fs::read_to_string(man.join("gpuledger-scheduler-submit.1")).unwrap();
+    assert!(page.starts_with(".ie") || page.contains(".TH"), "{page}");
+    assert!(page.contains("gpuledger\\-scheduler\\-submit"), "{page}");
+    assert!(page.contains("account"), "its options: {page}");
+    for name in ["gpuledger.1", "gpuledger-up.1", "gpuledger-slurm-steer.1"] {
+        assert!(man.join(name).exists(), "{name}");
+    }
+    assert!(!man.join("gpuledger-help.1").exists());
+}
