@@ -114,9 +114,10 @@ pub struct ExporterOptions {
     /// --node NAME`), when the aggregator runs with --tokens.
     #[arg(long, env = "GPULEDGER_AGGREGATOR_TOKEN_FILE")]
     pub aggregator_token_file: Option<PathBuf>,
-    /// Durable outbox of batches not yet acknowledged.
-    #[arg(long, default_value = "./gpuledger-spool")]
-    pub spool_dir: PathBuf,
+    /// Durable outbox of batches not yet acknowledged (default: `./gpuledger-spool/NODE`, so
+    /// that exporters of several nodes on one host keep apart).
+    #[arg(long)]
+    pub spool_dir: Option<PathBuf>,
     /// Bound of the spool in bytes; past it the oldest batches are dropped and counted.
     #[arg(long, default_value_t = 1 << 30)]
     pub spool_max_bytes: u64,
@@ -127,9 +128,11 @@ pub struct ExporterOptions {
     /// --job-mapping-dir).
     #[arg(long)]
     pub scheduler_url: Option<String>,
-    /// Address of /metrics (`127.0.0.1:0` picks a free port; the address is printed).
-    #[arg(long, default_value = "0.0.0.0:9401")]
-    pub listen: SocketAddr,
+    /// Address of /metrics (`127.0.0.1:0` picks a free port; the address is printed). Default:
+    /// `0.0.0.0:9401`, one exporter per node; the synthetic source, which runs several to a
+    /// host, takes 9400 plus the number its node name ends with (gpu003: 9403).
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
     /// Token file (`gpuledger token add`): /metrics then wants an operator's bearer token
     /// (Prometheus's `authorization` in its scrape config). Without it /metrics is open.
     #[arg(long, env = "GPULEDGER_TOKENS")]
@@ -300,6 +303,38 @@ fn open_source(args: &ExporterOptions) -> Result<Box<dyn GpuSource>> {
     })
 }
 
+/// The port of /metrics when `--listen` is not given: 9401, or for the synthetic source 9400
+/// plus the number the node's name ends with (1 to 599; another name hashes into that range).
+pub fn default_port(node: &str, source: SourceKind) -> u16 {
+    if source != SourceKind::Synthetic {
+        return 9401;
+    }
+    let digits: String = node
+        .chars()
+        .rev()
+        .take_while(char::is_ascii_digit)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    let n = match digits.parse::<u64>() {
+        Ok(n) if (1..=599).contains(&n) => n,
+        // FNV-1a: stable across runs and builds.
+        _ => {
+            let h = node.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+            });
+            1 + h % 599
+        }
+    };
+    9400 + n as u16
+}
+
+/// The spool directory when `--spool-dir` is not given: one per node.
+pub fn default_spool_dir(node: &str) -> PathBuf {
+    PathBuf::from("./gpuledger-spool").join(node)
+}
+
 /// Runs the exporter until SIGTERM or Ctrl-C.
 pub fn run(args: ExporterOptions) -> Result<()> {
     if args.sample_interval.subsec_nanos() != 0 {
@@ -315,15 +350,25 @@ pub fn run(args: ExporterOptions) -> Result<()> {
     }
     // The exporter's page is open by default, as dcgm-exporter's is (GPU readings and job ids,
     // no usage totals or money); --tokens closes it.
+    if let Err(e) = gpuledger_model::NodeId::new(&args.node) {
+        return Err(Error::Usage(format!("--node: {e}")));
+    }
+    let listen = args
+        .listen
+        .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], default_port(&args.node, args.source))));
+    let spool_dir = args
+        .spool_dir
+        .clone()
+        .unwrap_or_else(|| default_spool_dir(&args.node));
     let exposure = Exposure {
-        listen: args.listen,
+        listen,
         allow_unauthenticated: true,
     };
     let guard = gpuledger_service::guard("exporter", args.tokens.as_deref(), &[], exposure)?;
     let tls = args.tls.acceptor()?;
     let source = open_source(&args)?;
-    let spool = Spool::open(&args.spool_dir, args.spool_max_bytes).map_err(|e| Error::Spool {
-        dir: args.spool_dir.clone(),
+    let spool = Spool::open(&spool_dir, args.spool_max_bytes).map_err(|e| Error::Spool {
+        dir: spool_dir.clone(),
         source: e,
     })?;
     let devices = source.devices().to_vec();
@@ -393,7 +438,7 @@ pub fn run(args: ExporterOptions) -> Result<()> {
         shared: Arc::clone(&shared),
         guard: Arc::new(guard),
     };
-    runtime.block_on(serve_metrics(args.listen, metrics, tls))?;
+    runtime.block_on(serve_metrics(listen, metrics, tls))?;
     shared.stop();
     let _ = sampler.join();
     let _ = pusher.join();
@@ -471,6 +516,21 @@ async fn metrics(State(state): State<MetricsState>, headers: HeaderMap) -> Respo
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn synthetic_exporters_of_several_nodes_get_ports_and_spools_of_their_own() {
+        assert_eq!(default_port("gpu001", SourceKind::Synthetic), 9401);
+        assert_eq!(default_port("gpu003", SourceKind::Synthetic), 9403);
+        assert_eq!(
+            default_port("gpu003", SourceKind::Nvml),
+            9401,
+            "one per node"
+        );
+        let hashed = default_port("login-node", SourceKind::Synthetic);
+        assert!((9401..=9999).contains(&hashed));
+        assert_eq!(hashed, default_port("login-node", SourceKind::Synthetic));
+        assert_ne!(default_spool_dir("gpu001"), default_spool_dir("gpu002"));
+    }
     use clap::Args;
 
     fn command() -> clap::Command {

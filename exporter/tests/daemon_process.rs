@@ -87,3 +87,42 @@ fn a_config_file_with_an_unknown_key_is_refused_with_its_line() {
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.starts_with("error: "), "{stderr}");
 }
+
+#[test]
+fn synthetic_exporters_of_two_nodes_share_a_host_on_their_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    let start = |node: &str| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_gpuledger-exporter"));
+        command
+            .args(["--node", node, "--gpus", "1"])
+            .current_dir(dir.path());
+        gpuledger_testkit::spawn_command(command, Stdio::inherit())
+    };
+    // Neither --listen nor --spool-dir: each takes its node's port and spool.
+    let (a, b) = (start("gpu057"), start("gpu058"));
+    assert!(a.url.ends_with(":9457"), "{}", a.url);
+    assert!(b.url.ends_with(":9458"), "{}", b.url);
+    let local = |url: &str| url.replace("0.0.0.0", "127.0.0.1");
+    assert!(scrape(&local(&a.url)).contains("Hostname=\"gpu057\""));
+    assert!(scrape(&local(&b.url)).contains("Hostname=\"gpu058\""));
+    terminate(a);
+    terminate(b);
+    for node in ["gpu057", "gpu058"] {
+        assert!(
+            dir.path().join("gpuledger-spool").join(node).is_dir(),
+            "{node}'s spool"
+        );
+    }
+    // A node name that would leave the spool directory is refused.
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuledger-exporter"))
+        .args(["--node", "../etc", "--listen", "127.0.0.1:0"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--node"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
