@@ -100,10 +100,13 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
     },
-    /// Check a cluster config file and print what it defines.
+    /// Check a configuration file and print what it defines: a cluster config, a price book,
+    /// a demo spec or an exporter config (told apart by their keys, or by --kind).
     CheckConfig {
         /// The TOML file.
         file: PathBuf,
+        #[arg(long, value_enum, default_value = "auto")]
+        kind: ConfigKind,
     },
 }
 
@@ -239,7 +242,7 @@ fn run() -> anyhow::Result<()> {
             println!("{written} man pages in {}", out.display());
             Ok(())
         }
-        Command::CheckConfig { file } => check_config(&file),
+        Command::CheckConfig { file, kind } => check_config(&file, kind),
     }
 }
 
@@ -611,7 +614,88 @@ fn store_simulated_month(
     Ok(())
 }
 
-fn check_config(file: &Path) -> anyhow::Result<()> {
+/// What a file passed to `check-config` configures.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum ConfigKind {
+    /// Told by its keys: `[cluster]`, `[workload]`, `node`, `currency`.
+    Auto,
+    Cluster,
+    Prices,
+    Demo,
+    Exporter,
+}
+
+fn config_kind(file: &Path) -> anyhow::Result<ConfigKind> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let origin = file.display().to_string();
+    let table: toml::Table = gpuledger_model::config::parse_toml(&text, &origin)?;
+    Ok(if table.contains_key("cluster") {
+        ConfigKind::Cluster
+    } else if table.contains_key("workload") {
+        ConfigKind::Demo
+    } else if table.contains_key("currency") || table.contains_key("versions") {
+        ConfigKind::Prices
+    } else if table.contains_key("node") || table.contains_key("source") {
+        ConfigKind::Exporter
+    } else {
+        anyhow::bail!(
+            "{origin}: not a cluster config ([cluster]), price book (currency), demo spec \
+             ([workload]) or exporter config (node); say which with --kind"
+        )
+    })
+}
+
+fn check_config(file: &Path, kind: ConfigKind) -> anyhow::Result<()> {
+    let kind = match kind {
+        ConfigKind::Auto => config_kind(file)?,
+        k => k,
+    };
+    match kind {
+        ConfigKind::Cluster | ConfigKind::Auto => check_cluster(file),
+        ConfigKind::Prices => {
+            let book = load_price_book(Some(file))?;
+            let versions: Vec<String> = book.versions().map(|v| v.version.clone()).collect();
+            println!(
+                "{}: price book: {} version(s) ({}) in {}",
+                file.display(),
+                versions.len(),
+                versions.join(", "),
+                book.currency()
+            );
+            Ok(())
+        }
+        ConfigKind::Demo => {
+            let spec = load_demo(Some(file))?;
+            println!(
+                "{}: demo spec: {} days from {}",
+                file.display(),
+                spec.workload.days,
+                spec.workload.start
+            );
+            Ok(())
+        }
+        ConfigKind::Exporter => {
+            use clap::Args;
+            let command = gpuledger_exporter::daemon::ExporterOptions::augment_args(
+                clap::Command::new("gpuledger exporter"),
+            );
+            let args = gpuledger_exporter::daemon::config_file_args(file, &command)?;
+            let parsed = command
+                .clone()
+                .no_binary_name(true)
+                .try_get_matches_from(&args)
+                .map_err(|e| anyhow::anyhow!("{}: {}", file.display(), e.to_string().trim()))?;
+            let node = parsed
+                .get_one::<String>("node")
+                .map_or("(given on the command line)", String::as_str);
+            println!("{}: exporter config for node {node}", file.display());
+            Ok(())
+        }
+    }
+}
+
+fn check_cluster(file: &Path) -> anyhow::Result<()> {
     let config = load_cluster(Some(file))?;
     println!(
         "{}: cluster `{}`: {} nodes, {} GPUs, {} partitions, {} accounts, price book {}",

@@ -556,3 +556,49 @@ fn completions_and_man_pages_come_from_the_command_line_itself() {
     }
     assert!(!man.join("gpuledger-help.1").exists());
 }
+
+#[test]
+fn check_config_passes_every_shipped_example_and_tells_their_kinds_apart() {
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&examples).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "toml") {
+            continue;
+        }
+        let out = gpuledger(&["check-config", path.to_str().unwrap()]);
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let said = String::from_utf8_lossy(&out.stdout);
+        let name = path.file_name().unwrap().to_str().unwrap();
+        let kind = match name {
+            "seed-cluster.toml" => "cluster `seed`",
+            "seed-prices.toml" => "price book",
+            "seed-demo.toml" => "demo spec",
+            "exporter.toml" => "exporter config for node gpu001",
+            other => panic!("a new example, {other}: say what check-config must call it"),
+        };
+        assert!(said.contains(kind), "{name}: {said}");
+        checked += 1;
+    }
+    assert_eq!(checked, 4);
+    // An exporter config with a bad value names the file and the option.
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("exporter.toml");
+    std::fs::write(&bad, "node = \"gpu001\"\nsource = \"quantum\"\n").unwrap();
+    let out = gpuledger(&["check-config", bad.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("exporter.toml") && err.contains("quantum"),
+        "{err}"
+    );
+    let neither = dir.path().join("what.toml");
+    std::fs::write(&neither, "x = 1\n").unwrap();
+    let out = gpuledger(&["check-config", neither.to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--kind"));
+}
