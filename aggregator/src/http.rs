@@ -14,8 +14,9 @@
 //! | `GET /api/v1/status?window=&from=&to=` | what the status page shows, as JSON |
 //! | `GET /` | the status page; `POST /login` and `POST /logout` set and clear its cookie |
 //! | `GET /healthz` | liveness; 503 once a write failed |
+//! | `GET /readyz` | readiness: 503 until the first flush after recovery has finished |
 //!
-//! With a token file ([`gpuledger_auth::Guard`]) every route but `/healthz` wants a bearer token
+//! With a token file ([`gpuledger_auth::Guard`]) every route but `/healthz` and `/readyz` wants a bearer token
 //! (the status page also takes the cookie its sign-in form sets) and checks its role: a node
 //! pushes only as itself, a tenant reads only its own account (another account, or another
 //! account's job, is answered exactly as one that does not exist), SQL and events are for
@@ -71,6 +72,8 @@ pub struct Service {
     pub body_budget: gpuledger_service::BodyBudget,
     /// The status page's sign-ins.
     pub sessions: gpuledger_auth::Sessions,
+    /// Set once the first flush after start has finished (recovery comes before listening).
+    pub ready: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Service {
@@ -99,6 +102,7 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/logout", post(logout))
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         // Outermost first: the caller is checked from the headers, then the body takes its
         // share of the service's budget, and only then is it read.
@@ -461,6 +465,19 @@ async fn healthz(State(s): State<Arc<Service>>) -> ApiResult<&'static str> {
         ));
     }
     Ok("ok\n")
+}
+
+/// Readiness, open to all (a load balancer or kubelet asks): 200 once the write-ahead log is
+/// recovered and the first flush has finished, so that queries see what was acknowledged
+/// before the restart; 503 before, and after a write failed.
+async fn readyz(State(s): State<Arc<Service>>) -> ApiResult<&'static str> {
+    healthz(State(Arc::clone(&s))).await?;
+    if !s.ready.load(std::sync::atomic::Ordering::Acquire) {
+        return Err(ApiError::Unavailable(
+            "starting: recovered, the first flush has not finished".into(),
+        ));
+    }
+    Ok("ready\n")
 }
 
 /// A point in time: RFC 3339, a date (midnight UTC) or Unix milliseconds.

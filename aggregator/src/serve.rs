@@ -189,6 +189,7 @@ async fn serve(
             crate::http::MAX_BODY_BYTES as u64,
         ),
         sessions: gpuledger_auth::Sessions::new(SESSION_LIFETIME_S, tls.is_some()),
+        ready: std::sync::atomic::AtomicBool::new(false),
     });
     let shutdown = gpuledger_service::shutdown_signal()?;
     let listener = gpuledger_service::bind(options.listen).await?;
@@ -232,6 +233,13 @@ async fn flush_loop(service: Arc<Service>, options: ServeOptions) {
     let compact_every = Duration::from_secs(options.compact_interval.as_secs().max(1));
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     let mut last_ledger: Option<Instant> = None;
+    // The first flush at once: ready means what the log replayed is in the tables.
+    flush_and_retain(&service, options.raw_retention_days).await;
+    if !service.ingestor.has_failed() {
+        service
+            .ready
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
     loop {
         tick.tick().await;
         if last_compaction.elapsed() >= compact_every {

@@ -155,6 +155,17 @@ fn one_command_starts_a_live_stack_that_stops_on_sigterm_and_continues_when_star
     let (code, _) = get(&status, "gpl_not_a_token");
     assert_eq!(code, 401, "tokens are on");
 
+    // Each service says it is ready, to anyone (a kubelet or a load balancer has no token).
+    for label in ["status page", "scheduler ", "exporter gpu002"] {
+        let readyz = format!("{}/readyz", first.base(label));
+        wait_for(&format!("{readyz} to answer 200"), 30, || {
+            agent()
+                .get(&readyz)
+                .call()
+                .is_ok_and(|r| r.status().as_u16() == 200)
+        });
+    }
+
     // Prometheus scrapes every service, with the metrics token the stack gave it.
     let prometheus = first.base("Prometheus");
     wait_for("Prometheus to see its 5 targets up", 90, || {

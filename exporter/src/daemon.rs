@@ -464,6 +464,7 @@ async fn serve_metrics(
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
         .with_state(state);
     let shutdown = gpuledger_service::shutdown_signal()?;
     let listener = gpuledger_service::bind(listen).await?;
@@ -483,6 +484,32 @@ async fn serve_metrics(
         .await
         .map_err(|e| Error::io(format!("serving /metrics on {addr}"), e))?;
     Ok(())
+}
+
+/// Readiness, open to all: 200 once its spool is open and a collection has read the GPUs and
+/// the source is up; 503 with the source's error otherwise.
+async fn readyz(State(state): State<MetricsState>) -> Response {
+    let snapshot = state.shared.snapshot();
+    let health = &snapshot.health;
+    if health.collections_total == 0 {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "starting: no collection yet\n".to_owned(),
+        )
+            .into_response();
+    }
+    if !health.source_up {
+        let why = health
+            .source_error
+            .as_deref()
+            .unwrap_or("the source is down");
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {why}\n"),
+        )
+            .into_response();
+    }
+    "ready\n".into_response()
 }
 
 async fn metrics(State(state): State<MetricsState>, headers: HeaderMap) -> Response {

@@ -15,8 +15,9 @@
 //! | `POST /api/v1/nodes/{node}/drain` `{reason}`, `POST /api/v1/nodes/{node}/resume` | out of and back in service (operators) |
 //! | `GET /metrics` | jobs by state, pending jobs by account and reason, GPUs allocated/idle/reserved, starts, preemptions, cycles |
 //! | `GET /healthz` | liveness |
+//! | `GET /readyz` | readiness: 503 until the first scheduling cycle has run |
 //!
-//! With a token file ([`router_with`] and a [`Guard`]) every route but `/healthz` wants a bearer
+//! With a token file ([`router_with`] and a [`Guard`]) every route but `/healthz` and `/readyz` wants a bearer
 //! token: a tenant submits, reads, cancels and checkpoints its own account's jobs only (another
 //! account's job is answered as one that does not exist) and sees its own rows of the queue,
 //! the share and the reservations; a node reads its own GPUs of the allocation feed; finance
@@ -215,6 +216,7 @@ pub fn router_with(service: Arc<Service>, guard: Guard, budget: BodyBudget) -> R
         .route("/api/v1/nodes/{node}/resume", post(resume))
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
         .layer(axum::extract::DefaultBodyLimit::max(
             MAX_BODY_BYTES as usize,
         ))
@@ -407,6 +409,19 @@ async fn resume(
     s.check(&headers, Action::Operate, "resume a node")?;
     let was_drained = s.resume(&node)?;
     Ok(Json(json!({ "node": node, "was_drained": was_drained })).into_response())
+}
+
+/// Readiness, open to all (a load balancer or kubelet asks): 200 once the first cycle ran,
+/// 503 before.
+async fn readyz(State(s): State<Arc<Api>>) -> Response {
+    if s.cycles_run() == 0 {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "starting: the first scheduling cycle has not run\n",
+        )
+            .into_response();
+    }
+    "ready\n".into_response()
 }
 
 async fn metrics(State(s): State<Arc<Api>>, headers: HeaderMap) -> ApiResult<Response> {

@@ -580,6 +580,12 @@ impl Service {
 
     /// One round: reap, deadlines, usage, a scheduling cycle and its actions, then state and
     /// events out.
+    /// Scheduling cycles run since the service started (ready after the first: its state
+    /// restored and its running jobs adopted).
+    pub fn cycles_run(&self) -> u64 {
+        self.lock().counters.cycles
+    }
+
     pub fn tick(&self) -> Result<Cycle> {
         let now = self.now_s();
         let usage = self.fetch_usage_if_due(now);
