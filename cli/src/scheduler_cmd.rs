@@ -10,7 +10,8 @@ use serde_json::{json, Value};
 
 use gpuledger_schedd::http::{NodesReply, QueueReply, ShareReply};
 use gpuledger_schedd::serve::ServeOptions;
-use gpuledger_schedd::state::JobState;
+use gpuledger_schedd::state::{JobInfo, JobState};
+use gpuledger_schedd::ShareRow;
 
 use crate::table;
 use gpuledger_sim::seed::load_cluster;
@@ -32,11 +33,36 @@ pub enum SchedulerCommand {
     },
     /// Running and pending jobs with state, reason and estimated start (as squeue).
     Queue {
+        /// Only jobs in these states: pending, running, preempting (comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        state: Vec<String>,
+        #[command(flatten)]
+        list: ListOptions,
+        #[arg(long, default_value = DEFAULT_URL, env = "GPULEDGER_SCHEDULER")]
+        url: String,
+    },
+    /// Jobs of every state, ended ones too, oldest first (as sacct).
+    Jobs {
+        /// Only jobs in these states: pending, running, preempting, completed, failed,
+        /// cancelled, timeout (comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        state: Vec<String>,
+        /// Only jobs still running or waiting then or ended since: RFC 3339, a date, Unix
+        /// seconds, or a time ago (`1d`, `12h`).
+        #[arg(long)]
+        since: Option<String>,
+        /// At most this many, the newest (1 to 10,000).
+        #[arg(long, default_value_t = 1000)]
+        limit: usize,
+        #[command(flatten)]
+        list: ListOptions,
         #[arg(long, default_value = DEFAULT_URL, env = "GPULEDGER_SCHEDULER")]
         url: String,
     },
     /// Fair share per account (as sshare).
     Share {
+        #[command(flatten)]
+        list: ListOptions,
         #[arg(long, default_value = DEFAULT_URL, env = "GPULEDGER_SCHEDULER")]
         url: String,
     },
@@ -71,6 +97,150 @@ pub enum SchedulerCommand {
 }
 
 const DEFAULT_URL: &str = "http://127.0.0.1:9500";
+
+/// What the listing commands share: a filter by account and the output's shape.
+#[derive(clap::Args, Debug)]
+pub struct ListOptions {
+    /// Only these accounts (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    account: Vec<String>,
+    /// The rows as JSON (the API's own objects) instead of a table.
+    #[arg(long, conflicts_with = "format")]
+    json: bool,
+    /// The table's columns, comma-separated (as squeue -O); an unknown name lists them all.
+    #[arg(long, value_delimiter = ',')]
+    format: Vec<String>,
+}
+
+/// A column of a listing: its name for --format, its header, and its cell.
+type Column<T> = (&'static str, &'static str, fn(&T) -> String);
+
+/// The rows as a table of the columns `format` names (or `default`), or as JSON.
+fn print_rows<T: serde::Serialize>(
+    rows: &[&T],
+    columns: &[Column<T>],
+    default: &[&str],
+    list: &ListOptions,
+    key: &str,
+) -> anyhow::Result<()> {
+    if list.json {
+        println!("{}", serde_json::to_string_pretty(&json!({ key: rows }))?);
+        return Ok(());
+    }
+    let names: Vec<&str> = if list.format.is_empty() {
+        default.to_vec()
+    } else {
+        list.format.iter().map(|s| s.trim()).collect()
+    };
+    let mut chosen = Vec::new();
+    for name in names {
+        let column = columns
+            .iter()
+            .find(|c| c.0 == name.to_ascii_lowercase())
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "--format: no column `{name}`; the columns are {}",
+                    columns.iter().map(|c| c.0).collect::<Vec<_>>().join(", ")
+                )
+            })?;
+        chosen.push(column);
+    }
+    let headers: Vec<&str> = chosen.iter().map(|c| c.1).collect();
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| chosen.iter().map(|c| (c.2)(r)).collect())
+        .collect();
+    print!("{}", table::render(&headers, &cells));
+    Ok(())
+}
+
+fn or_dash(v: Option<&str>) -> String {
+    v.unwrap_or("-").to_owned()
+}
+
+const JOB_COLUMNS: &[Column<JobInfo>] = &[
+    ("jobid", "JOBID", |j| j.id.to_string()),
+    ("partition", "PARTITION", |j| {
+        or_dash(j.request.partition.as_deref())
+    }),
+    ("account", "ACCOUNT", |j| j.request.account.to_string()),
+    ("project", "PROJECT", |j| {
+        j.request
+            .project
+            .as_ref()
+            .map_or("-".into(), ToString::to_string)
+    }),
+    ("state", "STATE", |j| j.state.as_str().to_owned()),
+    ("gpus", "GPUS", |j| j.request.gpus.to_string()),
+    ("submit", "SUBMIT", |j| time(Some(j.submit_s))),
+    ("start", "START", |j| time(j.start_s)),
+    ("end", "END", |j| time(j.end_s)),
+    ("est_start", "EST_START", |j| {
+        if j.state == JobState::Pending {
+            time(j.estimated_start_s)
+        } else {
+            "-".into()
+        }
+    }),
+    ("elapsed", "ELAPSED", |j| match j.start_s {
+        Some(start) => {
+            let end = j.end_s.unwrap_or_else(|| chrono::Utc::now().timestamp());
+            gpuledger_model::units::DurationSpec::from_secs((end - start).max(0) as u64).to_string()
+        }
+        None => "-".into(),
+    }),
+    ("time_limit", "TIME_LIMIT", |j| {
+        j.request.time_limit.to_string()
+    }),
+    ("exit_code", "EXIT", |j| {
+        j.exit_code.map_or("-".into(), |c| c.to_string())
+    }),
+    ("reason", "REASON", |j| or_dash(j.reason.as_deref())),
+    ("nodelist", "NODELIST", |j| or_dash(j.allocation.as_deref())),
+    ("nodelist_reason", "NODELIST(REASON)", |j| {
+        if j.state == JobState::Pending {
+            or_dash(j.reason.as_deref())
+        } else {
+            or_dash(j.allocation.as_deref())
+        }
+    }),
+    ("command", "COMMAND", |j| j.request.command.clone()),
+];
+
+const SHARE_COLUMNS: &[Column<ShareRow>] = &[
+    ("account", "ACCOUNT", |a| a.account.clone()),
+    ("weight", "WEIGHT", |a| a.weight.to_string()),
+    ("normshares", "NORMSHARES", |a| {
+        format!("{:.3}", a.norm_shares)
+    }),
+    ("gpu_hours", "GPU-HOURS", |a| {
+        format!("{:.1}", a.decayed_gpu_hours)
+    }),
+    ("fairshare", "FAIRSHARE", |a| format!("{:.3}", a.fair_share)),
+    ("running", "RUNNING", |a| a.running_gpus.to_string()),
+    ("pending", "PENDING", |a| a.pending_jobs.to_string()),
+];
+
+/// `--since`: RFC 3339, a date, Unix seconds, or a duration ago; Unix seconds.
+fn since_seconds(text: &str, now_s: i64) -> anyhow::Result<i64> {
+    if let Ok(s) = text.parse::<i64>() {
+        return Ok(s);
+    }
+    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(text) {
+        return Ok(t.timestamp());
+    }
+    if let Ok(d) = chrono::NaiveDate::parse_from_str(text, "%Y-%m-%d") {
+        return Ok(d
+            .and_hms_opt(0, 0, 0)
+            .unwrap_or_default()
+            .and_utc()
+            .timestamp());
+    }
+    let ago: gpuledger_model::units::DurationSpec = text.parse().map_err(|_| {
+        anyhow::anyhow!("--since `{text}`: not RFC 3339, a date, Unix seconds nor a duration (1d)")
+    })?;
+    Ok(now_s - ago.as_secs() as i64)
+}
 
 #[derive(clap::Args, Debug)]
 pub struct SubmitArgs {
@@ -145,8 +315,15 @@ pub fn run(command: SchedulerCommand) -> anyhow::Result<()> {
             println!("{job_id}: {}", reply["state"].as_str().unwrap_or("?"));
             Ok(())
         }
-        SchedulerCommand::Queue { url } => queue(&url),
-        SchedulerCommand::Share { url } => share(&url),
+        SchedulerCommand::Queue { state, list, url } => queue(&url, &state, &list),
+        SchedulerCommand::Jobs {
+            state,
+            since,
+            limit,
+            list,
+            url,
+        } => jobs(&url, &state, since.as_deref(), limit, &list),
+        SchedulerCommand::Share { list, url } => share(&url, &list),
         SchedulerCommand::Reserve(args) => {
             let mut body = json!({
                 "name": args.name, "start": args.start, "end": args.end, "accounts": args.accounts,
@@ -337,88 +514,110 @@ fn time(s: Option<i64>) -> String {
         .unwrap_or_else(|| "-".into())
 }
 
-fn queue(url: &str) -> anyhow::Result<()> {
+fn queue(url: &str, states: &[String], list: &ListOptions) -> anyhow::Result<()> {
     let reply: QueueReply =
         serde_json::from_value(request("GET", &format!("{url}/api/v1/queue"), None)?)
             .context("the scheduler's queue reply")?;
-    let rows: Vec<Vec<String>> = reply
+    for s in states {
+        if !["pending", "running", "preempting"].contains(&s.as_str()) {
+            anyhow::bail!("--state `{s}`: the queue holds pending, running and preempting jobs (`jobs` lists the rest)");
+        }
+    }
+    let rows: Vec<&JobInfo> = reply
         .jobs
         .iter()
-        .map(|j| {
-            let pending = j.state == JobState::Pending;
-            let or_dash = |v: Option<&str>| v.unwrap_or("-").to_owned();
-            vec![
-                j.id.to_string(),
-                or_dash(j.request.partition.as_deref()),
-                j.request.account.to_string(),
-                j.state.as_str().to_owned(),
-                j.request.gpus.to_string(),
-                time(j.start_s),
-                if pending {
-                    time(j.estimated_start_s)
-                } else {
-                    "-".into()
-                },
-                if pending {
-                    or_dash(j.reason.as_deref())
-                } else {
-                    or_dash(j.allocation.as_deref())
-                },
-            ]
+        .filter(|j| {
+            list.account.is_empty() || list.account.iter().any(|a| a == j.request.account.as_str())
         })
+        .filter(|j| states.is_empty() || states.iter().any(|s| s == j.state.as_str()))
         .collect();
-    print!(
-        "{}",
-        table::render(
-            &[
-                "JOBID",
-                "PARTITION",
-                "ACCOUNT",
-                "STATE",
-                "GPUS",
-                "START",
-                "EST_START",
-                "NODELIST(REASON)"
-            ],
-            &rows
-        )
-    );
-    Ok(())
+    print_rows(
+        &rows,
+        JOB_COLUMNS,
+        &[
+            "jobid",
+            "partition",
+            "account",
+            "state",
+            "gpus",
+            "start",
+            "est_start",
+            "nodelist_reason",
+        ],
+        list,
+        "jobs",
+    )
 }
 
-fn share(url: &str) -> anyhow::Result<()> {
+fn jobs(
+    url: &str,
+    states: &[String],
+    since: Option<&str>,
+    limit: usize,
+    list: &ListOptions,
+) -> anyhow::Result<()> {
+    let mut query = vec![format!("limit={limit}")];
+    if !list.account.is_empty() {
+        query.push(format!("account={}", list.account.join(",")));
+    }
+    if !states.is_empty() {
+        query.push(format!("state={}", states.join(",")));
+    }
+    if let Some(s) = since {
+        query.push(format!(
+            "since={}",
+            since_seconds(s, chrono::Utc::now().timestamp())?
+        ));
+    }
+    let reply: QueueReply = serde_json::from_value(request(
+        "GET",
+        &format!("{url}/api/v1/jobs?{}", query.join("&")),
+        None,
+    )?)
+    .context("the scheduler's jobs reply")?;
+    let rows: Vec<&JobInfo> = reply.jobs.iter().collect();
+    print_rows(
+        &rows,
+        JOB_COLUMNS,
+        &[
+            "jobid",
+            "account",
+            "partition",
+            "state",
+            "gpus",
+            "submit",
+            "start",
+            "end",
+            "elapsed",
+            "exit_code",
+        ],
+        list,
+        "jobs",
+    )
+}
+
+fn share(url: &str, list: &ListOptions) -> anyhow::Result<()> {
     let reply: ShareReply =
         serde_json::from_value(request("GET", &format!("{url}/api/v1/share"), None)?)
             .context("the scheduler's share reply")?;
-    let rows: Vec<Vec<String>> = reply
+    let rows: Vec<&ShareRow> = reply
         .accounts
         .iter()
-        .map(|a| {
-            vec![
-                a.account.clone(),
-                a.weight.to_string(),
-                format!("{:.3}", a.norm_shares),
-                format!("{:.1}", a.decayed_gpu_hours),
-                format!("{:.3}", a.fair_share),
-                a.running_gpus.to_string(),
-                a.pending_jobs.to_string(),
-            ]
-        })
+        .filter(|a| list.account.is_empty() || list.account.contains(&a.account))
         .collect();
-    print!(
-        "{}",
-        table::render(
-            &[
-                "ACCOUNT",
-                "WEIGHT",
-                "NORMSHARES",
-                "GPU-HOURS",
-                "FAIRSHARE",
-                "RUNNING",
-                "PENDING"
-            ],
-            &rows
-        )
-    );
-    Ok(())
+    print_rows(
+        &rows,
+        SHARE_COLUMNS,
+        &[
+            "account",
+            "weight",
+            "normshares",
+            "gpu_hours",
+            "fairshare",
+            "running",
+            "pending",
+        ],
+        list,
+        "accounts",
+    )
 }

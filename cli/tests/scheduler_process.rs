@@ -222,6 +222,114 @@ fn jobs_run_report_to_the_aggregator_and_survive_a_scheduler_restart() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("422") && err.contains("5 GPUs"), "{err}");
+
+    // The history (as sacct), its filters and formats; the queue's and the share's too.
+    let stdout = |args: &[&str]| {
+        let out = cli(args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let all = stdout(&["scheduler", "jobs", "--url", &url]);
+    assert!(all.contains("EXIT") && all.contains("team-a.1"), "{all}");
+    assert!(
+        all.contains("completed") && all.contains("cancelled"),
+        "{all}"
+    );
+    let done: serde_json::Value = serde_json::from_str(&stdout(&[
+        "scheduler",
+        "jobs",
+        "--url",
+        &url,
+        "--state",
+        "completed",
+        "--json",
+    ]))
+    .unwrap();
+    let ids: Vec<&str> = done["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["team-a.1"]);
+    let recent = stdout(&[
+        "scheduler",
+        "jobs",
+        "--url",
+        &url,
+        "--since",
+        "1h",
+        "--format",
+        "jobid,state,exit_code",
+    ]);
+    assert_eq!(
+        recent
+            .lines()
+            .next()
+            .map(str::split_whitespace)
+            .map(Iterator::collect::<Vec<_>>),
+        Some(vec!["JOBID", "STATE", "EXIT"]),
+        "{recent}"
+    );
+    assert!(recent.contains("team-a.2"), "{recent}");
+    let future = stdout(&["scheduler", "jobs", "--url", &url, "--since", "2099-01-01"]);
+    assert_eq!(
+        future.lines().count(),
+        2,
+        "only the header and its rule: {future}"
+    );
+    assert_eq!(
+        stdout(&["scheduler", "queue", "--url", &url, "--account", "team-b"])
+            .lines()
+            .count(),
+        2
+    );
+    let share: serde_json::Value = serde_json::from_str(&stdout(&[
+        "scheduler",
+        "share",
+        "--url",
+        &url,
+        "--account",
+        "team-a",
+        "--json",
+    ]))
+    .unwrap();
+    assert_eq!(share["accounts"].as_array().unwrap().len(), 1, "{share}");
+    let out = cli(&[
+        "scheduler",
+        "queue",
+        "--url",
+        &url,
+        "--format",
+        "jobid,bogus",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("no column `bogus`") && err.contains("est_start"),
+        "{err}"
+    );
+    for (query, field) in [
+        ("state=bogus", "state"),
+        ("limit=0", "limit"),
+        ("since=yesterday", "since"),
+        ("colour=red", "colour"),
+    ] {
+        let mut r = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build()
+            .new_agent()
+            .get(format!("{url}/api/v1/jobs?{query}"))
+            .call()
+            .unwrap();
+        let body: serde_json::Value =
+            serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
+        assert_eq!(r.status().as_u16(), 400, "{query}: {body}");
+        assert_eq!(body["error"]["field"], field, "{query}: {body}");
+    }
     terminate(sched);
     terminate(aggregator);
 }

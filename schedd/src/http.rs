@@ -41,7 +41,7 @@ use gpuledger_model::JobId;
 use gpuledger_scheduler::reservation::ReservationEntry;
 use gpuledger_service::BodyBudget;
 
-use crate::state::{JobInfo, SubmitRequest};
+use crate::state::{JobInfo, JobState, SubmitRequest};
 use crate::{Error, Service};
 
 /// An error as the API answers it.
@@ -200,7 +200,7 @@ impl Api {
 pub fn router_with(service: Arc<Service>, guard: Guard, budget: BodyBudget) -> Router {
     let api = Arc::new(Api { service, guard });
     Router::new()
-        .route("/api/v1/jobs", post(submit))
+        .route("/api/v1/jobs", post(submit).get(history))
         .route("/api/v1/jobs/{id}", get(job).delete(cancel))
         .route("/api/v1/jobs/{id}/checkpoint", post(checkpoint))
         .route("/api/v1/queue", get(queue))
@@ -313,6 +313,118 @@ async fn checkpoint(
     s.own_job(&headers, &id, "report a job's checkpoint")?;
     s.checkpointed(&id)?;
     Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// `GET /api/v1/jobs?account=a,b&state=completed,failed&since=T&limit=N`: jobs of every state
+/// the caller may see (as `sacct`); `since` is RFC 3339 or Unix seconds; `limit` 1,000 by
+/// default, at most 10,000 (the newest).
+#[derive(Debug, Default)]
+struct HistoryParams {
+    account: Option<String>,
+    state: Option<String>,
+    since: Option<String>,
+    limit: Option<String>,
+}
+
+fn bad(field: &str, message: String) -> ApiError {
+    ApiError {
+        status: StatusCode::BAD_REQUEST,
+        field: Some(field.to_owned()),
+        message,
+    }
+}
+
+impl HistoryParams {
+    fn filter(&self) -> ApiResult<crate::HistoryFilter> {
+        let list = |v: &Option<String>| -> Vec<String> {
+            v.as_deref()
+                .map(|s| {
+                    s.split(',')
+                        .map(str::trim)
+                        .filter(|x| !x.is_empty())
+                        .map(str::to_owned)
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let mut states = Vec::new();
+        for name in list(&self.state) {
+            let state = JobState::ALL
+                .into_iter()
+                .find(|s| s.as_str() == name)
+                .ok_or_else(|| {
+                    bad(
+                        "state",
+                        format!(
+                            "`{name}` is no job state; one of {}",
+                            JobState::ALL.map(JobState::as_str).join(", ")
+                        ),
+                    )
+                })?;
+            states.push(state);
+        }
+        let since_s = match &self.since {
+            None => None,
+            Some(t) => Some(match t.parse::<i64>() {
+                Ok(s) => s,
+                Err(_) => chrono::DateTime::parse_from_rfc3339(t)
+                    .map_err(|e| {
+                        bad(
+                            "since",
+                            format!("`{t}`: not RFC 3339 nor Unix seconds ({e})"),
+                        )
+                    })?
+                    .timestamp(),
+            }),
+        };
+        let limit = match &self.limit {
+            None => 1_000,
+            Some(l) => l
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (1..=crate::HistoryFilter::MAX_LIMIT).contains(n))
+                .ok_or_else(|| {
+                    bad(
+                        "limit",
+                        format!(
+                            "`{l}`: a whole number from 1 to {}",
+                            crate::HistoryFilter::MAX_LIMIT
+                        ),
+                    )
+                })?,
+        };
+        Ok(crate::HistoryFilter {
+            accounts: list(&self.account),
+            states,
+            since_s,
+            limit,
+        })
+    }
+}
+
+async fn history(
+    State(s): State<Arc<Api>>,
+    headers: HeaderMap,
+    axum::extract::Query(mut query): axum::extract::Query<
+        std::collections::BTreeMap<String, String>,
+    >,
+) -> ApiResult<Response> {
+    let scope = s.read_scope(&headers, "read the jobs")?;
+    let params = HistoryParams {
+        account: query.remove("account"),
+        state: query.remove("state"),
+        since: query.remove("since"),
+        limit: query.remove("limit"),
+    };
+    if let Some(unknown) = query.keys().next() {
+        return Err(bad(
+            unknown,
+            "unknown parameter; use account, state, since or limit".into(),
+        ));
+    }
+    let filter = params.filter()?;
+    let jobs = s.history_seen_by(&|account| scope.covers(account), &filter);
+    Ok(Json(QueueReply { jobs }).into_response())
 }
 
 /// `GET /api/v1/queue`: the jobs the caller may see, as `squeue` lists them.

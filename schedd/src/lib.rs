@@ -176,6 +176,36 @@ pub struct ShareRow {
     pub pending_jobs: usize,
 }
 
+/// Which jobs `GET /api/v1/jobs` (and `gpuledger scheduler jobs`) lists.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HistoryFilter {
+    /// Only these accounts (all the caller may see when empty).
+    pub accounts: Vec<String>,
+    /// Only jobs in these states (all when empty).
+    pub states: Vec<JobState>,
+    /// Only jobs not ended before this time (Unix seconds): running, pending, or ended since.
+    pub since_s: Option<UnixSeconds>,
+    /// At most this many, the newest.
+    pub limit: usize,
+}
+
+impl HistoryFilter {
+    /// The most jobs one answer lists.
+    pub const MAX_LIMIT: usize = 10_000;
+
+    fn selects(&self, job: &JobInfo) -> bool {
+        (self.accounts.is_empty()
+            || self
+                .accounts
+                .iter()
+                .any(|a| a == job.request.account.as_str()))
+            && (self.states.is_empty() || self.states.contains(&job.state))
+            && self
+                .since_s
+                .is_none_or(|since| job.end_s.is_none_or(|end| end >= since))
+    }
+}
+
 /// One GPU in the allocation feed.
 #[derive(Clone, Debug, Serialize)]
 pub struct AllocationRow {
@@ -414,6 +444,29 @@ impl Service {
         let job = inner.state.jobs.get(id);
         let visible = job.filter(|j| sees(j.request.account.as_str()));
         visible.map(|j| inner.shown(j, sees))
+    }
+
+    /// Jobs of every state (as `sacct`), oldest submission first: those `filter` selects among
+    /// the ones the caller may see, the newest `filter.limit` of them.
+    pub fn history_seen_by(
+        &self,
+        sees: &dyn Fn(&str) -> bool,
+        filter: &HistoryFilter,
+    ) -> Vec<JobInfo> {
+        let inner = self.lock();
+        let mut jobs: Vec<&JobInfo> = inner
+            .state
+            .jobs
+            .values()
+            .filter(|j| sees(j.request.account.as_str()))
+            .filter(|j| filter.selects(j))
+            .collect();
+        jobs.sort_by(|a, b| (a.submit_s, &a.id).cmp(&(b.submit_s, &b.id)));
+        let skip = jobs.len().saturating_sub(filter.limit);
+        jobs.into_iter()
+            .skip(skip)
+            .map(|j| inner.shown(j, sees))
+            .collect()
     }
 
     /// [`Service::queue`] as a caller who may see the accounts `sees` says yes to sees it.

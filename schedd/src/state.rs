@@ -106,6 +106,16 @@ pub enum JobState {
 }
 
 impl JobState {
+    pub const ALL: [JobState; 7] = [
+        JobState::Pending,
+        JobState::Running,
+        JobState::Preempting,
+        JobState::Completed,
+        JobState::Failed,
+        JobState::Cancelled,
+        JobState::Timeout,
+    ];
+
     /// The state as the API writes it (`pending`, `running`, ...).
     pub fn as_str(self) -> &'static str {
         match self {

@@ -209,15 +209,21 @@ async fn every_route_checks_its_token_and_tenants_stay_apart() {
             .0,
         StatusCode::OK
     );
-    // Lists hold one's own rows.
-    let (_, q) = call(&f, a, "GET", "/api/v1/queue", None).await;
-    let ids: Vec<&str> = q["jobs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|j| j["id"].as_str().unwrap())
-        .collect();
-    assert_eq!(ids, [ja.as_str()]);
+    // Lists hold one's own rows, even when another account's are asked for by name.
+    for uri in [
+        "/api/v1/queue",
+        "/api/v1/jobs",
+        "/api/v1/jobs?account=team-a,team-b",
+    ] {
+        let (_, q) = call(&f, a, "GET", uri, None).await;
+        let ids: Vec<&str> = q["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|j| j["id"].as_str().unwrap())
+            .collect();
+        assert_eq!(ids, [ja.as_str()], "{uri}");
+    }
     let (_, q) = call(&f, Some(&f.finance), "GET", "/api/v1/queue", None).await;
     assert_eq!(
         q["jobs"].as_array().unwrap().len(),

@@ -152,6 +152,14 @@ async fn every_route_checks_the_token_and_its_role() {
         .await;
     assert_eq!(s, StatusCode::UNAUTHORIZED, "only bearer tokens");
     assert_eq!(api.get_as(None, "/healthz").await.0, StatusCode::OK);
+    // Readiness, open to a probe: not before the first flush after recovery.
+    let (s, _, body) = api.get_as(None, "/readyz").await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(body.contains("first flush"), "{body}");
+    api.service
+        .ready
+        .store(true, std::sync::atomic::Ordering::Release);
+    assert_eq!(api.get_as(None, "/readyz").await.0, StatusCode::OK);
 
     // Pushing: a node as itself only; tenants and finance not at all; nothing stored.
     let before = api.stored().await;

@@ -71,6 +71,7 @@ pub async fn api_with(guard: gpuledger_auth::Guard) -> Api {
             gpuledger_aggregator::http::MAX_BODY_BYTES as u64,
         ),
         sessions: gpuledger_auth::Sessions::new(43_200, false),
+        ready: std::sync::atomic::AtomicBool::new(false),
     });
     Api {
         app: router(Arc::clone(&service)),
