@@ -76,14 +76,24 @@ fn dcgm_fields_come_through_and_a_truncated_page_marks_the_source_unhealthy() {
     let healthy = wait_until(&url, "a first collection", |p| {
         p.contains("gpuledger_exporter_source_up{source=\"dcgm-exporter\"} 1")
     });
+    let has = |page: &str, start: &str, end: &str| {
+        page.lines()
+            .any(|l| l.starts_with(start) && l.ends_with(end))
+    };
     assert!(
-        healthy.contains(
-            "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{gpu=\"0\",Hostname=\"gpu017\",hpc_job=\"\"} 0.453125"
+        has(
+            &healthy,
+            "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{gpu=\"0\",UUID=",
+            "Hostname=\"gpu017\",hpc_job=\"\"} 0.453125"
         ),
         "{healthy}"
     );
     assert!(
-        healthy.contains("DCGM_FI_DEV_FB_USED{gpu=\"1\",Hostname=\"gpu017\",hpc_job=\"\"} 76067"),
+        has(
+            &healthy,
+            "DCGM_FI_DEV_FB_USED{gpu=\"1\",UUID=",
+            "Hostname=\"gpu017\",hpc_job=\"\"} 76067"
+        ),
         "{healthy}"
     );
     assert!(

@@ -70,9 +70,20 @@ fn batches_spooled_across_an_outage_and_a_kill_9_arrive_exactly_once() {
     });
     assert!(metric(&exporter.url, "gpuledger_exporter_pushes_failed_total") >= 1.0);
     let page = scrape(&exporter.url);
-    assert!(page.contains("DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",Hostname=\"gpu001\",hpc_job=\"7\",account=\"team-a\",project=\"pretrain\"}"), "{page}");
+    let has = |gpu: &str, tail: &str| {
+        page.lines().any(|l| {
+            l.starts_with(&format!("DCGM_FI_DEV_GPU_UTIL{{gpu=\"{gpu}\",UUID=")) && l.contains(tail)
+        })
+    };
     assert!(
-        page.contains("DCGM_FI_DEV_GPU_UTIL{gpu=\"5\",Hostname=\"gpu001\",hpc_job=\"\"}"),
+        has(
+            "0",
+            "Hostname=\"gpu001\",hpc_job=\"7\",account=\"team-a\",project=\"pretrain\"}"
+        ),
+        "{page}"
+    );
+    assert!(
+        has("5", "Hostname=\"gpu001\",hpc_job=\"\"}"),
         "idle GPUs are labelled idle, not dropped"
     );
     exporter.child.kill().unwrap();

@@ -165,9 +165,12 @@ fn jobs_run_report_to_the_aggregator_and_survive_a_scheduler_restart() {
         Stdio::inherit(),
     );
     wait_for("the exporter to label GPU 3 with job team-a.2", 30, || {
-        scrape(&exporter.url).contains(
-            "DCGM_FI_DEV_GPU_UTIL{gpu=\"3\",Hostname=\"gpu001\",hpc_job=\"team-a.2\",account=\"team-a\",project=\"\"}",
-        )
+        scrape(&exporter.url).lines().any(|l| {
+            l.starts_with("DCGM_FI_DEV_GPU_UTIL{gpu=\"3\",UUID=")
+                && l.contains(
+                    "Hostname=\"gpu001\",hpc_job=\"team-a.2\",account=\"team-a\",project=\"\"}",
+                )
+        })
     });
     terminate(exporter);
     let pid = job(&url, "team-a.2")["pid"].as_u64().unwrap();

@@ -123,6 +123,13 @@ fn reading_from(gpu: u16, f: &BTreeMap<&str, f64>) -> GpuReading {
         tensor_active: field(f, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE").map(|v| v as f32),
         dram_active: field(f, "DCGM_FI_PROF_DRAM_ACTIVE").map(|v| v as f32),
         sm_clock_mhz: field(f, "DCGM_FI_DEV_SM_CLOCK").map(|v| v as u32),
+        gr_engine_active: field(f, "DCGM_FI_PROF_GR_ENGINE_ACTIVE").map(|v| v as f32),
+        mem_copy_util_pct: field(f, "DCGM_FI_DEV_MEM_COPY_UTIL").map(|v| v as f32),
+        mem_clock_mhz: field(f, "DCGM_FI_DEV_MEM_CLOCK").map(|v| v as u32),
+        pcie_tx_bytes_per_s: field(f, "DCGM_FI_PROF_PCIE_TX_BYTES"),
+        pcie_rx_bytes_per_s: field(f, "DCGM_FI_PROF_PCIE_RX_BYTES"),
+        nvlink_tx_bytes_per_s: field(f, "DCGM_FI_PROF_NVLINK_TX_BYTES"),
+        nvlink_rx_bytes_per_s: field(f, "DCGM_FI_PROF_NVLINK_RX_BYTES"),
         mem_used_bytes: used,
         mem_total_bytes: match (used, free) {
             (Some(u), Some(fr)) => Some(u + fr + reserved.unwrap_or(0)),
@@ -150,6 +157,7 @@ fn device(url: &str, gpu: u16, s: &Sample, instance: Option<&str>) -> Result<Gpu
         model,
         mig_instance: instance
             .map(|id| format!("{}/{id}", s.label("GPU_I_PROFILE").unwrap_or("mig"))),
+        pci_bus_id: s.label("pci_bus_id").unwrap_or_default().to_owned(),
     })
 }
 

@@ -1,9 +1,10 @@
 //! `/metrics` of the exporter, rendered from the latest snapshot: a scrape only encodes, it
-//! never waits on NVML, the scheduler or the disk. GPU series keep dcgm-exporter's names
-//! (`DCGM_FI_DEV_GPU_UTIL`, `DCGM_FI_PROF_PIPE_TENSOR_ACTIVE`, ...) and its `gpu` and
-//! `Hostname` labels, so existing DCGM dashboards work, plus `account`, `project` and the job id
-//! as dcgm-exporter's `hpc_job` (not `job`: Prometheus sets `job` to the scrape job's name);
-//! identity (UUID, model, MIG instance) sits on one `gpuledger_gpu_info` series per GPU.
+//! never waits on NVML, the scheduler or the disk. GPU series keep dcgm-exporter's names,
+//! units and labels, so its dashboards (Grafana 12239), OpenCost and existing alert rules
+//! read them unchanged: `gpu`, `UUID`, `pci_bus_id`, `device` (`nvidia0`), `modelName`,
+//! `Hostname`, and on a MIG instance `GPU_I_PROFILE` and `GPU_I_ID`; then the job id as
+//! dcgm-exporter's `hpc_job` (not `job`: Prometheus sets `job` to the scrape job's name),
+//! `account` and `project`. `PROF_*` fields are ratios 0-1 as dcgm-exporter's are.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -87,9 +88,13 @@ struct Out {
 
 impl Sink for Out {
     fn family(&mut self, name: &str, kind: &str, help: &str) {
-        let family = match (self.format, kind) {
-            (Format::OpenMetrics, "counter") => name.strip_suffix("_total").unwrap_or(name),
-            _ => name,
+        let (family, kind) = match (self.format, kind) {
+            (Format::OpenMetrics, "counter") => match name.strip_suffix("_total") {
+                Some(family) => (family, kind),
+                // dcgm-exporter's counters lack the suffix OpenMetrics requires of one.
+                None => (name, "unknown"),
+            },
+            _ => (name, kind),
         };
         let _ = writeln!(self.text, "# HELP {family} {help}");
         let _ = writeln!(self.text, "# TYPE {family} {kind}");
@@ -144,7 +149,7 @@ type Field = (
 );
 
 /// The per-GPU gauges, dcgm-exporter's names and units (the last two are gpuledger's).
-const GPU_GAUGES: [Field; 12] = [
+const GPU_GAUGES: [Field; 19] = [
     (
         "DCGM_FI_DEV_GPU_UTIL",
         "gauge",
@@ -156,6 +161,18 @@ const GPU_GAUGES: [Field; 12] = [
         "gauge",
         "SM clock frequency (in MHz).",
         |r| r.sm_clock_mhz.map(f64::from),
+    ),
+    (
+        "DCGM_FI_DEV_MEM_CLOCK",
+        "gauge",
+        "Memory clock frequency (in MHz).",
+        |r| r.mem_clock_mhz.map(f64::from),
+    ),
+    (
+        "DCGM_FI_DEV_MEM_COPY_UTIL",
+        "gauge",
+        "Memory utilization (in %).",
+        |r| r.mem_copy_util_pct.map(f64::from),
     ),
     (
         "DCGM_FI_DEV_GPU_TEMP",
@@ -185,22 +202,52 @@ const GPU_GAUGES: [Field; 12] = [
         },
     ),
     (
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        "gauge",
+        "Ratio of time the graphics engine is active (0-1).",
+        |r| r.gr_engine_active.map(f64::from),
+    ),
+    (
         "DCGM_FI_PROF_SM_ACTIVE",
         "gauge",
-        "Ratio of cycles an SM has at least 1 warp assigned (in %).",
+        "Ratio of cycles an SM has at least 1 warp assigned (0-1).",
         |r| r.sm_active.map(f64::from),
     ),
     (
         "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
         "gauge",
-        "Ratio of cycles the tensor (HMMA) pipe is active (in %).",
+        "Ratio of cycles the tensor (HMMA) pipe is active (0-1).",
         |r| r.tensor_active.map(f64::from),
     ),
     (
         "DCGM_FI_PROF_DRAM_ACTIVE",
         "gauge",
-        "Ratio of cycles the device memory interface is active sending or receiving data (in %).",
+        "Ratio of cycles the device memory interface is active sending or receiving data (0-1).",
         |r| r.dram_active.map(f64::from),
+    ),
+    (
+        "DCGM_FI_PROF_PCIE_TX_BYTES",
+        "gauge",
+        "Data sent over PCIe, headers included (in B/s).",
+        |r| r.pcie_tx_bytes_per_s,
+    ),
+    (
+        "DCGM_FI_PROF_PCIE_RX_BYTES",
+        "gauge",
+        "Data received over PCIe, headers included (in B/s).",
+        |r| r.pcie_rx_bytes_per_s,
+    ),
+    (
+        "DCGM_FI_PROF_NVLINK_TX_BYTES",
+        "gauge",
+        "Data sent over NVLink, headers included (in B/s).",
+        |r| r.nvlink_tx_bytes_per_s,
+    ),
+    (
+        "DCGM_FI_PROF_NVLINK_RX_BYTES",
+        "gauge",
+        "Data received over NVLink, headers included (in B/s).",
+        |r| r.nvlink_rx_bytes_per_s,
     ),
     (
         "DCGM_FI_DEV_XID_ERRORS",
@@ -248,12 +295,37 @@ pub fn emit(s: &Snapshot, out: &mut impl Sink) {
             )
         })
         .collect();
-    let labels_of = |i: usize| -> Vec<(&str, &str)> {
-        let (gpu, job) = &gpu_labels[i];
-        let mut l = vec![("gpu", gpu.as_str()), ("Hostname", s.node.as_str())];
-        if let Some(m) = s.devices[i].mig_instance.as_deref() {
-            l.push(("GPU_I_PROFILE", m));
+    let device_files: Vec<String> = s
+        .devices
+        .iter()
+        .map(|d| format!("nvidia{}", d.index))
+        .collect();
+    // dcgm-exporter's identity labels, in its order.
+    let identity_of = |i: usize| -> Vec<(&str, &str)> {
+        let d = &s.devices[i];
+        let mut l = vec![
+            ("gpu", gpu_labels[i].0.as_str()),
+            ("UUID", d.uuid.as_str()),
+            ("pci_bus_id", d.pci_bus_id.as_str()),
+            ("device", device_files[i].as_str()),
+            ("modelName", d.model.marketing_name()),
+            ("Hostname", s.node.as_str()),
+        ];
+        if let Some((profile, id)) = d.mig_profile_and_id() {
+            l.push(("GPU_I_PROFILE", profile));
+            l.push(("GPU_I_ID", id));
         }
+        l
+    };
+    let gpu_and_host = |i: usize| -> [(&str, &str); 2] {
+        [
+            ("gpu", gpu_labels[i].0.as_str()),
+            ("Hostname", s.node.as_str()),
+        ]
+    };
+    let labels_of = |i: usize| -> Vec<(&str, &str)> {
+        let job = &gpu_labels[i].1;
+        let mut l = identity_of(i);
         match job {
             Some(j) => {
                 l.push(("hpc_job", j.job_id.as_str()));
@@ -279,13 +351,27 @@ pub fn emit(s: &Snapshot, out: &mut impl Sink) {
             out.sample(name, &labels_of(i), v);
         }
     }
+    if !s.energy_joules_total.is_empty() {
+        out.family(
+            "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+            "counter",
+            "Total energy consumption since the exporter started (in mJ).",
+        );
+        for (i, e) in s.energy_joules_total.iter().enumerate() {
+            out.sample(
+                "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+                &labels_of(i),
+                e * 1000.0,
+            );
+        }
+    }
     out.family(
         "gpuledger_gpu_energy_joules_total",
         "counter",
         "Energy used by the GPU since the exporter started (J).",
     );
     for (i, e) in s.energy_joules_total.iter().enumerate() {
-        out.sample("gpuledger_gpu_energy_joules_total", &labels_of(i)[..2], *e);
+        out.sample("gpuledger_gpu_energy_joules_total", &gpu_and_host(i), *e);
     }
     out.family(
         "gpuledger_gpu_xid_errors_total",
@@ -309,7 +395,7 @@ pub fn emit(s: &Snapshot, out: &mut impl Sink) {
         let up = s.readings.get(i).is_some_and(Option::is_some);
         out.sample(
             "gpuledger_gpu_up",
-            &labels_of(i)[..2],
+            &gpu_and_host(i),
             if up { 1.0 } else { 0.0 },
         );
     }
@@ -322,8 +408,8 @@ pub fn emit(s: &Snapshot, out: &mut impl Sink) {
                 ("gpu", &gpu),
                 ("Hostname", &s.node),
                 ("UUID", &d.uuid),
-                // dcgm-exporter calls it `modelName`; Prometheus label names are snake_case.
                 ("model_name", d.model.marketing_name()),
+                ("pci_bus_id", &d.pci_bus_id),
                 ("GPU_I_PROFILE", d.mig_instance.as_deref().unwrap_or("")),
             ],
             1.0,
@@ -478,16 +564,29 @@ mod tests {
     }
 
     #[test]
-    fn gpu_series_keep_dcgm_names_and_carry_tenant_labels() {
-        let text = render(&snapshot(), Format::Prometheus);
-        assert!(text.contains(
-            "DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",Hostname=\"node001\",hpc_job=\"42\",account=\"team-a\",project=\"llm \\\"big\\\"\"} 97\n"
-        ), "{text}");
-        assert!(text.contains("DCGM_FI_DEV_FB_FREE{gpu=\"0\""), "{text}");
+    fn gpu_series_carry_dcgm_exporters_names_identity_labels_and_tenant_labels() {
+        let snap = snapshot();
+        let uuid = snap.devices[0].uuid.clone();
+        let text = render(&snap, Format::Prometheus);
+        let identity = format!(
+            "gpu=\"0\",UUID=\"{uuid}\",pci_bus_id=\"00000000:18:00.0\",device=\"nvidia0\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"node001\""
+        );
+        assert!(text.contains(&format!(
+            "DCGM_FI_DEV_GPU_UTIL{{{identity},hpc_job=\"42\",account=\"team-a\",project=\"llm \\\"big\\\"\"}} 97\n"
+        )), "{text}");
         assert!(
-            text.contains("gpuledger_gpu_processes{gpu=\"0\",Hostname=\"node001\",hpc_job=\"42\""),
+            text.contains(&format!("DCGM_FI_DEV_FB_FREE{{{identity},")),
             "{text}"
         );
+        assert!(
+            text.contains(&format!(
+                "gpuledger_gpu_processes{{{identity},hpc_job=\"42\""
+            )),
+            "{text}"
+        );
+        assert!(text.contains(&format!(
+            "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{identity},hpc_job=\"42\",account=\"team-a\",project=\"llm \\\"big\\\"\"}} 1500500\n"
+        )), "energy in mJ: {text}");
         assert!(
             text.contains("gpuledger_gpu_up{gpu=\"1\",Hostname=\"node001\"} 0\n"),
             "{text}"
@@ -496,11 +595,25 @@ mod tests {
             "gpuledger_gpu_xid_errors_total{gpu=\"0\",Hostname=\"node001\",xid=\"79\"} 2\n"
         ));
         assert!(!text.contains("# EOF"));
-        assert_eq!(
-            text.matches("UUID=").count(),
-            2,
-            "identity only on the info series"
+        assert!(
+            text.contains("# HELP DCGM_FI_PROF_PIPE_TENSOR_ACTIVE Ratio of cycles the tensor (HMMA) pipe is active (0-1).\n"),
+            "PROF_* fields are ratios, as their values"
         );
+        assert!(!text.contains("(in %).\n# TYPE DCGM_FI_PROF"), "{text}");
+    }
+
+    #[test]
+    fn a_mig_instance_carries_its_profile_and_instance_id() {
+        let mut snap = snapshot();
+        snap.devices[0].mig_instance = Some("1g.10gb/3".into());
+        let text = render(&snap, Format::Prometheus);
+        assert!(
+            text.contains(
+                "Hostname=\"node001\",GPU_I_PROFILE=\"1g.10gb\",GPU_I_ID=\"3\",hpc_job=\"42\""
+            ),
+            "{text}"
+        );
+        assert_eq!(snap.devices[0].mig_profile_and_id(), Some(("1g.10gb", "3")));
     }
 
     #[test]
@@ -511,5 +624,9 @@ mod tests {
             "gpuledger_gpu_energy_joules_total{gpu=\"0\",Hostname=\"node001\"} 1500.5\n"
         ));
         assert!(text.ends_with("# EOF\n"));
+        assert!(
+            text.contains("# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION unknown\n"),
+            "a counter without _total is no OpenMetrics counter"
+        );
     }
 }

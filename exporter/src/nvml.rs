@@ -16,7 +16,7 @@
 //! machine with one.
 
 use nvml_wrapper::bitmasks::event::EventTypes;
-use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
+use nvml_wrapper::enum_wrappers::device::{Clock, PcieUtilCounter, TemperatureSensor};
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::error::NvmlError;
@@ -34,10 +34,11 @@ pub const NVML_LIBRARY: &str = "libnvidia-ml.so.1";
 const MIG_ENABLED: u32 = 1;
 
 /// The GPM metrics read, in the order they fill a reading.
-const GPM_METRICS: [GpmMetricId; 3] = [
+const GPM_METRICS: [GpmMetricId; 4] = [
     GpmMetricId::SmUtil,
     GpmMetricId::AnyTensorUtil,
     GpmMetricId::DramBwUtil,
+    GpmMetricId::GraphicsUtil,
 ];
 
 /// Reads every GPU NVML sees.
@@ -134,11 +135,25 @@ impl NvmlSource {
         model: GpuModel,
         mig_instance: Option<String>,
     ) {
+        // A MIG instance sits on its parent's PCI address (NVML answers for the parent only).
+        let pci_bus_id = handle
+            .pci_info()
+            .map(|p| p.bus_id)
+            .ok()
+            .or_else(|| {
+                self.devices
+                    .iter()
+                    .rev()
+                    .find(|d| u32::from(d.index) == index)
+                    .map(|d| d.pci_bus_id.clone())
+            })
+            .unwrap_or_default();
         self.devices.push(GpuDevice {
             index: index as u16,
             uuid,
             model,
             mig_instance,
+            pci_bus_id,
         });
         self.handles.push(handle);
         self.gpm.push(gpm);
@@ -206,11 +221,19 @@ impl NvmlSource {
         let is_instance = self.devices[position].mig_instance.is_some();
         let device = &self.handles[position];
         // A MIG instance has no utilization in NVML; a whole GPU must have one.
-        let util = match device.utilization_rates() {
-            Ok(u) => Some(u.gpu as f32),
-            Err(_) if is_instance => None,
+        let (util, mem_copy) = match device.utilization_rates() {
+            Ok(u) => (Some(u.gpu as f32), Some(u.memory as f32)),
+            Err(_) if is_instance => (None, None),
             Err(e) => return Err(nvml_err("nvmlDeviceGetUtilizationRates", Some(i))(e)),
         };
+        // KB/s over NVML's last 20 ms window.
+        let pcie = |counter| {
+            device
+                .pcie_throughput(counter)
+                .ok()
+                .map(|kb| f64::from(kb) * 1024.0)
+        };
+        let (pcie_tx, pcie_rx) = (pcie(PcieUtilCounter::Send), pcie(PcieUtilCounter::Receive));
         let mem = device
             .memory_info()
             .map_err(nvml_err("nvmlDeviceGetMemoryInfo", Some(i)))?;
@@ -218,7 +241,7 @@ impl NvmlSource {
         let power_w = device.power_usage().ok().map(|mw| mw as f32 / 1000.0);
         let energy_mj = device.total_energy_consumption().ok();
         let processes = device.running_compute_processes().ok();
-        let [sm_active, tensor_active, dram_active] = self.read_gpm(position);
+        let [sm_active, tensor_active, dram_active, gr_engine_active] = self.read_gpm(position);
         let device = &self.handles[position];
         let slot = &mut self.last_energy_mj[position];
         let energy_j = match (energy_mj, *slot) {
@@ -233,6 +256,15 @@ impl NvmlSource {
             tensor_active,
             dram_active,
             sm_clock_mhz: device.clock_info(Clock::SM).ok(),
+            gr_engine_active,
+            mem_copy_util_pct: mem_copy,
+            mem_clock_mhz: device.clock_info(Clock::Memory).ok(),
+            pcie_tx_bytes_per_s: pcie_tx,
+            pcie_rx_bytes_per_s: pcie_rx,
+            // NVLink throughput needs per-link counters NVML only offers as field values;
+            // dcgm-exporter's source reads them where DCGM runs.
+            nvlink_tx_bytes_per_s: None,
+            nvlink_rx_bytes_per_s: None,
             mem_used_bytes: Some(mem.used),
             mem_total_bytes: Some(mem.total),
             power_w,
@@ -254,27 +286,33 @@ impl NvmlSource {
         })
     }
 
-    /// SM activity, tensor activity and DRAM bandwidth (percent) since the last GPM sample of
-    /// device `position`, which the new sample replaces. `None` each where GPM is unsupported
-    /// or a sample fails (the next reading starts again from a fresh sample).
-    fn read_gpm(&mut self, position: usize) -> [Option<f32>; 3] {
+    /// SM activity, tensor activity, DRAM bandwidth and graphics-engine activity since the
+    /// last GPM sample of device `position`, which the new sample replaces, as ratios 0-1 (NVML
+    /// gives percent; samples and dcgm-exporter's `PROF_*` fields are ratios). `None` each where
+    /// GPM is unsupported or a sample fails (the next reading starts from a fresh sample).
+    fn read_gpm(&mut self, position: usize) -> [Option<f32>; 4] {
         let Some(previous) = self.gpm[position].take() else {
-            return [None; 3];
+            return [None; 4];
         };
         let Ok(next) = self.handles[position].gpm_sample() else {
-            return [None; 3];
+            return [None; 4];
         };
         let figures = nvml_wrapper::gpm::gpm_metrics_get(self.nvml, &previous, &next, &GPM_METRICS);
         self.gpm[position] = Some(next);
         let Ok(results) = figures else {
-            return [None; 3];
+            return [None; 4];
         };
-        let mut out = [None; 3];
+        let mut out = [None; 4];
         for (slot, result) in out.iter_mut().zip(results) {
-            *slot = result.ok().map(|r| r.value.clamp(0.0, 100.0) as f32);
+            *slot = result.ok().map(|r| percent_to_ratio(r.value));
         }
         out
     }
+}
+
+/// A GPM percentage as the ratio 0-1 samples carry (the aggregator refuses a ratio past 1).
+fn percent_to_ratio(percent: f64) -> f32 {
+    (percent.clamp(0.0, 100.0) / 100.0) as f32
 }
 
 /// The first GPM sample of a GPU that supports GPM (Hopper and later); `None` otherwise.
@@ -355,6 +393,13 @@ impl GpuSource for NvmlSource {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gpm_percentages_become_the_ratios_samples_carry() {
+        assert_eq!(percent_to_ratio(42.0), 0.42);
+        assert_eq!(percent_to_ratio(130.0), 1.0);
+        assert_eq!(percent_to_ratio(-1.0), 0.0);
+    }
 
     #[test]
     fn a_mig_instance_name_gives_its_profile() {

@@ -35,7 +35,19 @@ pub struct GpuDevice {
     pub index: u16,
     pub uuid: String,
     pub model: GpuModel,
+    /// `PROFILE/ID` of a MIG instance (`1g.10gb/3`).
     pub mig_instance: Option<String>,
+    /// The PCI address (`00000000:18:00.0`), empty where the source does not say.
+    pub pci_bus_id: String,
+}
+
+impl GpuDevice {
+    /// A MIG instance's profile and GPU instance id, as dcgm-exporter's `GPU_I_PROFILE` and
+    /// `GPU_I_ID` labels.
+    pub fn mig_profile_and_id(&self) -> Option<(&str, &str)> {
+        let m = self.mig_instance.as_deref()?;
+        Some(m.rsplit_once('/').unwrap_or((m, "")))
+    }
 }
 
 /// One reading of one GPU. `None`: not measured by this source.
@@ -47,6 +59,16 @@ pub struct GpuReading {
     pub tensor_active: Option<f32>,
     pub dram_active: Option<f32>,
     pub sm_clock_mhz: Option<u32>,
+    /// Ratio of time the graphics (compute) engine was active, 0-1 (`PROF_GR_ENGINE_ACTIVE`).
+    pub gr_engine_active: Option<f32>,
+    /// Percent of time device memory was read or written (`DEV_MEM_COPY_UTIL`).
+    pub mem_copy_util_pct: Option<f32>,
+    pub mem_clock_mhz: Option<u32>,
+    /// PCIe and NVLink traffic, bytes per second (`PROF_PCIE_*_BYTES`, `PROF_NVLINK_*_BYTES`).
+    pub pcie_tx_bytes_per_s: Option<f64>,
+    pub pcie_rx_bytes_per_s: Option<f64>,
+    pub nvlink_tx_bytes_per_s: Option<f64>,
+    pub nvlink_rx_bytes_per_s: Option<f64>,
     pub mem_used_bytes: Option<u64>,
     pub mem_total_bytes: Option<u64>,
     pub power_w: Option<f32>,

@@ -80,6 +80,7 @@ pub fn synthetic_devices(seed: u64, node: &str, count: u16, model: GpuModel) -> 
             uuid: synthetic_uuid(seed, node, index),
             model,
             mig_instance: None,
+            pci_bus_id: synthetic_pci_bus_id(index),
         })
         .collect()
 }
@@ -134,6 +135,10 @@ pub fn synthetic_reading(
         }
     };
     let power_w = model.power_limit_w() * power;
+    // Host and peer traffic follow memory traffic: up to a tenth of PCIe Gen5 x16 and of
+    // NVLink 4 (18 links) when busy.
+    let pcie = f64::from(dram) * 6.4e9;
+    let nvlink = f64::from(dram) * 45e9;
     GpuReading {
         index: device.index,
         gpu_util_pct: Some(util),
@@ -141,6 +146,13 @@ pub fn synthetic_reading(
         tensor_active: Some(tensor),
         dram_active: Some(dram),
         sm_clock_mhz: Some(clock),
+        gr_engine_active: Some((util / 100.0).max(sm)),
+        mem_copy_util_pct: Some(dram * 100.0),
+        mem_clock_mhz: Some(memory_clock_mhz(model)),
+        pcie_tx_bytes_per_s: Some(pcie * 0.4),
+        pcie_rx_bytes_per_s: Some(pcie * 0.6),
+        nvlink_tx_bytes_per_s: Some(nvlink),
+        nvlink_rx_bytes_per_s: Some(nvlink),
         mem_used_bytes: Some(mem),
         mem_total_bytes: Some(total),
         power_w: Some(power_w),
@@ -150,6 +162,23 @@ pub fn synthetic_reading(
         processes: None,
         process_memory_bytes: None,
     }
+}
+
+/// The HBM clock of each model (what NVML's memory clock reads on it).
+fn memory_clock_mhz(model: GpuModel) -> u32 {
+    match model.key() {
+        "a100" => 1593,
+        "h200" => 3201,
+        _ => 2619,
+    }
+}
+
+/// A PCI address like those of an 8-GPU HGX board.
+fn synthetic_pci_bus_id(index: u16) -> String {
+    format!(
+        "00000000:{:02X}:00.0",
+        (0x18 + u32::from(index) * 0x11) % 0x100
+    )
 }
 
 /// A stable key of a GPU for noise: node hash and index.

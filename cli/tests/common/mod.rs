@@ -131,10 +131,24 @@ pub fn promtool_check_metrics(page: &str) -> String {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    if out.status.success() {
-        said.trim().to_owned()
+    // dcgm-exporter's own names break two of the lint's rules: its `modelName` label is
+    // camelCase and its counter DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION has no `_total`. A drop-in
+    // keeps both, as every tool that reads dcgm-exporter selects on them; no other series may
+    // break the naming rules.
+    let complaints: Vec<&str> = said
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .filter(|l| {
+            !(l.starts_with("DCGM_FI_")
+                && (l.ends_with("label names should be written in 'snake_case' not 'camelCase'")
+                    || l == &"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter metrics should have \"_total\" suffix"))
+        })
+        .collect();
+    if complaints.is_empty() {
+        String::new()
     } else {
-        format!("(exit {}) {said}", out.status)
+        format!("(exit {}) {}", out.status, complaints.join("\n"))
     }
 }
 
