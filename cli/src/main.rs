@@ -94,6 +94,9 @@ enum Command {
     /// Print the shell completion script (bash, zsh, fish, elvish, powershell); e.g.
     /// `gpuledger completions bash > /etc/bash_completion.d/gpuledger`.
     Completions { shell: clap_complete::Shell },
+    /// Print the cluster config's reference (docs/configuration.md): every table and key with
+    /// its type, default and meaning, generated from the config types.
+    ConfigReference,
     /// Write a man page per command (gpuledger.1, gpuledger-scheduler-submit.1, ...) into a
     /// directory; e.g. `--out /usr/local/share/man/man1`.
     Man {
@@ -235,6 +238,10 @@ fn run() -> anyhow::Result<()> {
                 "gpuledger",
                 &mut std::io::stdout(),
             );
+            Ok(())
+        }
+        Command::ConfigReference => {
+            print!("{}", gpuledger_model::reference::configuration_reference());
             Ok(())
         }
         Command::Man { out } => {

@@ -7,6 +7,7 @@ use std::fmt;
 
 use chrono::NaiveDate;
 use rust_decimal::Decimal;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::gpu::GpuModel;
@@ -22,7 +23,7 @@ pub const CONFIG_VERSION: u32 = 1;
 pub const MAX_NODES_PER_POOL: u32 = 100_000;
 
 /// The whole cluster configuration.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterConfig {
     /// Format version; must be [`CONFIG_VERSION`].
@@ -41,7 +42,7 @@ pub struct ClusterConfig {
 }
 
 /// How the aggregator treats what the exporters report.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct TelemetryConfig {
     /// A sample row labelled with an account, or a project of its account, that the config
@@ -57,7 +58,7 @@ pub struct TelemetryConfig {
 }
 
 /// See [`TelemetryConfig::allocations`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum AllocationSource {
     #[default]
@@ -66,7 +67,7 @@ pub enum AllocationSource {
 }
 
 /// See [`TelemetryConfig::unknown_tenants`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum UnknownTenants {
     #[default]
@@ -74,14 +75,14 @@ pub enum UnknownTenants {
     Platform,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterSection {
     pub name: String,
 }
 
 /// A set of identical nodes, named `{prefix}{001..count}`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NodePool {
     pub name: String,
@@ -95,7 +96,7 @@ pub struct NodePool {
 }
 
 /// A partition (queue) with a priority tier, as Slurm's `PriorityTier`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Partition {
     pub name: String,
@@ -139,7 +140,7 @@ impl Partition {
 
 /// Fair share from decayed usage: by default each account's usage against its share of the
 /// accounts with work (`fair_tree`).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FairShareConfig {
     /// Half-life of the exponential decay of past usage (Slurm `PriorityDecayHalfLife`).
@@ -155,7 +156,7 @@ pub struct FairShareConfig {
 }
 
 /// How decayed usage turns into an account's fair-share factor.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum FairShareFormula {
     #[default]
@@ -177,7 +178,7 @@ impl Default for FairShareConfig {
 /// The scheduler's knobs: preemption, backfill and the weights of a job's priority (Slurm's
 /// multifactor plugin: `PriorityWeightFairshare`, `PriorityWeightAge`, `PriorityWeightJobSize`,
 /// `PriorityWeightQOS`). Every key has a default.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct SchedulerConfig {
     /// A job runs at least this long before it may be preempted (Slurm `PreemptExemptTime`).
@@ -231,14 +232,17 @@ impl Default for SchedulerConfig {
 
 /// Prices, versioned and effective from a date. Amounts are written as strings (`"10.00"`) so
 /// that no float ever touches money.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PriceBookConfig {
     pub version: String,
+    /// The date the prices take effect (`2026-06-01`).
+    #[schemars(with = "String")]
     pub effective_from: NaiveDate,
     pub currency: Currency,
     /// Price of one GPU-hour, per GPU model; written as strings, a TOML float is refused.
     #[serde(deserialize_with = "decimals_from_strings")]
+    #[schemars(with = "BTreeMap<GpuModel, String>")]
     pub gpu_hour: BTreeMap<GpuModel, Decimal>,
 }
 

@@ -17,6 +17,7 @@ pub mod inventory;
 pub mod job;
 pub mod money;
 pub mod quota;
+pub mod reference;
 pub mod rng;
 pub mod sample;
 pub mod stats;

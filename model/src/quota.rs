@@ -7,7 +7,7 @@ use crate::units::{ByteSize, DurationSpec};
 
 /// Limits on an account or a project. `None` means unlimited (inherited from the parent for a
 /// project).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Quota {
     /// Jobs running at once (Slurm `GrpJobs`).

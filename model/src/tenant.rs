@@ -9,7 +9,7 @@ use crate::ids::{AccountId, ProjectId};
 use crate::quota::Quota;
 
 /// An account and its projects.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Account {
     pub id: AccountId,
@@ -29,7 +29,7 @@ pub struct Account {
 }
 
 /// A Unix user, and optionally a group other than the user's own, that jobs run as.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RunAs {
     pub user: String,
@@ -38,7 +38,7 @@ pub struct RunAs {
 }
 
 /// A project inside an account.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Project {
     pub id: ProjectId,
