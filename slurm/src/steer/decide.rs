@@ -474,6 +474,31 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
         AccountMap::parse("small light small\n", "map").unwrap()
     }
 
+    /// One pass of [`decide`] with the test's account map.
+    fn run(
+        jobs: &[QueuedJob],
+        current: &BTreeMap<String, i64>,
+        feed: &UsageFeed,
+        policy: &Policy,
+        state: &SteerState,
+        settings: Settings,
+        now: i64,
+    ) -> Vec<Action> {
+        let map = map();
+        decide(
+            jobs,
+            current,
+            &Known {
+                feed,
+                map: &map,
+                policy,
+            },
+            state,
+            settings,
+            now,
+        )
+    }
+
     #[test]
     fn the_lighter_account_gets_the_larger_site_factor_and_unchanged_values_are_left() {
         let jobs = vec![
@@ -482,16 +507,13 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
             job("3", "stranger", State::Pending, 8),
             job("4", "Not An Id!", State::Pending, 8),
         ];
-        let (config, map) = (config(), map());
+        let config = config();
         let state = SteerState::default();
-        let actions = decide(
+        let actions = run(
             &jobs,
             &BTreeMap::new(),
-            &Known {
-                feed: &feed(500.0, 0),
-                map: &map,
-                policy: &Policy::from_config(&config),
-            },
+            &feed(500.0, 0),
+            &Policy::from_config(&config),
             &state,
             settings(),
             NOW,
@@ -510,14 +532,11 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
              ranks 1st of 3, light 2nd, heavy 3rd; a name that is no account id is left alone"
         );
         let current: BTreeMap<String, i64> = set.iter().map(|(k, v)| ((*k).into(), *v)).collect();
-        let again = decide(
+        let again = run(
             &jobs,
             &current,
-            &Known {
-                feed: &feed(500.0, 0),
-                map: &map,
-                policy: &Policy::from_config(&config),
-            },
+            &feed(500.0, 0),
+            &Policy::from_config(&config),
             &state,
             settings(),
             NOW,
@@ -527,7 +546,7 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
 
     #[test]
     fn as_the_whole_priority_the_factor_is_compared_with_the_jobs_priority_and_never_0() {
-        let (config, map) = (config(), map());
+        let config = config();
         let mut jobs = vec![
             job("1", "heavy", State::Pending, 8),
             job("2", "light", State::Pending, 8),
@@ -538,14 +557,11 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
             weight: 100,
             ..settings()
         };
-        let actions = decide(
+        let actions = run(
             &jobs,
             &BTreeMap::new(),
-            &Known {
-                feed: &feed(500.0, 0),
-                map: &map,
-                policy: &Policy::from_config(&config),
-            },
+            &feed(500.0, 0),
+            &Policy::from_config(&config),
             &SteerState::default(),
             by_priority,
             NOW,
@@ -565,14 +581,11 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
         weighted.fair_share.formula = gpuledger_model::config::FairShareFormula::Weighted;
         weighted.fair_share.usage_factor_gpu_hours = 1;
         jobs[0].priority = 7;
-        let actions = decide(
+        let actions = run(
             &jobs[..1],
             &BTreeMap::new(),
-            &Known {
-                feed: &feed(1e9, 0),
-                map: &map,
-                policy: &weighted,
-            },
+            &feed(1e9, 0),
+            &weighted,
             &SteerState::default(),
             by_priority,
             NOW,
@@ -585,18 +598,15 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
 
     #[test]
     fn a_job_over_a_gpu_hour_quota_is_held_then_released_when_the_window_has_room() {
-        let (config, map) = (config(), map());
+        let config = config();
         let mut state = SteerState::default();
         // 9 of light's 10 GPU-hours used today; a 1-hour 2-GPU job would pass them.
         let jobs = vec![job("7", "light", State::Pending, 2)];
-        let actions = decide(
+        let actions = run(
             &jobs,
             &BTreeMap::new(),
-            &Known {
-                feed: &feed(0.0, 9 * 3600),
-                map: &map,
-                policy: &Policy::from_config(&config),
-            },
+            &feed(0.0, 9 * 3600),
+            &Policy::from_config(&config),
             &state,
             settings(),
             NOW,
@@ -613,14 +623,11 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
         apply(&mut state, &actions, &jobs);
         let jobs = vec![held(jobs[0].clone(), "gpuledger: AssocGrpGPUHoursPerDay")];
         // Still over: nothing to do.
-        let same = decide(
+        let same = run(
             &jobs,
             &BTreeMap::new(),
-            &Known {
-                feed: &feed(0.0, 9 * 3600),
-                map: &map,
-                policy: &Policy::from_config(&config),
-            },
+            &feed(0.0, 9 * 3600),
+            &Policy::from_config(&config),
             &state,
             settings(),
             NOW,
@@ -628,14 +635,11 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
         assert!(same.is_empty(), "{same:?}");
         // The next UTC day: the window is empty, the job is released and steered.
         let tomorrow = 21 * DAY_S + 60;
-        let actions = decide(
+        let actions = run(
             &jobs,
             &BTreeMap::new(),
-            &Known {
-                feed: &feed(0.0, 0),
-                map: &map,
-                policy: &Policy::from_config(&config),
-            },
+            &feed(0.0, 0),
+            &Policy::from_config(&config),
             &state,
             settings(),
             tomorrow,
@@ -655,7 +659,7 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
 
     #[test]
     fn running_jobs_count_for_what_they_may_still_use_and_projects_have_their_own_window() {
-        let (config, map) = (config(), map());
+        let config = config();
         let state = SteerState::default();
         // 8 GPUs running for another hour (limit 1 h, started a minute ago): 8 GPU-hours
         // committed; a 2-GPU hour more passes 10 with 1 used.
@@ -663,14 +667,11 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
             job("1", "light", State::Running, 8),
             job("2", "light", State::Pending, 2),
         ];
-        let actions = decide(
+        let actions = run(
             &jobs,
             &BTreeMap::new(),
-            &Known {
-                feed: &feed(0.0, 3600),
-                map: &map,
-                policy: &Policy::from_config(&config),
-            },
+            &feed(0.0, 3600),
+            &Policy::from_config(&config),
             &state,
             settings(),
             NOW,
@@ -684,14 +685,11 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
         // The project `small` (Slurm account `small`) has 2 GPU-hours a day: a 3-GPU hour
         // passes it, though the account has room.
         let jobs = vec![job("3", "small", State::Pending, 3)];
-        let actions = decide(
+        let actions = run(
             &jobs,
             &BTreeMap::new(),
-            &Known {
-                feed: &feed(0.0, 0),
-                map: &map,
-                policy: &Policy::from_config(&config),
-            },
+            &feed(0.0, 0),
+            &Policy::from_config(&config),
             &state,
             settings(),
             NOW,
@@ -706,17 +704,14 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
 
     #[test]
     fn jobs_held_by_others_are_never_touched_and_a_release_by_others_is_respected() {
-        let (config, map) = (config(), map());
+        let config = config();
         let mut state = SteerState::default();
         let theirs = held(job("5", "light", State::Pending, 2), "mine");
-        let actions = decide(
+        let actions = run(
             std::slice::from_ref(&theirs),
             &BTreeMap::new(),
-            &Known {
-                feed: &feed(0.0, 0),
-                map: &map,
-                policy: &Policy::from_config(&config),
-            },
+            &feed(0.0, 0),
+            &Policy::from_config(&config),
             &state,
             settings(),
             NOW,
@@ -735,14 +730,11 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
         let mut released = job("6", "light", State::Pending, 2);
         released.comment = "gpuledger: AssocGrpGPUHoursPerDay".into();
         let jobs = vec![released];
-        let actions = decide(
+        let actions = run(
             &jobs,
             &BTreeMap::new(),
-            &Known {
-                feed: &feed(0.0, 10 * 3600),
-                map: &map,
-                policy: &Policy::from_config(&config),
-            },
+            &feed(0.0, 10 * 3600),
+            &Policy::from_config(&config),
             &state,
             settings(),
             NOW,
@@ -755,14 +747,11 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
             }]
         );
         apply(&mut state, &actions, &jobs);
-        let later = decide(
+        let later = run(
             &jobs,
             &[("6".to_owned(), 10_000)].into(),
-            &Known {
-                feed: &feed(0.0, 10 * 3600),
-                map: &map,
-                policy: &Policy::from_config(&config),
-            },
+            &feed(0.0, 10 * 3600),
+            &Policy::from_config(&config),
             &state,
             settings(),
             NOW,
@@ -778,7 +767,7 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
 
     #[test]
     fn an_interrupted_hold_or_release_is_finished_after_a_restart() {
-        let (config, map) = (config(), map());
+        let config = config();
         let mut state = SteerState::default();
         state.holds.insert(
             "8".into(),
@@ -790,14 +779,11 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
         );
         // The crash came before `scontrol hold`: the job is not held, still over quota.
         let jobs = vec![job("8", "light", State::Pending, 2)];
-        let actions = decide(
+        let actions = run(
             &jobs,
             &BTreeMap::new(),
-            &Known {
-                feed: &feed(0.0, 10 * 3600),
-                map: &map,
-                policy: &Policy::from_config(&config),
-            },
+            &feed(0.0, 10 * 3600),
+            &Policy::from_config(&config),
             &state,
             settings(),
             NOW,
@@ -808,14 +794,11 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
         );
         state.holds.get_mut("8").unwrap().phase = Phase::Releasing;
         let jobs = vec![held(jobs[0].clone(), "gpuledger: AssocGrpGPUHoursPerDay")];
-        let actions = decide(
+        let actions = run(
             &jobs,
             &BTreeMap::new(),
-            &Known {
-                feed: &feed(0.0, 10 * 3600),
-                map: &map,
-                policy: &Policy::from_config(&config),
-            },
+            &feed(0.0, 10 * 3600),
+            &Policy::from_config(&config),
             &state,
             settings(),
             NOW,
