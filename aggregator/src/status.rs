@@ -297,7 +297,11 @@ pub async fn build(
                 job_id: j.job_id.clone(),
                 account: j.account.clone(),
                 project: j.project.clone(),
-                partition: j.partition.clone(),
+                // A job that named no partition runs in the default one: say which.
+                partition: j
+                    .partition
+                    .clone()
+                    .or_else(|| config.default_partition().map(|p| p.name.clone())),
                 state: if j.is_running() { "running" } else { "pending" },
                 gpus: j.gpus,
                 submitted_ms: j.submitted_ms,

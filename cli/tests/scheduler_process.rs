@@ -138,6 +138,23 @@ fn jobs_run_report_to_the_aggregator_and_survive_a_scheduler_restart() {
     wait_for("job 2 to run", 30, || {
         job(&url, "team-a.2")["state"] == "running"
     });
+    // The status page names the default partition of a job that named none.
+    wait_for(
+        "the status page to list job 2 in partition train",
+        30,
+        || {
+            let text = ureq::get(format!("{}/api/v1/status", aggregator.url))
+                .call()
+                .ok()
+                .and_then(|mut r| r.body_mut().read_to_string().ok())
+                .unwrap_or_default();
+            let status: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+            status["queue"].as_array().is_some_and(|q| {
+                q.iter()
+                    .any(|j| j["job_id"] == "team-a.2" && j["partition"] == "train")
+            })
+        },
+    );
     let queue = cli(&["scheduler", "queue", "--url", &url]);
     let table = String::from_utf8_lossy(&queue.stdout).to_string();
     assert!(
