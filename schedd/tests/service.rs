@@ -644,7 +644,10 @@ async fn a_job_whose_processes_outlive_sigkill_keeps_its_gpus_and_its_node_is_dr
     // and takes no job until an operator resumes it.
     std::fs::write(freezer.join("freezer.state"), "THAWED").unwrap();
     tick_until(&s, &clock, |s| state(s, &a) == JobState::Cancelled);
-    assert_eq!(s.job(&a).unwrap().exit_code, Some(137));
+    // The job's shell dies of the cancel's SIGTERM (143) or, had it not yet, of the SIGKILL
+    // after the grace (137): which one is a race this test does not set up; killed it is.
+    let exit = s.job(&a).unwrap().exit_code;
+    assert!(matches!(exit, Some(137 | 143)), "{exit:?}");
     std::fs::remove_dir(&freezer).unwrap();
     for _ in 0..3 {
         clock.advance_ms(1000);
