@@ -223,18 +223,8 @@ const SHARE_COLUMNS: &[Column<ShareRow>] = &[
 
 /// `--since`: RFC 3339, a date, Unix seconds, or a duration ago; Unix seconds.
 fn since_seconds(text: &str, now_s: i64) -> anyhow::Result<i64> {
-    if let Ok(s) = text.parse::<i64>() {
+    if let Ok(s) = gpuledger_model::time::parse_instant_s(text) {
         return Ok(s);
-    }
-    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(text) {
-        return Ok(t.timestamp());
-    }
-    if let Ok(d) = chrono::NaiveDate::parse_from_str(text, "%Y-%m-%d") {
-        return Ok(d
-            .and_hms_opt(0, 0, 0)
-            .unwrap_or_default()
-            .and_utc()
-            .timestamp());
     }
     let ago: gpuledger_model::units::DurationSpec = text.parse().map_err(|_| {
         anyhow::anyhow!("--since `{text}`: not RFC 3339, a date, Unix seconds nor a duration (1d)")

@@ -100,6 +100,26 @@ pub fn quarter_split(offset_ms: i64, secs: i64) -> [i64; 4] {
 }
 
 /// RFC 3339 text of a time in seconds, for reports.
+/// A point in time as people write one in an option or a query: Unix seconds, RFC 3339, or a
+/// date (its midnight UTC); in Unix seconds. The error says which forms are taken.
+pub fn parse_instant_s(text: &str) -> Result<UnixSeconds, String> {
+    let text = text.trim();
+    if let Ok(s) = text.parse::<i64>() {
+        return Ok(s);
+    }
+    if let Ok(t) = DateTime::parse_from_rfc3339(text) {
+        return Ok(t.timestamp());
+    }
+    NaiveDate::parse_from_str(text, "%Y-%m-%d")
+        .map(|d| {
+            d.and_hms_opt(0, 0, 0)
+                .unwrap_or_default()
+                .and_utc()
+                .timestamp()
+        })
+        .map_err(|_| format!("`{text}`: not Unix seconds, RFC 3339 nor a date (2026-06-01)"))
+}
+
 pub fn rfc3339(secs: UnixSeconds) -> String {
     DateTime::<Utc>::from_timestamp(secs, 0)
         .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
@@ -109,6 +129,16 @@ pub fn rfc3339(secs: UnixSeconds) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_instant_is_unix_seconds_rfc3339_or_a_date() {
+        assert_eq!(parse_instant_s("86400"), Ok(86_400));
+        assert_eq!(parse_instant_s("1970-01-02T00:00:00Z"), Ok(86_400));
+        assert_eq!(parse_instant_s("1970-01-02"), Ok(86_400));
+        assert!(parse_instant_s("tomorrow")
+            .unwrap_err()
+            .contains("RFC 3339"));
+    }
 
     #[test]
     fn a_samples_seconds_fall_in_the_quarters_it_spans_and_sum_exactly() {

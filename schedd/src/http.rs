@@ -365,17 +365,9 @@ impl HistoryParams {
         }
         let since_s = match &self.since {
             None => None,
-            Some(t) => Some(match t.parse::<i64>() {
-                Ok(s) => s,
-                Err(_) => chrono::DateTime::parse_from_rfc3339(t)
-                    .map_err(|e| {
-                        bad(
-                            "since",
-                            format!("`{t}`: not RFC 3339 nor Unix seconds ({e})"),
-                        )
-                    })?
-                    .timestamp(),
-            }),
+            Some(t) => {
+                Some(gpuledger_model::time::parse_instant_s(t).map_err(|e| bad("since", e))?)
+            }
         };
         let limit = match &self.limit {
             None => 1_000,

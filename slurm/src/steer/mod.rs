@@ -85,12 +85,7 @@ pub struct SteerOptions {
 
 /// The time `--at` names, in Unix seconds.
 fn parse_at(text: &str) -> Result<i64> {
-    if let Ok(s) = text.parse::<i64>() {
-        return Ok(s);
-    }
-    chrono::DateTime::parse_from_rfc3339(text)
-        .map(|t| t.timestamp())
-        .map_err(|e| Error::Usage(format!("--at {text}: not RFC 3339 nor Unix seconds ({e})")))
+    gpuledger_model::time::parse_instant_s(text).map_err(|e| Error::Usage(format!("--at {e}")))
 }
 
 fn load_config(path: &std::path::Path) -> Result<ClusterConfig> {
