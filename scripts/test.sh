@@ -8,8 +8,8 @@
 # scrapes the services, and `promtool` for the rules), `chromium` with `chromium-driver` (the
 # status page and the dashboard previews in a real headless browser), and `slurm-wlm` with
 # `munge` (a real slurmctld and slurmd that the Slurm test starts on loopback); and from PyPI
-# moto's S3 server (an S3 endpoint on loopback for the `s3://` data directory). They are
-# installed here when missing.
+# moto's S3 server (an S3 endpoint on loopback for the `s3://` data directory); and from
+# crates.io cargo-deb (the Debian package test). They are installed here when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,6 +37,13 @@ fi
 if ! command -v cargo >/dev/null 2>&1; then
   echo "cargo not found: install Rust with rustup (https://rustup.rs), toolchain 1.94 or newer" >&2
   exit 1
+fi
+
+# cargo-deb: cli/tests/package.rs builds the Debian package with it (scripts/package-deb.sh),
+# installs it with dpkg -i and purges it. About 1.5 minutes to build on 2 cores, once.
+if ! cargo deb --version >/dev/null 2>&1; then
+  echo "== installing cargo-deb for the package test"
+  cargo install --quiet --locked cargo-deb --version 3.8.0
 fi
 
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/gpuledger/target}"
