@@ -13,6 +13,10 @@
 //! | `POST /api/v1/query` | `{sql}`: read-only SQL over the tables |
 //! | `GET /api/v1/status?window=&from=&to=` | what the status page shows, as JSON |
 //! | `GET /` | the status page; `POST /login` and `POST /logout` set and clear its cookie |
+//! | `GET /invoices?account=` | the invoices the reader may see (a tenant its own), as a page |
+//! | `GET /invoices/{month}/{account}?revision=&format=html\|csv\|json` | one invoice |
+//! | `GET /api/v1/invoices?account=&month=` | the same list as JSON |
+//! | `GET /api/v1/allocations` | which job holds each GPU, by the job events' allocations (a node: its own) |
 //! | `GET /healthz` | liveness; 503 once a write failed |
 //! | `GET /readyz` | readiness: 503 until the first flush after recovery has finished |
 //!
@@ -74,6 +78,8 @@ pub struct Service {
     pub sessions: gpuledger_auth::Sessions,
     /// Set once the first flush after start has finished (recovery comes before listening).
     pub ready: std::sync::atomic::AtomicBool,
+    /// Where `gpuledger invoice` writes each month's invoices, read by `/invoices`.
+    pub invoices_root: std::path::PathBuf,
 }
 
 impl std::fmt::Debug for Service {
@@ -95,6 +101,13 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/api/v1/query", post(query))
         .route("/api/v1/status", get(status_json))
         .route("/", get(status_page))
+        .route("/invoices", get(invoices_page))
+        .route("/invoices/{month}/{account}", get(invoice_file))
+        .route("/api/v1/invoices", get(invoices_json))
+        .route(
+            gpuledger_model::allocation_feed::ALLOCATIONS_PATH,
+            get(allocations),
+        )
         .route(
             "/login",
             post(login).layer(DefaultBodyLimit::max(MAX_LOGIN_BYTES as usize)),
@@ -793,12 +806,11 @@ async fn status_page(
     headers: HeaderMap,
     QueryParams(p): QueryParams<StatusParams>,
 ) -> Response {
-    let bearer = match bearer_token(&headers) {
+    let token = match page_token(&s, &headers) {
         Ok(t) => t,
-        Err(e) => return e.into_response(),
+        Err(page) => return *page,
     };
-    let signed_in = session_cookie(&headers).and_then(|id| s.sessions.token(id, s.clock.now_ms()));
-    let token = bearer.or(signed_in.as_deref());
+    let token = token.as_deref();
     let who = match s.guard.check(token, Action::ViewStatus) {
         Ok(who) => who,
         Err(Denied::Unauthenticated) => {
@@ -816,13 +828,229 @@ async fn status_page(
         Ok(view) => {
             let signed_in =
                 (s.guard.is_on() && who != Principal::Anonymous).then(|| who.describe());
+            let nav = crate::status::Nav {
+                signed_in: signed_in.as_deref(),
+                invoices: may_read_invoices(&s, &who),
+            };
+            html(StatusCode::OK, crate::status::render(&view, nav))
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+/// The token of a page request: its bearer token, else the sign-in cookie's.
+fn page_token(s: &Service, headers: &HeaderMap) -> Result<Option<String>, Box<Response>> {
+    match bearer_token(headers) {
+        Ok(Some(t)) => Ok(Some(t.to_owned())),
+        Ok(None) => {
+            Ok(session_cookie(headers).and_then(|id| s.sessions.token(id, s.clock.now_ms())))
+        }
+        Err(e) => Err(Box::new(e.into_response())),
+    }
+}
+
+/// Whether `who` may read any account's invoices (a tenant: its own).
+fn may_read_invoices(s: &Service, who: &Principal) -> bool {
+    let account = match who {
+        Principal::Tenant(a) => a.as_str(),
+        _ => "",
+    };
+    who.may(Action::ReadInvoices(account), s.guard.public())
+}
+
+/// The principal behind a page request that reads invoices, or the page to answer instead:
+/// the sign-in page when no valid token came, 403 when its role reads no invoices.
+fn invoice_reader(s: &Service, headers: &HeaderMap) -> Result<Principal, Box<Response>> {
+    let token = page_token(s, headers)?;
+    let who = match s.guard.principal(token.as_deref()) {
+        Ok(Principal::Anonymous) | Err(Denied::Unauthenticated) => {
+            let note = token.map(|_| "That token is not valid here; sign in again.");
+            return Err(Box::new(html(
+                StatusCode::UNAUTHORIZED,
+                crate::status::login_page(note),
+            )));
+        }
+        Ok(who) => who,
+        Err(Denied::Forbidden) => {
+            return Err(Box::new(
+                denied(Denied::Forbidden, "read invoices").into_response(),
+            ))
+        }
+    };
+    if may_read_invoices(s, &who) {
+        Ok(who)
+    } else {
+        Err(Box::new(
+            denied(Denied::Forbidden, "read invoices").into_response(),
+        ))
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct InvoicesParams {
+    account: Option<String>,
+    month: Option<String>,
+}
+
+/// The invoices `who` may read, filtered as asked.
+async fn invoice_list(
+    s: &Arc<Service>,
+    who: &Principal,
+    p: &InvoicesParams,
+) -> ApiResult<Vec<crate::status::InvoiceSummary>> {
+    if let Some(a) = &p.account {
+        AccountId::new(a).map_err(|e| ApiError::bad("account", e.to_string()))?;
+    }
+    if let Some(m) = &p.month {
+        gpuledger_billing::Period::month(m).map_err(|e| ApiError::bad("month", e.to_string()))?;
+    }
+    let root = s.invoices_root.clone();
+    let public = s.guard.public().clone();
+    let who = who.clone();
+    let wanted = p.account.clone();
+    let month = p.month.clone();
+    let files = blocking(move || {
+        gpuledger_billing::invoices::invoices_on_file(&root, |a| {
+            who.may(Action::ReadInvoices(a), &public) && wanted.as_deref().is_none_or(|w| w == a)
+        })
+        .map_err(|e| ApiError::Internal(e.to_string()))
+    })
+    .await?;
+    Ok(files
+        .iter()
+        .filter(|f| month.as_deref().is_none_or(|m| m == f.latest.period))
+        .map(crate::status::InvoiceSummary::from)
+        .collect())
+}
+
+async fn invoices_page(
+    State(s): State<Arc<Service>>,
+    headers: HeaderMap,
+    QueryParams(p): QueryParams<InvoicesParams>,
+) -> Response {
+    let who = match invoice_reader(&s, &headers) {
+        Ok(who) => who,
+        Err(page) => return *page,
+    };
+    match invoice_list(&s, &who, &p).await {
+        Ok(list) => {
+            let signed_in = (s.guard.is_on()).then(|| who.describe());
+            let nav = crate::status::Nav {
+                signed_in: signed_in.as_deref(),
+                invoices: false,
+            };
             html(
                 StatusCode::OK,
-                crate::status::render(&view, signed_in.as_deref()),
+                crate::status::invoices_page(
+                    &s.config.cluster.name,
+                    &list,
+                    p.account.as_deref(),
+                    nav,
+                ),
             )
         }
         Err(e) => e.into_response(),
     }
+}
+
+async fn invoices_json(
+    State(s): State<Arc<Service>>,
+    headers: HeaderMap,
+    QueryParams(p): QueryParams<InvoicesParams>,
+) -> ApiResult<Json<Vec<crate::status::InvoiceSummary>>> {
+    let who = principal(&s, &headers, "read invoices")?;
+    if !may_read_invoices(&s, &who) {
+        return Err(denied(
+            if who == Principal::Anonymous {
+                Denied::Unauthenticated
+            } else {
+                Denied::Forbidden
+            },
+            "read invoices",
+        ));
+    }
+    Ok(Json(invoice_list(&s, &who, &p).await?))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct InvoiceParams {
+    revision: Option<u32>,
+    format: Option<String>,
+}
+
+/// One invoice as HTML, CSV or JSON. Another tenant's invoice is answered as one that does not
+/// exist.
+async fn invoice_file(
+    State(s): State<Arc<Service>>,
+    headers: HeaderMap,
+    Path((month, account)): Path<(String, String)>,
+    QueryParams(p): QueryParams<InvoiceParams>,
+) -> Response {
+    let who = match invoice_reader(&s, &headers) {
+        Ok(who) => who,
+        Err(page) => return *page,
+    };
+    let format = p.format.as_deref().unwrap_or("html");
+    if !matches!(format, "html" | "csv" | "json") {
+        return ApiError::bad("format", format!("`{format}`: html, csv or json")).into_response();
+    }
+    let not_found = || ApiError::NotFound(format!("no invoice of `{account}` for `{month}`"));
+    if !who.may(Action::ReadInvoices(&account), s.guard.public()) {
+        return not_found().into_response();
+    }
+    let root = s.invoices_root.clone();
+    let (m, a, revision) = (month.clone(), account.clone(), p.revision);
+    let found = blocking(move || {
+        gpuledger_billing::invoices::invoice_on_file(&root, &m, &a, revision).map_err(|e| match e {
+            gpuledger_billing::Error::BadPeriod(_) => ApiError::bad("month", e.to_string()),
+            gpuledger_billing::Error::Input(msg) => ApiError::bad("account", msg),
+            other => ApiError::Internal(other.to_string()),
+        })
+    })
+    .await;
+    let inv = match found {
+        Ok(Some(inv)) => inv,
+        Ok(None) => return not_found().into_response(),
+        Err(e) => return e.into_response(),
+    };
+    use gpuledger_billing::render::{invoice_csv, invoice_html, invoice_json};
+    let (content_type, body) = match format {
+        "csv" => ("text/csv; charset=utf-8", invoice_csv(&inv)),
+        "json" => ("application/json", invoice_json(&inv)),
+        _ => ("text/html; charset=utf-8", invoice_html(&inv)),
+    };
+    (
+        StatusCode::OK,
+        [
+            (header::CONTENT_TYPE, content_type),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// The allocation feed from the running jobs' start events: a node's token reads its own
+/// node's GPUs (an exporter resolving the jobs of dcgm-exporter's mapping files), an operator
+/// every node's.
+async fn allocations(
+    State(s): State<Arc<Service>>,
+    headers: HeaderMap,
+) -> ApiResult<Json<gpuledger_model::allocation_feed::AllocationFeed>> {
+    let who = principal(&s, &headers, "read the allocation feed")?;
+    let gpus = match &who {
+        Principal::Node(me) => s.metrics.allocations(Some(me)),
+        p if p.may(Action::Operate, s.guard.public()) => s.metrics.allocations(None),
+        Principal::Anonymous => {
+            return Err(denied(Denied::Unauthenticated, "read the allocation feed"))
+        }
+        _ => return Err(denied(Denied::Forbidden, "read the allocation feed")),
+    };
+    Ok(Json(gpuledger_model::allocation_feed::AllocationFeed {
+        gpus,
+    }))
 }
 
 #[derive(Debug, Deserialize)]

@@ -80,7 +80,12 @@ impl Layout {
         format!("{}/date={}", table.dir(), date.format("%Y-%m-%d"))
     }
 
+    /// Where every month's invoices are (`<month>/<account>/rN.*`).
+    pub fn invoices_root(&self) -> PathBuf {
+        self.root.join("invoices")
+    }
+
     pub fn invoices_dir(&self, month: &str) -> PathBuf {
-        self.root.join("invoices").join(month)
+        self.invoices_root().join(month)
     }
 }

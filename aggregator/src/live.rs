@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 
+use gpuledger_model::allocation_feed::AllocationRow;
 use gpuledger_model::job::{JobEvent, JobEventKind, Outcome};
 use gpuledger_model::time::UnixMillis;
 use gpuledger_model::GpuModel;
@@ -41,6 +42,8 @@ pub struct LiveJob {
     pub started_ms: Option<UnixMillis>,
     /// A requeued job (preempted) waits again; its second wait is not a queue wait.
     pub requeued: bool,
+    /// The GPUs it holds, where its start event said (the allocation feed serves them).
+    pub allocation: Option<gpuledger_model::allocation::Allocation>,
     reported_flops: Option<f64>,
     peak_flops_per_gpu: Option<f64>,
     proxy_sum: f64,
@@ -117,6 +120,33 @@ impl LiveJobs {
         jobs
     }
 
+    /// Every GPU a running job holds by its start event's allocation, of `node` (all nodes
+    /// when `None`), ordered by node, GPU and job.
+    pub fn allocations(&self, node: Option<&str>) -> Vec<AllocationRow> {
+        let mut rows: Vec<AllocationRow> = self
+            .jobs
+            .values()
+            .filter(|j| j.is_running())
+            .flat_map(|j| {
+                j.allocation
+                    .iter()
+                    .flat_map(|a| a.0.iter())
+                    .filter(|ng| node.is_none_or(|n| ng.node.as_str() == n))
+                    .flat_map(move |ng| {
+                        ng.gpus.iter().map(move |gpu| AllocationRow {
+                            node: ng.node.to_string(),
+                            gpu: *gpu,
+                            job_id: j.job_id.clone(),
+                            account: j.account.clone(),
+                            project: j.project.clone(),
+                        })
+                    })
+            })
+            .collect();
+        rows.sort_by(|a, b| (&a.node, a.gpu, &a.job_id).cmp(&(&b.node, b.gpu, &b.job_id)));
+        rows
+    }
+
     /// Pending jobs per account.
     pub fn pending_by_account(&self) -> HashMap<&str, i64> {
         let mut out: HashMap<&str, i64> = HashMap::new();
@@ -138,6 +168,7 @@ impl LiveJobs {
                 submitted_ms: None,
                 started_ms: None,
                 requeued: false,
+                allocation: None,
                 reported_flops: None,
                 peak_flops_per_gpu: None,
                 proxy_sum: 0.0,
@@ -185,6 +216,7 @@ impl LiveJobs {
                 if let Some(g) = e.gpus {
                     job.gpus = g;
                 }
+                job.allocation = e.allocation.clone();
                 Some(Change::Started {
                     job: job.clone(),
                     wait_ms,
@@ -195,6 +227,7 @@ impl LiveJobs {
                 let was = job.clone();
                 job.started_ms = None;
                 job.requeued = true;
+                job.allocation = None;
                 was.is_running().then_some(Change::Stopped { job: was })
             }
             JobEventKind::Finished => {

@@ -621,6 +621,14 @@ impl Metrics {
         lock(&self.live).snapshot()
     }
 
+    /// The allocation feed's rows of `node` (all nodes when `None`).
+    pub fn allocations(
+        &self,
+        node: Option<&str>,
+    ) -> Vec<gpuledger_model::allocation_feed::AllocationRow> {
+        lock(&self.live).allocations(node)
+    }
+
     pub fn set_wal_bytes(&self, bytes: u64) {
         self.wal_bytes.set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }

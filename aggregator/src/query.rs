@@ -149,6 +149,23 @@ pub struct HourlyUsage {
     pub gpu_seconds: i64,
 }
 
+/// A job that finished, as its events and the rollups tell it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct FinishedJob {
+    pub job_id: String,
+    pub account: String,
+    pub project: Option<String>,
+    pub partition: Option<String>,
+    pub gpus: u32,
+    pub submitted_ms: Option<UnixMillis>,
+    pub started_ms: Option<UnixMillis>,
+    pub finished_ms: UnixMillis,
+    /// `completed`, `failed`, `cancelled`, `timeout`, `preempted`, `node_fail`...
+    pub outcome: Option<String>,
+    /// GPU-seconds measured for it.
+    pub gpu_seconds: i64,
+}
+
 /// What the tables say about one job.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct JobDetail {
@@ -579,6 +596,81 @@ impl Query {
             }
         }
         Ok(out)
+    }
+
+    /// The jobs of the accounts `scope` covers that finished in `[from_ms, to_ms)`, the latest
+    /// first, at most `limit`, with the GPU-seconds measured for each.
+    pub async fn finished_jobs(
+        &self,
+        scope: &gpuledger_auth::Scope,
+        from_ms: UnixMillis,
+        to_ms: UnixMillis,
+        limit: usize,
+    ) -> Result<Vec<FinishedJob>> {
+        let account_filter = match scope {
+            gpuledger_auth::Scope::All => String::new(),
+            gpuledger_auth::Scope::Account(a) => {
+                format!(" AND account = '{}'", a.as_str().replace('\'', "''"))
+            }
+            gpuledger_auth::Scope::Nothing => return Ok(Vec::new()),
+        };
+        let sql = format!(
+            "WITH j AS ( \
+               SELECT job_id, MAX(account) AS account, MAX(project) AS project, \
+                 MAX(partition) AS partition, MAX(gpus) AS gpus, \
+                 MIN(CASE WHEN kind = 'submitted' THEN CAST(time AS BIGINT) END) AS submitted_ms, \
+                 MIN(CASE WHEN kind = 'started' THEN CAST(time AS BIGINT) END) AS started_ms, \
+                 MAX(CASE WHEN kind = 'finished' THEN CAST(time AS BIGINT) END) AS finished_ms, \
+                 MAX(CASE WHEN kind = 'finished' THEN outcome END) AS outcome \
+               FROM jobs WHERE true{account_filter} GROUP BY job_id) \
+             SELECT job_id, account, project, partition, gpus, submitted_ms, started_ms, finished_ms, outcome \
+             FROM j WHERE finished_ms >= {from_ms} AND finished_ms < {to_ms} \
+             ORDER BY finished_ms DESC, job_id LIMIT {limit}"
+        );
+        let mut jobs = Vec::new();
+        for b in self.sql(&sql).await? {
+            let ms = |i: usize, row: usize| -> Result<Option<i64>> {
+                let c = b.column(i);
+                c.is_valid(row).then(|| i64_at(c, row)).transpose()
+            };
+            for row in 0..b.num_rows() {
+                jobs.push(FinishedJob {
+                    job_id: str_at(b.column(0), row)?.unwrap_or_default(),
+                    account: str_at(b.column(1), row)?.unwrap_or_default(),
+                    project: str_at(b.column(2), row)?,
+                    partition: str_at(b.column(3), row)?,
+                    gpus: u32::try_from(ms(4, row)?.unwrap_or(0)).unwrap_or(0),
+                    submitted_ms: ms(5, row)?,
+                    started_ms: ms(6, row)?,
+                    finished_ms: ms(7, row)?.unwrap_or_default(),
+                    outcome: str_at(b.column(8), row)?,
+                    gpu_seconds: 0,
+                });
+            }
+        }
+        if jobs.is_empty() {
+            return Ok(jobs);
+        }
+        let ids: Vec<String> = jobs
+            .iter()
+            .map(|j| format!("'{}'", j.job_id.replace('\'', "''")))
+            .collect();
+        let usage_sql = format!(
+            "SELECT job_id, SUM(gpu_seconds) FROM rollups_hourly WHERE job_id IN ({}) GROUP BY job_id",
+            ids.join(", ")
+        );
+        let mut seconds: std::collections::HashMap<String, i64> = Default::default();
+        for b in self.sql(&usage_sql).await? {
+            for row in 0..b.num_rows() {
+                if let Some(id) = str_at(b.column(0), row)? {
+                    seconds.insert(id, i64_at(b.column(1), row)?);
+                }
+            }
+        }
+        for j in &mut jobs {
+            j.gpu_seconds = seconds.get(&j.job_id).copied().unwrap_or(0);
+        }
+        Ok(jobs)
     }
 
     /// The jobs that finished at or after `since_ms`, oldest first.

@@ -190,6 +190,7 @@ async fn serve(
         ),
         sessions: gpuledger_auth::Sessions::new(SESSION_LIFETIME_S, tls.is_some()),
         ready: std::sync::atomic::AtomicBool::new(false),
+        invoices_root: layout.invoices_root(),
     });
     let shutdown = gpuledger_service::shutdown_signal()?;
     let listener = gpuledger_service::bind(options.listen).await?;

@@ -176,6 +176,100 @@ pub fn bill_month(
     })
 }
 
+/// One account's invoice of one month as kept on disk: its latest revision, and which
+/// revisions there are.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InvoiceOnFile {
+    pub latest: Invoice,
+    /// Every revision number on file, oldest first.
+    pub revisions: Vec<u32>,
+}
+
+/// The revision numbers `rN.json` in an account's directory, oldest first.
+fn revisions_in(dir: &Path) -> Result<Vec<u32>> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).map_err(Error::io(dir))? {
+        let name = e.map_err(Error::io(dir))?.file_name();
+        if let Some(n) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix('r'))
+            .and_then(|n| n.strip_suffix(".json"))
+            .and_then(|n| n.parse::<u32>().ok())
+        {
+            out.push(n);
+        }
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// The subdirectories of `dir` whose names `keep` accepts, sorted; none when `dir` is missing.
+fn subdirectories(dir: &Path, keep: impl Fn(&str) -> bool) -> Result<Vec<String>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io(dir)(e)),
+    };
+    let mut out = Vec::new();
+    for e in entries {
+        let e = e.map_err(Error::io(dir))?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        if e.file_type().map_err(Error::io(e.path()))?.is_dir() && keep(&name) {
+            out.push(name);
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Every invoice under `root` (`<month>/<account>/rN.json`, as [`bill_month`] writes it) of
+/// the accounts `covers` accepts, the latest month first. Directories that are not a month or
+/// an account id are not invoices and are passed over.
+pub fn invoices_on_file(root: &Path, covers: impl Fn(&str) -> bool) -> Result<Vec<InvoiceOnFile>> {
+    let mut out = Vec::new();
+    let months = subdirectories(root, |m| Period::month(m).is_ok())?;
+    for month in months.iter().rev() {
+        let month_dir = root.join(month);
+        let accounts = subdirectories(&month_dir, |a| AccountId::new(a).is_ok() && covers(a))?;
+        for account in accounts {
+            let dir = month_dir.join(&account);
+            if let Some(latest) = latest_revision(&dir)? {
+                out.push(InvoiceOnFile {
+                    latest,
+                    revisions: revisions_in(&dir)?,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// One account's invoice of `month` under `root`: revision `revision`, or the latest when
+/// `None`; `Ok(None)` when there is none. `month` and `account` come from requests: anything
+/// but a month `YYYY-MM` and an account id is refused before a path is built from it.
+pub fn invoice_on_file(
+    root: &Path,
+    month: &str,
+    account: &str,
+    revision: Option<u32>,
+) -> Result<Option<Invoice>> {
+    let period = Period::month(month)?;
+    let account =
+        AccountId::new(account).map_err(|e| Error::Input(format!("account `{account}`: {e}")))?;
+    let dir = root.join(&period.name).join(account.as_str());
+    let Some(n) = revision else {
+        return latest_revision(&dir);
+    };
+    let path = dir.join(format!("r{n}.json"));
+    match std::fs::read_to_string(&path) {
+        Ok(text) => invoice_from_json(&text)
+            .map(Some)
+            .map_err(|e| Error::Input(format!("reading {}: {e}", path.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io(&path)(e)),
+    }
+}
+
 /// An invoice with no lines, for an account whose earlier revision billed usage that is gone.
 fn empty_invoice(
     period: &Period,
@@ -240,6 +334,78 @@ mod tests {
             .collect();
         names.sort();
         names
+    }
+
+    #[test]
+    fn invoices_on_file_are_listed_per_scope_and_read_by_revision() {
+        let dir = tempfile::tempdir().unwrap();
+        let period = Period::month("2026-06").unwrap();
+        let month = dir.path().join("2026-06");
+        bill_month(
+            &month,
+            &period,
+            &input("team-a", 7200),
+            &book(),
+            None,
+            "seed",
+        )
+        .unwrap();
+        bill_month(
+            &month,
+            &period,
+            &input("team-a", 3600),
+            &book(),
+            None,
+            "seed",
+        )
+        .unwrap();
+        let mut b = input("team-b", 3600);
+        b.usage.extend(input("team-a", 3600).usage);
+        bill_month(&month, &period, &b, &book(), Some("team-b"), "seed").unwrap();
+        // Not invoices: a stray directory and a file.
+        std::fs::create_dir_all(dir.path().join("scratch/team-a")).unwrap();
+        std::fs::write(dir.path().join("notes.txt"), "x").unwrap();
+
+        let all = invoices_on_file(dir.path(), |_| true).unwrap();
+        let listed: Vec<(&str, u32, Vec<u32>)> = all
+            .iter()
+            .map(|i| {
+                (
+                    i.latest.account.as_str(),
+                    i.latest.revision,
+                    i.revisions.clone(),
+                )
+            })
+            .collect();
+        assert_eq!(listed, [("team-a", 2, vec![1, 2]), ("team-b", 1, vec![1])]);
+        let mine = invoices_on_file(dir.path(), |a| a == "team-b").unwrap();
+        assert_eq!(mine.len(), 1);
+        assert_eq!(mine[0].latest.account.as_str(), "team-b");
+
+        let r1 = invoice_on_file(dir.path(), "2026-06", "team-a", Some(1))
+            .unwrap()
+            .unwrap();
+        let latest = invoice_on_file(dir.path(), "2026-06", "team-a", None)
+            .unwrap()
+            .unwrap();
+        assert_eq!((r1.revision, latest.revision), (1, 2));
+        assert_ne!(r1.total(), latest.total());
+        assert!(invoice_on_file(dir.path(), "2026-06", "team-a", Some(9))
+            .unwrap()
+            .is_none());
+        assert!(invoice_on_file(dir.path(), "2026-07", "team-a", None)
+            .unwrap()
+            .is_none());
+        // A path from a request is checked before it is joined.
+        for (m, a) in [
+            ("..", "team-a"),
+            ("2026-06", "../2026-06"),
+            ("2026-06/..", "x"),
+            ("2026-13", "team-a"),
+            ("2026-06", "team-a/../../etc"),
+        ] {
+            assert!(invoice_on_file(dir.path(), m, a, None).is_err(), "{m} {a}");
+        }
     }
 
     #[test]

@@ -6,8 +6,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use gpuledger_exporter::agent::read_job_mapping;
-use gpuledger_exporter::source::JobLabel;
+use gpuledger_exporter::agent::{read_job_mapping, MappedJob};
 use gpuledger_exporter::synthetic::synthetic_devices;
 use gpuledger_model::GpuModel;
 
@@ -30,11 +29,10 @@ fn run(script: &str, dir: &Path, map: &Path, env: &[(&str, &str)]) {
     );
 }
 
-fn label(job: &str, account: &str, project: Option<&str>) -> Option<JobLabel> {
-    Some(JobLabel {
+fn label(job: &str, account: &str, project: Option<&str>) -> Option<MappedJob> {
+    Some(MappedJob {
         job_id: job.into(),
-        account: account.into(),
-        project: project.map(str::to_owned),
+        tenant: Some((account.into(), project.map(str::to_owned))),
     })
 }
 

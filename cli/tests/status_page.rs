@@ -82,8 +82,10 @@ const indicators = {}; document.querySelectorAll('tr[data-indicator]').forEach(r
   const v = r.querySelector('[data-value]'); indicators[r.dataset.indicator] = v ? Number(v.dataset.value) : null; });
 const accounts = {}; document.querySelectorAll('tr[data-account]').forEach(r => { accounts[r.dataset.account] = cells(r); });
 const queue = {}; document.querySelectorAll('tr[data-job]').forEach(r => { queue[r.dataset.job] = r.dataset.state; });
+const finished = {}; document.querySelectorAll('tr[data-finished-job]').forEach(r => { finished[r.dataset.finishedJob] = r.dataset.outcome; });
 return {scope: document.body.dataset.scope, from: Number(document.body.dataset.fromMs), to: Number(document.body.dataset.toMs),
-        indicators, accounts, queue, svgs: document.querySelectorAll('svg').length, text: document.body.innerText};
+        indicators, accounts, queue, finished, invoicesLink: !!document.querySelector('header a[href="/invoices"]'),
+        svgs: document.querySelectorAll('svg').length, text: document.body.innerText};
 "#;
 
 fn close(a: f64, b: f64) -> bool {
@@ -341,6 +343,12 @@ fn the_status_page_shows_each_token_its_own_figures_in_a_real_browser() {
         json!({"7": "running", "10": "pending"}),
         "its own jobs only"
     );
+    assert_eq!(
+        page["finished"],
+        json!({"9": "completed"}),
+        "a finished job stays on the page"
+    );
+    assert_eq!(page["invoicesLink"], true, "a tenant reads its invoices");
     assert!(page["svgs"].as_u64().unwrap() >= 3, "{page}");
     // Another tenant's account is answered as one that does not exist.
     let (b_status, b_body) = get(&format!("{url}/api/v1/accounts/team-b/summary"), &tenant);
@@ -403,9 +411,76 @@ fn the_status_page_shows_each_token_its_own_figures_in_a_real_browser() {
         .as_str()
         .unwrap()
         .contains("Cluster indicators against their targets"));
+    assert_eq!(page["finished"], json!({"9": "completed"}));
     browser.fit_height(1280);
     browser.screenshot(&shots.join("status-page.png"));
     assert!(Path::new(&shots.join("status-page.png")).exists());
+
+    // Invoices: `gpuledger invoice` writes the month's beside the tables; the invoices page
+    // lists every account's to an operator and a tenant's own to a tenant.
+    let month = chrono::Utc::now().format("%Y-%m").to_string();
+    gpuledger_ok(&[
+        "invoice",
+        "--month",
+        &month,
+        "--data-dir",
+        dir.path().join("data").to_str().unwrap(),
+        "--config",
+        config.to_str().unwrap(),
+    ]);
+    browser.open(&format!("{url}/invoices"));
+    let listed = browser.script(
+        "return Array.from(document.querySelectorAll('tr[data-invoice]')).map(r => r.dataset.account);",
+    );
+    assert_eq!(
+        listed,
+        json!(["platform", "team-a", "team-b"]),
+        "an operator sees every account's, the platform's (idle GPUs) too"
+    );
+    browser.fit_height(1280);
+    browser.screenshot(&shots.join("invoices-page.png"));
+    browser.click("tr[data-account=team-a] td a");
+    browser.wait_for_text("Charges", true);
+    let total = browser.script("return document.getElementById('total').innerText;");
+    let (status, invoices) = get(&format!("{url}/api/v1/invoices"), &tenant);
+    assert_eq!(status, 200, "{invoices}");
+    let invoices = invoices.as_array().unwrap();
+    assert_eq!(invoices.len(), 1, "a tenant lists its own: {invoices:?}");
+    assert_eq!(invoices[0]["account"], "team-a");
+    assert_eq!(
+        invoices[0]["total"].as_str(),
+        total.as_str(),
+        "the page's total"
+    );
+    let invoice_url = format!("{url}/invoices/{month}/team-a");
+    let (status, csv) = get(&format!("{invoice_url}?format=csv"), &tenant);
+    assert_eq!(status, 200);
+    assert!(csv.as_str().unwrap().starts_with("invoice_id,"), "{csv}");
+    let (status, json_invoice) = get(&format!("{invoice_url}?format=json&revision=1"), &tenant);
+    assert_eq!((status, json_invoice["revision"].as_u64()), (200, Some(1)));
+    // Another tenant's invoice is one that does not exist; bad paths are refused by name;
+    // no token is the sign-in page; a node's token reads no invoices.
+    let (status, _) = get(&format!("{url}/invoices/{month}/team-b"), &tenant);
+    assert_eq!(status, 404);
+    let (status, body) = get(
+        &format!("{url}/invoices/{month}/team-a%2F..%2F..%2Fetc"),
+        &operator,
+    );
+    assert_eq!(
+        (status, body["errors"][0]["field"].as_str()),
+        (400, Some("account")),
+        "{body}"
+    );
+    let (status, body) = get(&format!("{url}/invoices/2026-13/team-a"), &operator);
+    assert_eq!(
+        (status, body["errors"][0]["field"].as_str()),
+        (400, Some("month")),
+        "{body}"
+    );
+    let anonymous = agent().get(&invoice_url).call().unwrap();
+    assert_eq!(anonymous.status().as_u16(), 401);
+    let (status, _) = get(&format!("{url}/api/v1/invoices"), &node);
+    assert_eq!(status, 403);
     drop(browser);
     terminate(aggregator);
 }

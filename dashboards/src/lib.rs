@@ -10,12 +10,12 @@
 //!   or table of what they returned.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use gpuledger_charts::{self as svg, escape, Series};
+use gpuledger_charts::{self as svg, Series};
+use maud::{html, Markup, DOCTYPE};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -620,88 +620,89 @@ fn short_number(v: f64) -> String {
     }
 }
 
+const PREVIEW_STYLE: &str = "body{font-family:sans-serif;margin:16px;background:#f4f5f7;color:#222}\
+.grid{display:grid;grid-template-columns:repeat(2,1fr);gap:12px}\
+.panel{background:white;border:1px solid #ddd;border-radius:4px;padding:8px 10px}\
+.panel h2{font-size:14px;margin:0 0 4px} .kind{color:#888;font-weight:normal}\
+.desc{font-size:11px;color:#555;margin:0 0 6px} code{font-size:10px;display:block;white-space:pre-wrap;background:#f7f7f7;padding:3px;margin:2px 0}\
+.nodata{color:#b00;font-weight:bold} table{font-size:11px;border-collapse:collapse} td,th{border-bottom:1px solid #eee;padding:1px 6px;text-align:left}\
+svg{max-width:100%;height:auto}";
+
+/// One panel of the preview: its queries, what each returned, and the lines drawn.
+fn preview_panel(r: &PanelResult, now_s: f64) -> Markup {
+    let mut lines: Vec<Series> = Vec::new();
+    for (target, q) in &r.results {
+        if q.error.is_none() && q.finite_points() > 0 && !target.instant {
+            for (name, pts) in &q.series {
+                lines.push(Series {
+                    name: legend_name(&target.legend, name),
+                    points: pts.iter().map(|(t, v)| (t - now_s, *v)).collect(),
+                });
+            }
+        }
+    }
+    let from = format!(
+        "-{}",
+        gpuledger_model::units::DurationSpec::from_secs(r.range_s)
+    );
+    html! {
+        div.panel data-panel=(r.panel.id) {
+            h2 {
+                (r.panel.title) " "
+                span.kind {
+                    (r.panel.kind)
+                    @if let Some(t) = &r.panel.time_from { ", range " (t) }
+                }
+            }
+            p.desc { (r.panel.description) }
+            @for (target, q) in &r.results {
+                code { (target.ref_id) ": " (q.expr) }
+                @if let Some(e) = &q.error {
+                    p.nodata { "error: " (e) }
+                } @else if q.finite_points() == 0 {
+                    p.nodata { "no data" }
+                } @else if target.instant {
+                    table {
+                        @for (name, pts) in q.series.iter().take(12) {
+                            tr {
+                                td { (legend_name(&target.legend, name)) }
+                                td { (pts.last().map(|p| short_number(p.1)).unwrap_or_default()) }
+                            }
+                        }
+                    }
+                }
+            }
+            @if !lines.is_empty() {
+                (svg::multi_line_chart("", "", (&from, "now"), &lines, None, None))
+            }
+        }
+    }
+}
+
 /// The preview of one dashboard: its panels in order, each with its queries and results.
 pub fn preview_page(dashboard: &Dashboard, results: &[PanelResult], now_s: f64) -> String {
-    let mut html = String::new();
     let when = chrono::DateTime::from_timestamp(now_s as i64, 0)
         .map(|t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string())
         .unwrap_or_default();
-    let _ = write!(
-        html,
-        "<!doctype html><html><head><meta charset=\"utf-8\"><title>{t}</title><style>\
-         body{{font-family:sans-serif;margin:16px;background:#f4f5f7;color:#222}}\
-         .grid{{display:grid;grid-template-columns:repeat(2,1fr);gap:12px}}\
-         .panel{{background:white;border:1px solid #ddd;border-radius:4px;padding:8px 10px}}\
-         .panel h2{{font-size:14px;margin:0 0 4px}} .kind{{color:#888;font-weight:normal}}\
-         .desc{{font-size:11px;color:#555;margin:0 0 6px}} code{{font-size:10px;display:block;white-space:pre-wrap;background:#f7f7f7;padding:3px;margin:2px 0}}\
-         .nodata{{color:#b00;font-weight:bold}} table{{font-size:11px;border-collapse:collapse}} td,th{{border-bottom:1px solid #eee;padding:1px 6px;text-align:left}}\
-         svg{{max-width:100%;height:auto}}</style></head><body>\
-         <h1>{t}</h1><p>{d}</p><p class=\"desc\">{n} panels; queried {when}; the data each query returned is drawn below it.</p><div class=\"grid\">",
-        t = escape(&dashboard.title),
-        d = escape(&dashboard.description),
-        n = results.len(),
-    );
-    for r in results {
-        let _ = write!(
-            html,
-            "<div class=\"panel\" data-panel=\"{}\"><h2>{} <span class=\"kind\">{}{}</span></h2><p class=\"desc\">{}</p>",
-            r.panel.id,
-            escape(&r.panel.title),
-            escape(&r.panel.kind),
-            r.panel
-                .time_from
-                .as_deref()
-                .map(|t| format!(", range {t}"))
-                .unwrap_or_default(),
-            escape(&r.panel.description)
-        );
-        let mut lines: Vec<Series> = Vec::new();
-        for (target, q) in &r.results {
-            let _ = write!(
-                html,
-                "<code>{}: {}</code>",
-                escape(&target.ref_id),
-                escape(&q.expr)
-            );
-            if let Some(e) = &q.error {
-                let _ = write!(html, "<p class=\"nodata\">error: {}</p>", escape(e));
-            } else if q.finite_points() == 0 {
-                html.push_str("<p class=\"nodata\">no data</p>");
-            } else if target.instant {
-                html.push_str("<table>");
-                for (name, pts) in q.series.iter().take(12) {
-                    let v = pts.last().map(|p| short_number(p.1)).unwrap_or_default();
-                    let name = legend_name(&target.legend, name);
-                    let _ = write!(html, "<tr><td>{}</td><td>{v}</td></tr>", escape(&name));
-                }
-                html.push_str("</table>");
-            } else {
-                for (name, pts) in &q.series {
-                    lines.push(Series {
-                        name: legend_name(&target.legend, name),
-                        points: pts.iter().map(|(t, v)| (t - now_s, *v)).collect(),
-                    });
+    html! {
+        (DOCTYPE)
+        html {
+            head {
+                meta charset="utf-8";
+                title { (dashboard.title) }
+                style { (PREVIEW_STYLE) }
+            }
+            body {
+                h1 { (dashboard.title) }
+                p { (dashboard.description) }
+                p.desc { (results.len()) " panels; queried " (when) "; the data each query returned is drawn below it." }
+                div.grid {
+                    @for r in results { (preview_panel(r, now_s)) }
                 }
             }
         }
-        if !lines.is_empty() {
-            let from = format!(
-                "-{}",
-                gpuledger_model::units::DurationSpec::from_secs(r.range_s)
-            );
-            html.push_str(&svg::multi_line_chart(
-                "",
-                "",
-                (&from, "now"),
-                &lines,
-                None,
-                None,
-            ));
-        }
-        html.push_str("</div>");
     }
-    html.push_str("</div></body></html>\n");
-    html
+    .into_string()
 }
 
 #[cfg(test)]

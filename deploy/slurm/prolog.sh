@@ -5,7 +5,9 @@
 # job's GPU indices on this node in SLURM_JOB_GPUS (CUDA_VISIBLE_DEVICES as a fallback).
 #
 # It writes the job-mapping directory the exporter reads (`--job-mapping-dir`), in
-# dcgm-exporter's layout: a file per GPU index, here holding `JOBID ACCOUNT [PROJECT]`. The
+# dcgm-exporter's layout: a file per GPU index, here holding `JOBID ACCOUNT [PROJECT]`. (The
+# exporter also reads dcgm-exporter's own files, a job id a line, and asks the aggregator for
+# each job's account; this prolog saves that round trip and works before the job's events do.) The
 # Slurm account is turned into gpuledger's account and project by the map that
 # `gpuledger import slurm-assoc --account-map` writes (a Slurm sub-account is a project).
 #

@@ -10,6 +10,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
+use gpuledger_model::allocation_feed::{
+    AllocationFeed as AllocationFeedReply, AllocationRow, ALLOCATIONS_PATH,
+};
 use gpuledger_model::rng::SplitMix64;
 use gpuledger_model::sample::SampleBatchBuilder;
 use gpuledger_model::time::Clock;
@@ -120,15 +123,37 @@ impl Shared {
     }
 }
 
-/// Reads the job-mapping directory: file `<gpu index>` holds `job_id account [project]`.
-/// Returns a label per device, by position; a MIG instance in slot S of GPU G reads `G-S`,
-/// else G's file.
-pub fn read_job_mapping(dir: &std::path::Path, devices: &[GpuDevice]) -> Vec<Option<JobLabel>> {
+/// What a job-mapping file says of one GPU: its job, and the job's tenant when the file names
+/// it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MappedJob {
+    pub job_id: String,
+    /// `(account, project)` from gpuledger's format; `None` from dcgm-exporter's.
+    pub tenant: Option<(String, Option<String>)>,
+}
+
+/// Parses one mapping file: gpuledger's `JOBID ACCOUNT [PROJECT]` on its first line, or
+/// dcgm-exporter's HPC job mapping, one job id per line (the first labels the GPU: samples
+/// carry one job). Blank lines are passed over; `None` for a file without a job.
+pub fn parse_job_mapping(text: &str) -> Option<MappedJob> {
+    let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+    let first = lines.next()?;
+    let mut words = first.split_whitespace();
+    let job_id = words.next()?.to_owned();
+    let tenant = words
+        .next()
+        .map(|account| (account.to_owned(), words.next().map(str::to_owned)));
+    Some(MappedJob { job_id, tenant })
+}
+
+/// Reads the job-mapping directory: the file named for a GPU's index (a MIG instance in slot S
+/// of GPU G: `G-S` first, then G's) in either format of [`parse_job_mapping`]. One entry per
+/// device, by position.
+pub fn read_job_mapping(dir: &std::path::Path, devices: &[GpuDevice]) -> Vec<Option<MappedJob>> {
     devices
         .iter()
         .map(|d| {
             let i = d.index;
-            // A MIG instance (`<profile>/<slot>`) reads `<gpu>-<slot>` first, then its GPU's file.
             let own = d
                 .mig_instance
                 .as_deref()
@@ -137,31 +162,59 @@ pub fn read_job_mapping(dir: &std::path::Path, devices: &[GpuDevice]) -> Vec<Opt
             let text = own
                 .and_then(|name| std::fs::read_to_string(dir.join(name)).ok())
                 .or_else(|| std::fs::read_to_string(dir.join(i.to_string())).ok())?;
-            let mut words = text.split_whitespace();
-            let job_id = words.next()?.to_owned();
-            let Some(account) = words.next() else {
+            let jobs = text.lines().filter(|l| !l.trim().is_empty()).count();
+            let mapped = parse_job_mapping(&text)?;
+            if mapped.tenant.is_none() && jobs > 1 {
                 tracing::warn!(
                     gpu = i,
-                    "job mapping names a job without its account; GPU shown idle"
+                    jobs,
+                    job_id = %mapped.job_id,
+                    "the job mapping names several jobs on one GPU; its samples carry the first"
                 );
-                return None;
+            }
+            Some(mapped)
+        })
+        .collect()
+}
+
+/// The labels of mapped GPUs: a job the file gave a tenant keeps it; a job id alone
+/// (dcgm-exporter's files) takes its account and project from the allocation feed `rows` of
+/// this node (the aggregator's, from the job's own start event). A job the feed does not know
+/// (yet) leaves its GPU unlabelled; `unresolved` collects those job ids.
+pub fn resolve_tenants(
+    mapped: &[Option<MappedJob>],
+    rows: &[AllocationRow],
+    unresolved: &mut std::collections::BTreeSet<String>,
+) -> Vec<Option<JobLabel>> {
+    mapped
+        .iter()
+        .map(|m| {
+            let m = m.as_ref()?;
+            let (account, project) = match &m.tenant {
+                Some(t) => t.clone(),
+                None => match rows.iter().find(|r| r.job_id == m.job_id) {
+                    Some(r) => (r.account.clone(), r.project.clone()),
+                    None => {
+                        unresolved.insert(m.job_id.clone());
+                        return None;
+                    }
+                },
             };
             Some(JobLabel {
-                job_id,
-                account: account.to_owned(),
-                project: words.next().map(str::to_owned),
+                job_id: m.job_id.clone(),
+                account,
+                project,
             })
         })
         .collect()
 }
 
-/// Labels from the scheduler's allocation feed (`GET /api/v1/allocations`), re-read at most
-/// every [`AllocationFeed::REFRESH`]; while the scheduler does not answer the last labels stand
-/// (a job keeps its GPUs while the scheduler restarts).
+/// The allocation feed ([`gpuledger_model::allocation_feed`]) of the scheduler (every GPU's
+/// label) or of the aggregator (the accounts of jobs a dcgm-style mapping names).
 #[derive(Debug)]
 pub struct AllocationFeed {
     agent: ureq::Agent,
-    last: Option<(Instant, Vec<Option<JobLabel>>)>,
+    last: Option<(Instant, Vec<AllocationRow>)>,
 }
 
 impl AllocationFeed {
@@ -177,8 +230,29 @@ impl AllocationFeed {
         AllocationFeed { agent, last: None }
     }
 
-    /// This node's labels; `token` is the node's token (the scheduler with `--tokens` shows a
-    /// node its own GPUs only).
+    /// This node's rows of the feed at `url`, read again at most every [`Self::REFRESH`];
+    /// `token` is the node's token (a service with tokens shows a node its own GPUs only).
+    /// While the feed does not answer the last rows stand (a job keeps its GPUs while the
+    /// service restarts).
+    pub fn rows(&mut self, url: &str, token: Option<&str>, node: &str) -> Vec<AllocationRow> {
+        if let Some((at, rows)) = &self.last {
+            if at.elapsed() < Self::REFRESH {
+                return rows.clone();
+            }
+        }
+        let rows = match fetch_allocations(&self.agent, url, token) {
+            Ok(feed) => feed.gpus.into_iter().filter(|r| r.node == node).collect(),
+            Err(error) => {
+                tracing::warn!(url, %error, "allocation feed unavailable; keeping the last labels");
+                self.last.take().map(|(_, rows)| rows).unwrap_or_default()
+            }
+        };
+        // Read again at the next refresh, not at every sample, even after a failure.
+        self.last = Some((Instant::now(), rows.clone()));
+        rows
+    }
+
+    /// This node's labels from the feed, by device position.
     pub fn labels(
         &mut self,
         url: &str,
@@ -186,40 +260,17 @@ impl AllocationFeed {
         node: &str,
         devices: &[GpuDevice],
     ) -> Vec<Option<JobLabel>> {
-        if let Some((at, labels)) = &self.last {
-            if at.elapsed() < Self::REFRESH && labels.len() == devices.len() {
-                return labels.clone();
-            }
-        }
-        match fetch_allocations(&self.agent, url, token, node, devices) {
-            Ok(labels) => {
-                self.last = Some((Instant::now(), labels.clone()));
-                labels
-            }
-            Err(error) => {
-                tracing::warn!(url, %error, "allocation feed unavailable; keeping the last labels");
-                let kept = self
-                    .last
-                    .as_ref()
-                    .map(|(_, l)| l.clone())
-                    .unwrap_or_else(|| vec![None; devices.len()]);
-                // Try again at the next refresh, not at every sample.
-                self.last = Some((Instant::now(), kept.clone()));
-                kept
-            }
-        }
+        labels_of(&self.rows(url, token, node), devices)
     }
 }
 
-/// This node's GPUs in the scheduler's allocation feed, by device position.
+/// The feed at `url`.
 pub fn fetch_allocations(
     agent: &ureq::Agent,
     url: &str,
     token: Option<&str>,
-    node: &str,
-    devices: &[GpuDevice],
-) -> Result<Vec<Option<JobLabel>>, String> {
-    let mut request = agent.get(format!("{}/api/v1/allocations", url.trim_end_matches('/')));
+) -> Result<AllocationFeedReply, String> {
+    let mut request = agent.get(format!("{}{ALLOCATIONS_PATH}", url.trim_end_matches('/')));
     if let Some(t) = token {
         request = request.header("authorization", format!("Bearer {t}"));
     }
@@ -227,29 +278,23 @@ pub fn fetch_allocations(
         .call()
         .and_then(|mut r| r.body_mut().read_to_string())
         .map_err(|e| e.to_string())?;
-    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
-    let rows = value["gpus"]
-        .as_array()
-        .ok_or("the reply has no `gpus` list")?;
-    let mut labels = vec![None; devices.len()];
-    for row in rows.iter().filter(|r| r["node"] == node) {
-        let Some(gpu) = row["gpu"].as_u64() else {
-            continue;
-        };
-        let (Some(job), Some(account)) = (row["job_id"].as_str(), row["account"].as_str()) else {
-            continue;
-        };
-        for (i, d) in devices.iter().enumerate() {
-            if u64::from(d.index) == gpu {
-                labels[i] = Some(JobLabel {
-                    job_id: job.to_owned(),
-                    account: account.to_owned(),
-                    project: row["project"].as_str().map(str::to_owned),
-                });
-            }
-        }
-    }
-    Ok(labels)
+    serde_json::from_str(&text).map_err(|e| format!("the reply is not an allocation feed: {e}"))
+}
+
+/// A label per device from its node's rows.
+pub fn labels_of(rows: &[AllocationRow], devices: &[GpuDevice]) -> Vec<Option<JobLabel>> {
+    devices
+        .iter()
+        .map(|d| {
+            rows.iter()
+                .find(|r| r.gpu == u32::from(d.index))
+                .map(|r| JobLabel {
+                    job_id: r.job_id.clone(),
+                    account: r.account.clone(),
+                    project: r.project.clone(),
+                })
+        })
+        .collect()
 }
 
 /// Runs the sampler until [`Shared::stop`]; spools what it collected on the way out.
@@ -264,6 +309,9 @@ pub fn run_sampler(
     let mut last_push = Instant::now();
     let interval_s = config.sample_interval.as_secs().max(1) as u32;
     let mut feed = AllocationFeed::new(config.tls.clone());
+    // The aggregator's feed, for the accounts of jobs a dcgm-style mapping names by id only.
+    let mut accounts_feed = AllocationFeed::new(config.tls.clone());
+    let mut warned_unresolved = std::collections::BTreeSet::new();
     while !shared.stopping() {
         let started = Instant::now();
         let now_ms = clock.now_ms();
@@ -274,7 +322,26 @@ pub fn run_sampler(
                 &config.node,
                 &devices,
             ),
-            (None, Some(dir)) => read_job_mapping(dir, &devices),
+            (None, Some(dir)) => {
+                let mapped = read_job_mapping(dir, &devices);
+                let needs_feed = mapped.iter().flatten().any(|m| m.tenant.is_none());
+                let rows = match (&config.aggregator_url, needs_feed) {
+                    (Some(url), true) => {
+                        accounts_feed.rows(url, config.aggregator_token.as_deref(), &config.node)
+                    }
+                    _ => Vec::new(),
+                };
+                let mut unresolved = std::collections::BTreeSet::new();
+                let labels = resolve_tenants(&mapped, &rows, &mut unresolved);
+                for job_id in unresolved.difference(&warned_unresolved) {
+                    tracing::warn!(
+                        job_id = %job_id,
+                        "the job mapping names a job the aggregator's allocation feed does not know on this node (no start event with its allocation yet); its GPUs are unlabelled until it does"
+                    );
+                }
+                warned_unresolved = unresolved;
+                labels
+            }
             (None, None) => vec![None; devices.len()],
         };
         source.set_jobs(&labels);
@@ -533,17 +600,67 @@ mod tests {
         assert_eq!(steps, vec![100, 200, 400, 800, 1000, 1000]);
     }
 
+    fn row(gpu: u32, job: &str, account: &str) -> AllocationRow {
+        AllocationRow {
+            node: "n".into(),
+            gpu,
+            job_id: job.into(),
+            account: account.into(),
+            project: Some("p1".into()),
+        }
+    }
+
     #[test]
-    fn job_mapping_reads_dcgm_style_files_with_tenants() {
+    fn job_mapping_reads_gpuledger_and_dcgm_exporter_files() {
         let dir = tempfile::tempdir().unwrap();
+        // gpuledger's format; dcgm-exporter's (a job id a line, two jobs sharing GPU 2); none.
         std::fs::write(dir.path().join("0"), "4242 team-a llm\n").unwrap();
-        std::fs::write(dir.path().join("2"), "77\n").unwrap();
+        std::fs::write(dir.path().join("2"), "77\n\n78\n").unwrap();
+        std::fs::write(dir.path().join("3"), "\n").unwrap();
+        let devices =
+            crate::synthetic::synthetic_devices(1, "n", 4, gpuledger_model::GpuModel::H100Sxm);
+        let mapped = read_job_mapping(dir.path(), &devices);
+        assert_eq!(
+            mapped,
+            vec![
+                Some(MappedJob {
+                    job_id: "4242".into(),
+                    tenant: Some(("team-a".into(), Some("llm".into())))
+                }),
+                None,
+                Some(MappedJob {
+                    job_id: "77".into(),
+                    tenant: None
+                }),
+                None,
+            ]
+        );
+        // The job id alone takes its tenant from the aggregator's feed; a job it does not
+        // know leaves the GPU unlabelled, and is reported.
+        let mut unresolved = std::collections::BTreeSet::new();
+        let labels = resolve_tenants(&mapped, &[row(2, "77", "team-b")], &mut unresolved);
+        let tenants: Vec<Option<(&str, &str)>> = labels
+            .iter()
+            .map(|l| l.as_ref().map(|l| (l.job_id.as_str(), l.account.as_str())))
+            .collect();
+        assert_eq!(
+            tenants,
+            [Some(("4242", "team-a")), None, Some(("77", "team-b")), None]
+        );
+        assert_eq!(labels[2].as_ref().unwrap().project.as_deref(), Some("p1"));
+        assert!(unresolved.is_empty());
+        let labels = resolve_tenants(&mapped, &[row(2, "99", "team-b")], &mut unresolved);
+        assert!(labels[2].is_none());
+        assert_eq!(unresolved.into_iter().collect::<Vec<_>>(), ["77"]);
+    }
+
+    #[test]
+    fn feed_rows_label_devices_by_gpu_index() {
         let devices =
             crate::synthetic::synthetic_devices(1, "n", 3, gpuledger_model::GpuModel::H100Sxm);
-        let labels = read_job_mapping(dir.path(), &devices);
-        assert_eq!(labels[0].as_ref().unwrap().project.as_deref(), Some("llm"));
-        assert!(labels[1].is_none(), "no file: idle");
-        assert!(labels[2].is_none(), "job without account: idle, warned");
+        let labels = labels_of(&[row(1, "5", "team-a")], &devices);
+        assert!(labels[0].is_none() && labels[2].is_none());
+        assert_eq!(labels[1].as_ref().unwrap().job_id, "5");
     }
 
     #[test]

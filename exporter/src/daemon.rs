@@ -121,7 +121,9 @@ pub struct ExporterOptions {
     /// Bound of the spool in bytes; past it the oldest batches are dropped and counted.
     #[arg(long, default_value_t = 1 << 30)]
     pub spool_max_bytes: u64,
-    /// Job-mapping directory: a file per GPU index holding `job_id account [project]`.
+    /// Job-mapping directory: a file per GPU index holding `job_id account [project]`, or
+    /// dcgm-exporter's (a job id a line; each job's account from the aggregator's allocation
+    /// feed).
     #[arg(long)]
     pub job_mapping_dir: Option<PathBuf>,
     /// `gpuledger scheduler`'s URL: label GPUs from its allocation feed (wins over

@@ -7,6 +7,7 @@
 //! [`job::JOB_EVENT_SCHEMA_VERSION`] and [`config::CONFIG_VERSION`].
 
 pub mod allocation;
+pub mod allocation_feed;
 pub mod billed_reservations;
 pub mod config;
 pub mod durable;

@@ -210,7 +210,10 @@ pub fn router_with(service: Arc<Service>, guard: Guard, budget: BodyBudget) -> R
             "/api/v1/reservations/{name}",
             axum::routing::delete(unreserve),
         )
-        .route("/api/v1/allocations", get(allocations))
+        .route(
+            gpuledger_model::allocation_feed::ALLOCATIONS_PATH,
+            get(allocations),
+        )
         .route("/api/v1/nodes", get(nodes))
         .route("/api/v1/nodes/{node}/drain", post(drain))
         .route("/api/v1/nodes/{node}/resume", post(resume))
@@ -461,7 +464,7 @@ async fn allocations(State(s): State<Arc<Api>>, headers: HeaderMap) -> ApiResult
         }
         _ => return Err(denied(Denied::Forbidden, "read the allocation feed")),
     };
-    Ok(Json(json!({ "gpus": rows })).into_response())
+    Ok(Json(gpuledger_model::allocation_feed::AllocationFeed { gpus: rows }).into_response())
 }
 
 /// `GET /api/v1/nodes`: every node, as `sinfo` shows it.

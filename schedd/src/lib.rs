@@ -206,15 +206,7 @@ impl HistoryFilter {
     }
 }
 
-/// One GPU in the allocation feed.
-#[derive(Clone, Debug, Serialize)]
-pub struct AllocationRow {
-    pub node: String,
-    pub gpu: u32,
-    pub job_id: String,
-    pub account: String,
-    pub project: Option<String>,
-}
+pub use gpuledger_model::allocation_feed::AllocationRow;
 
 impl Service {
     /// Opens the service on `config.dir`, reading back its state and adopting running jobs.

@@ -490,7 +490,8 @@ fn write_charts(
     );
     for (name, svg) in [("utilization.svg", util), ("wait-by-account.svg", wait)] {
         let path = out.join(name);
-        std::fs::write(&path, svg).map_err(Error::io(format!("writing {}", path.display())))?;
+        std::fs::write(&path, svg.into_string())
+            .map_err(Error::io(format!("writing {}", path.display())))?;
     }
     Ok(())
 }

@@ -409,3 +409,60 @@ async fn the_status_page_signs_in_with_a_cookie_and_public_routes_are_the_operat
         "a node token has no status page"
     );
 }
+
+/// The allocation feed from the job events: a node reads its own GPUs only (an exporter
+/// resolving dcgm-exporter's job ids), an operator every node's, a tenant none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_allocation_feed_shows_a_node_its_own_gpus() {
+    let (api, t) = with_data(&[]).await;
+    let op = Some(t.operator.as_str());
+    let events = json!({"source": "slurm", "seq": 0, "events": [
+        {"time_ms": T0, "job_id": "3000", "account": "alpha", "project": "train", "kind": "started", "gpus": 3, "allocation": "node001:0-1;node002:7"},
+        {"time_ms": T0, "job_id": "3001", "account": "beta", "kind": "started", "gpus": 2, "allocation": "node002:4-5"},
+        {"time_ms": T0, "job_id": "3002", "account": "beta", "kind": "started", "gpus": 1, "allocation": "node001:3"},
+        {"time_ms": T0 + 1000, "job_id": "3002", "account": "beta", "kind": "finished", "outcome": "completed"},
+    ]});
+    let (s, r) = api.post_json_as(op, "/api/v1/events", events).await;
+    assert_eq!(s, StatusCode::OK, "{r}");
+    let rows = |body: &Value| -> Vec<(String, u64, String, String)> {
+        body["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r["node"].as_str().unwrap().to_owned(),
+                    r["gpu"].as_u64().unwrap(),
+                    r["job_id"].as_str().unwrap().to_owned(),
+                    r["account"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect()
+    };
+    let (s, body, _) = api.get_as(Some(&t.node1), "/api/v1/allocations").await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    let own = |gpu, job: &str, account: &str| {
+        (
+            "node001".to_owned(),
+            gpu,
+            job.to_owned(),
+            account.to_owned(),
+        )
+    };
+    assert_eq!(
+        rows(&body),
+        [own(0, "3000", "alpha"), own(1, "3000", "alpha")],
+        "its own GPUs, of running jobs only"
+    );
+    assert_eq!(body["gpus"][0]["project"], "train");
+    let (s, body, _) = api.get_as(op, "/api/v1/allocations").await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(rows(&body).len(), 5, "every node's: {body}");
+    for (token, expected) in [
+        (None, StatusCode::UNAUTHORIZED),
+        (Some(t.alpha.as_str()), StatusCode::FORBIDDEN),
+        (Some(t.finance.as_str()), StatusCode::FORBIDDEN),
+    ] {
+        assert_eq!(api.get_as(token, "/api/v1/allocations").await.0, expected);
+    }
+}

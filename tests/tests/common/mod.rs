@@ -72,6 +72,7 @@ pub async fn api_with(guard: gpuledger_auth::Guard) -> Api {
         ),
         sessions: gpuledger_auth::Sessions::new(43_200, false),
         ready: std::sync::atomic::AtomicBool::new(false),
+        invoices_root: Layout::new(dir.path()).invoices_root(),
     });
     Api {
         app: router(Arc::clone(&service)),

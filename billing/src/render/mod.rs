@@ -6,11 +6,13 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use chrono::NaiveDate;
 use rust_decimal::Decimal;
 
 use crate::engine::{mean_factor, quantity, ChargeType, Invoice, InvoiceLine, JobPart};
 use crate::pricebook::BillingModel;
+
+mod html;
+pub use html::invoice_html;
 
 const CSV_HEADER: &str = "invoice_id,period,account,billing_model,line_revision,correction,project,charge_type,gpu_model,band,reservation,jobs,gpu_seconds,byte_seconds,quantity,unit,mfu_factor,list_unit_price,unit_price,amount,currency,price_book_version";
 
@@ -23,7 +25,7 @@ pub fn csv_field(s: &str) -> String {
     }
 }
 
-fn opt<T: ToString>(v: &Option<T>) -> String {
+pub(crate) fn opt<T: ToString>(v: &Option<T>) -> String {
     v.as_ref().map(T::to_string).unwrap_or_default()
 }
 
@@ -88,157 +90,7 @@ pub fn invoice_from_json(text: &str) -> serde_json::Result<Invoice> {
     serde_json::from_str(text)
 }
 
-fn html_escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-}
-
-/// GPU-hours per day of the period as an inline SVG bar chart.
-fn usage_chart(inv: &Invoice) -> String {
-    let first = chrono::DateTime::from_timestamp(inv.period_start, 0)
-        .unwrap_or_default()
-        .date_naive();
-    let last = chrono::DateTime::from_timestamp(inv.period_end - 1, 0)
-        .unwrap_or_default()
-        .date_naive();
-    let days: Vec<NaiveDate> = first.iter_days().take_while(|d| *d <= last).collect();
-    let by_day: BTreeMap<NaiveDate, i64> = inv.daily_gpu_seconds.iter().copied().collect();
-    let max = by_day.values().copied().max().unwrap_or(0).max(1);
-    let (w, h, pad) = (620.0, 140.0, 20.0);
-    let bar = (w - 2.0 * pad) / days.len().max(1) as f64;
-    let mut svg = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" role=\"img\" aria-label=\"GPU-hours per day\">\n"
-    );
-    for (i, d) in days.iter().enumerate() {
-        let secs = by_day.get(d).copied().unwrap_or(0);
-        let bh = (h - 2.0 * pad) * secs as f64 / max as f64;
-        let _ = writeln!(
-            svg,
-            "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"#3b6ea5\"><title>{d}: {} GPU-hours</title></rect>",
-            pad + i as f64 * bar + 1.0,
-            h - pad - bh,
-            (bar - 2.0).max(1.0),
-            bh,
-            hours(secs)
-        );
-    }
-    let _ = writeln!(
-        svg,
-        "<text x=\"{pad}\" y=\"14\" font-size=\"11\">peak {} GPU-hours/day</text>\n<text x=\"{pad}\" y=\"{}\" font-size=\"11\">{first}</text>\n<text x=\"{}\" y=\"{}\" font-size=\"11\" text-anchor=\"end\">{last}</text>\n</svg>",
-        hours(max),
-        h - 4.0,
-        w - pad,
-        h - 4.0
-    );
-    svg
-}
-
-fn hours(secs: i64) -> String {
-    (Decimal::from(secs) / Decimal::from(3600))
-        .round_dp(2)
-        .normalize()
-        .to_string()
-}
-
-/// A printable HTML invoice with a usage chart.
-pub fn invoice_html(inv: &Invoice) -> String {
-    let mut rows = String::new();
-    for l in &inv.lines {
-        let _ = writeln!(
-            rows,
-            "<tr{}><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"n\">{}</td><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td></tr>",
-            if l.correction { " class=\"correction\"" } else { "" },
-            html_escape(&opt(&l.key.project)),
-            html_escape(&charge_label(l)),
-            html_escape(&opt(&l.key.gpu_model)),
-            html_escape(&l.key.band),
-            l.quantity,
-            html_escape(&l.unit),
-            l.unit_price,
-            l.amount,
-            html_escape(&l.key.price_book_version),
-        );
-    }
-    format!(
-        r#"<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>{id}</title>
-<style>
-body {{ font-family: sans-serif; margin: 2em; color: #222; }}
-table {{ border-collapse: collapse; width: 100%; }}
-th, td {{ border-bottom: 1px solid #ccc; padding: 4px 8px; text-align: left; }}
-td.n, th.n {{ text-align: right; font-variant-numeric: tabular-nums; }}
-tr.correction td {{ font-style: italic; color: #8a4b00; }}
-tfoot td {{ font-weight: bold; border-top: 2px solid #222; }}
-@media print {{ body {{ margin: 0; }} }}
-</style></head>
-<body>
-<h1>Invoice {id}</h1>
-<p>Account <strong>{account}</strong> &middot; period {period} (UTC) &middot; billing model {model} &middot; revision {revision}</p>
-<h2>GPU-hours per day</h2>
-{chart}
-<h2>Charges</h2>
-<table>
-<thead><tr><th>project</th><th>charge</th><th>GPU model</th><th>band</th><th class="n">quantity</th><th>unit</th><th class="n">unit price</th><th class="n">amount ({currency})</th><th>price book</th></tr></thead>
-<tbody>
-{rows}</tbody>
-<tfoot><tr><td colspan="7">Total</td><td class="n" id="total">{total}</td><td>{currency}</td></tr></tfoot>
-</table>
-<p>Each line is rounded once, half to even, to the currency's minor unit; the total is the sum of the lines.
-Usage is measured in GPU-seconds; {gpu_hours} GPU-hours of compute are billed here.</p>
-{notes}</body></html>
-"#,
-        id = html_escape(&inv.invoice_id),
-        account = html_escape(inv.account.as_str()),
-        period = html_escape(&inv.period),
-        model = inv
-            .billing_model
-            .map(|m| m.to_string())
-            .unwrap_or_else(|| "none (platform overhead)".into()),
-        revision = inv.revision,
-        chart = usage_chart(inv),
-        rows = rows,
-        total = inv.total(),
-        currency = inv.currency,
-        gpu_hours = hours(inv.gpu_seconds()),
-        notes = notes_html(inv),
-    )
-}
-
-/// The invoice's notes: coverage gaps per job and node, flagged GPU-seconds per node and
-/// reason; nothing where there are none.
-fn notes_html(inv: &Invoice) -> String {
-    let mut out = String::new();
-    if !inv.notes.coverage_gaps.is_empty() {
-        out.push_str("<h2>Coverage gaps</h2>\n<p>GPUs a job held, by its events, that no exporter measured (node down, exporter missing), and how much of that is billed under the price book's coverage.</p>\n<table id=\"coverage-gaps\">\n<thead><tr><th>job</th><th>node</th><th class=\"n\">GPU-hours held, not measured</th><th class=\"n\">of which billed</th></tr></thead>\n<tbody>\n");
-        for g in &inv.notes.coverage_gaps {
-            out.push_str(&format!(
-                "<tr><td>{}</td><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>\n",
-                html_escape(&opt(&g.job_id)),
-                html_escape(g.node.as_str()),
-                hours(g.gpu_seconds),
-                hours(g.billed_gpu_seconds)
-            ));
-        }
-        out.push_str("</tbody></table>\n");
-    }
-    if !inv.notes.flagged.is_empty() {
-        out.push_str("<h2>Flagged telemetry</h2>\n<p>GPU-seconds a node measured for a job that did not hold that GPU then (not_held), a job no event names (unknown_job) or another account than the job's (account_mismatch): stored, and billed to nobody.</p>\n<table id=\"flagged\">\n<thead><tr><th>node</th><th>reason</th><th class=\"n\">GPU-hours</th></tr></thead>\n<tbody>\n");
-        for f in &inv.notes.flagged {
-            out.push_str(&format!(
-                "<tr><td>{}</td><td>{}</td><td class=\"n\">{}</td></tr>\n",
-                html_escape(f.node.as_str()),
-                html_escape(&f.reason),
-                hours(f.gpu_seconds)
-            ));
-        }
-        out.push_str("</tbody></table>\n");
-    }
-    out
-}
-
-fn charge_label(l: &InvoiceLine) -> String {
+pub(crate) fn charge_label(l: &InvoiceLine) -> String {
     let mut s = l.key.charge_type.as_str().to_owned();
     if let Some(r) = &l.key.reservation {
         s.push_str(&format!(" ({r})"));
