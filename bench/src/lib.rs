@@ -412,12 +412,16 @@ fn render_bench(gpus: u16, iterations: usize) -> anyhow::Result<()> {
 fn exporter(seconds: u64, gpus: u16) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let data_dir = dir.path().join("data");
+    // A cluster that defines the exporter's node: its pushes are stored, not refused.
+    let config = bench_cluster(dir.path(), 1, gpus)?;
     let aggregator = spawn_self(&[
         "aggregator",
         "--listen",
         "127.0.0.1:0",
         "--data-dir",
         data_dir.to_str().context("path")?,
+        "--config",
+        config.to_str().context("path")?,
     ])?;
     let spool = dir.path().join("spool");
     let gpus_text = gpus.to_string();

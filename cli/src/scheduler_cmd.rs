@@ -246,6 +246,15 @@ pub struct SubmitArgs {
     /// Smallest size of an elastic job.
     #[arg(long)]
     min_gpus: Option<u32>,
+    /// Exactly this many GPUs on each node (GPUs a multiple of it), as Slurm's --gpus-per-node.
+    #[arg(long)]
+    gpus_per_node: Option<u32>,
+    /// At most this many nodes, as Slurm's --nodes.
+    #[arg(long)]
+    nodes: Option<u32>,
+    /// Only GPUs of these models, e.g. `h100-sxm,h200` (any when not given).
+    #[arg(long, value_delimiter = ',')]
+    gpu_model: Vec<String>,
     /// Time limit, e.g. `2h`.
     #[arg(long)]
     time_limit: String,
@@ -480,8 +489,17 @@ fn submit(args: SubmitArgs) -> anyhow::Result<()> {
             body[key] = json!(v);
         }
     }
-    if let Some(min) = args.min_gpus {
-        body["min_gpus"] = json!(min);
+    for (key, value) in [
+        ("min_gpus", args.min_gpus),
+        ("gpus_per_node", args.gpus_per_node),
+        ("nodes", args.nodes),
+    ] {
+        if let Some(v) = value {
+            body[key] = json!(v);
+        }
+    }
+    if !args.gpu_model.is_empty() {
+        body["gpu_models"] = json!(args.gpu_model);
     }
     let mut env = serde_json::Map::new();
     for pair in &args.export {

@@ -159,6 +159,11 @@ fn spec_of(info: &JobInfo) -> JobSpec {
     spec.min_gpus = r.min_gpus;
     spec.grace_s = r.grace.map(|g| g.as_secs());
     spec.checkpoint_every_s = r.checkpoint_every.map(|c| c.as_secs());
+    spec.shape = gpuledger_scheduler::cluster::Shape {
+        gpus_per_node: r.gpus_per_node,
+        max_nodes: r.nodes,
+        gpu_models: r.gpu_models.clone(),
+    };
     spec
 }
 

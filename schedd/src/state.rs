@@ -31,6 +31,15 @@ pub struct SubmitRequest {
     /// An elastic job's smallest size.
     #[serde(default)]
     pub min_gpus: Option<u32>,
+    /// Exactly this many GPUs on each node it uses (`--gpus-per-node`).
+    #[serde(default)]
+    pub gpus_per_node: Option<u32>,
+    /// At most this many nodes (`--nodes`).
+    #[serde(default)]
+    pub nodes: Option<u32>,
+    /// Only GPUs of these models (any when empty).
+    #[serde(default)]
+    pub gpu_models: Vec<gpuledger_model::GpuModel>,
     pub time_limit: DurationSpec,
     /// Time between the checkpoint signal and SIGKILL when preempted.
     #[serde(default)]

@@ -790,3 +790,44 @@ async fn a_projects_own_user_runs_its_jobs_and_the_accounts_runs_the_rest() {
         "{body}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_asks_for_gpus_per_node_a_node_count_and_a_gpu_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let _jobs = gpuledger_testkit::KillJobsUnder::new(dir.path());
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let s = open(dir.path(), Arc::clone(&clock));
+    let job = |extra: Value| {
+        let mut body = json!({"command": "sleep 30", "account": "team-a", "time_limit": "1h"});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        body
+    };
+    // The one node has 8 H100: no H200, and never two nodes.
+    for (extra, says) in [
+        (json!({"gpus": 2, "gpu_models": ["h200"]}), "h200"),
+        (json!({"gpus": 4, "gpus_per_node": 2}), "2 GPUs per node"),
+        (json!({"gpus": 4, "min_gpus": 2, "nodes": 1}), "elastic"),
+    ] {
+        let (status, reply) = submit(&s, job(extra.clone())).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{extra}: {reply}");
+        assert!(
+            reply["error"]["message"].as_str().unwrap().contains(says),
+            "{reply}"
+        );
+    }
+    let (status, reply) = submit(&s, job(json!({"gpus": 2, "gpu_models": ["b300"]}))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{reply}");
+    // As asked: 2 GPUs on one node, of an H100.
+    let (status, reply) = submit(
+        &s,
+        job(json!({"gpus": 2, "gpus_per_node": 2, "nodes": 1, "gpu_models": ["h100-sxm"]})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{reply}");
+    let id = JobId::new(reply["job_id"].as_str().unwrap()).unwrap();
+    tick_until(&s, &clock, |s| state(s, &id) == JobState::Running);
+    let rows = s.allocations();
+    assert_eq!(rows.iter().filter(|r| r.job_id == id.as_str()).count(), 2);
+}

@@ -1,7 +1,9 @@
 //! Node-granular placement. Jobs of up to one node's GPUs are packed best-fit onto the fullest
 //! node that still fits them, which keeps whole nodes free for multi-node jobs; multi-node jobs
-//! take whole free nodes. Which nodes a job may use at all (dedicated pools, advance
-//! reservations) is a [`NodeFilter`] worked out by the caller.
+//! take whole free nodes (the largest first on a cluster of mixed node sizes, so a job spans
+//! as few nodes as it can). A job's [`Shape`] narrows that: GPUs per node (best-fit nodes with
+//! that many free), at most so many nodes, only some GPU models. Which nodes a job may use at
+//! all (dedicated pools, advance reservations) is a [`NodeFilter`] worked out by the caller.
 //!
 //! The node specs are shared (`Arc`), so a copy of the cluster for planning (backfill, trial
 //! preemption) costs one `u64` per node.
@@ -9,7 +11,7 @@
 use std::sync::Arc;
 
 use gpuledger_model::config::NodeSpec;
-use gpuledger_model::{AccountId, Allocation, NodeGpus};
+use gpuledger_model::{AccountId, Allocation, GpuModel, NodeGpus};
 
 /// GPUs held on one node, as a bit mask of GPU indices.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -96,6 +98,31 @@ impl NodeFilter {
     }
 }
 
+/// Where a job's GPUs may be: how many on each node, over how many nodes, and of which GPU
+/// models (Slurm's `--gpus-per-node`, `--nodes` and `--gres=gpu:TYPE:N`). The default asks
+/// nothing: one node when the job fits one, else whole free nodes, the largest first.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Shape {
+    /// Exactly this many GPUs on each node the job uses (its GPUs a multiple of it).
+    pub gpus_per_node: Option<u32>,
+    /// At most this many nodes.
+    pub max_nodes: Option<u32>,
+    /// Only GPUs of these models (any when empty).
+    pub gpu_models: Vec<GpuModel>,
+}
+
+impl Shape {
+    /// Whether the job may use a GPU of `model`.
+    pub fn allows_model(&self, model: GpuModel) -> bool {
+        self.gpu_models.is_empty() || self.gpu_models.contains(&model)
+    }
+
+    /// Whether it fixes how its GPUs spread over nodes.
+    pub fn fixes_layout(&self) -> bool {
+        self.gpus_per_node.is_some() || self.max_nodes.is_some()
+    }
+}
+
 #[derive(Clone, Debug)]
 struct NodeMeta {
     spec: NodeSpec,
@@ -110,6 +137,8 @@ pub struct Cluster {
     free_count: u32,
     gpus_per_node_max: u32,
     total_gpus: u32,
+    /// Whether every node has as many GPUs (whole-node placement need not prefer any).
+    uniform: bool,
 }
 
 fn full_mask(gpus: u32) -> u64 {
@@ -159,12 +188,14 @@ impl Cluster {
             .collect();
         let free: Vec<u64> = meta.iter().map(|m| m.all).collect();
         let free_count = free.iter().map(|m| m.count_ones()).sum();
+        let uniform = meta.iter().all(|m| m.spec.gpus == gpus_per_node_max);
         Cluster {
             meta,
             free,
             total_gpus: free_count,
             free_count,
             gpus_per_node_max,
+            uniform,
         }
     }
 
@@ -177,6 +208,7 @@ impl Cluster {
             free,
             gpus_per_node_max: self.gpus_per_node_max,
             total_gpus: self.total_gpus,
+            uniform: self.uniform,
         }
     }
 
@@ -222,21 +254,38 @@ impl Cluster {
             .sum()
     }
 
-    fn allowed(&self, node: usize, account: &AccountId, filter: &NodeFilter) -> bool {
-        filter.allows(node) && self.usable_by(node, account)
+    fn allowed(
+        &self,
+        node: usize,
+        account: &AccountId,
+        filter: &NodeFilter,
+        shape: &Shape,
+    ) -> bool {
+        filter.allows(node)
+            && self.usable_by(node, account)
+            && shape.allows_model(self.meta[node].spec.gpu_model)
     }
 
-    /// Where a job of `gpus` GPUs would go now, without taking it.
-    pub fn find(&self, gpus: u32, account: &AccountId, filter: &NodeFilter) -> Option<Placement> {
+    /// Where a job of `gpus` GPUs shaped `shape` would go now, without taking it.
+    pub fn find(
+        &self,
+        gpus: u32,
+        account: &AccountId,
+        filter: &NodeFilter,
+        shape: &Shape,
+    ) -> Option<Placement> {
         if gpus == 0 || gpus > self.free_count {
             return None;
         }
+        if let Some(per_node) = shape.gpus_per_node {
+            return self.find_per_node(gpus, per_node, account, filter, shape);
+        }
         if gpus <= self.gpus_per_node_max {
-            if let Some(p) = self.find_on_one_node(gpus, account, filter) {
+            if let Some(p) = self.find_on_one_node(gpus, account, filter, shape) {
                 return Some(p);
             }
         }
-        self.find_whole_nodes(gpus, account, filter)
+        self.find_whole_nodes(gpus, account, filter, shape)
     }
 
     fn find_on_one_node(
@@ -244,6 +293,7 @@ impl Cluster {
         gpus: u32,
         account: &AccountId,
         filter: &NodeFilter,
+        shape: &Shape,
     ) -> Option<Placement> {
         let mut best: Option<(u32, usize)> = None;
         for (idx, free) in self.free.iter().enumerate() {
@@ -251,7 +301,7 @@ impl Cluster {
             if n < gpus || best.is_some_and(|(b, _)| n >= b) {
                 continue;
             }
-            if self.allowed(idx, account, filter) {
+            if self.allowed(idx, account, filter, shape) {
                 best = Some((n, idx));
                 if n == gpus {
                     break;
@@ -265,29 +315,80 @@ impl Cluster {
         }]))
     }
 
+    /// `gpus / per_node` nodes with `per_node` GPUs each, the fullest nodes that fit first.
+    fn find_per_node(
+        &self,
+        gpus: u32,
+        per_node: u32,
+        account: &AccountId,
+        filter: &NodeFilter,
+        shape: &Shape,
+    ) -> Option<Placement> {
+        if per_node == 0 || !gpus.is_multiple_of(per_node) {
+            return None;
+        }
+        let nodes = (gpus / per_node) as usize;
+        if shape.max_nodes.is_some_and(|m| nodes > m as usize) {
+            return None;
+        }
+        let mut fits: Vec<(u32, usize)> = self
+            .free
+            .iter()
+            .enumerate()
+            .map(|(idx, free)| (free.count_ones(), idx))
+            .filter(|(n, idx)| *n >= per_node && self.allowed(*idx, account, filter, shape))
+            .collect();
+        if fits.len() < nodes {
+            return None;
+        }
+        fits.sort_unstable();
+        Some(Placement(
+            fits.into_iter()
+                .take(nodes)
+                .map(|(_, idx)| Slot {
+                    node: idx,
+                    mask: lowest_bits(self.free[idx], per_node),
+                })
+                .collect(),
+        ))
+    }
+
     fn find_whole_nodes(
         &self,
         gpus: u32,
         account: &AccountId,
         filter: &NodeFilter,
+        shape: &Shape,
     ) -> Option<Placement> {
+        let whole = |idx: &usize| {
+            self.free[*idx] == self.meta[*idx].all && self.allowed(*idx, account, filter, shape)
+        };
+        // Node order on a uniform cluster (no allocation on the hot path); the largest nodes
+        // first on a mixed one, so a job spans as few nodes as it can.
+        let n = self.meta.len();
+        let mut largest_first = Vec::new();
+        if !self.uniform {
+            largest_first = (0..n).collect();
+            largest_first.sort_by_key(|idx| std::cmp::Reverse(self.meta[*idx].spec.gpus));
+        }
+        let order = (0..n)
+            .filter(|_| self.uniform)
+            .chain(largest_first.iter().copied());
         let mut slots = Vec::new();
         let mut left = gpus;
-        for (idx, meta) in self.meta.iter().enumerate() {
+        for idx in order.filter(whole) {
             if left == 0 {
                 break;
             }
-            if self.free[idx] != meta.all || !self.allowed(idx, account, filter) {
-                continue;
-            }
-            let take = left.min(meta.spec.gpus);
+            let take = left.min(self.meta[idx].spec.gpus);
             slots.push(Slot {
                 node: idx,
                 mask: lowest_bits(self.free[idx], take),
             });
             left -= take;
         }
-        (left == 0).then_some(Placement(slots))
+        let too_many = shape.max_nodes.is_some_and(|m| slots.len() > m as usize);
+        (left == 0 && !too_many).then_some(Placement(slots))
     }
 
     /// More GPUs for an elastic job that holds `held`, up to `more`: free GPUs on its own nodes
@@ -298,6 +399,7 @@ impl Cluster {
         more: u32,
         account: &AccountId,
         filter: &NodeFilter,
+        shape: &Shape,
     ) -> Option<Placement> {
         if more == 0 {
             return None;
@@ -320,7 +422,7 @@ impl Cluster {
                 continue;
             }
             if self.free[idx] != meta.all
-                || !self.allowed(idx, account, filter)
+                || !self.allowed(idx, account, filter, shape)
                 || held.nodes().any(|n| n == idx)
             {
                 continue;
@@ -332,6 +434,32 @@ impl Cluster {
             left -= meta.spec.gpus;
         }
         (!slots.is_empty()).then_some(Placement(slots))
+    }
+
+    /// How `placement` breaks `shape`, if it does: a node with another count of GPUs than
+    /// asked per node, more nodes than allowed, a GPU of another model.
+    pub fn breaks_shape(&self, placement: &Placement, shape: &Shape) -> Option<String> {
+        if let Some(max) = shape.max_nodes {
+            if placement.0.len() > max as usize {
+                return Some(format!("{} nodes, at most {max} asked", placement.0.len()));
+            }
+        }
+        for slot in &placement.0 {
+            let spec = &self.meta[slot.node].spec;
+            if let Some(per_node) = shape.gpus_per_node {
+                if slot.mask.count_ones() != per_node {
+                    return Some(format!(
+                        "{} GPUs on {}, {per_node} per node asked",
+                        slot.mask.count_ones(),
+                        spec.id
+                    ));
+                }
+            }
+            if !shape.allows_model(spec.gpu_model) {
+                return Some(format!("{} has {} GPUs", spec.id, spec.gpu_model));
+            }
+        }
+        None
     }
 
     /// Takes the GPUs of a placement. Panics in debug builds if any is already held: that
@@ -438,16 +566,16 @@ mod tests {
         let a = AccountId::new("a").unwrap();
         let any = NodeFilter::none();
         let mut c = cluster(2);
-        let first = c.find(3, &a, &any).unwrap();
+        let first = c.find(3, &a, &any, &Shape::default()).unwrap();
         c.take(&first);
-        let second = c.find(4, &a, &any).unwrap();
+        let second = c.find(4, &a, &any, &Shape::default()).unwrap();
         assert_eq!(
             second.0[0].node, first.0[0].node,
             "packs beside the first job"
         );
         c.take(&second);
         // 1 GPU left on node 0, node 1 whole: a 8-GPU job still fits.
-        let whole = c.find(8, &a, &any).unwrap();
+        let whole = c.find(8, &a, &any, &Shape::default()).unwrap();
         assert_eq!(whole.0[0].node, 1);
     }
 
@@ -456,12 +584,12 @@ mod tests {
         let a = AccountId::new("a").unwrap();
         let any = NodeFilter::none();
         let mut c = cluster(3);
-        let small = c.find(1, &a, &any).unwrap();
+        let small = c.find(1, &a, &any, &Shape::default()).unwrap();
         c.take(&small);
         // 23 GPUs are free, but only two whole nodes: a 24-GPU job waits (false wait).
         assert_eq!(c.free_gpus(), 23);
-        assert!(c.find(24, &a, &any).is_none());
-        let p = c.find(16, &a, &any).unwrap();
+        assert!(c.find(24, &a, &any, &Shape::default()).is_none());
+        let p = c.find(16, &a, &any, &Shape::default()).unwrap();
         assert_eq!(p.gpu_count(), 16);
         assert_eq!(c.to_allocation(&p).to_string(), "n002:0-7;n003:0-7");
         assert_eq!(c.from_allocation(&c.to_allocation(&p)), Some(p));
@@ -474,8 +602,11 @@ mod tests {
         let mut filter = NodeFilter::none();
         filter.block(0, 3);
         filter.block(1, 3);
-        assert_eq!(c.find(4, &a, &filter).unwrap().0[0].node, 2);
-        assert!(c.find(16, &a, &filter).is_none());
+        assert_eq!(
+            c.find(4, &a, &filter, &Shape::default()).unwrap().0[0].node,
+            2
+        );
+        assert!(c.find(16, &a, &filter, &Shape::default()).is_none());
     }
 
     #[test]
@@ -483,9 +614,9 @@ mod tests {
         let a = AccountId::new("a").unwrap();
         let any = NodeFilter::none();
         let mut c = cluster(4);
-        let mut p = c.find(16, &a, &any).unwrap();
+        let mut p = c.find(16, &a, &any, &Shape::default()).unwrap();
         c.take(&p);
-        let more = c.find_growth(&p, 16, &a, &any).unwrap();
+        let more = c.find_growth(&p, 16, &a, &any, &Shape::default()).unwrap();
         assert_eq!(more.gpu_count(), 16);
         c.take(&more);
         p.extend(&more);
@@ -495,5 +626,79 @@ mod tests {
         assert_eq!(back.0.len(), 2, "two whole nodes given back");
         c.release(&back);
         assert_eq!(c.free_gpus(), 16);
+    }
+
+    fn mixed() -> Cluster {
+        // n001-n004: 2 x A100 each; n005-n006: 8 x H100 each.
+        Cluster::new(
+            (1..=6)
+                .map(|i| NodeSpec {
+                    id: NodeId::new(format!("n{i:03}")).unwrap(),
+                    gpus: if i <= 4 { 2 } else { 8 },
+                    gpu_model: if i <= 4 {
+                        GpuModel::A100
+                    } else {
+                        GpuModel::H100Sxm
+                    },
+                    pool: "p".into(),
+                    dedicated_to: None,
+                })
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn a_shape_fixes_gpus_per_node_node_count_and_gpu_model() {
+        let a = AccountId::new("a").unwrap();
+        let any = NodeFilter::none();
+        let free_form = Shape::default();
+        let mut c = mixed();
+        // On mixed node sizes a large job takes the largest whole nodes, never four small ones.
+        let p = c.find(8, &a, &any, &free_form).unwrap();
+        assert_eq!(c.to_allocation(&p).to_string(), "n005:0-7");
+        c.take(&p);
+        let p = c.find(10, &a, &any, &free_form).unwrap();
+        assert_eq!(c.to_allocation(&p).to_string(), "n006:0-7;n001:0-1");
+        // At most one node: 10 GPUs do not fit one node.
+        let one_node = Shape {
+            max_nodes: Some(1),
+            ..Shape::default()
+        };
+        assert!(c.find(10, &a, &any, &one_node).is_none());
+        // 2 GPUs per node on 3 nodes: the fullest that fit, never 8 on one node.
+        let per_node = Shape {
+            gpus_per_node: Some(2),
+            ..Shape::default()
+        };
+        let p = c.find(6, &a, &any, &per_node).unwrap();
+        assert_eq!(
+            c.to_allocation(&p).to_string(),
+            "n001:0-1;n002:0-1;n003:0-1"
+        );
+        assert!(c.find(5, &a, &any, &per_node).is_none(), "not a multiple");
+        let capped = Shape {
+            gpus_per_node: Some(2),
+            max_nodes: Some(2),
+            ..Shape::default()
+        };
+        assert!(c.find(6, &a, &any, &capped).is_none(), "3 nodes > 2");
+        // A model: H100 only (n006 is the one whole H100 node left).
+        let h100 = Shape {
+            gpu_models: vec![GpuModel::H100Sxm],
+            ..Shape::default()
+        };
+        let p = c.find(2, &a, &any, &h100).unwrap();
+        assert_eq!(c.to_allocation(&p).to_string(), "n006:0-1");
+        assert!(
+            c.find(9, &a, &any, &h100).is_none(),
+            "one H100 node is free"
+        );
+        let a100 = Shape {
+            gpu_models: vec![GpuModel::A100],
+            ..Shape::default()
+        };
+        let p = c.find(8, &a, &any, &a100).unwrap();
+        assert_eq!(p.0.len(), 4, "an A100 job of 8 needs the four 2-GPU nodes");
+        assert!(p.0.iter().all(|s| s.node < 4));
     }
 }

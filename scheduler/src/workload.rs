@@ -225,5 +225,6 @@ fn draft_spec(
         min_gpus: None,
         grace_s: None,
         checkpoint_every_s: None,
+        shape: Default::default(),
     }
 }

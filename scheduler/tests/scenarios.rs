@@ -893,3 +893,138 @@ fn a_job_past_max_wait_keeps_its_planned_gpus_from_every_later_job() {
         "started at {t}"
     );
 }
+
+fn mixed_cluster() -> ClusterConfig {
+    ClusterConfig::from_toml_str(
+        r#"version = 1
+[cluster]
+name = "mixed"
+[[node_pools]]
+name = "small"
+prefix = "a"
+count = 4
+gpus_per_node = 2
+gpu_model = "a100"
+[[node_pools]]
+name = "large"
+prefix = "h"
+count = 2
+gpus_per_node = 8
+gpu_model = "h100-sxm"
+[[partitions]]
+name = "train"
+priority_tier = 20
+default = true
+[prices]
+version = "v"
+effective_from = "2026-01-01"
+currency = "CNY"
+gpu_hour = { h100-sxm = "10", a100 = "6" }
+[[accounts]]
+id = "a"
+name = "A"
+weight = 1
+[[accounts]]
+id = "b"
+name = "B"
+weight = 1
+"#,
+        "mixed.toml",
+    )
+    .unwrap()
+}
+
+#[test]
+fn jobs_run_in_the_shape_they_ask_for_or_are_refused_when_none_exists() {
+    use gpuledger_model::GpuModel;
+    use gpuledger_scheduler::cluster::Shape;
+    for policy in [
+        "fifo+backfill",
+        "fairshare+backfill",
+        "fairshare+conservative",
+    ] {
+        let mut h = Harness::with_config(&mixed_cluster(), policy);
+        let shaped = |h: &mut Harness, gpus: u32, shape: Shape| {
+            let mut spec = h.spec("a", gpus, 1, 0);
+            spec.shape = shape;
+            spec
+        };
+        let h100 = || Shape {
+            gpu_models: vec![GpuModel::H100Sxm],
+            ..Shape::default()
+        };
+        // Never possible: a model the cluster lacks; 4 per node on 3 nodes (two nodes have 4);
+        // an elastic job that fixes its layout.
+        let h200 = shaped(
+            &mut h,
+            1,
+            Shape {
+                gpu_models: vec![GpuModel::H200],
+                ..Shape::default()
+            },
+        );
+        assert!(
+            matches!(h.sched.submit(h200), Err(Refusal::ShapeNeverFits { .. })),
+            "{policy}"
+        );
+        let wide = shaped(
+            &mut h,
+            12,
+            Shape {
+                gpus_per_node: Some(4),
+                ..Shape::default()
+            },
+        );
+        assert!(matches!(
+            h.sched.submit(wide),
+            Err(Refusal::ShapeNeverFits { .. })
+        ));
+        let mut elastic = shaped(
+            &mut h,
+            4,
+            Shape {
+                max_nodes: Some(1),
+                ..Shape::default()
+            },
+        );
+        elastic.min_gpus = Some(2);
+        assert_eq!(h.sched.submit(elastic), Err(Refusal::ElasticShape));
+
+        // An H100 job of 8 takes one H100 node; a second one of 16 waits for both, though the
+        // four A100 nodes are free; a 2-per-node job spreads over the A100 nodes meanwhile.
+        let first = shaped(&mut h, 8, h100());
+        let first = h.submit_spec(first);
+        h.step(0);
+        assert!(h.is_running(&first));
+        let both = shaped(&mut h, 16, h100());
+        let both = h.submit_spec(both);
+        let spread = shaped(
+            &mut h,
+            6,
+            Shape {
+                gpus_per_node: Some(2),
+                max_nodes: Some(3),
+                ..Shape::default()
+            },
+        );
+        let spread = h.submit_spec(spread);
+        h.step(60);
+        assert!(!h.is_running(&both), "{policy}: no second free H100 node");
+        assert!(h.is_running(&spread), "{policy}");
+        let nodes: Vec<String> = h
+            .sched
+            .running_job(&spread)
+            .map(|r| h.sched.cluster().to_allocation(&r.placement).to_string())
+            .into_iter()
+            .collect();
+        assert_eq!(nodes, ["a001:0-1;a002:0-1;a003:0-1"], "{policy}");
+        h.finish(&first, H);
+        h.step(H);
+        assert!(h.is_running(&both), "{policy}");
+        let held = h.sched.running_job(&both).unwrap();
+        assert_eq!(
+            h.sched.cluster().to_allocation(&held.placement).to_string(),
+            "h001:0-7;h002:0-7"
+        );
+    }
+}

@@ -80,6 +80,26 @@ impl Scheduler {
                 capacity,
             });
         }
+        if spec.is_elastic() && spec.shape.fixes_layout() {
+            return Err(Refusal::ElasticShape);
+        }
+        if spec.shape != Default::default()
+            && self
+                .cluster
+                .empty_like()
+                .find(
+                    spec.min_size(),
+                    &spec.account,
+                    &NodeFilter::none(),
+                    &spec.shape,
+                )
+                .is_none()
+        {
+            return Err(Refusal::ShapeNeverFits {
+                gpus: spec.min_size(),
+                shape: describe_shape(&spec.shape),
+            });
+        }
         if let Some(limit) = quota.max_run_time {
             if spec.time_limit_s > limit.as_secs() {
                 return Err(Refusal::TimeLimit {
@@ -339,4 +359,20 @@ pub(super) fn check_gpu_hours_ever_fit(spec: &JobSpec, quota: &Quota) -> Result<
         }
     }
     Ok(())
+}
+
+/// A shape as a person reads it: `2 GPUs per node, at most 4 nodes, h100-sxm`.
+fn describe_shape(shape: &crate::cluster::Shape) -> String {
+    let mut parts = Vec::new();
+    if let Some(g) = shape.gpus_per_node {
+        parts.push(format!("{g} GPUs per node"));
+    }
+    if let Some(n) = shape.max_nodes {
+        parts.push(format!("at most {n} nodes"));
+    }
+    if !shape.gpu_models.is_empty() {
+        let models: Vec<String> = shape.gpu_models.iter().map(ToString::to_string).collect();
+        parts.push(models.join(" or "));
+    }
+    parts.join(", ")
 }

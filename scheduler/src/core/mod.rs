@@ -605,7 +605,7 @@ impl Scheduler {
                 .into_iter()
                 .any(|g| {
                     self.cluster
-                        .find(g, &spec.account, &NodeFilter::none())
+                        .find(g, &spec.account, &NodeFilter::none(), &spec.shape)
                         .is_some()
                 });
             if unreserved {
@@ -663,7 +663,7 @@ impl Scheduler {
                 self.block_drained(&mut reserved);
                 if let Some(p) = candidates
                     .iter()
-                    .find_map(|g| window.find(*g, &spec.account, &reserved))
+                    .find_map(|g| window.find(*g, &spec.account, &reserved, &spec.shape))
                 {
                     return Some(p);
                 }
@@ -671,7 +671,7 @@ impl Scheduler {
         }
         candidates
             .into_iter()
-            .find_map(|g| window.find(g, &spec.account, &filter))
+            .find_map(|g| window.find(g, &spec.account, &filter, &spec.shape))
     }
 
     fn build_plan(&self, now: UnixSeconds) -> Plan {
@@ -689,7 +689,7 @@ impl Scheduler {
         let (min, limit) = (spec.min_size(), spec.time_limit_s);
         plan.earliest(&self.cluster, min, limit, |cluster, t| {
             let filter = self.filter_for(spec, t, t.saturating_add(limit as i64));
-            cluster.find(min, &spec.account, &filter)
+            cluster.find(min, &spec.account, &filter, &spec.shape)
         })
     }
 
@@ -765,10 +765,13 @@ impl Scheduler {
                     continue;
                 }
             }
-            let Some(extra) =
-                self.cluster
-                    .find_growth(&r.placement, more, &r.spec.account, &filter)
-            else {
+            let Some(extra) = self.cluster.find_growth(
+                &r.placement,
+                more,
+                &r.spec.account,
+                &filter,
+                &r.spec.shape,
+            ) else {
                 continue;
             };
             self.cluster.take(&extra);
@@ -806,6 +809,12 @@ impl Scheduler {
                     job.spec.id,
                     job.spec.min_size(),
                     job.spec.gpus
+                ));
+            }
+            if let Some(broken) = self.cluster.breaks_shape(&job.placement, &job.spec.shape) {
+                return Err(format!(
+                    "job {} is placed against its shape: {broken}",
+                    job.spec.id
                 ));
             }
             rebuilt.take(&job.placement);

@@ -99,7 +99,10 @@ impl Scheduler {
         });
         let (min, limit) = (job.spec.min_size(), job.spec.time_limit_s);
         let filter = self.filter_for(&job.spec, now, now.saturating_add(limit as i64));
-        let fits = |c: &Cluster| c.find(min, &job.spec.account, &filter).is_some();
+        let fits = |c: &Cluster| {
+            c.find(min, &job.spec.account, &filter, &job.spec.shape)
+                .is_some()
+        };
         let mut chosen: Vec<Candidate> = Vec::new();
         for c in candidates {
             release_into(&mut trial, &c.frees);

@@ -82,6 +82,8 @@ pub struct JobSpec {
     /// How often the job checkpoints by itself, to estimate the work a preemption loses when
     /// it reports no checkpoints.
     pub checkpoint_every_s: Option<u64>,
+    /// GPUs per node, node count and GPU models it asks for.
+    pub shape: crate::cluster::Shape,
 }
 
 impl JobSpec {
@@ -103,6 +105,7 @@ impl JobSpec {
             submit_s,
             grace_s: None,
             checkpoint_every_s: None,
+            shape: crate::cluster::Shape::default(),
         }
     }
 
@@ -157,6 +160,10 @@ pub enum Refusal {
     MoreThanMaxGpus { asked: u32, limit: u32 },
     #[error("job asks for {asked} GPUs; the nodes its account may use have {capacity}")]
     LargerThanCluster { asked: u32, capacity: u32 },
+    #[error("job of {gpus} GPUs asks for {shape}: no set of the nodes its account may use has that shape, even empty")]
+    ShapeNeverFits { gpus: u32, shape: String },
+    #[error("an elastic job (min_gpus) cannot fix GPUs per node or a node count")]
+    ElasticShape,
     #[error("time limit {asked_s} s exceeds the {limit_s} s allowed ({what})")]
     TimeLimit {
         asked_s: u64,
