@@ -117,30 +117,8 @@ fn dcgm_exporter_job_files_are_labelled_with_the_jobs_tenants() {
     for (gpu, text) in [(0, "51\n"), (1, "51\n"), (2, "52\n53\n"), (3, "60\n")] {
         std::fs::write(mapping.join(gpu.to_string()), text).unwrap();
     }
-    let exporter = spawn(
-        &[
-            "exporter",
-            "--node",
-            "node001",
-            "--gpus",
-            "4",
-            "--sample-interval",
-            "1s",
-            "--push-interval",
-            "1s",
-            "--listen",
-            "127.0.0.1:0",
-            "--aggregator-url",
-            &url,
-            "--aggregator-token-file",
-            node_token_file.to_str().unwrap(),
-            "--job-mapping-dir",
-            mapping.to_str().unwrap(),
-            "--spool-dir",
-            dir.path().join("spool").to_str().unwrap(),
-        ],
-        Stdio::inherit(),
-    );
+    let exporter =
+        common::spawn_mapped_exporter("node001", 4, &url, &node_token_file, &mapping, dir.path());
     let labelled = "SELECT gpu_index, job_id, account, project, COUNT(*) AS n FROM samples \
                     WHERE node = 'node001' GROUP BY gpu_index, job_id, account, project ORDER BY gpu_index";
     wait_for("labelled samples of every GPU", 90, || {

@@ -266,30 +266,8 @@ fn the_status_page_shows_each_token_its_own_figures_in_a_real_browser() {
     ] {
         std::fs::write(mapping.join(gpu.to_string()), format!("{line}\n")).unwrap();
     }
-    let exporter = spawn(
-        &[
-            "exporter",
-            "--node",
-            "node001",
-            "--gpus",
-            "4",
-            "--sample-interval",
-            "1s",
-            "--push-interval",
-            "1s",
-            "--listen",
-            "127.0.0.1:0",
-            "--aggregator-url",
-            &url,
-            "--aggregator-token-file",
-            node_token_file.to_str().unwrap(),
-            "--job-mapping-dir",
-            mapping.to_str().unwrap(),
-            "--spool-dir",
-            dir.path().join("spool").to_str().unwrap(),
-        ],
-        Stdio::inherit(),
-    );
+    let exporter =
+        common::spawn_mapped_exporter("node001", 4, &url, &node_token_file, &mapping, dir.path());
     let window = format!("from={}&to={}", t - 3_600_000, t + 3_600_000);
     wait_for("both tenants' GPU-hours to be stored", 60, || {
         ["team-a", "team-b"].iter().all(|a| {

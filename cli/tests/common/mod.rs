@@ -22,6 +22,46 @@ pub fn spawn(args: &[&str], stderr: Stdio) -> Process {
     spawn_binary(env!("CARGO_BIN_EXE_gpuledger"), args, stderr)
 }
 
+/// `gpuledger exporter` for `node` with `gpus` synthetic GPUs, sampling and pushing every
+/// second to `aggregator` with the node token in `token_file`, labelling from `mapping`,
+/// spooling under `dir/spool`.
+#[allow(dead_code)]
+pub fn spawn_mapped_exporter(
+    node: &str,
+    gpus: u16,
+    aggregator: &str,
+    token_file: &std::path::Path,
+    mapping: &std::path::Path,
+    dir: &std::path::Path,
+) -> Process {
+    let gpus = gpus.to_string();
+    let spool = dir.join("spool");
+    spawn(
+        &[
+            "exporter",
+            "--node",
+            node,
+            "--gpus",
+            &gpus,
+            "--sample-interval",
+            "1s",
+            "--push-interval",
+            "1s",
+            "--listen",
+            "127.0.0.1:0",
+            "--aggregator-url",
+            aggregator,
+            "--aggregator-token-file",
+            token_file.to_str().unwrap(),
+            "--job-mapping-dir",
+            mapping.to_str().unwrap(),
+            "--spool-dir",
+            spool.to_str().unwrap(),
+        ],
+        Stdio::inherit(),
+    )
+}
+
 /// The seed cluster's config with no allocation source (`[telemetry] allocations = "none"`),
 /// written into `dir`: for tests whose exporters label jobs from a mapping directory that no
 /// job event describes, billed as labelled.
