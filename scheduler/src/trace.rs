@@ -169,7 +169,7 @@ pub fn parse_vc_nodes(text: &str, origin: &str) -> Result<BTreeMap<String, u32>,
 }
 
 /// The columns of gpuledger's own job format; the first four are required.
-pub const JOB_COLUMNS: [&str; 13] = [
+pub const JOB_COLUMNS: [&str; 16] = [
     "submit",
     "account",
     "gpus",
@@ -183,12 +183,17 @@ pub const JOB_COLUMNS: [&str; 13] = [
     "checkpoint_every_s",
     "checkpoint_save_s",
     "outcome",
+    "gpus_per_node",
+    "nodes",
+    "gpu_models",
 ];
 
 /// Reads gpuledger's own job format: a CSV with a header naming any of [`JOB_COLUMNS`] in any
 /// order (`submit,account,gpus,run_time_s` required). `submit` is seconds since the epoch or
 /// RFC 3339; `time_limit_s` defaults to the run time rounded up to the hour; `outcome` is
-/// `completed` (default) or `failed`; empty cells take the default.
+/// `completed` (default) or `failed`; `gpus_per_node`, `nodes` and `gpu_models` (models joined
+/// by `|`, e.g. `h100-sxm|h200`) are the job's [`crate::cluster::Shape`]; empty cells take the
+/// default.
 pub fn parse_jobs(text: &str, origin: &str) -> Result<Vec<SimJob>, TraceError> {
     let mut lines = text.lines();
     let header = lines.next().unwrap_or_default();
@@ -272,6 +277,29 @@ pub fn parse_jobs(text: &str, origin: &str) -> Result<Vec<SimJob>, TraceError> {
         spec.min_gpus = number("min_gpus")?.map(|v| v as u32);
         spec.grace_s = number("grace_s")?;
         spec.checkpoint_every_s = number("checkpoint_every_s")?;
+        let small = |name: &str| -> Result<Option<u32>, TraceError> {
+            number(name)?
+                .map(|v| u32::try_from(v).map_err(|_| err(name, format!("{v} is too large"))))
+                .transpose()
+        };
+        spec.shape = crate::cluster::Shape {
+            gpus_per_node: small("gpus_per_node")?,
+            max_nodes: small("nodes")?,
+            gpu_models: get("gpu_models")
+                .map(|v| {
+                    v.split('|')
+                        .map(|m| {
+                            m.trim()
+                                .parse()
+                                .map_err(|e: gpuledger_model::gpu::UnknownGpuModel| {
+                                    err("gpu_models", e.to_string())
+                                })
+                        })
+                        .collect::<Result<Vec<_>, _>>()
+                })
+                .transpose()?
+                .unwrap_or_default(),
+        };
         let outcome = match get("outcome") {
             None | Some("completed") => Outcome::Completed,
             Some("failed") => Outcome::Failed,
@@ -320,6 +348,35 @@ mod tests {
         assert_eq!(jobs[1].spec.min_gpus, Some(16));
         assert_eq!(jobs[1].spec.time_limit_s, 3600);
         assert_eq!(jobs[1].spec.id.as_str(), "j000002");
+        assert_eq!(jobs[1].spec.shape, crate::cluster::Shape::default());
+    }
+
+    #[test]
+    fn the_own_job_format_carries_a_shape() {
+        use gpuledger_model::GpuModel;
+        let text = "submit,account,gpus,run_time_s,gpus_per_node,nodes,gpu_models
+                    0,team-a,16,60,4,4,h100-sxm|h200
+                    0,team-a,2,60,,,a100
+";
+        let jobs = parse_jobs(text, "j.csv").unwrap();
+        assert_eq!(
+            jobs[0].spec.shape,
+            crate::cluster::Shape {
+                gpus_per_node: Some(4),
+                max_nodes: Some(4),
+                gpu_models: vec![GpuModel::H100Sxm, GpuModel::H200],
+            }
+        );
+        assert_eq!(jobs[1].spec.shape.gpu_models, [GpuModel::A100]);
+        let err = parse_jobs(
+            "submit,account,gpus,run_time_s,gpu_models
+0,a,1,1,h100|b300
+",
+            "j.csv",
+        )
+        .unwrap_err();
+        assert_eq!((err.line, err.field.as_str()), (2, "gpu_models"));
+        assert!(err.message.contains("b300"), "{}", err.message);
     }
 
     #[test]
