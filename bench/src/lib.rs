@@ -11,6 +11,7 @@
 //! - `schedule` ([`schedule`]): one scheduling cycle over a long queue;
 //! - [`process`]: the services under measurement as child processes, their CPU and memory.
 
+pub mod fill;
 pub mod load;
 pub mod process;
 pub mod schedule;
@@ -89,6 +90,9 @@ pub enum BenchCommand {
         #[arg(long, default_value = "fifo,fairshare+backfill,fairshare+conservative")]
         policies: String,
     },
+    /// Placement's fill test: jobs arrive and never end until they stop fitting; the share of
+    /// GPUs held then, on a uniform and a mixed cluster, with free-form and shaped jobs.
+    Fill(fill::FillArgs),
     /// A real exporter process sampling 8 synthetic GPUs every second: CPU and memory.
     Exporter {
         #[arg(long, default_value_t = 30)]
@@ -122,6 +126,10 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
             Ok(())
         }
         BenchCommand::Exporter { seconds, gpus } => exporter(seconds, gpus),
+        BenchCommand::Fill(args) => {
+            print!("{}", fill::run(&args)?);
+            Ok(())
+        }
         BenchCommand::Load(args) => load::run(&args),
         BenchCommand::Invoice {
             gpus,

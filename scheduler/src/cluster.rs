@@ -224,6 +224,11 @@ impl Cluster {
         self.total_gpus
     }
 
+    /// Free GPUs on node `node`.
+    pub fn free_on(&self, node: usize) -> u32 {
+        self.free[node].count_ones()
+    }
+
     pub fn free_gpus(&self) -> u32 {
         self.free_count
     }
