@@ -1,8 +1,10 @@
 //! `gpuledger bench fill`: how full placement gets a cluster before jobs stop fitting (the
 //! fill test of the FGD paper, "Beware of Fragmentation", ATC '23). Jobs drawn from a mix
 //! arrive one after another and never end; each goes where `Cluster::find` puts it, or is
-//! turned away; a run stops after `--misses` turned away in a row. The allocation rate then
+//! turned away; the fill stops after `--misses` turned away in a row. The allocation rate then
 //! (GPUs held over all GPUs) measures what placement strands in pieces no arriving job can use.
+//! Then `--churn` rounds of a random job ending and jobs arriving until one is turned away: the
+//! share held at those misses is the steady state, where the holes ending jobs leave count.
 //! Pure placement: no clock, no queue, no policy.
 
 use std::fmt::Write as _;
@@ -10,7 +12,7 @@ use std::fmt::Write as _;
 use gpuledger_model::config::NodeSpec;
 use gpuledger_model::rng::SplitMix64;
 use gpuledger_model::{AccountId, GpuModel, NodeId};
-use gpuledger_scheduler::cluster::{Cluster, NodeFilter, Shape};
+use gpuledger_scheduler::cluster::{Cluster, NodeFilter, Placement, Shape};
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct FillArgs {
@@ -20,9 +22,12 @@ pub struct FillArgs {
     /// Runs (seeds) per cluster and mix.
     #[arg(long, default_value_t = 20)]
     pub seeds: u64,
-    /// A run ends after this many jobs in a row find no room.
+    /// The fill ends after this many jobs in a row find no room.
     #[arg(long, default_value_t = 100)]
     pub misses: usize,
+    /// Then this many rounds of churn: a random job ends, jobs arrive until one finds no room.
+    #[arg(long, default_value_t = 1000)]
+    pub churn: usize,
 }
 
 /// Job sizes and how often each is drawn: most jobs small, a tail of multi-node ones.
@@ -107,47 +112,58 @@ fn draw(rng: &mut SplitMix64, mix: Mix) -> (u32, Shape) {
 struct Filled {
     /// GPUs held over all GPUs when the first job found no room.
     first_miss: f64,
+    /// The same when the fill ended.
     rate: f64,
     jobs: u32,
-    /// Free GPUs at the end that are whole free nodes (usable by any job).
-    whole_free_share: f64,
+    /// Under churn (a random job ends, jobs arrive until one finds no room, again): the mean
+    /// share held at those misses, where holes left by ending jobs count.
+    churn: f64,
 }
 
-fn fill(nodes: u32, mixed: bool, mix: Mix, seed: u64, misses: usize) -> Filled {
+fn fill(nodes: u32, mixed: bool, mix: Mix, seed: u64, misses: usize, churn: usize) -> Filled {
     let mut c = cluster(nodes, mixed);
     let account = AccountId::new("a").expect("an account id");
     let any = NodeFilter::none();
     let mut rng = SplitMix64::new(seed);
-    let (mut missed, mut jobs) = (0, 0);
+    let mut placed: Vec<Placement> = Vec::new();
+    let mut missed = 0;
     let mut first_miss = None;
     let held = |c: &Cluster| f64::from(c.total_gpus() - c.free_gpus()) / f64::from(c.total_gpus());
+    let arrive = |c: &mut Cluster, rng: &mut SplitMix64, placed: &mut Vec<Placement>| {
+        let (gpus, shape) = draw(rng, mix);
+        let p = c.find(gpus, &account, &any, &shape);
+        if let Some(p) = &p {
+            c.take(p);
+            placed.push(p.clone());
+        }
+        p.is_some()
+    };
     while missed < misses {
-        let (gpus, shape) = draw(&mut rng, mix);
-        match c.find(gpus, &account, &any, &shape) {
-            Some(p) => {
-                c.take(&p);
-                jobs += 1;
-                missed = 0;
-            }
-            None => {
-                first_miss.get_or_insert_with(|| held(&c));
-                missed += 1;
-            }
+        if arrive(&mut c, &mut rng, &mut placed) {
+            missed = 0;
+        } else {
+            first_miss.get_or_insert_with(|| held(&c));
+            missed += 1;
         }
     }
-    let free = c.free_gpus();
-    let whole: u32 = (0..c.node_count())
-        .filter(|n| c.free_on(*n) == c.node_spec(*n).gpus)
-        .map(|n| c.node_spec(n).gpus)
-        .sum();
+    let (rate, jobs) = (held(&c), placed.len() as u32);
+    let mut at_misses = 0.0;
+    for _ in 0..churn {
+        if !placed.is_empty() {
+            let gone = placed.swap_remove(rng.range_u64(0, placed.len() as u64 - 1) as usize);
+            c.release(&gone);
+        }
+        while arrive(&mut c, &mut rng, &mut placed) {}
+        at_misses += held(&c);
+    }
     Filled {
         first_miss: first_miss.unwrap_or(1.0),
-        rate: held(&c),
+        rate,
         jobs,
-        whole_free_share: if free == 0 {
-            0.0
+        churn: if churn == 0 {
+            rate
         } else {
-            f64::from(whole) / f64::from(free)
+            at_misses / churn as f64
         },
     }
 }
@@ -161,36 +177,39 @@ pub fn run(args: &FillArgs) -> anyhow::Result<String> {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "fill: {} nodes, {} runs each, a run ends after {} misses in a row; sizes {:?} drawn {:?}",
-        args.nodes, args.seeds, args.misses, SIZES, WEIGHTS
+        "fill: {} nodes, {} runs each, the fill ends after {} misses in a row, then {} rounds of churn; sizes {:?} drawn {:?}",
+        args.nodes, args.seeds, args.misses, args.churn, SIZES, WEIGHTS
     );
     let _ = writeln!(
         out,
-        "| cluster | jobs | held at the first miss, mean | allocation rate at the end, mean | min | max | jobs placed, mean | free GPUs in whole free nodes |"
+        "| cluster | jobs | held at the first miss | held at the end (min-max) | held under churn, at misses (min-max) | jobs placed |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|");
     for (mixed, cluster_name) in [
         (false, "8-GPU nodes"),
         (true, "half 8-GPU H100, half 4-GPU A100"),
     ] {
         for mix in MIXES {
             let runs: Vec<Filled> = (0..args.seeds)
-                .map(|s| fill(args.nodes, mixed, mix, 0x5eed + s, args.misses))
+                .map(|s| fill(args.nodes, mixed, mix, 0x5eed + s, args.misses, args.churn))
                 .collect();
             let n = runs.len() as f64;
             let mean = |f: &dyn Fn(&Filled) -> f64| runs.iter().map(f).sum::<f64>() / n;
-            let min = runs.iter().map(|r| r.rate).fold(f64::INFINITY, f64::min);
-            let max = runs.iter().map(|r| r.rate).fold(0.0, f64::max);
+            let range = |f: &dyn Fn(&Filled) -> f64| {
+                let lo = runs.iter().map(f).fold(f64::INFINITY, f64::min);
+                let hi = runs.iter().map(f).fold(0.0, f64::max);
+                format!("{:.1}-{:.1}%", 100.0 * lo, 100.0 * hi)
+            };
             let _ = writeln!(
                 out,
-                "| {cluster_name} | {} | {:.1}% | {:.1}% | {:.1}% | {:.1}% | {:.0} | {:.0}% |",
+                "| {cluster_name} | {} | {:.1}% | {:.1}% ({}) | {:.1}% ({}) | {:.0} |",
                 mix.name,
                 100.0 * mean(&|r| r.first_miss),
                 100.0 * mean(&|r| r.rate),
-                100.0 * min,
-                100.0 * max,
+                range(&|r| r.rate),
+                100.0 * mean(&|r| r.churn),
+                range(&|r| r.churn),
                 mean(&|r| f64::from(r.jobs)),
-                100.0 * mean(&|r| r.whole_free_share),
             );
         }
     }
@@ -203,14 +222,18 @@ mod tests {
 
     #[test]
     fn a_fill_run_ends_full_or_fragmented_and_is_repeatable() {
-        let a = fill(16, true, MIXES[2], 7, 50);
-        let b = fill(16, true, MIXES[2], 7, 50);
-        assert_eq!((a.jobs, a.rate.to_bits()), (b.jobs, b.rate.to_bits()));
+        let a = fill(16, true, MIXES[2], 7, 50, 100);
+        let b = fill(16, true, MIXES[2], 7, 50, 100);
+        assert_eq!(
+            (a.jobs, a.rate.to_bits(), a.churn.to_bits()),
+            (b.jobs, b.rate.to_bits(), b.churn.to_bits())
+        );
+        assert!(a.churn > 0.3 && a.churn <= 1.0, "{}", a.churn);
         assert!(a.rate > 0.5 && a.rate <= 1.0, "{}", a.rate);
         assert!(a.first_miss <= a.rate, "{} then {}", a.first_miss, a.rate);
         // With free-form jobs a third of them 1-GPU, a GPU left free is taken before 200
         // misses in a row: the end is a full cluster.
-        let free_form = fill(16, false, MIXES[0], 7, 200);
+        let free_form = fill(16, false, MIXES[0], 7, 200, 0);
         assert_eq!(free_form.rate, 1.0);
     }
 }
