@@ -209,6 +209,11 @@ pub struct SchedulerConfig {
     /// Under backfill, each account's first waiting job gets a planned start too, so that a
     /// small tenant's large job is not skipped for ever by smaller ones of others.
     pub plan_each_account: bool,
+    /// How long the scheduler keeps an ended job in its state (`scheduler jobs`, `GET
+    /// /api/v1/jobs`); older ones are dropped, so the state file stays the size of the recent
+    /// past. The aggregator keeps every job's events and usage for good (`GET
+    /// /api/v1/jobs/{id}`, SQL).
+    pub job_history: DurationSpec,
 }
 
 impl Default for SchedulerConfig {
@@ -226,6 +231,7 @@ impl Default for SchedulerConfig {
             max_wait: DurationSpec::from_secs(86_400),
             max_wait_plans: 0,
             plan_each_account: true,
+            job_history: DurationSpec::from_secs(30 * 86_400),
         }
     }
 }
@@ -403,6 +409,13 @@ impl ClusterConfig {
                 "scheduler.max_wait",
                 "must be at least 1m, e.g. \"1d\" (every job older than it is planned a start)"
                     .into(),
+            );
+        }
+        let history = self.scheduler.job_history.as_secs();
+        if !(3600..=3650 * 86_400).contains(&history) {
+            v.err(
+                "scheduler.job_history",
+                "must be between 1h and 3650d, e.g. \"30d\"".into(),
             );
         }
         self.validate_prices(&mut v);

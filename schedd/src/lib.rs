@@ -672,6 +672,10 @@ impl Service {
         inner.counters.resized += cycle.resized.len() as u64;
         self.act(&mut inner, &cycle, now);
         inner.refresh_pending();
+        let history_s = self.cluster.scheduler.job_history.as_secs() as i64;
+        if inner.state.forget_ended_before(now - history_s) > 0 {
+            inner.dirty = true;
+        }
         if inner.dirty {
             inner.write_job_mapping(&self.config.dir)?;
             inner.state.save(&self.config.dir.join("state.json"))?;

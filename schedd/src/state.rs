@@ -290,6 +290,15 @@ impl State {
         }
     }
 
+    /// Drops the jobs that ended before `cutoff_s`; how many. Their ids are never given again
+    /// (`next_id` stays), their events were delivered or wait in the outbox on their own.
+    pub fn forget_ended_before(&mut self, cutoff_s: UnixSeconds) -> usize {
+        let before = self.jobs.len();
+        self.jobs
+            .retain(|_, j| !(j.state.is_done() && j.end_s.is_some_and(|end| end < cutoff_s)));
+        before - self.jobs.len()
+    }
+
     /// Writes the state durably: a temporary file flushed, renamed over, the directory flushed.
     pub fn save(&self, path: &Path) -> Result<()> {
         let io = |source| Error::Io {

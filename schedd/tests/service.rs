@@ -831,3 +831,45 @@ async fn a_job_asks_for_gpus_per_node_a_node_count_and_a_gpu_model() {
     let rows = s.allocations();
     assert_eq!(rows.iter().filter(|r| r.job_id == id.as_str()).count(), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ended_jobs_are_forgotten_after_the_job_history_and_ids_are_never_reused() {
+    let dir = tempfile::tempdir().unwrap();
+    let _jobs = gpuledger_testkit::KillJobsUnder::new(dir.path());
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let cluster = CLUSTER.replace(
+        "[scheduler]\nmin_run_time = \"1m\"\n",
+        "[scheduler]\nmin_run_time = \"1m\"\njob_history = \"2h\"\n",
+    );
+    assert_ne!(cluster, CLUSTER);
+    let config = ClusterConfig::from_toml_str(&cluster, "history.toml").unwrap();
+    let s = Arc::new(open_with(dir.path(), config.clone(), Arc::clone(&clock)).unwrap());
+    let body = json!({"command": "true", "account": "team-a", "gpus": 1, "time_limit": "1h"});
+    let (_, reply) = submit(&s, body.clone()).await;
+    let old = JobId::new(reply["job_id"].as_str().unwrap()).unwrap();
+    tick_until(&s, &clock, |s| state(s, &old) == JobState::Completed);
+    let state_file = dir.path().join("scheduler/state.json");
+    // An hour later it is still there; past two hours it is gone, from the file too.
+    clock.advance_ms(3_600_000);
+    s.tick().unwrap();
+    assert!(s.job(&old).is_some());
+    clock.advance_ms(3_700_000);
+    s.tick().unwrap();
+    assert!(s.job(&old).is_none(), "ended more than 2 h ago");
+    let saved = std::fs::read_to_string(&state_file).unwrap();
+    assert!(!saved.contains(&format!("\"{old}\"")), "{saved}");
+    // A restart reads the pruned state; the next job gets a new id.
+    drop(s);
+    let s = Arc::new(open_with(dir.path(), config, Arc::clone(&clock)).unwrap());
+    assert!(s.job(&old).is_none());
+    let (_, reply) = submit(&s, body).await;
+    let new = reply["job_id"].as_str().unwrap();
+    assert_ne!(new, old.as_str(), "ids are never given again");
+    // A history shorter than an hour is refused by the config check.
+    let bad = CLUSTER.replace(
+        "[scheduler]\nmin_run_time = \"1m\"\n",
+        "[scheduler]\nmin_run_time = \"1m\"\njob_history = \"10m\"\n",
+    );
+    let err = ClusterConfig::from_toml_str(&bad, "bad.toml").unwrap_err();
+    assert!(err.to_string().contains("scheduler.job_history"), "{err}");
+}
