@@ -229,6 +229,11 @@ impl Cluster {
         self.free[node].count_ones()
     }
 
+    /// Node `node`'s free GPUs as a bit mask of their indices.
+    pub fn free_mask(&self, node: usize) -> u64 {
+        self.free[node]
+    }
+
     pub fn free_gpus(&self) -> u32 {
         self.free_count
     }
