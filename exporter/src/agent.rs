@@ -146,22 +146,28 @@ pub fn parse_job_mapping(text: &str) -> Option<MappedJob> {
     Some(MappedJob { job_id, tenant })
 }
 
-/// Reads the job-mapping directory: the file named for a GPU's index (a MIG instance in slot S
-/// of GPU G: `G-S` first, then G's) in either format of [`parse_job_mapping`]. One entry per
+/// Reads the job-mapping directory: the file named for a GPU's index (a MIG instance S of GPU
+/// G: `G.S` or `G-S` first, then G's) in either format of [`parse_job_mapping`]. One entry per
 /// device, by position.
 pub fn read_job_mapping(dir: &std::path::Path, devices: &[GpuDevice]) -> Vec<Option<MappedJob>> {
     devices
         .iter()
         .map(|d| {
             let i = d.index;
-            let own = d
+            // A MIG instance's own file: dcgm-exporter names it `<gpu>.<instance>`, gpuledger's
+            // prolog `<gpu>-<instance>`; then the whole GPU's.
+            let slot = d
                 .mig_instance
                 .as_deref()
                 .and_then(|m| m.rsplit_once('/'))
-                .map(|(_, slot)| format!("{i}-{slot}"));
-            let text = own
-                .and_then(|name| std::fs::read_to_string(dir.join(name)).ok())
-                .or_else(|| std::fs::read_to_string(dir.join(i.to_string())).ok())?;
+                .map(|(_, slot)| slot);
+            let names = slot
+                .into_iter()
+                .flat_map(|slot| [format!("{i}.{slot}"), format!("{i}-{slot}")])
+                .chain([i.to_string()]);
+            let text = names
+                .into_iter()
+                .find_map(|name| std::fs::read_to_string(dir.join(name)).ok())?;
             let jobs = text.lines().filter(|l| !l.trim().is_empty()).count();
             let mapped = parse_job_mapping(&text)?;
             if mapped.tenant.is_none() && jobs > 1 {
@@ -668,9 +674,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("0"), "1 team-a\n").unwrap();
         std::fs::write(dir.path().join("0-3"), "2 team-b\n").unwrap();
+        // dcgm-exporter's name for instance 5, a job id alone.
+        std::fs::write(dir.path().join("0.5"), "3\n").unwrap();
         let mut devices =
-            crate::synthetic::synthetic_devices(1, "n", 2, gpuledger_model::GpuModel::H100Sxm);
-        for (d, slot) in devices.iter_mut().zip(["1g.10gb/3", "1g.10gb/4"]) {
+            crate::synthetic::synthetic_devices(1, "n", 3, gpuledger_model::GpuModel::H100Sxm);
+        for (d, slot) in devices
+            .iter_mut()
+            .zip(["1g.10gb/3", "1g.10gb/4", "1g.10gb/5"])
+        {
             d.index = 0;
             d.mig_instance = Some(slot.to_owned());
         }
@@ -678,6 +689,6 @@ mod tests {
             .into_iter()
             .map(|l| l.unwrap().job_id)
             .collect();
-        assert_eq!(jobs, ["2", "1"]);
+        assert_eq!(jobs, ["2", "1", "3"]);
     }
 }
