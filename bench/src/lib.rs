@@ -89,6 +89,10 @@ pub enum BenchCommand {
         /// Comma-separated policies.
         #[arg(long, default_value = "fifo,fairshare+backfill,fairshare+conservative")]
         policies: String,
+        /// The config's `[scheduler] plan_each_account` (each account's first waiting job
+        /// gets a planned start under backfill), to see what it costs.
+        #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+        plan_each_account: bool,
     },
     /// Placement's fill test: jobs arrive and never end until they stop fitting; the share of
     /// GPUs held then, on a uniform and a mixed cluster, with free-form and shaped jobs.
@@ -120,9 +124,13 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
             pending,
             cycles,
             policies,
+            plan_each_account,
         } => {
             let policies: Vec<String> = policies.split(',').map(str::to_owned).collect();
-            print!("{}", schedule::run(nodes, pending, cycles, &policies)?);
+            print!(
+                "{}",
+                schedule::run(nodes, pending, cycles, &policies, plan_each_account)?
+            );
             Ok(())
         }
         BenchCommand::Exporter { seconds, gpus } => exporter(seconds, gpus),

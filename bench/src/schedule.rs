@@ -15,12 +15,13 @@ use gpuledger_model::stats::percentile;
 
 const ACCOUNTS: usize = 10;
 
-fn cluster(nodes: u32) -> anyhow::Result<ClusterConfig> {
+fn cluster(nodes: u32, plan_each_account: bool) -> anyhow::Result<ClusterConfig> {
     let mut src = format!(
         "version = 1\n[cluster]\nname = \"bench\"\n[[node_pools]]\nname = \"p\"\nprefix = \"n\"\n\
          count = {nodes}\ngpus_per_node = 8\ngpu_model = \"h100-sxm\"\n\
          [[partitions]]\nname = \"train\"\npriority_tier = 20\ndefault = true\n\
          [[partitions]]\nname = \"urgent\"\npriority_tier = 50\n\
+         [scheduler]\nplan_each_account = {plan_each_account}\n\
          [prices]\nversion = \"v\"\neffective_from = \"2026-01-01\"\ncurrency = \"USD\"\n\
          gpu_hour = {{ h100-sxm = \"1\" }}\n"
     );
@@ -55,8 +56,9 @@ pub fn run(
     pending: usize,
     cycles: usize,
     policies: &[String],
+    plan_each_account: bool,
 ) -> anyhow::Result<String> {
-    let config = cluster(nodes)?;
+    let config = cluster(nodes, plan_each_account)?;
     let mut out = String::from(
         "| nodes | pending | policy | cycles | p50 ms | p99 ms | max ms | started per cycle |\n|---|---|---|---|---|---|---|---|\n",
     );
