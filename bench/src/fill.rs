@@ -12,7 +12,7 @@ use std::fmt::Write as _;
 use gpuledger_model::config::NodeSpec;
 use gpuledger_model::rng::SplitMix64;
 use gpuledger_model::{AccountId, GpuModel, NodeId};
-use gpuledger_scheduler::cluster::{Cluster, NodeFilter, Placement, Shape, Slot};
+use gpuledger_scheduler::cluster::{lowest_bits, Cluster, NodeFilter, Placement, Shape, Slot};
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct FillArgs {
@@ -118,24 +118,13 @@ enum Placer {
     FirstFit,
 }
 
-/// The `n` lowest free GPUs of a mask.
-fn lowest(mask: u64, n: u32) -> u64 {
-    let (mut out, mut rest) = (0, mask);
-    for _ in 0..n {
-        let bit = rest & rest.wrapping_neg();
-        out |= bit;
-        rest &= !bit;
-    }
-    out
-}
-
 fn first_fit(c: &Cluster, gpus: u32, shape: &Shape) -> Option<Placement> {
     let nodes: Vec<usize> = (0..c.node_count())
         .filter(|n| shape.allows_model(c.node_spec(*n).gpu_model))
         .collect();
     let slot = |node: usize, n: u32| Slot {
         node,
-        mask: lowest(c.free_mask(node), n),
+        mask: lowest_bits(c.free_mask(node), n),
     };
     if let Some(per_node) = shape.gpus_per_node {
         let want = (gpus / per_node) as usize;

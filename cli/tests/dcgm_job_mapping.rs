@@ -6,11 +6,9 @@
 
 mod common;
 
-use std::process::Stdio;
-
 use serde_json::{json, Value};
 
-use common::{gpuledger_ok, spawn, terminate, wait_for};
+use common::{gpuledger_ok, terminate, wait_for};
 
 const CONFIG: &str = r#"version = 1
 [cluster]
@@ -73,22 +71,7 @@ fn dcgm_exporter_job_files_are_labelled_with_the_jobs_tenants() {
     ]);
     let node_token_file = dir.path().join("node-token");
     std::fs::write(&node_token_file, format!("{node}\n")).unwrap();
-    let aggregator = spawn(
-        &[
-            "aggregator",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            dir.path().join("data").to_str().unwrap(),
-            "--config",
-            config.to_str().unwrap(),
-            "--flush-interval",
-            "1s",
-            "--tokens",
-            tokens_arg,
-        ],
-        Stdio::inherit(),
-    );
+    let aggregator = common::spawn_aggregator_with_tokens(dir.path(), &config, &tokens);
     let url = aggregator.url.clone();
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

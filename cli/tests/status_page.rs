@@ -8,13 +8,12 @@
 mod common;
 
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
 use common::browser::{screenshot_dir, Browser};
-use common::{gpuledger_ok, spawn, terminate, wait_for};
+use common::{gpuledger_ok, terminate, wait_for};
 
 const CONFIG: &str = r#"version = 1
 [cluster]
@@ -187,22 +186,7 @@ fn the_status_page_shows_each_token_its_own_figures_in_a_real_browser() {
     let node_token_file = dir.path().join("node-token");
     std::fs::write(&node_token_file, format!("{node}\n")).unwrap();
 
-    let aggregator = spawn(
-        &[
-            "aggregator",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            dir.path().join("data").to_str().unwrap(),
-            "--config",
-            config.to_str().unwrap(),
-            "--flush-interval",
-            "1s",
-            "--tokens",
-            tokens_arg,
-        ],
-        Stdio::inherit(),
-    );
+    let aggregator = common::spawn_aggregator_with_tokens(dir.path(), &config, &tokens);
     let url = aggregator.url.clone();
     // Without a token nothing but the sign-in page and /healthz.
     assert_eq!(

@@ -149,8 +149,8 @@ fn full_mask(gpus: u32) -> u64 {
     }
 }
 
-/// The `n` lowest set bits of `mask`.
-fn lowest_bits(mask: u64, n: u32) -> u64 {
+/// The `n` lowest set bits of `mask`: the lowest-numbered `n` of a node's free GPUs.
+pub fn lowest_bits(mask: u64, n: u32) -> u64 {
     let mut out = 0;
     let mut rest = mask;
     for _ in 0..n {

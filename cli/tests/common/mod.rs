@@ -22,6 +22,32 @@ pub fn spawn(args: &[&str], stderr: Stdio) -> Process {
     spawn_binary(env!("CARGO_BIN_EXE_gpuledger"), args, stderr)
 }
 
+/// `gpuledger aggregator` on a free loopback port over `dir/data`, with `config` and the token
+/// file `tokens`, flushing every second.
+#[allow(dead_code)]
+pub fn spawn_aggregator_with_tokens(
+    dir: &std::path::Path,
+    config: &std::path::Path,
+    tokens: &std::path::Path,
+) -> Process {
+    spawn(
+        &[
+            "aggregator",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            dir.join("data").to_str().unwrap(),
+            "--config",
+            config.to_str().unwrap(),
+            "--flush-interval",
+            "1s",
+            "--tokens",
+            tokens.to_str().unwrap(),
+        ],
+        Stdio::inherit(),
+    )
+}
+
 /// `gpuledger exporter` for `node` with `gpus` synthetic GPUs, sampling and pushing every
 /// second to `aggregator` with the node token in `token_file`, labelling from `mapping`,
 /// spooling under `dir/spool`.
