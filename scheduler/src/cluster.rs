@@ -557,18 +557,19 @@ mod tests {
     use super::*;
     use gpuledger_model::{GpuModel, NodeId};
 
+    /// Node `n{i:03}` with `gpus` GPUs of `model`.
+    fn node(i: usize, gpus: u32, model: GpuModel) -> NodeSpec {
+        NodeSpec {
+            id: NodeId::new(format!("n{i:03}")).unwrap(),
+            gpus,
+            gpu_model: model,
+            pool: "p".into(),
+            dedicated_to: None,
+        }
+    }
+
     fn cluster(nodes: usize) -> Cluster {
-        Cluster::new(
-            (1..=nodes)
-                .map(|i| NodeSpec {
-                    id: NodeId::new(format!("n{i:03}")).unwrap(),
-                    gpus: 8,
-                    gpu_model: GpuModel::H100Sxm,
-                    pool: "p".into(),
-                    dedicated_to: None,
-                })
-                .collect(),
-        )
+        Cluster::new((1..=nodes).map(|i| node(i, 8, GpuModel::H100Sxm)).collect())
     }
 
     #[test]
@@ -642,16 +643,9 @@ mod tests {
         // n001-n004: 2 x A100 each; n005-n006: 8 x H100 each.
         Cluster::new(
             (1..=6)
-                .map(|i| NodeSpec {
-                    id: NodeId::new(format!("n{i:03}")).unwrap(),
-                    gpus: if i <= 4 { 2 } else { 8 },
-                    gpu_model: if i <= 4 {
-                        GpuModel::A100
-                    } else {
-                        GpuModel::H100Sxm
-                    },
-                    pool: "p".into(),
-                    dedicated_to: None,
+                .map(|i| match i {
+                    1..=4 => node(i, 2, GpuModel::A100),
+                    _ => node(i, 8, GpuModel::H100Sxm),
                 })
                 .collect(),
         )
