@@ -139,6 +139,7 @@ impl LiveJobs {
                             job_id: j.job_id.clone(),
                             account: j.account.clone(),
                             project: j.project.clone(),
+                            share: ng.share,
                         })
                     })
             })

@@ -5,13 +5,15 @@
 //! (GPUs held over all GPUs) measures what placement strands in pieces no arriving job can use.
 //! Then `--churn` rounds of a random job ending and jobs arriving until one is turned away: the
 //! share held at those misses is the steady state, where the holes ending jobs leave count.
+//! A fourth mix asks for parts of GPUs as often as Alibaba's GPU-sharing trace does: there
+//! the rate counts what is held of each GPU (a GPU with a 250m share is a quarter held).
 //! Pure placement: no clock, no queue, no policy.
 
 use std::fmt::Write as _;
 
 use gpuledger_model::config::NodeSpec;
 use gpuledger_model::rng::SplitMix64;
-use gpuledger_model::{AccountId, GpuModel, NodeId};
+use gpuledger_model::{AccountId, GpuModel, GpuShare, NodeId, SHARE_UNITS_PER_GPU};
 use gpuledger_scheduler::cluster::{lowest_bits, Cluster, NodeFilter, Placement, Shape, Slot};
 
 #[derive(clap::Args, Clone, Debug)]
@@ -63,30 +65,56 @@ struct Mix {
     /// Sizes below this are not drawn: without 1-GPU jobs, the holes placement leaves stay.
     smallest: u32,
     shaped: bool,
+    /// Whether some jobs ask for a part of one GPU.
+    shares: bool,
 }
 
-const MIXES: [Mix; 3] = [
+const MIXES: [Mix; 4] = [
     Mix {
         name: "free-form, every size",
         smallest: 1,
         shaped: false,
+        shares: false,
     },
     Mix {
         name: "free-form, 2 GPUs or more",
         smallest: 2,
         shaped: false,
+        shares: false,
     },
     Mix {
         name: "shaped (GPUs per node, H100 only), 2 GPUs or more",
         smallest: 2,
         shaped: true,
+        shares: false,
+    },
+    Mix {
+        name: "GPU sharing (two fifths ask a part of one GPU), 2 GPUs or more otherwise",
+        smallest: 2,
+        shaped: false,
+        shares: true,
     },
 ];
+
+/// Thousandths of a GPU a sharing job asks for, and how often each is drawn.
+const SHARE_MILLI: [u16; 6] = [100, 200, 250, 300, 500, 700];
+const SHARE_WEIGHTS: [f64; 6] = [0.15, 0.15, 0.2, 0.15, 0.25, 0.1];
+/// The part of jobs that ask for a share of one GPU (Alibaba's 2023 trace: about two fifths
+/// of its GPU pods).
+const SHARING: f64 = 0.4;
 
 /// One arriving job: its GPUs and, in the shaped mix, a third of the multi-GPU jobs ask for
 /// 4 GPUs a node (or all on one node below 4) and a fifth of all jobs for H100s.
 fn draw(rng: &mut SplitMix64, mix: Mix) -> (u32, Shape) {
     let shaped = mix.shaped;
+    if mix.shares && rng.next_f64() < SHARING {
+        let milli = SHARE_MILLI[rng.weighted_index(&SHARE_WEIGHTS)];
+        let shape = Shape {
+            gpu_share: Some(GpuShare::Milli(milli)),
+            ..Shape::default()
+        };
+        return (1, shape);
+    }
     let gpus = loop {
         let g = SIZES[rng.weighted_index(&WEIGHTS)];
         if g >= mix.smallest {
@@ -114,7 +142,8 @@ enum Placer {
     /// The scheduler's own (`Cluster::find`).
     Scheduler,
     /// The reference: the first node in order that fits, the lowest free GPUs on it; whole free
-    /// nodes in order above one node; the same shape rules.
+    /// nodes in order above one node; the same shape rules; a share on the first GPU in order
+    /// with room for it, else the first free GPU.
     FirstFit,
 }
 
@@ -122,10 +151,26 @@ fn first_fit(c: &Cluster, gpus: u32, shape: &Shape) -> Option<Placement> {
     let nodes: Vec<usize> = (0..c.node_count())
         .filter(|n| shape.allows_model(c.node_spec(*n).gpu_model))
         .collect();
-    let slot = |node: usize, n: u32| Slot {
-        node,
-        mask: lowest_bits(c.free_mask(node), n),
-    };
+    let slot = |node: usize, n: u32| Slot::whole(node, lowest_bits(c.free_mask(node), n));
+    if let Some(share) = shape.gpu_share {
+        let shared = c
+            .shared_gpus()
+            .filter(|(_, _, mode, room)| *mode == share.mode() && *room >= share.units())
+            .map(|(node, gpu, _, _)| (node, gpu))
+            .min();
+        let (node, mask) = match shared {
+            Some((node, gpu)) => (node, 1u64 << gpu),
+            None => {
+                let node = *nodes.iter().find(|n| c.free_on(**n) > 0)?;
+                (node, lowest_bits(c.free_mask(node), 1))
+            }
+        };
+        return Some(Placement(vec![Slot {
+            node,
+            mask,
+            share: Some(share),
+        }]));
+    }
     if let Some(per_node) = shape.gpus_per_node {
         let want = (gpus / per_node) as usize;
         let fits: Vec<Slot> = nodes
@@ -184,7 +229,9 @@ fn fill(
     let mut placed: Vec<Placement> = Vec::new();
     let mut missed = 0;
     let mut first_miss = None;
-    let held = |c: &Cluster| f64::from(c.total_gpus() - c.free_gpus()) / f64::from(c.total_gpus());
+    let held = |c: &Cluster| {
+        c.held_share_units() as f64 / (f64::from(c.total_gpus()) * f64::from(SHARE_UNITS_PER_GPU))
+    };
     let arrive = |c: &mut Cluster, rng: &mut SplitMix64, placed: &mut Vec<Placement>| {
         let (gpus, shape) = draw(rng, mix);
         let p = match placer {
@@ -322,6 +369,14 @@ mod tests {
         // misses in a row: the end is a full cluster.
         let free_form = fill(16, false, MIXES[0], Placer::Scheduler, 7, 200, 0);
         assert_eq!(free_form.rate, 1.0);
+        // Shares of GPUs: the rate counts parts, and parts fill GPUs up.
+        let sharing = fill(16, false, MIXES[3], Placer::Scheduler, 7, 50, 100);
+        assert!(
+            sharing.rate > 0.5 && sharing.rate <= 1.0,
+            "{}",
+            sharing.rate
+        );
+        assert!(sharing.churn > 0.5, "{}", sharing.churn);
         // The reference places validly too: a fill never holds a GPU twice (take panics in
         // debug builds) and ends at least as full as it began.
         let reference = fill(16, true, MIXES[2], Placer::FirstFit, 7, 50, 100);

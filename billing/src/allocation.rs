@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use gpuledger_model::job::{JobEvent, JobEventKind};
 use gpuledger_model::time::{hour_start_ms, quarter_split, UnixMillis, MS_PER_HOUR};
-use gpuledger_model::{Allocation, GpuModel};
+use gpuledger_model::{Allocation, GpuModel, SHARE_UNITS_PER_GPU};
 
 use crate::rows::MeteredHour;
 use crate::{Error, Result};
@@ -114,7 +114,9 @@ pub fn for_each_hour(from: UnixMillis, to: UnixMillis, mut f: impl FnMut(UnixMil
 type HourKey = (String, Option<String>, String, String, String, i64);
 
 /// Per job, node, GPU model and hour of `[from_ms, to_ms)`, the GPU-seconds its runs held
-/// (with the quarters of each hour they were held in).
+/// (with the quarters of each hour they were held in). A part of a GPU (`node:3@250m`) holds
+/// its part: counted in share units and rounded down to whole GPU-seconds once per job, node
+/// and hour, so a quarter of a GPU for an hour is 900 GPU-seconds.
 pub fn allocation_hours(
     runs: &[HeldRun],
     from_ms: UnixMillis,
@@ -128,14 +130,15 @@ pub fn allocation_hours(
         if t <= s || run.gpus == 0 {
             continue;
         }
-        let nodes: Vec<(String, u32)> = match run.nodes() {
+        let per_gpu = i64::from(SHARE_UNITS_PER_GPU);
+        let nodes: Vec<(String, i64)> = match run.nodes() {
             Some(held) => held
                 .iter()
-                .map(|n| (n.node.to_string(), n.gpus.len() as u32))
+                .map(|n| (n.node.to_string(), n.share_units() as i64))
                 .collect(),
-            None => vec![(UNALLOCATED_NODE.to_owned(), run.gpus)],
+            None => vec![(UNALLOCATED_NODE.to_owned(), i64::from(run.gpus) * per_gpu)],
         };
-        for (node, gpus) in nodes {
+        for (node, units) in nodes {
             let model = model_of(&node).or(default_model).ok_or_else(|| {
                 Error::Input(format!(
                     "job {}: no GPU model for node `{node}` (name it in a node pool, or keep one GPU model)",
@@ -153,15 +156,16 @@ pub fn allocation_hours(
                     hour,
                 );
                 let (total, quarters) = out.entry(key).or_default();
-                *total += i64::from(gpus) * held;
+                *total += units * held;
                 for (q, add) in quarters.iter_mut().zip(quarter_split(offset, held)) {
-                    *q += i64::from(gpus) * add;
+                    *q += units * add;
                 }
             });
         }
     }
     Ok(out
         .into_iter()
+        .map(|(key, (unit_s, quarters))| (key, to_gpu_seconds(unit_s, quarters)))
         .filter(|(_, (secs, _))| *secs > 0)
         .map(
             |((account, project, job_id, node, gpu_model, hour_ms), (gpu_seconds, quarters))| {
@@ -180,6 +184,22 @@ pub fn allocation_hours(
             },
         )
         .collect())
+}
+
+/// Share-unit-seconds of an hour and its quarters as whole GPU-seconds: the hour rounded
+/// down, the quarters rounded down and the seconds left given to the quarters with the largest
+/// remainders, so the quarters still sum to the hour.
+fn to_gpu_seconds(unit_s: i64, quarters: [i64; 4]) -> (i64, [i64; 4]) {
+    let per_gpu = i64::from(SHARE_UNITS_PER_GPU);
+    let total = unit_s / per_gpu;
+    let mut whole = quarters.map(|q| q / per_gpu);
+    let mut order = [0usize, 1, 2, 3];
+    order.sort_by_key(|&i| std::cmp::Reverse(quarters[i] % per_gpu));
+    let left = total - whole.iter().sum::<i64>();
+    for &i in order.iter().take(left.clamp(0, 4) as usize) {
+        whole[i] += 1;
+    }
+    (total, whole)
 }
 
 #[cfg(test)]
@@ -236,6 +256,44 @@ mod tests {
                 ("gpu001", h, 1200, Some([1200, 0, 0, 0])),
                 ("gpu002", 0, 600, Some([0, 0, 0, 600])),
                 ("gpu002", h, 600, Some([600, 0, 0, 0]))
+            ]
+        );
+    }
+
+    #[test]
+    fn a_part_of_a_gpu_is_billed_for_its_part() {
+        let h = 3_600_000;
+        let events = [
+            ev(
+                0,
+                "q",
+                JobEventKind::Started,
+                Some(1),
+                Some("gpu001:3@250m"),
+            ),
+            ev(h, "q", JobEventKind::Finished, None, None),
+            ev(0, "m", JobEventKind::Started, Some(1), Some("gpu001:4@1g")),
+            ev(h, "m", JobEventKind::Finished, None, None),
+            ev(0, "w", JobEventKind::Started, Some(1), Some("gpu001:5")),
+            ev(h - 1000, "w", JobEventKind::Finished, None, None),
+        ];
+        let rows = allocation_hours(&held_runs(&events, 2 * h), 0, 2 * h, &h100, None).unwrap();
+        let got: Vec<(&str, i64, [i64; 4])> = rows
+            .iter()
+            .map(|r| {
+                let q = r.quarter_seconds.unwrap();
+                assert_eq!(q.iter().sum::<i64>(), r.gpu_seconds);
+                (r.job_id.as_deref().unwrap(), r.gpu_seconds, q)
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                // A seventh of 3,600 s is 514.29: 514, the quarters 128.57 each, one gets
+                // the second left.
+                ("m", 514, [129, 129, 128, 128]),
+                ("q", 900, [225, 225, 225, 225]),
+                ("w", 3599, [900, 900, 900, 899]),
             ]
         );
     }

@@ -17,7 +17,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use gpuledger_model::time::{quarter_split, UnixMillis};
-use gpuledger_model::GpuModel;
+use gpuledger_model::{GpuModel, SHARE_UNITS_PER_GPU};
 use serde::{Deserialize, Serialize};
 
 use crate::allocation::{for_each_hour, HeldRun, ModelOf, UNALLOCATED_NODE};
@@ -217,13 +217,16 @@ pub fn reconcile(
             project: run.project.clone(),
         });
         let (s, t) = (run.start_ms.max(from_ms), run.end_ms.min(to_ms));
-        let mut add = |slot: Slot, gpus: i64| {
+        // `units`: share units held ([`SHARE_UNITS_PER_GPU`] to a GPU); a part of a GPU is
+        // held for its part of each second, rounded down per hour piece.
+        let mut add = |slot: Slot, units: i64| {
+            let per_gpu = i64::from(SHARE_UNITS_PER_GPU);
             for_each_hour(s, t, |hour, offset, ms| {
                 let secs = ms / 1000;
-                let q = quarter_split(offset, secs).map(|v| v * gpus);
+                let q = quarter_split(offset, secs).map(|v| v * units / per_gpu);
                 held.entry((run.job_id.clone(), slot.clone(), hour))
                     .or_default()
-                    .add(Amount::of(secs * gpus, Some(q)));
+                    .add(Amount::of(secs * units / per_gpu, Some(q)));
             });
         };
         match run.nodes() {
@@ -233,7 +236,8 @@ pub fn reconcile(
                         let Ok(g) = u16::try_from(*g) else { continue };
                         gpu_slots.insert((run.job_id.as_str(), n.node.as_str(), g));
                         if t > s {
-                            add(Slot::Gpu(n.node.to_string(), g), 1);
+                            let units = n.share.map_or(SHARE_UNITS_PER_GPU, |sh| sh.units());
+                            add(Slot::Gpu(n.node.to_string(), g), i64::from(units));
                         }
                     }
                 }
@@ -241,7 +245,10 @@ pub fn reconcile(
             None if run.gpus > 0 => {
                 job_slots.insert(run.job_id.as_str());
                 if t > s {
-                    add(Slot::Job, i64::from(run.gpus));
+                    add(
+                        Slot::Job,
+                        i64::from(run.gpus) * i64::from(SHARE_UNITS_PER_GPU),
+                    );
                 }
             }
             None => {}

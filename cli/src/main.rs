@@ -140,17 +140,20 @@ struct DemoArgs {
 
 #[derive(clap::Args, Debug)]
 struct SimulateArgs {
-    /// Trace in the Philly format: timestamp,duration,num_gpus,gpu_time,cluster.
-    #[arg(long, requires_all = ["vc_nodes", "nodes"], conflicts_with = "jobs")]
+    /// Trace in the Philly format (timestamp,duration,num_gpus,gpu_time,cluster; needs
+    /// --vc-nodes) or Alibaba's 2023 GPU-sharing pod list (openb_pod_list_*.csv: num_gpu,
+    /// gpu_milli, ...; each QoS class an account of weight 1), told apart by the header.
+    #[arg(long, requires = "nodes", conflicts_with = "jobs")]
     trace: Option<PathBuf>,
-    /// VC sizes (`vc,node num`), used as fair-share weights.
+    /// VC sizes (`vc,node num`) of a Philly trace, used as fair-share weights.
     #[arg(long)]
     vc_nodes: Option<PathBuf>,
     /// Nodes of 8 GPUs in the simulated cluster (with --trace).
     #[arg(long)]
     nodes: Option<u32>,
     /// Jobs in gpuledger's own CSV format (submit,account,gpus,run_time_s[,job_id,project,
-    /// partition,min_gpus,time_limit_s,grace_s,checkpoint_every_s,checkpoint_save_s,outcome]).
+    /// partition,min_gpus,time_limit_s,grace_s,checkpoint_every_s,checkpoint_save_s,outcome,
+    /// gpus_per_node,nodes,gpu_models,gpu_share]).
     #[arg(long, required_unless_present = "trace")]
     jobs: Option<PathBuf>,
     /// Cluster config for --jobs (the embedded seed cluster when absent); with --trace, its
@@ -516,7 +519,9 @@ fn report(args: ReportArgs) -> anyhow::Result<()> {
 }
 
 fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
-    use gpuledger_scheduler::trace::{parse_jobs, parse_philly, parse_vc_nodes, LimitEstimate};
+    use gpuledger_scheduler::trace::{
+        is_alibaba_header, parse_alibaba, parse_jobs, parse_philly, parse_vc_nodes, LimitEstimate,
+    };
     let options = SchedulerOptions::parse(&args.policy).with_context(|| {
         format!(
             "unknown --policy `{}`; use fifo or fairshare, optionally with +backfill or +conservative",
@@ -533,14 +538,30 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
         |p: &Path| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()));
     let (config, jobs) = match (&args.trace, &args.jobs) {
         (Some(trace), _) => {
-            let jobs = parse_philly(&read(trace)?, &trace.display().to_string(), estimate)?;
-            let vc_path = args
-                .vc_nodes
-                .as_deref()
-                .context("--trace needs --vc-nodes")?;
-            let vc_nodes = parse_vc_nodes(&read(vc_path)?, &vc_path.display().to_string())?;
+            let text = read(trace)?;
+            let origin = trace.display().to_string();
+            let (jobs, weights) = if is_alibaba_header(text.lines().next().unwrap_or_default()) {
+                let pods = parse_alibaba(&text, &origin, estimate)?;
+                eprintln!(
+                    "{origin}: {} GPU pods; left out {} CPU-only and {} never run",
+                    pods.jobs.len(),
+                    pods.cpu_only,
+                    pods.no_run
+                );
+                let weights = gpuledger_sim::report::equal_weights(&pods.jobs);
+                (pods.jobs, weights)
+            } else {
+                let jobs = parse_philly(&text, &origin, estimate)?;
+                let vc_path = args
+                    .vc_nodes
+                    .as_deref()
+                    .context("a Philly --trace needs --vc-nodes")?;
+                let vc_nodes = parse_vc_nodes(&read(vc_path)?, &vc_path.display().to_string())?;
+                let weights = gpuledger_sim::report::philly_weights(&jobs, &vc_nodes);
+                (jobs, weights)
+            };
             let nodes = args.nodes.context("--trace needs --nodes")?;
-            let mut config = gpuledger_sim::report::trace_cluster(nodes, &jobs, &vc_nodes)?;
+            let mut config = gpuledger_sim::report::trace_cluster(nodes, &weights)?;
             if let Some(path) = &args.config {
                 gpuledger_sim::report::apply_settings(&mut config, &load_cluster(Some(path))?);
             }

@@ -255,6 +255,10 @@ pub struct SubmitArgs {
     /// Only GPUs of these models, e.g. `h100-sxm,h200` (any when not given).
     #[arg(long, value_delimiter = ',')]
     gpu_model: Vec<String>,
+    /// A part of one GPU instead of whole GPUs (with --gpus 1): thousandths of its time
+    /// (`250m`) or a MIG profile (`3g`, `3g.40gb`).
+    #[arg(long)]
+    gpu_share: Option<String>,
     /// Time limit, e.g. `2h`.
     #[arg(long)]
     time_limit: String,
@@ -500,6 +504,9 @@ fn submit(args: SubmitArgs) -> anyhow::Result<()> {
     }
     if !args.gpu_model.is_empty() {
         body["gpu_models"] = json!(args.gpu_model);
+    }
+    if let Some(share) = &args.gpu_share {
+        body["gpu_share"] = json!(share);
     }
     let mut env = serde_json::Map::new();
     for pair in &args.export {

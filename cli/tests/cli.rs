@@ -268,10 +268,10 @@ fn simulate_replays_a_philly_trace_and_writes_jobs_csv() {
     // cluster and is refused at submission.
     assert_eq!(
         jobs,
-        "job_id,account,gpus,submit,start,end,wait_s,jct_s,outcome,backfilled,preemptions,lost_gpu_s\n\
-         p000001,vc-aaa,8,0,0,100,0,100,completed,false,0,0\n\
-         p000002,vc-bbb,8,1,100,200,99,199,completed,false,0,0\n\
-         p000003,vc-aaa,16,2,,,,,refused,false,0,0\n"
+        "job_id,account,gpus,submit,start,end,wait_s,jct_s,outcome,backfilled,preemptions,lost_gpu_s,gpu_share\n\
+         p000001,vc-aaa,8,0,0,100,0,100,completed,false,0,0,\n\
+         p000002,vc-bbb,8,1,100,200,99,199,completed,false,0,0,\n\
+         p000003,vc-aaa,16,2,,,,,refused,false,0,0,\n"
     );
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(report.contains("| 3 | 1 | 50 |"), "{report}");
@@ -305,6 +305,62 @@ fn simulate_replays_a_philly_trace_and_writes_jobs_csv() {
     assert!(!run.status.success());
     assert!(String::from_utf8_lossy(&run.stderr)
         .contains("bad.csv:2: `duration`: `abc` is not a number of seconds"));
+}
+
+#[test]
+fn simulate_replays_alibabas_gpu_sharing_pods_packing_shares_onto_one_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("openb_pod_list.csv");
+    // One 8-GPU node: a 7-GPU pod, four quarters of a GPU (the eighth GPU), a CPU-only pod
+    // (left out), then a half that finds no GPU with room until the 7-GPU pod ends.
+    std::fs::write(
+        &trace,
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n\
+         seven,1000,1024,7,1000,,LS,Succeeded,1000,1100,1000\n\
+         q1,1000,1024,1,250,,BE,Succeeded,1000,1200,1000\n\
+         q2,1000,1024,1,250,,BE,Succeeded,1000,1200,1000\n\
+         q3,1000,1024,1,250,,BE,Succeeded,1000,1200,1000\n\
+         q4,1000,1024,1,250,,BE,Succeeded,1000,1200,1000\n\
+         cpu,1000,1024,0,0,,BE,Succeeded,1000,1200,1000\n\
+         half,1000,1024,1,500,,LS,Succeeded,1001,1101,1001\n",
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let run = gpuledger(&[
+        "simulate",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--nodes",
+        "1",
+        "--policy",
+        "fifo",
+        "--limit-estimate",
+        "exact",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("6 GPU pods; left out 1 CPU-only and 0 never run"),
+        "{stderr}"
+    );
+    let jobs = std::fs::read_to_string(out.join("jobs.csv")).unwrap();
+    let rows: Vec<&str> = jobs.lines().collect();
+    assert_eq!(
+        rows[1..],
+        [
+            "q1,qos-be,1,0,0,200,0,200,completed,false,0,0,250m",
+            "q2,qos-be,1,0,0,200,0,200,completed,false,0,0,250m",
+            "q3,qos-be,1,0,0,200,0,200,completed,false,0,0,250m",
+            "q4,qos-be,1,0,0,200,0,200,completed,false,0,0,250m",
+            "seven,qos-ls,7,0,0,100,0,100,completed,false,0,0,",
+            "half,qos-ls,1,1,100,200,99,199,completed,false,0,0,500m",
+        ]
+    );
+    // Busy GPU-seconds count parts: 7 x 100 + 4 x 0.25 x 200 + 0.5 x 100 = 950 of 8 x 200.
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(report.contains("59.4%"), "{report}");
 }
 
 #[test]

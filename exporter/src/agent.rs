@@ -613,6 +613,7 @@ mod tests {
             job_id: job.into(),
             account: account.into(),
             project: Some("p1".into()),
+            share: None,
         }
     }
 

@@ -6,12 +6,35 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{IdError, NodeId};
+use crate::share::{GpuShare, GpuShareError, SHARE_UNITS_PER_GPU};
 
 /// The GPUs a job holds on one node (sorted indices).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct NodeGpus {
     pub node: NodeId,
     pub gpus: Vec<u32>,
+    /// A part of the one GPU in `gpus` rather than all of it (written `node:3@250m`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<GpuShare>,
+}
+
+impl NodeGpus {
+    /// Whole GPUs on `node`.
+    pub fn whole(node: NodeId, gpus: Vec<u32>) -> Self {
+        NodeGpus {
+            node,
+            gpus,
+            share: None,
+        }
+    }
+
+    /// What is held here in share units ([`SHARE_UNITS_PER_GPU`] to a GPU).
+    pub fn share_units(&self) -> u64 {
+        match self.share {
+            Some(share) => u64::from(share.units()),
+            None => self.gpus.len() as u64 * u64::from(SHARE_UNITS_PER_GPU),
+        }
+    }
 }
 
 /// All the GPUs a job holds.
@@ -25,11 +48,19 @@ pub enum AllocationError {
     Syntax(String),
     #[error(transparent)]
     Node(#[from] IdError),
+    #[error(transparent)]
+    Share(#[from] GpuShareError),
 }
 
 impl Allocation {
     pub fn gpu_count(&self) -> u32 {
         self.0.iter().map(|n| n.gpus.len() as u32).sum()
+    }
+
+    /// What the allocation holds in share units ([`SHARE_UNITS_PER_GPU`] to a GPU): a part
+    /// of a GPU counts as its part.
+    pub fn share_units(&self) -> u64 {
+        self.0.iter().map(NodeGpus::share_units).sum()
     }
 
     pub fn nodes(&self) -> impl Iterator<Item = &NodeId> {
@@ -67,6 +98,9 @@ impl fmt::Display for Allocation {
             }
             write!(f, "{}:", n.node)?;
             write_ranges(f, &n.gpus)?;
+            if let Some(share) = n.share {
+                write!(f, "@{share}")?;
+            }
         }
         Ok(())
     }
@@ -82,6 +116,10 @@ impl FromStr for Allocation {
         let mut out = Vec::new();
         for part in s.split(';') {
             let (node, list) = part.split_once(':').ok_or_else(syntax)?;
+            let (list, share) = match list.split_once('@') {
+                Some((list, share)) => (list, Some(share.parse::<GpuShare>()?)),
+                None => (list, None),
+            };
             let mut gpus = Vec::new();
             for range in list.split(',') {
                 let (lo, hi) = range.split_once('-').unwrap_or((range, range));
@@ -94,9 +132,13 @@ impl FromStr for Allocation {
             }
             gpus.sort_unstable();
             gpus.dedup();
+            if share.is_some() && gpus.len() != 1 {
+                return Err(syntax());
+            }
             out.push(NodeGpus {
                 node: NodeId::new(node)?,
                 gpus,
+                share,
             });
         }
         Ok(Allocation(out))
@@ -127,5 +169,16 @@ mod tests {
         assert_eq!(a.to_string(), "gpu001:0-3,6;gpu002:0-7");
         assert!("gpu001".parse::<Allocation>().is_err());
         assert!("gpu001:3-1".parse::<Allocation>().is_err());
+    }
+
+    #[test]
+    fn a_part_of_a_gpu_is_written_after_its_index() {
+        let a: Allocation = "gpu001:3@250m;gpu002:0-1".parse().unwrap();
+        assert_eq!(a.0[0].share, Some(GpuShare::Milli(250)));
+        assert_eq!(a.to_string(), "gpu001:3@250m;gpu002:0-1");
+        assert_eq!(a.share_units(), 250 * 7 + 2 * 7000);
+        // A share is of one GPU; an unknown share is refused.
+        assert!("gpu001:0-1@3g".parse::<Allocation>().is_err());
+        assert!("gpu001:0@9g".parse::<Allocation>().is_err());
     }
 }

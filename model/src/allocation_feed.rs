@@ -19,6 +19,9 @@ pub struct AllocationRow {
     pub account: String,
     #[serde(default)]
     pub project: Option<String>,
+    /// The job's part of the GPU where it holds a part (several rows then name one GPU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<crate::GpuShare>,
 }
 
 /// The reply: every GPU held, of the nodes the caller may see.

@@ -83,13 +83,21 @@ type ApiResult<T> = Result<T, ApiError>;
 
 /// Reads a JSON body; a bad one is a 400 naming the field serde stumbled on.
 fn parse_body<T: serde::de::DeserializeOwned>(body: &Bytes) -> ApiResult<T> {
-    serde_json::from_slice(body).map_err(|e| {
-        let message = e.to_string();
-        let field = message
-            .split('`')
-            .nth(1)
-            .map(str::to_owned)
-            .unwrap_or_else(|| "body".into());
+    let json = &mut serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(json).map_err(|e| {
+        let path = e.path().to_string();
+        let message = e.into_inner().to_string();
+        // The path of a value that failed (`gpu_share`, `env.X`); an unknown or missing field
+        // is named in the message itself.
+        let field = if path != "." {
+            path
+        } else {
+            message
+                .split('`')
+                .nth(1)
+                .map(str::to_owned)
+                .unwrap_or_else(|| "body".into())
+        };
         ApiError {
             status: StatusCode::BAD_REQUEST,
             field: Some(field),

@@ -163,6 +163,7 @@ fn spec_of(info: &JobInfo) -> JobSpec {
         gpus_per_node: r.gpus_per_node,
         max_nodes: r.nodes,
         gpu_models: r.gpu_models.clone(),
+        gpu_share: r.gpu_share,
     };
     spec
 }
@@ -535,6 +536,7 @@ impl Service {
                         job_id: r.spec.id.to_string(),
                         account: r.spec.account.to_string(),
                         project: r.spec.project.as_ref().map(|p| p.to_string()),
+                        share: ng.share,
                     });
                 }
             }

@@ -40,6 +40,9 @@ pub struct SubmitRequest {
     /// Only GPUs of these models (any when empty).
     #[serde(default)]
     pub gpu_models: Vec<gpuledger_model::GpuModel>,
+    /// A part of one GPU instead of whole GPUs (`250m`, or a MIG profile `3g`), with `gpus` 1.
+    #[serde(default)]
+    pub gpu_share: Option<gpuledger_model::GpuShare>,
     pub time_limit: DurationSpec,
     /// Time between the checkpoint signal and SIGKILL when preempted.
     #[serde(default)]

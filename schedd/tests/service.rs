@@ -833,6 +833,69 @@ async fn a_job_asks_for_gpus_per_node_a_node_count_and_a_gpu_model() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_asking_for_parts_of_a_gpu_share_one_gpu_and_keep_it_across_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let _jobs = gpuledger_testkit::KillJobsUnder::new(dir.path());
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let s = open(dir.path(), Arc::clone(&clock));
+    let job = |gpus: u32, share: &str| {
+        json!({"command": "sleep 30", "account": "team-a", "time_limit": "1h",
+               "gpus": gpus, "gpu_share": share})
+    };
+    // Not a share gpuledger knows: a 400 naming the field; a share of two GPUs: a 422.
+    let (status, reply) = submit(&s, job(1, "1200m")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{reply}");
+    assert_eq!(reply["error"]["field"], "gpu_share", "{reply}");
+    let (status, reply) = submit(&s, job(2, "250m")).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{reply}");
+    assert!(
+        reply["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("part of one GPU"),
+        "{reply}"
+    );
+    let mut ids = Vec::new();
+    for share in ["500m", "500m", "3g"] {
+        let (status, reply) = submit(&s, job(1, share)).await;
+        assert_eq!(status, StatusCode::CREATED, "{reply}");
+        ids.push(JobId::new(reply["job_id"].as_str().unwrap()).unwrap());
+    }
+    tick_until(&s, &clock, |s| {
+        ids.iter().all(|id| state(s, id) == JobState::Running)
+    });
+    let gpus_of = |s: &Service| -> Vec<(u32, Option<String>)> {
+        let mut rows: Vec<(u32, Option<String>)> = s
+            .allocations()
+            .iter()
+            .map(|r| (r.gpu, r.share.map(|x| x.to_string())))
+            .collect();
+        rows.sort();
+        rows
+    };
+    let rows = gpus_of(&s);
+    // The two halves on one GPU, the MIG slice on another (a GPU is time-sliced or cut into
+    // MIG instances, not both).
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    let halves: Vec<u32> = rows
+        .iter()
+        .filter(|r| r.1.as_deref() == Some("500m"))
+        .map(|r| r.0)
+        .collect();
+    assert_eq!(halves.len(), 2);
+    assert_eq!(halves[0], halves[1], "{rows:?}");
+    assert!(rows
+        .iter()
+        .any(|r| r.1.as_deref() == Some("3g") && r.0 != halves[0]));
+    // The state file keeps each part; a restart reads them back onto the same GPUs.
+    drop(s);
+    let s = open(dir.path(), Arc::clone(&clock));
+    s.tick().unwrap();
+    assert_eq!(gpus_of(&s), rows);
+    assert!(ids.iter().all(|id| state(&s, id) == JobState::Running));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ended_jobs_are_forgotten_after_the_job_history_and_ids_are_never_reused() {
     let dir = tempfile::tempdir().unwrap();
     let _jobs = gpuledger_testkit::KillJobsUnder::new(dir.path());

@@ -5,19 +5,39 @@
 //! that many free), at most so many nodes, only some GPU models. Which nodes a job may use at
 //! all (dedicated pools, advance reservations) is a [`NodeFilter`] worked out by the caller.
 //!
+//! A job may ask for a part of one GPU instead ([`GpuShare`]: thousandths of its time, or a
+//! MIG instance): it goes best fit onto the GPU of the same sharing mode with the least room
+//! that still holds it, else onto a free GPU of the fullest node, so shares pack onto few GPUs
+//! and whole GPUs stay whole.
+//!
 //! The node specs are shared (`Arc`), so a copy of the cluster for planning (backfill, trial
-//! preemption) costs one `u64` per node.
+//! preemption) costs one `u64` per node, plus one entry per GPU held in shares.
 
 use std::sync::Arc;
 
 use gpuledger_model::config::NodeSpec;
-use gpuledger_model::{AccountId, Allocation, GpuModel, NodeGpus};
+use gpuledger_model::{
+    AccountId, Allocation, GpuModel, GpuShare, NodeGpus, ShareMode, SHARE_UNITS_PER_GPU,
+};
 
-/// GPUs held on one node, as a bit mask of GPU indices.
+/// GPUs held on one node, as a bit mask of GPU indices; or, with `share`, a part of the one
+/// GPU in the mask.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Slot {
     pub node: usize,
     pub mask: u64,
+    pub share: Option<GpuShare>,
+}
+
+impl Slot {
+    /// Whole GPUs on `node`.
+    pub fn whole(node: usize, mask: u64) -> Self {
+        Slot {
+            node,
+            mask,
+            share: None,
+        }
+    }
 }
 
 /// The GPUs a job holds, by node index.
@@ -27,6 +47,22 @@ pub struct Placement(pub Vec<Slot>);
 impl Placement {
     pub fn gpu_count(&self) -> u32 {
         self.0.iter().map(|s| s.mask.count_ones()).sum()
+    }
+
+    /// What it holds in share units ([`SHARE_UNITS_PER_GPU`] to a GPU).
+    pub fn share_units(&self) -> u64 {
+        self.0
+            .iter()
+            .map(|s| match s.share {
+                Some(share) => u64::from(share.units()),
+                None => u64::from(s.mask.count_ones()) * u64::from(SHARE_UNITS_PER_GPU),
+            })
+            .sum()
+    }
+
+    /// What it holds in GPUs, a part of a GPU as its fraction (fair-share usage).
+    pub fn gpu_equivalent(&self) -> f64 {
+        self.share_units() as f64 / f64::from(SHARE_UNITS_PER_GPU)
     }
 
     /// Adds GPUs to the placement (an elastic job growing).
@@ -55,10 +91,7 @@ impl Placement {
             } else {
                 let give = highest_bits(last.mask, excess);
                 last.mask &= !give;
-                removed.push(Slot {
-                    node: last.node,
-                    mask: give,
-                });
+                removed.push(Slot::whole(last.node, give));
                 excess = 0;
             }
         }
@@ -109,6 +142,8 @@ pub struct Shape {
     pub max_nodes: Option<u32>,
     /// Only GPUs of these models (any when empty).
     pub gpu_models: Vec<GpuModel>,
+    /// A part of one GPU instead of whole GPUs (the job asks for one GPU).
+    pub gpu_share: Option<GpuShare>,
 }
 
 impl Shape {
@@ -123,6 +158,21 @@ impl Shape {
     }
 }
 
+/// A GPU held in parts: by shares of one mode, `used` share units of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct SharedGpu {
+    node: usize,
+    gpu: u32,
+    mode: ShareMode,
+    used: u32,
+}
+
+impl SharedGpu {
+    fn room(&self) -> u32 {
+        SHARE_UNITS_PER_GPU - self.used
+    }
+}
+
 #[derive(Clone, Debug)]
 struct NodeMeta {
     spec: NodeSpec,
@@ -133,8 +183,11 @@ struct NodeMeta {
 #[derive(Clone, Debug)]
 pub struct Cluster {
     meta: Arc<[NodeMeta]>,
+    /// GPUs no job holds any part of.
     free: Vec<u64>,
     free_count: u32,
+    /// GPUs held in parts (their bits are clear in `free`), in no particular order.
+    shared: Vec<SharedGpu>,
     gpus_per_node_max: u32,
     total_gpus: u32,
     /// Whether every node has as many GPUs (whole-node placement need not prefer any).
@@ -192,6 +245,7 @@ impl Cluster {
         Cluster {
             meta,
             free,
+            shared: Vec::new(),
             total_gpus: free_count,
             free_count,
             gpus_per_node_max,
@@ -206,6 +260,7 @@ impl Cluster {
             meta: Arc::clone(&self.meta),
             free_count: free.iter().map(|m| m.count_ones()).sum(),
             free,
+            shared: Vec::new(),
             gpus_per_node_max: self.gpus_per_node_max,
             total_gpus: self.total_gpus,
             uniform: self.uniform,
@@ -234,8 +289,40 @@ impl Cluster {
         self.free[node]
     }
 
+    /// GPUs no job holds any part of.
     pub fn free_gpus(&self) -> u32 {
         self.free_count
+    }
+
+    /// What jobs hold, in share units ([`SHARE_UNITS_PER_GPU`] to a GPU): a GPU held in parts
+    /// counts only its parts held.
+    pub fn held_share_units(&self) -> u64 {
+        let whole_held = u64::from(self.total_gpus - self.free_count) - self.shared.len() as u64;
+        whole_held * u64::from(SHARE_UNITS_PER_GPU)
+            + self.shared.iter().map(|g| u64::from(g.used)).sum::<u64>()
+    }
+
+    /// The GPUs held in parts: (node, GPU index, sharing mode, share units of room left), in
+    /// no particular order.
+    pub fn shared_gpus(&self) -> impl Iterator<Item = (usize, u32, ShareMode, u32)> + '_ {
+        self.shared
+            .iter()
+            .map(|g| (g.node, g.gpu, g.mode, g.room()))
+    }
+
+    /// Whether a job of `gpus` shaped `shape` could find room by count alone (a cheap test
+    /// before a search): whole free GPUs enough, or for a share a GPU with room.
+    pub fn may_fit(&self, gpus: u32, shape: &Shape) -> bool {
+        match shape.gpu_share {
+            Some(share) => {
+                self.free_count > 0
+                    || self
+                        .shared
+                        .iter()
+                        .any(|g| g.mode == share.mode() && g.room() >= share.units())
+            }
+            None => self.free_count >= gpus,
+        }
     }
 
     pub fn node_spec(&self, node: usize) -> &NodeSpec {
@@ -284,6 +371,11 @@ impl Cluster {
         filter: &NodeFilter,
         shape: &Shape,
     ) -> Option<Placement> {
+        if let Some(share) = shape.gpu_share {
+            return (gpus == 1)
+                .then(|| self.find_share(share, account, filter, shape))
+                .flatten();
+        }
         if gpus == 0 || gpus > self.free_count {
             return None;
         }
@@ -319,10 +411,93 @@ impl Cluster {
             }
         }
         let (_, idx) = best?;
-        Some(Placement(vec![Slot {
-            node: idx,
-            mask: lowest_bits(self.free[idx], gpus),
-        }]))
+        Some(Placement(vec![Slot::whole(
+            idx,
+            lowest_bits(self.free[idx], gpus),
+        )]))
+    }
+
+    /// A part of one GPU: best fit among the GPUs already shared in the same mode, else a
+    /// free GPU on the fullest node that has one.
+    fn find_share(
+        &self,
+        share: GpuShare,
+        account: &AccountId,
+        filter: &NodeFilter,
+        shape: &Shape,
+    ) -> Option<Placement> {
+        let units = share.units();
+        let best = self
+            .shared
+            .iter()
+            .filter(|g| g.mode == share.mode() && g.room() >= units)
+            .filter(|g| self.allowed(g.node, account, filter, shape))
+            .min_by_key(|g| (g.room(), g.node, g.gpu));
+        let slot = match best {
+            Some(g) => Slot {
+                node: g.node,
+                mask: 1u64 << g.gpu,
+                share: Some(share),
+            },
+            None => {
+                let mut whole = self.find_on_one_node(1, account, filter, shape)?;
+                let mut slot = whole.0.pop()?;
+                slot.share = Some(share);
+                slot
+            }
+        };
+        Some(Placement(vec![slot]))
+    }
+
+    fn shared_index(&self, node: usize, mask: u64) -> Option<usize> {
+        let gpu = mask.trailing_zeros();
+        self.shared
+            .iter()
+            .position(|g| g.node == node && g.gpu == gpu)
+    }
+
+    /// Takes `share` of the GPU `mask` names on `node`. `strict`: the GPU must have the room
+    /// (a start); otherwise a planning copy where the part may already be counted, capped at
+    /// the whole GPU.
+    fn take_share(&mut self, node: usize, mask: u64, share: GpuShare, strict: bool) {
+        let units = share.units();
+        if self.free[node] & mask == mask {
+            self.free[node] &= !mask;
+            self.free_count -= 1;
+            self.shared.push(SharedGpu {
+                node,
+                gpu: mask.trailing_zeros(),
+                mode: share.mode(),
+                used: units,
+            });
+            return;
+        }
+        match self.shared_index(node, mask) {
+            Some(i) => {
+                let g = &mut self.shared[i];
+                debug_assert!(
+                    !strict || (g.mode == share.mode() && g.room() >= units),
+                    "GPU share over the GPU"
+                );
+                g.used = (g.used + units).min(SHARE_UNITS_PER_GPU);
+            }
+            // Held whole: only a planning copy may claim it again.
+            None => debug_assert!(!strict, "GPU shared and held whole"),
+        }
+    }
+
+    /// Gives back `share` of the GPU; the GPU is free again when no part of it is held.
+    fn release_share(&mut self, node: usize, mask: u64, share: GpuShare) {
+        let Some(i) = self.shared_index(node, mask) else {
+            return;
+        };
+        let g = &mut self.shared[i];
+        g.used = g.used.saturating_sub(share.units());
+        if g.used == 0 {
+            self.shared.swap_remove(i);
+            self.free[node] |= mask;
+            self.free_count += 1;
+        }
     }
 
     /// `gpus / per_node` nodes with `per_node` GPUs each, the fullest nodes that fit first.
@@ -355,10 +530,7 @@ impl Cluster {
         Some(Placement(
             fits.into_iter()
                 .take(nodes)
-                .map(|(_, idx)| Slot {
-                    node: idx,
-                    mask: lowest_bits(self.free[idx], per_node),
-                })
+                .map(|(_, idx)| Slot::whole(idx, lowest_bits(self.free[idx], per_node)))
                 .collect(),
         ))
     }
@@ -391,10 +563,7 @@ impl Cluster {
                 break;
             }
             let take = left.min(self.meta[idx].spec.gpus);
-            slots.push(Slot {
-                node: idx,
-                mask: lowest_bits(self.free[idx], take),
-            });
+            slots.push(Slot::whole(idx, lowest_bits(self.free[idx], take)));
             left -= take;
         }
         let too_many = shape.max_nodes.is_some_and(|m| slots.len() > m as usize);
@@ -418,12 +587,8 @@ impl Cluster {
         if single_node {
             let node = held.0[0].node;
             let n = self.free[node].count_ones().min(more);
-            return (n > 0).then(|| {
-                Placement(vec![Slot {
-                    node,
-                    mask: lowest_bits(self.free[node], n),
-                }])
-            });
+            return (n > 0)
+                .then(|| Placement(vec![Slot::whole(node, lowest_bits(self.free[node], n))]));
         }
         let mut slots = Vec::new();
         let mut left = more;
@@ -437,10 +602,7 @@ impl Cluster {
             {
                 continue;
             }
-            slots.push(Slot {
-                node: idx,
-                mask: meta.all,
-            });
+            slots.push(Slot::whole(idx, meta.all));
             left -= meta.spec.gpus;
         }
         (!slots.is_empty()).then_some(Placement(slots))
@@ -453,6 +615,14 @@ impl Cluster {
             if placement.0.len() > max as usize {
                 return Some(format!("{} nodes, at most {max} asked", placement.0.len()));
             }
+        }
+        if let Some(share) = shape.gpu_share {
+            let one_part = matches!(&placement.0[..], [slot] if slot.share == Some(share) && slot.mask.count_ones() == 1);
+            if !one_part {
+                return Some(format!("a {share} share of one GPU asked"));
+            }
+        } else if placement.0.iter().any(|s| s.share.is_some()) {
+            return Some("a share of a GPU held, whole GPUs asked".into());
         }
         for slot in &placement.0 {
             let spec = &self.meta[slot.node].spec;
@@ -476,6 +646,10 @@ impl Cluster {
     /// would be a scheduler bug, and the invariant checks in tests look for it.
     pub fn take(&mut self, placement: &Placement) {
         for slot in &placement.0 {
+            if let Some(share) = slot.share {
+                self.take_share(slot.node, slot.mask, share, true);
+                continue;
+            }
             debug_assert_eq!(
                 self.free[slot.node] & slot.mask,
                 slot.mask,
@@ -490,6 +664,10 @@ impl Cluster {
     /// where a held GPU may be claimed by a plan that ends before another begins).
     pub fn hold(&mut self, placement: &Placement) {
         for slot in &placement.0 {
+            if let Some(share) = slot.share {
+                self.take_share(slot.node, slot.mask, share, false);
+                continue;
+            }
             let newly = self.free[slot.node] & slot.mask;
             self.free[slot.node] &= !slot.mask;
             self.free_count -= newly.count_ones();
@@ -498,23 +676,60 @@ impl Cluster {
 
     pub fn release(&mut self, placement: &Placement) {
         for slot in &placement.0 {
+            if let Some(share) = slot.share {
+                self.release_share(slot.node, slot.mask, share);
+                continue;
+            }
             debug_assert_eq!(self.free[slot.node] & slot.mask, 0, "GPU released twice");
             self.free[slot.node] |= slot.mask;
             self.free_count += slot.mask.count_ones();
         }
     }
 
-    /// True when both have exactly the same GPUs free.
-    pub fn same_free(&self, other: &Cluster) -> bool {
-        self.free == other.free
+    /// Frees what a placement holds, whatever of it is held now (a trial of what a
+    /// preemption would free): whole GPUs held become free, a share comes off its GPU once.
+    pub fn release_held(&mut self, placement: &Placement) {
+        for slot in &placement.0 {
+            match slot.share {
+                Some(share) => self.release_share(slot.node, slot.mask, share),
+                None => {
+                    let held = slot.mask & !self.free[slot.node];
+                    self.free[slot.node] |= held;
+                    self.free_count += held.count_ones();
+                }
+            }
+        }
     }
 
-    /// True when every GPU of the placement is free.
+    /// True when both have exactly the same GPUs free, and the same parts of shared ones.
+    pub fn same_free(&self, other: &Cluster) -> bool {
+        let sorted = |c: &Cluster| {
+            let mut s: Vec<(usize, u32, ShareMode, u32)> = c
+                .shared
+                .iter()
+                .map(|g| (g.node, g.gpu, g.mode, g.used))
+                .collect();
+            s.sort_unstable();
+            s
+        };
+        self.free == other.free && sorted(self) == sorted(other)
+    }
+
+    /// True when every GPU of the placement is free (for a share: free, or shared in its mode
+    /// with room for it).
     pub fn is_free(&self, placement: &Placement) -> bool {
-        placement
-            .0
-            .iter()
-            .all(|s| self.free[s.node] & s.mask == s.mask)
+        placement.0.iter().all(|s| {
+            if self.free[s.node] & s.mask == s.mask {
+                return true;
+            }
+            match (s.share, self.shared_index(s.node, s.mask)) {
+                (Some(share), Some(i)) => {
+                    let g = &self.shared[i];
+                    g.mode == share.mode() && g.room() >= share.units()
+                }
+                _ => false,
+            }
+        })
     }
 
     /// The placement as node names and GPU indices.
@@ -526,6 +741,7 @@ impl Cluster {
                 .map(|s| NodeGpus {
                     node: self.meta[s.node].spec.id.clone(),
                     gpus: (0..64).filter(|b| s.mask & (1u64 << b) != 0).collect(),
+                    share: s.share,
                 })
                 .collect(),
         )
@@ -545,7 +761,11 @@ impl Cluster {
                     }
                     mask |= 1u64 << g;
                 }
-                Some(Slot { node, mask })
+                Some(Slot {
+                    node,
+                    mask,
+                    share: ng.share,
+                })
             })
             .collect::<Option<Vec<_>>>()
             .map(Placement)
@@ -704,5 +924,133 @@ mod tests {
         let p = c.find(8, &a, &any, &a100).unwrap();
         assert_eq!(p.0.len(), 4, "an A100 job of 8 needs the four 2-GPU nodes");
         assert!(p.0.iter().all(|s| s.node < 4));
+    }
+
+    fn share(text: &str) -> Shape {
+        Shape {
+            gpu_share: Some(text.parse().unwrap()),
+            ..Shape::default()
+        }
+    }
+
+    #[test]
+    fn shares_pack_best_fit_on_gpus_of_their_mode() {
+        let a = AccountId::new("a").unwrap();
+        let any = NodeFilter::none();
+        let mut c = cluster(2);
+        let whole = c.find(3, &a, &any, &Shape::default()).unwrap();
+        c.take(&whole);
+        // The first share goes onto a free GPU of the fullest node, not the empty one.
+        let quarter = c.find(1, &a, &any, &share("250m")).unwrap();
+        assert_eq!(quarter.0[0].node, whole.0[0].node);
+        c.take(&quarter);
+        assert_eq!(c.free_gpus(), 16 - 4);
+        assert_eq!(c.held_share_units(), 3 * 7000 + 250 * 7);
+        // The next one shares that GPU; a MIG slice does not (another mode).
+        let half = c.find(1, &a, &any, &share("500m")).unwrap();
+        assert_eq!(half.0[0].mask, quarter.0[0].mask);
+        c.take(&half);
+        let mig = c.find(1, &a, &any, &share("3g")).unwrap();
+        assert_ne!(
+            (mig.0[0].node, mig.0[0].mask),
+            (quarter.0[0].node, quarter.0[0].mask)
+        );
+        c.take(&mig);
+        // 250m left on the first GPU: a 300m share goes elsewhere, a 250m one fits exactly.
+        let big = c.find(1, &a, &any, &share("300m")).unwrap();
+        assert_ne!(big.0[0].mask, quarter.0[0].mask);
+        let exact = c.find(1, &a, &any, &share("250m")).unwrap();
+        assert_eq!(exact.0[0].mask, quarter.0[0].mask);
+        // A share is one GPU: two GPUs of shares is not a thing.
+        assert!(c.find(2, &a, &any, &share("250m")).is_none());
+        // The allocation names the share and reads back.
+        let allocation = c.to_allocation(&exact);
+        assert!(allocation.to_string().ends_with("@250m"), "{allocation}");
+        assert_eq!(c.from_allocation(&allocation), Some(exact.clone()));
+        // Giving the shares back frees the GPU whole.
+        c.release(&quarter);
+        c.release(&half);
+        c.release(&mig);
+        assert_eq!(c.free_gpus(), 16 - 3);
+        assert_eq!(c.held_share_units(), 3 * 7000);
+        assert!(c.same_free(&{
+            let mut d = c.empty_like();
+            d.take(&whole);
+            d
+        }));
+    }
+
+    #[test]
+    fn mig_slices_fill_a_gpu_exactly() {
+        let a = AccountId::new("a").unwrap();
+        let any = NodeFilter::none();
+        let mut c = cluster(1);
+        let mut gpus = std::collections::BTreeSet::new();
+        for profile in ["3g", "3g", "1g"] {
+            let p = c.find(1, &a, &any, &share(profile)).unwrap();
+            gpus.insert(p.0[0].mask);
+            c.take(&p);
+        }
+        assert_eq!(gpus.len(), 1, "3g + 3g + 1g is one GPU");
+        assert_eq!(c.free_gpus(), 7);
+        let next = c.find(1, &a, &any, &share("1g")).unwrap();
+        assert!(!gpus.contains(&next.0[0].mask), "the first GPU is full");
+    }
+
+    proptest::proptest! {
+        /// Against a reference that counts each GPU's parts: no GPU is ever over-committed or
+        /// shared across modes, and the cluster's counts match the placements held.
+        #[test]
+        fn shares_never_overfill_a_gpu(ops in proptest::collection::vec((0u8..8, 0usize..64), 1..120)) {
+            let a = AccountId::new("a").unwrap();
+            let any = NodeFilter::none();
+            let mut c = cluster(2);
+            let mut held: Vec<Placement> = Vec::new();
+            for (kind, pick) in ops {
+                let shape = match kind {
+                    0 => share("100m"),
+                    1 => share("250m"),
+                    2 => share("700m"),
+                    3 => share("1g"),
+                    4 => share("3g"),
+                    5 => Shape::default(),
+                    _ => Shape::default(),
+                };
+                if kind == 6 && !held.is_empty() {
+                    let p = held.swap_remove(pick % held.len());
+                    c.release(&p);
+                } else if let Some(p) = c.find(if kind == 5 { 2 } else { 1 }, &a, &any, &shape) {
+                    proptest::prop_assert!(c.is_free(&p));
+                    c.take(&p);
+                    held.push(p);
+                }
+                let mut per_gpu: std::collections::BTreeMap<(usize, u64), (u32, Option<ShareMode>)> =
+                    Default::default();
+                for p in &held {
+                    for slot in &p.0 {
+                        for bit in (0..64).map(|b| 1u64 << b).filter(|b| slot.mask & b != 0) {
+                            let e = per_gpu.entry((slot.node, bit)).or_default();
+                            match slot.share {
+                                Some(s) => {
+                                    proptest::prop_assert!(e.1.is_none_or(|m| m == s.mode()));
+                                    e.0 += s.units();
+                                    e.1 = Some(s.mode());
+                                }
+                                None => e.0 += 7000,
+                            }
+                        }
+                    }
+                }
+                proptest::prop_assert!(per_gpu.values().all(|(u, _)| *u <= 7000));
+                let units: u64 = held.iter().map(Placement::share_units).sum();
+                proptest::prop_assert_eq!(c.held_share_units(), units);
+                let mut rebuilt = c.empty_like();
+                for p in &held {
+                    rebuilt.take(p);
+                }
+                proptest::prop_assert!(rebuilt.same_free(&c));
+                proptest::prop_assert_eq!(rebuilt.free_gpus(), c.free_gpus());
+            }
+        }
     }
 }

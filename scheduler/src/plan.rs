@@ -9,7 +9,7 @@ use std::borrow::Cow;
 use gpuledger_model::time::UnixSeconds;
 use gpuledger_model::JobId;
 
-use crate::cluster::{Cluster, Placement, Slot};
+use crate::cluster::{Cluster, Placement, Shape, Slot};
 
 /// A planned start: these GPUs are spoken for during `[start, end)`.
 #[derive(Clone, Debug)]
@@ -98,6 +98,7 @@ impl Plan {
         &self,
         cluster: &Cluster,
         gpus: u32,
+        shape: &Shape,
         limit_s: u64,
         mut find: impl FnMut(&Cluster, UnixSeconds) -> Option<Placement>,
     ) -> Option<(UnixSeconds, Placement)> {
@@ -120,7 +121,7 @@ impl Plan {
             }
             // Releases only add GPUs and holds only take some: a cluster with too few free
             // GPUs before the holds cannot place the job.
-            if future.free_gpus() < gpus {
+            if !future.may_fit(gpus, shape) {
                 continue;
             }
             let end = t.saturating_add(limit_s as i64);
@@ -155,10 +156,7 @@ impl Plan {
                 placement
                     .0
                     .iter()
-                    .map(|s| Slot {
-                        node: s.node,
-                        mask: full_node(cluster, s.node),
-                    })
+                    .map(|s| Slot::whole(s.node, full_node(cluster, s.node)))
                     .collect(),
             )
         } else {

@@ -14,7 +14,7 @@ use std::collections::{BinaryHeap, HashMap};
 use gpuledger_model::config::ClusterConfig;
 use gpuledger_model::job::{JobEvent, JobEventKind, Outcome};
 use gpuledger_model::time::UnixSeconds;
-use gpuledger_model::{Allocation, JobId};
+use gpuledger_model::{Allocation, JobId, SHARE_UNITS_PER_GPU};
 
 use crate::core::{Cycle, JobSpec, Refusal, Scheduler, SchedulerOptions};
 use crate::reservation::{ReservationError, ReservationRequest};
@@ -42,6 +42,22 @@ pub struct Run {
     pub gpus: u32,
 }
 
+impl Run {
+    /// What the run holds in share units ([`SHARE_UNITS_PER_GPU`] to a GPU).
+    pub fn share_units(&self) -> u64 {
+        if self.allocation.0.is_empty() {
+            u64::from(self.gpus) * u64::from(SHARE_UNITS_PER_GPU)
+        } else {
+            self.allocation.share_units()
+        }
+    }
+
+    /// GPUs held, a share of a GPU as its fraction.
+    pub fn gpu_equivalent(&self) -> f64 {
+        self.share_units() as f64 / f64::from(SHARE_UNITS_PER_GPU)
+    }
+}
+
 /// What happened to one job.
 #[derive(Clone, Debug, PartialEq)]
 pub struct JobRecord {
@@ -65,14 +81,17 @@ impl JobRecord {
     }
 
     /// GPU-seconds held up to `horizon_s`.
+    /// A share of a GPU counts as its fraction (rounded down once, over all the runs).
     pub fn gpu_seconds_until(&self, horizon_s: UnixSeconds) -> i64 {
-        self.runs
+        let unit_s: u64 = self
+            .runs
             .iter()
             .map(|r| {
                 let end = r.end_s.unwrap_or(horizon_s).min(horizon_s);
-                i64::from(r.gpus) * (end - r.start_s).max(0)
+                r.share_units() * (end - r.start_s).max(0) as u64
             })
-            .sum()
+            .sum();
+        (unit_s / u64::from(SHARE_UNITS_PER_GPU)) as i64
     }
 }
 
@@ -83,8 +102,8 @@ pub struct SimResult {
     pub records: Vec<JobRecord>,
     pub refused: Vec<(JobSpec, Refusal)>,
     pub events: Vec<JobEvent>,
-    /// (time, busy GPUs) at every change.
-    pub busy_gpus: Vec<(UnixSeconds, u32)>,
+    /// (time, busy GPUs) at every change; a GPU held in shares counts the parts held.
+    pub busy_gpus: Vec<(UnixSeconds, f64)>,
     pub total_gpus: u32,
     pub start_s: UnixSeconds,
     pub horizon_s: UnixSeconds,
@@ -175,7 +194,7 @@ fn run(
         ticks: Default::default(),
     };
     let mut refused = Vec::new();
-    let mut busy = vec![(start_s, 0u32)];
+    let mut busy = vec![(start_s, 0.0)];
     let mut next_submit = 0;
     let end_of_time = horizon_s.unwrap_or(UnixSeconds::MAX);
 
@@ -232,7 +251,8 @@ fn run(
         let cycle = sim.sched.schedule(now);
         sim.apply(cycle, now);
         sim.plan_tick(now);
-        let busy_now = total_gpus - sim.sched.cluster().free_gpus();
+        let busy_now =
+            sim.sched.cluster().held_share_units() as f64 / f64::from(SHARE_UNITS_PER_GPU);
         if busy.last().map(|(_, b)| *b) != Some(busy_now) {
             busy.push((now, busy_now));
         }
@@ -481,7 +501,7 @@ impl SimResult {
                 .map(|(t, _)| *t)
                 .unwrap_or(self.horizon_s)
                 .min(to);
-            busy_gpu_s += f64::from(*b) * (next - (*t).max(from)).max(0) as f64;
+            busy_gpu_s += *b * (next - (*t).max(from)).max(0) as f64;
         }
         busy_gpu_s / (span * f64::from(self.total_gpus))
     }

@@ -698,6 +698,11 @@ proptest! {
             if kind == 0 {
                 spec.partition = Some("urgent".into());
                 urgent_jobs += 1;
+            } else if kind >= 8 {
+                // A part of one GPU: time-sliced or a MIG slice.
+                spec.gpus = 1;
+                let share = if kind == 8 { "300m" } else { "2g" };
+                spec.shape.gpu_share = Some(share.parse().unwrap());
             } else if elastic && g >= 2 {
                 spec.min_gpus = Some(g / 2);
             }
@@ -709,8 +714,8 @@ proptest! {
             submitted.iter().map(|(_, s)| (s.id.clone(), s.gpus)).collect();
         let (finished, preemptions) = drive(&mut h, submitted);
         prop_assert_eq!(finished, admitted, "every admitted job eventually ran to its end");
-        // Only urgent jobs preempt; each frees no more GPUs than it needs (every victim holds
-        // at least one) and never preempts the same job twice: no loop.
+        // Only urgent jobs preempt; each frees no more GPUs than it needs and never preempts
+        // the same job twice: no loop.
         let mut by_preemptor: std::collections::HashMap<JobId, Vec<JobId>> = Default::default();
         for (victim, by) in &preemptions {
             prop_assert_ne!(victim, by);
@@ -722,7 +727,8 @@ proptest! {
             distinct.sort();
             distinct.dedup();
             prop_assert_eq!(distinct.len(), victims.len(), "{} preempted a job twice", by);
-            prop_assert!(victims.len() as u32 <= gpus[by]);
+            // Each victim holds at least a third of a GPU (the smallest share here is 2g).
+            prop_assert!(victims.len() as u32 <= 3 * gpus[by]);
         }
     }
 
@@ -1026,5 +1032,71 @@ fn jobs_run_in_the_shape_they_ask_for_or_are_refused_when_none_exists() {
             h.sched.cluster().to_allocation(&held.placement).to_string(),
             "h001:0-7;h002:0-7"
         );
+    }
+}
+
+#[test]
+fn shares_of_a_gpu_pack_onto_one_gpu_and_wait_for_a_gpu_of_their_mode() {
+    use gpuledger_scheduler::cluster::Shape;
+    for policy in [
+        "fifo",
+        "fifo+backfill",
+        "fairshare+backfill",
+        "fairshare+conservative",
+    ] {
+        let mut h = harness(1, policy);
+        let share = |h: &mut Harness, text: &str, limit_h: u64, t: i64| {
+            let mut spec = h.spec("c", 1, limit_h, t);
+            spec.shape = Shape {
+                gpu_share: Some(text.parse().unwrap()),
+                ..Shape::default()
+            };
+            h.submit_spec(spec)
+        };
+        let whole: Vec<JobId> = (0..7).map(|_| h.submit("b", 1, 1, 0)).collect();
+        let quarters: Vec<JobId> = (0..4).map(|_| share(&mut h, "250m", 2, 0)).collect();
+        h.step(0);
+        assert!(whole.iter().all(|j| h.is_running(j)), "{policy}");
+        assert!(quarters.iter().all(|j| h.is_running(j)), "{policy}");
+        let gpus: std::collections::BTreeSet<String> = quarters
+            .iter()
+            .map(|j| {
+                let r = h.sched.running_job(j).unwrap();
+                h.sched.cluster().to_allocation(&r.placement).to_string()
+            })
+            .collect();
+        assert_eq!(
+            gpus.len(),
+            1,
+            "{policy}: four quarters share one GPU: {gpus:?}"
+        );
+        assert!(gpus.iter().all(|a| a.ends_with("@250m")), "{gpus:?}");
+        // Every GPU is held; a fifth quarter, a whole GPU and a MIG slice all wait.
+        let fifth = share(&mut h, "250m", 1, 60);
+        let mig = share(&mut h, "3g", 1, 60);
+        let one = h.submit("b", 1, 1, 60);
+        h.step(60);
+        for j in [&fifth, &mig, &one] {
+            assert!(!h.is_running(j), "{policy}: {j}");
+        }
+        for j in &whole {
+            h.finish(j, H);
+        }
+        h.step(H);
+        for j in [&fifth, &mig, &one] {
+            assert!(h.is_running(j), "{policy}: {j}");
+        }
+        // The MIG slice is on a GPU of its own: not the time-sliced one.
+        let mig_at = h.sched.running_job(&mig).unwrap().placement.clone();
+        let quarter_at = h.sched.running_job(&quarters[0]).unwrap().placement.clone();
+        assert_ne!(mig_at.0[0].mask, quarter_at.0[0].mask, "{policy}");
+        // A share is of one GPU: two GPUs, or an elastic share, is refused.
+        let mut two = h.spec("c", 2, 1, H);
+        two.shape.gpu_share = Some("250m".parse().unwrap());
+        assert!(matches!(
+            h.sched.submit(two),
+            Err(Refusal::ShareOfOneGpu { .. })
+        ));
+        h.sched.check_invariants().unwrap();
     }
 }

@@ -89,7 +89,7 @@ pub fn weekly_shares(result: &SimResult, weights: &BTreeMap<String, u32>) -> Vec
         let Some(&a) = index.get(r.spec.account.as_str()) else {
             continue;
         };
-        let gpus = f64::from(r.spec.gpus);
+        let gpus = r.spec.gpu_equivalent();
         let end = r.end_s.unwrap_or(result.horizon_s).min(result.horizon_s);
         if end > r.spec.submit_s {
             changes.push((r.spec.submit_s, a, gpus));
@@ -101,7 +101,7 @@ pub fn weekly_shares(result: &SimResult, weights: &BTreeMap<String, u32>) -> Vec
                 start,
                 run.start_s,
                 run_end,
-                f64::from(run.gpus),
+                run.gpu_equivalent(),
                 &mut received[a],
             );
         }

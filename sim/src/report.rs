@@ -13,44 +13,46 @@ use gpuledger_model::config::{
     ClusterSection, FairShareConfig, NodePool, Partition, PriceBookConfig, SchedulerConfig,
 };
 use gpuledger_model::tenant::Account;
-use gpuledger_model::{ClusterConfig, Currency, DurationSpec, GpuModel, Quota};
-use gpuledger_scheduler::trace::vc_account;
+use gpuledger_model::{AccountId, ClusterConfig, Currency, DurationSpec, GpuModel, Quota};
 use gpuledger_scheduler::{SimJob, SimResult};
 
 use crate::{Error, Result};
 
-/// A cluster of `nodes` x 8 GPUs with one partition and an account per tenant of the trace,
-/// weighted by its VC's nodes (1 where the VC has no row: no guaranteed share). Fair share
-/// counts usage against one day of the whole cluster (`usage_factor_gpu_hours`).
-pub fn trace_cluster(
-    nodes: u32,
+/// The fair-share weight of each account of a Philly trace: its VC's nodes (1 where the VC has
+/// no row: no guaranteed share).
+pub fn philly_weights(
     jobs: &[SimJob],
     vc_nodes: &BTreeMap<String, u32>,
-) -> Result<ClusterConfig> {
-    let mut weights: BTreeMap<String, u32> = BTreeMap::new();
+) -> BTreeMap<AccountId, u32> {
+    let mut weights = BTreeMap::new();
     for job in jobs {
-        let vc = job
-            .spec
-            .account
-            .as_str()
-            .trim_start_matches("vc-")
-            .to_owned();
-        let w = vc_nodes.get(&vc).copied().unwrap_or(1).max(1);
-        weights.insert(vc, w);
+        let vc = job.spec.account.as_str().trim_start_matches("vc-");
+        let w = vc_nodes.get(vc).copied().unwrap_or(1).max(1);
+        weights.insert(job.spec.account.clone(), w);
     }
+    weights
+}
+
+/// Every account of a trace with the same weight (a trace that names no tenant sizes).
+pub fn equal_weights(jobs: &[SimJob]) -> BTreeMap<AccountId, u32> {
+    jobs.iter().map(|j| (j.spec.account.clone(), 1)).collect()
+}
+
+/// A cluster of `nodes` x 8 GPUs with one partition and an account per tenant of the trace,
+/// weighted by `weights`. Fair share counts usage against one day of the whole cluster
+/// (`usage_factor_gpu_hours`).
+pub fn trace_cluster(nodes: u32, weights: &BTreeMap<AccountId, u32>) -> Result<ClusterConfig> {
     let accounts = weights
-        .into_iter()
-        .map(|(vc, weight)| {
-            Ok(Account {
-                run_as: None,
-                id: vc_account(&vc).map_err(|e| Error::Invalid(format!("VC `{vc}`: {e}")))?,
-                name: format!("Philly VC {vc}"),
-                weight,
-                quota: Quota::default(),
-                projects: Vec::new(),
-            })
+        .iter()
+        .map(|(id, weight)| Account {
+            run_as: None,
+            id: id.clone(),
+            name: format!("trace account {id}"),
+            weight: *weight,
+            quota: Quota::default(),
+            projects: Vec::new(),
         })
-        .collect::<Result<Vec<_>>>()?;
+        .collect::<Vec<_>>();
     let config = ClusterConfig {
         version: gpuledger_model::config::CONFIG_VERSION,
         cluster: ClusterSection {
@@ -166,13 +168,13 @@ pub fn write_outputs(out: &Path, config: &ClusterConfig, result: &SimResult) -> 
         .map(|(spec, _)| spec.id.as_str())
         .collect();
     let mut csv = String::from(
-        "job_id,account,gpus,submit,start,end,wait_s,jct_s,outcome,backfilled,preemptions,lost_gpu_s\n",
+        "job_id,account,gpus,submit,start,end,wait_s,jct_s,outcome,backfilled,preemptions,lost_gpu_s,gpu_share\n",
     );
     for r in &result.records {
         let opt = |x: Option<i64>| x.map(|v| (v - t0).to_string()).unwrap_or_default();
         let _ = writeln!(
             csv,
-            "{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{}",
             r.spec.id,
             r.spec.account,
             r.spec.gpus,
@@ -192,7 +194,12 @@ pub fn write_outputs(out: &Path, config: &ClusterConfig, result: &SimResult) -> 
                 }),
             r.backfilled,
             r.preemptions,
-            r.lost_gpu_s
+            r.lost_gpu_s,
+            r.spec
+                .shape
+                .gpu_share
+                .map(|s| s.to_string())
+                .unwrap_or_default()
         );
     }
     let jobs_path = out.join("jobs.csv");
@@ -437,7 +444,7 @@ pub fn hourly_utilization(result: &SimResult) -> Vec<(f64, f64)> {
                 .map(|b| b.0)
                 .unwrap_or(end)
                 .min(next);
-            busy_s += f64::from(result.busy_gpus[j].1) * (to - from).max(0) as f64;
+            busy_s += result.busy_gpus[j].1 * (to - from).max(0) as f64;
             j += 1;
         }
         out.push((
@@ -526,18 +533,19 @@ pub fn gpu_seconds_within(
     record: &gpuledger_scheduler::JobRecord,
     intervals: &[(i64, i64)],
 ) -> i64 {
-    let mut total = 0;
+    let mut unit_s: i64 = 0;
     for run in &record.runs {
         let (start, end) = (run.start_s, run.end_s.unwrap_or(i64::MAX));
         let first = intervals.partition_point(|iv| iv.1 <= start);
+        let units = run.share_units() as i64;
         for iv in &intervals[first..] {
             if iv.0 >= end {
                 break;
             }
-            total += i64::from(run.gpus) * (end.min(iv.1) - start.max(iv.0)).max(0);
+            unit_s += units * (end.min(iv.1) - start.max(iv.0)).max(0);
         }
     }
-    total
+    unit_s / i64::from(gpuledger_model::SHARE_UNITS_PER_GPU)
 }
 
 #[cfg(test)]

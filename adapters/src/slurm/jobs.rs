@@ -156,10 +156,10 @@ impl SlurmJob {
         }
         let mut nodes = Vec::new();
         for (node, gpus) in &self.gpu_indices {
-            nodes.push(NodeGpus {
-                node: NodeId::new(node).ok()?,
-                gpus: gpus.iter().map(|g| u32::from(*g)).collect(),
-            });
+            nodes.push(NodeGpus::whole(
+                NodeId::new(node).ok()?,
+                gpus.iter().map(|g| u32::from(*g)).collect(),
+            ));
         }
         Some(Allocation(nodes))
     }

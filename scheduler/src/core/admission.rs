@@ -83,6 +83,11 @@ impl Scheduler {
         if spec.is_elastic() && spec.shape.fixes_layout() {
             return Err(Refusal::ElasticShape);
         }
+        if let Some(share) = spec.shape.gpu_share {
+            if spec.gpus != 1 || spec.is_elastic() || spec.shape.fixes_layout() {
+                return Err(Refusal::ShareOfOneGpu { share });
+            }
+        }
         if spec.shape != Default::default()
             && self
                 .cluster
@@ -373,6 +378,9 @@ fn describe_shape(shape: &crate::cluster::Shape) -> String {
     if !shape.gpu_models.is_empty() {
         let models: Vec<String> = shape.gpu_models.iter().map(ToString::to_string).collect();
         parts.push(models.join(" or "));
+    }
+    if let Some(share) = shape.gpu_share {
+        parts.push(format!("a {share} share of a GPU"));
     }
     parts.join(", ")
 }

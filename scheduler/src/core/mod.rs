@@ -687,7 +687,7 @@ impl Scheduler {
 
     fn plan_earliest(&self, plan: &Plan, spec: &JobSpec) -> Option<(UnixSeconds, Placement)> {
         let (min, limit) = (spec.min_size(), spec.time_limit_s);
-        plan.earliest(&self.cluster, min, limit, |cluster, t| {
+        plan.earliest(&self.cluster, min, &spec.shape, limit, |cluster, t| {
             let filter = self.filter_for(spec, t, t.saturating_add(limit as i64));
             cluster.find(min, &spec.account, &filter, &spec.shape)
         })
@@ -933,7 +933,11 @@ fn accrue(
         return;
     }
     let gpus = job.placement.gpu_count();
-    ledger.record(&job.spec.account, f64::from(gpus) * secs as f64, now);
+    ledger.record(
+        &job.spec.account,
+        job.placement.gpu_equivalent() * secs as f64,
+        now,
+    );
     windows.record(
         &job.spec.account,
         job.spec.project.as_ref(),

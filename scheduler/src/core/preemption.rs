@@ -251,6 +251,5 @@ impl PreemptionGate {
 
 /// Frees GPUs in a trial copy, where some may already be free.
 pub(super) fn release_into(trial: &mut Cluster, placement: &Placement) {
-    trial.hold(placement);
-    trial.release(placement);
+    trial.release_held(placement);
 }

@@ -117,6 +117,14 @@ impl JobSpec {
     pub fn is_elastic(&self) -> bool {
         self.min_size() < self.gpus
     }
+
+    /// GPUs asked for, a share of a GPU as its fraction.
+    pub fn gpu_equivalent(&self) -> f64 {
+        match self.shape.gpu_share {
+            Some(share) => share.fraction(),
+            None => f64::from(self.gpus),
+        }
+    }
 }
 
 /// Why a job is refused at submission: it could never run as asked.
@@ -164,6 +172,8 @@ pub enum Refusal {
     ShapeNeverFits { gpus: u32, shape: String },
     #[error("an elastic job (min_gpus) cannot fix GPUs per node or a node count")]
     ElasticShape,
+    #[error("a share of a GPU ({share}) is a part of one GPU: ask for 1 GPU, not elastic, with no GPUs per node or node count")]
+    ShareOfOneGpu { share: gpuledger_model::GpuShare },
     #[error("time limit {asked_s} s exceeds the {limit_s} s allowed ({what})")]
     TimeLimit {
         asked_s: u64,
