@@ -11,6 +11,11 @@
 //! no other run of it names, hour by hour. Idle capacity is what GPUs measured with no job,
 //! never more than a node's measured GPUs leave after what was billed and flagged.
 //!
+//! A GPU held in parts (`node:3@250m`: time-sliced, or MIG instances) is measured as one GPU,
+//! its samples labelled with one of its jobs: what it measured in an hour is split among the
+//! jobs holding parts of it then, each its part (a quarter of the GPU's measured seconds for a
+//! 250m share), and each part is billed against what that job held.
+//!
 //! Where no allocation source exists ([`as_labelled`]), rows are billed as labelled: the node
 //! is trusted for which job ran, and the ingest checks (node, GPU, account, bounds) still hold.
 
@@ -113,6 +118,25 @@ impl Amount {
     }
 
     /// The smaller of two amounts, quarter by quarter where both know their quarters.
+    /// `units` share units' part of the amount ([`SHARE_UNITS_PER_GPU`] being all of it),
+    /// rounded down quarter by quarter.
+    fn part(self, units: u32) -> Amount {
+        let of = |v: i64| v * i64::from(units) / i64::from(SHARE_UNITS_PER_GPU);
+        match self.quarters {
+            Some(q) => {
+                let q = q.map(of);
+                Amount {
+                    total: q.iter().sum(),
+                    quarters: Some(q),
+                }
+            }
+            None => Amount {
+                total: of(self.total),
+                quarters: None,
+            },
+        }
+    }
+
     fn min(self, other: Amount) -> Amount {
         match (self.quarters, other.quarters) {
             (Some(a), Some(b)) => {
@@ -211,6 +235,8 @@ pub fn reconcile(
     let mut gpu_slots: HashSet<(&str, &str, u16)> = HashSet::new();
     let mut job_slots: HashSet<&str> = HashSet::new();
     let mut held: BTreeMap<SlotHour, Amount> = BTreeMap::new();
+    // The jobs holding parts of each GPU in each hour, with their parts in share units.
+    let mut parts: HashMap<(String, u16, i64), BTreeMap<String, u32>> = HashMap::new();
     for run in runs {
         owners.entry(run.job_id.as_str()).or_insert_with(|| Owner {
             account: run.account.clone(),
@@ -238,6 +264,16 @@ pub fn reconcile(
                         if t > s {
                             let units = n.share.map_or(SHARE_UNITS_PER_GPU, |sh| sh.units());
                             add(Slot::Gpu(n.node.to_string(), g), i64::from(units));
+                            if n.share.is_some() {
+                                for_each_hour(s, t, |hour, _, _| {
+                                    let part = parts
+                                        .entry((n.node.to_string(), g, hour))
+                                        .or_default()
+                                        .entry(run.job_id.clone())
+                                        .or_default();
+                                    *part = (*part).max(units);
+                                });
+                            }
                         }
                     }
                 }
@@ -256,8 +292,9 @@ pub fn reconcile(
     }
 
     let mut out = Reconciled::default();
-    // Measured, per slot and hour: the rows (by index) and their amounts.
-    let mut measured: BTreeMap<SlotHour, Vec<(usize, Amount)>> = BTreeMap::new();
+    // Measured, per slot and hour: the rows (by index), their amounts and the part of the row
+    // each amount is (share units; a whole GPU's row is all of it).
+    let mut measured: BTreeMap<SlotHour, Vec<(usize, Amount, u32)>> = BTreeMap::new();
     let mut idle: BTreeMap<(&str, &str, i64), Amount> = BTreeMap::new();
     let mut node_gpus: HashMap<(&str, i64), BTreeSet<u16>> = HashMap::new();
     let mut used: HashMap<(&str, i64), i64> = HashMap::new();
@@ -299,6 +336,22 @@ pub fn reconcile(
             flag(r, FlagReason::AccountMismatch, r.gpu_seconds);
             continue;
         }
+        if let Some(sharers) = parts
+            .get(&(r.node.clone(), r.gpu_index, r.hour_ms))
+            .filter(|s| s.contains_key(job))
+        {
+            for (sharer, units) in sharers {
+                measured
+                    .entry((
+                        sharer.clone(),
+                        Slot::Gpu(r.node.clone(), r.gpu_index),
+                        r.hour_ms,
+                    ))
+                    .or_default()
+                    .push((i, amount.part(*units), *units));
+            }
+            continue;
+        }
         let slot = if gpu_slots.contains(&(job, r.node.as_str(), r.gpu_index)) {
             Slot::Gpu(r.node.clone(), r.gpu_index)
         } else if job_slots.contains(job) {
@@ -310,7 +363,7 @@ pub fn reconcile(
         measured
             .entry((job.to_owned(), slot, r.hour_ms))
             .or_default()
-            .push((i, amount));
+            .push((i, amount, SHARE_UNITS_PER_GPU));
     }
 
     // Billed: the smaller of measured and held, spread back over the rows that measured it.
@@ -318,7 +371,7 @@ pub fn reconcile(
     for (key, rows) in &measured {
         let (job, _, hour) = key;
         let owner = &owners[job.as_str()];
-        let total = rows.iter().fold(Amount::default(), |mut acc, (_, a)| {
+        let total = rows.iter().fold(Amount::default(), |mut acc, (_, a, _)| {
             acc.add(*a);
             acc
         });
@@ -327,14 +380,17 @@ pub fn reconcile(
             .copied()
             .unwrap_or_else(|| Amount::of(0, None));
         let take = total.min(allowed);
-        let parts: Vec<Amount> = rows.iter().map(|(_, a)| *a).collect();
-        for ((i, measured_row), got) in rows.iter().zip(take.split_over(&parts)) {
+        let amounts: Vec<Amount> = rows.iter().map(|(_, a, _)| *a).collect();
+        for ((i, measured_row, units), got) in rows.iter().zip(take.split_over(&amounts)) {
             let r = &telemetry[*i];
             flag(r, FlagReason::NotHeld, measured_row.total - got.total);
             if got.total == 0 {
                 continue;
             }
-            let share = got.total as f64 / measured_row.total as f64;
+            // The part of the telemetry row billed here: of this job's part of the row, what
+            // it held.
+            let part = f64::from(*units) / f64::from(SHARE_UNITS_PER_GPU);
+            let share = got.total as f64 / measured_row.total as f64 * part;
             let e = billed
                 .entry((
                     owner.account.clone(),
@@ -347,10 +403,12 @@ pub fn reconcile(
                 .or_insert((Amount::default(), 0.0, 0));
             e.0.add(got);
             e.1 += r.mfu_proxy_sum * share;
-            e.2 += if got.total == measured_row.total {
+            e.2 += if got.total == measured_row.total && *units == SHARE_UNITS_PER_GPU {
                 r.mfu_seconds
             } else {
-                r.mfu_seconds * got.total / measured_row.total
+                let whole = i128::from(measured_row.total) * i128::from(SHARE_UNITS_PER_GPU);
+                (i128::from(r.mfu_seconds) * i128::from(got.total) * i128::from(*units) / whole)
+                    as i64
             };
         }
         // What was held and not measured.
@@ -361,7 +419,7 @@ pub fn reconcile(
                     node.clone(),
                     model_of(node).or(default_model).or_else(|| {
                         rows.first()
-                            .and_then(|(i, _)| telemetry[*i].gpu_model.parse().ok())
+                            .and_then(|(i, _, _)| telemetry[*i].gpu_model.parse().ok())
                     }),
                 ),
                 Slot::Job => (UNALLOCATED_NODE.to_owned(), default_model),

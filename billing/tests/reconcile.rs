@@ -247,3 +247,71 @@ proptest! {
         prop_assert_eq!(billed.values().sum::<i64>() + flagged, labelled);
     }
 }
+
+/// A job of `account` holding `allocation` over `[0, secs)` of the first hour.
+fn held_for(job: &str, account: &str, allocation: &str, secs: i64) -> Vec<JobEvent> {
+    let ev = |t: i64, kind| {
+        JobEvent::new(
+            T0 + t * 1000,
+            JobId::new(job).unwrap(),
+            AccountId::new(account).unwrap(),
+            None,
+            kind,
+        )
+    };
+    let mut start = ev(0, JobEventKind::Started);
+    start.gpus = Some(1);
+    start.allocation = Some(allocation.parse().unwrap());
+    vec![start, ev(secs, JobEventKind::Finished)]
+}
+
+#[test]
+fn a_gpu_held_in_parts_is_billed_to_each_job_for_its_part() {
+    // GPU 0 of n1 is shared for the whole hour by a half (job 1) and a quarter (job 2); its
+    // exporter labels every sample with job 1. GPU 1 holds 3g + 3g of MIG (jobs 3 and 4) for
+    // half the hour; its samples name job 4.
+    let mut events = held_for("1", "alpha", "n1:0@500m", 3600);
+    events.extend(held_for("2", "beta", "n1:0@250m", 3600));
+    events.extend(held_for("3", "gamma", "n1:1@3g", 1800));
+    events.extend(held_for("4", "alpha", "n1:1@3g", 1800));
+    let mut seconds: Vec<Second> = (0..3600)
+        .map(|t| (0, 0, t, Some(1), Some("alpha")))
+        .collect();
+    seconds.extend((0..1800).map(|t| (0, 1, t, Some(4), Some("alpha"))));
+    let runs = held_runs(&events, T0 + SPAN_S * 1000);
+    let out = reconcile(
+        &gpu_hours(&seconds),
+        &runs,
+        T0,
+        T0 + SPAN_S * 1000,
+        &|_| Some(GpuModel::H100Sxm),
+        None,
+    )
+    .unwrap();
+    let billed: BTreeMap<&str, i64> = out
+        .billed
+        .iter()
+        .map(|m| (m.job_id.as_deref().unwrap(), m.gpu_seconds))
+        .collect();
+    // Three sevenths of the first two quarters of the hour (900 s each): 385.71 s each,
+    // rounded down per quarter, 770 s.
+    assert_eq!(
+        billed,
+        BTreeMap::from([("1", 1800), ("2", 900), ("3", 770), ("4", 770)])
+    );
+    // Each is billed to its own account, though the samples name job 1 or 4.
+    let beta: i64 = out
+        .billed
+        .iter()
+        .filter(|m| m.account == "beta")
+        .map(|m| m.gpu_seconds)
+        .sum();
+    assert_eq!(beta, 900);
+    // What the parts held was measured: no gap, nothing flagged.
+    assert!(
+        out.gaps.iter().all(|g| g.gpu_seconds <= 3),
+        "{:?}",
+        out.gaps
+    );
+    assert!(out.flagged.is_empty(), "{:?}", out.flagged);
+}

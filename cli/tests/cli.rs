@@ -453,12 +453,15 @@ fn simulate_runs_its_own_job_format_with_preemption_and_a_reservation() {
     let jobs = dir.path().join("jobs.csv");
     std::fs::write(
         &jobs,
-        "job_id,submit,account,gpus,run_time_s,checkpoint_every_s,partition\n\
-         a1,2026-06-01T00:00:00Z,a,8,14400,1800,\n\
-         a2,2026-06-01T00:00:00Z,a,8,14400,1800,\n\
-         b1,2026-06-01T01:00:00Z,b,8,3600,,urgent\n\
-         b2,2026-06-01T10:00:00Z,b,8,3600,,\n\
-         a3,2026-06-01T09:00:00Z,a,16,7200,,\n",
+        "job_id,submit,account,gpus,run_time_s,checkpoint_every_s,partition,gpu_share\n\
+         a1,2026-06-01T00:00:00Z,a,8,14400,1800,,\n\
+         a2,2026-06-01T00:00:00Z,a,8,14400,1800,,\n\
+         b1,2026-06-01T01:00:00Z,b,8,3600,,urgent,\n\
+         b2,2026-06-01T10:00:00Z,b,8,3600,,,\n\
+         a3,2026-06-01T09:00:00Z,a,16,7200,,,\n\
+         s1,2026-06-01T15:00:00Z,a,1,3600,,,500m\n\
+         s2,2026-06-01T15:00:00Z,b,1,3600,,,250m\n\
+         s3,2026-06-01T15:00:00Z,b,1,1800,,,3g\n",
     )
     .unwrap();
     let reservations = dir.path().join("res.toml");
@@ -492,8 +495,8 @@ fn simulate_runs_its_own_job_format_with_preemption_and_a_reservation() {
         String::from_utf8_lossy(&run.stderr)
     );
     // The simulated month went through the aggregator's ingest path into Parquet and was
-    // billed: every GPU-second the scheduler allocated (a preempted job's two runs included) is
-    // on an invoice.
+    // billed: every GPU-second the scheduler allocated (a preempted job's two runs included,
+    // the parts of GPUs for their parts) is on an invoice.
     let stdout = String::from_utf8_lossy(&run.stdout).to_string();
     let stored = stdout
         .lines()
@@ -534,6 +537,11 @@ fn simulate_runs_its_own_job_format_with_preemption_and_a_reservation() {
     assert_eq!(row("a3")[6], (3 * 3600).to_string(), "{csv}");
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(report.contains("Preemptions: 1"), "{report}");
+    // The parts of GPUs ran at once (they fit one GPU and a MIG one) and say their part.
+    for (id, share) in [("s1", "500m"), ("s2", "250m"), ("s3", "3g")] {
+        assert_eq!(row(id)[6], "0", "{csv}");
+        assert_eq!(row(id)[12], share, "{csv}");
+    }
 
     let bad = dir.path().join("bad.csv");
     std::fs::write(&bad, "submit,account,gpus,run_time_s\n0,a,eight,10\n").unwrap();

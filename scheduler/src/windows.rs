@@ -1,12 +1,13 @@
 //! GPU-seconds allocated per UTC day, per account and per project, for the quota's
 //! `gpu_hours_per_day` and `gpu_hours_per_week` (the last seven UTC days, today included).
-//! Integers: usage stays whole GPU-seconds until it is priced.
+//! Integers: kept in share-unit-seconds (a part of a GPU counts as its part, exactly) and read
+//! as whole GPU-seconds.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use gpuledger_model::quota::{Quota, QuotaDimension};
 use gpuledger_model::time::UnixSeconds;
-use gpuledger_model::{AccountId, ProjectId};
+use gpuledger_model::{AccountId, ProjectId, SHARE_UNITS_PER_GPU};
 
 pub const DAY_S: i64 = 86_400;
 
@@ -80,12 +81,13 @@ impl UsageWindows {
         }
     }
 
-    /// Adds `gpus` held over `[from, to)` to the account and, when named, the project.
+    /// Adds `units` share units held over `[from, to)` to the account and, when named, the
+    /// project.
     pub fn record(
         &mut self,
         account: &AccountId,
         project: Option<&ProjectId>,
-        gpus: u32,
+        units: u64,
         from: UnixSeconds,
         to: UnixSeconds,
     ) {
@@ -96,40 +98,42 @@ impl UsageWindows {
         while t < to {
             let day = day_of(t);
             let until = to.min((day + 1) * DAY_S);
-            let gpu_s = i64::from(gpus) * (until - t);
+            let unit_s = units as i64 * (until - t);
             *self
                 .days
                 .entry((account.clone(), None))
                 .or_default()
                 .entry(day)
-                .or_default() += gpu_s;
+                .or_default() += unit_s;
             if let Some(p) = project {
                 *self
                     .days
                     .entry((account.clone(), Some(p.clone())))
                     .or_default()
                     .entry(day)
-                    .or_default() += gpu_s;
+                    .or_default() += unit_s;
             }
             t = until;
         }
     }
 
-    /// GPU-seconds of the UTC day `day`.
+    /// GPU-seconds of the UTC day `day` (rounded down).
     pub fn day(&self, key: &WindowKey, day: i64) -> i64 {
         self.days
             .get(key)
             .and_then(|d| d.get(&day))
             .copied()
             .unwrap_or(0)
+            / i64::from(SHARE_UNITS_PER_GPU)
     }
 
-    /// GPU-seconds of the seven UTC days ending with `day`.
+    /// GPU-seconds of the seven UTC days ending with `day` (rounded down).
     pub fn week(&self, key: &WindowKey, day: i64) -> i64 {
         self.days
             .get(key)
-            .map(|d| d.range(day - 6..=day).map(|(_, v)| *v).sum())
+            .map(|d| d.range(day - 6..=day).map(|(_, v)| *v).sum::<i64>())
             .unwrap_or(0)
+            / i64::from(SHARE_UNITS_PER_GPU)
     }
 
     /// Forgets days no week window can reach any more.
@@ -195,7 +199,8 @@ mod tests {
         let p = ProjectId::new("p").unwrap();
         let mut w = UsageWindows::tracking([a.clone()]);
         // 8 GPUs from 23:00 on day 10 to 01:00 on day 11.
-        w.record(&a, Some(&p), 8, 11 * DAY_S - 3600, 11 * DAY_S + 3600);
+        let gpus = |n: u64| n * u64::from(SHARE_UNITS_PER_GPU);
+        w.record(&a, Some(&p), gpus(8), 11 * DAY_S - 3600, 11 * DAY_S + 3600);
         assert_eq!(w.day(&(a.clone(), None), 10), 8 * 3600);
         assert_eq!(w.day(&(a.clone(), Some(p.clone())), 11), 8 * 3600);
         assert_eq!(w.week(&(a.clone(), None), 16), 16 * 3600);
@@ -205,6 +210,12 @@ mod tests {
             "day 10 has left the week"
         );
         w.prune(18);
-        assert_eq!(w.week(&(a, None), 17), 0);
+        assert_eq!(w.week(&(a.clone(), None), 17), 0);
+        // A quarter of a GPU (1,750 units) for an hour is 900 GPU-seconds, and two sevenths
+        // for 7 seconds exactly 2.
+        w.record(&a, None, 1750, 20 * DAY_S, 20 * DAY_S + 3600);
+        assert_eq!(w.day(&(a.clone(), None), 20), 900);
+        w.record(&a, None, 2000, 21 * DAY_S, 21 * DAY_S + 7);
+        assert_eq!(w.day(&(a, None), 21), 2);
     }
 }

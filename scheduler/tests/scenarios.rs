@@ -1100,3 +1100,31 @@ fn shares_of_a_gpu_pack_onto_one_gpu_and_wait_for_a_gpu_of_their_mode() {
         h.sched.check_invariants().unwrap();
     }
 }
+
+#[test]
+fn a_part_of_a_gpu_counts_as_its_part_against_max_gpus() {
+    for policy in ["fifo", "fairshare+backfill", "fairshare+conservative"] {
+        let mut h = capped_harness(policy);
+        let in_pc = |h: &mut Harness, gpus: u32, share: Option<&str>| {
+            let mut spec = h.spec("c", gpus, 1, 0);
+            spec.project = Some(ProjectId::new("pc").unwrap());
+            spec.shape.gpu_share = share.map(|s| s.parse().unwrap());
+            h.submit_spec(spec)
+        };
+        // Project pc may hold 4 GPUs: 3 whole and four quarters are 4.
+        let whole = in_pc(&mut h, 3, None);
+        let quarters: Vec<JobId> = (0..4).map(|_| in_pc(&mut h, 1, Some("250m"))).collect();
+        let fifth = in_pc(&mut h, 1, Some("250m"));
+        h.step(0);
+        assert!(h.is_running(&whole), "{policy}");
+        assert!(quarters.iter().all(|j| h.is_running(j)), "{policy}");
+        assert_eq!(
+            h.reason(&fifth),
+            Some(PendingReason::AssocGrpGres),
+            "{policy}"
+        );
+        h.finish(&quarters[0], 60);
+        h.step(60);
+        assert!(h.is_running(&fifth), "{policy}");
+    }
+}

@@ -259,7 +259,7 @@ fn flops_reports(
                 JobEventKind::FlopsReported,
             );
             event.achieved_flops =
-                Some(f64::from(mfu) * f64::from(run.gpus) * model.peak_dense_bf16_flops());
+                Some(f64::from(mfu) * run.gpu_equivalent() * model.peak_dense_bf16_flops());
             out.push(event);
         }
     }
@@ -490,13 +490,15 @@ pub fn store_simulated_month(
         &Quiet,
     )?;
     let billed_gpu_seconds = stored.invoices.iter().map(|i| i.gpu_seconds()).sum();
+    // A part of a GPU counts as its part: share-unit-seconds, whole GPU-seconds per run.
     let allocated_gpu_seconds = result
         .records
         .iter()
         .flat_map(|r| &r.runs)
         .map(|run| {
             let end = run.end_s.unwrap_or(result.horizon_s).min(period.end);
-            i64::from(run.gpus) * (end - run.start_s.max(period.start)).max(0)
+            run.share_units() as i64 * (end - run.start_s.max(period.start)).max(0)
+                / i64::from(gpuledger_model::SHARE_UNITS_PER_GPU)
         })
         .sum();
     Ok(StoredMonth {

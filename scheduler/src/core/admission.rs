@@ -160,7 +160,7 @@ impl Scheduler {
         if job.limits.gpus_limited
             && self
                 .gpu_room(spec)
-                .is_some_and(|room| room < spec.min_size())
+                .is_some_and(|room| room < spec.share_units_of(spec.min_size()))
         {
             return Some(PendingReason::AssocGrpGres);
         }
@@ -238,29 +238,30 @@ impl Scheduler {
             .values()
             .filter(|r| r.spec.account == key.0 && (key.1.is_none() || r.spec.project == key.1))
             .map(|r| {
-                i64::from(r.placement.gpu_count())
+                r.placement.share_units() as i64
                     * (r.limit_end_s().min(day_end) - r.accrued_until).max(0)
             })
-            .sum();
+            .sum::<i64>()
+            / i64::from(SHARE_UNITS_PER_GPU);
         let used = WindowUse {
             day_gpu_s: self.windows.day(key, today),
             week_gpu_s: self.windows.week(key, today),
         };
-        let need = today_part(
-            spec.min_size(),
-            now,
-            now.saturating_add(spec.time_limit_s as i64),
-        );
+        let need = today_part(1, now, now.saturating_add(spec.time_limit_s as i64))
+            * spec.share_units_of(spec.min_size()) as i64
+            / i64::from(SHARE_UNITS_PER_GPU);
         gpu_hours_verdict(quota, used, committed, need).and_then(PendingReason::of_quota)
     }
 
-    /// GPUs held now by the running jobs of an account (project `None`) or a project.
-    pub(super) fn held(&self, key: &WindowKey) -> u32 {
+    /// What the running jobs of an account (project `None`) or a project hold now, in share
+    /// units.
+    pub(super) fn held(&self, key: &WindowKey) -> u64 {
         self.gpus_held.get(key).copied().unwrap_or(0)
     }
 
-    /// Adds (or, negative, removes) GPUs a job of `spec` holds to its account and project.
-    pub(super) fn count_held(&mut self, spec: &JobSpec, gpus: i64) {
+    /// Adds (or, negative, removes) share units a job of `spec` holds to its account and
+    /// project.
+    pub(super) fn count_held(&mut self, spec: &JobSpec, units: i64) {
         let keys = std::iter::once((spec.account.clone(), None)).chain(
             spec.project
                 .clone()
@@ -268,16 +269,19 @@ impl Scheduler {
         );
         for key in keys {
             let n = self.gpus_held.entry(key).or_default();
-            *n = u32::try_from((i64::from(*n) + gpus).max(0)).unwrap_or(u32::MAX);
+            *n = (*n as i64 + units).max(0) as u64;
         }
     }
 
-    /// How many more GPUs a job of `spec` may hold under `max_gpus` (its account's and its
-    /// project's, the tighter); `None` when neither sets one.
-    pub(super) fn gpu_room(&self, spec: &JobSpec) -> Option<u32> {
+    /// How much more a job of `spec` may hold under `max_gpus` (its account's and its
+    /// project's, the tighter), in share units; `None` when neither sets one.
+    pub(super) fn gpu_room(&self, spec: &JobSpec) -> Option<u64> {
         let account = self.tenants.account(&spec.account)?;
-        let room =
-            |limit: Option<u32>, key: WindowKey| limit.map(|l| l.saturating_sub(self.held(&key)));
+        let room = |limit: Option<u32>, key: WindowKey| {
+            limit.map(|l| {
+                (u64::from(l) * u64::from(SHARE_UNITS_PER_GPU)).saturating_sub(self.held(&key))
+            })
+        };
         let of_account = room(account.quota.max_gpus, (spec.account.clone(), None));
         let of_project = spec.project.as_ref().and_then(|p| {
             let quota = &account.projects.iter().find(|q| &q.id == p)?.quota;

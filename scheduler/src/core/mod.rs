@@ -14,7 +14,7 @@ use gpuledger_model::config::{
 use gpuledger_model::quota::Quota;
 use gpuledger_model::tenant::TenantTree;
 use gpuledger_model::time::UnixSeconds;
-use gpuledger_model::{AccountId, Allocation, JobId, ProjectId};
+use gpuledger_model::{AccountId, Allocation, JobId, ProjectId, SHARE_UNITS_PER_GPU};
 
 use crate::cluster::{Cluster, NodeFilter, Placement};
 use crate::fairshare::{account_factors, FairShareParams, UsageLedger};
@@ -68,8 +68,9 @@ pub struct Scheduler {
     running: BTreeMap<JobId, RunningJob>,
     running_per_account: HashMap<AccountId, u32>,
     running_per_project: HashMap<(AccountId, ProjectId), u32>,
-    /// GPUs held by running jobs per account (project `None`) and project, for `max_gpus`.
-    gpus_held: HashMap<WindowKey, u32>,
+    /// What running jobs hold per account (project `None`) and project, for `max_gpus`, in
+    /// share units (a part of a GPU counts as its part).
+    gpus_held: HashMap<WindowKey, u64>,
     /// Preemptors waiting for their victims to exit.
     claims: HashMap<JobId, Claim>,
     /// Nodes out of service (an operator's drain, processes that would not die): no job
@@ -376,7 +377,7 @@ impl Scheduler {
         let mut job = self.running.remove(id)?;
         accrue(&mut self.ledger, &mut self.windows, &mut job, now);
         self.cluster.release(&job.placement);
-        self.count_held(&job.spec, -i64::from(job.placement.gpu_count()));
+        self.count_held(&job.spec, -(job.placement.share_units() as i64));
         decrement(&mut self.running_per_account, &job.spec.account);
         if let Some(p) = &job.spec.project {
             decrement(
@@ -652,7 +653,7 @@ impl Scheduler {
         };
         let mut candidates = sizes(spec, self.cluster.gpus_per_node_max());
         if let Some(room) = self.gpu_room(spec) {
-            candidates.retain(|g| *g <= room);
+            candidates.retain(|g| spec.share_units_of(*g) <= room);
         }
         if !self.reservations.is_empty() {
             let end = now.saturating_add(limit as i64);
@@ -703,7 +704,7 @@ impl Scheduler {
         self.claims.remove(&job.spec.id);
         self.pending_ids.remove(&job.spec.id);
         self.cluster.take(&placement);
-        self.count_held(&job.spec, i64::from(placement.gpu_count()));
+        self.count_held(&job.spec, placement.share_units() as i64);
         let allocation = self.cluster.to_allocation(&placement);
         *self
             .running_per_account
@@ -760,7 +761,8 @@ impl Scheduler {
             let filter = self.filter_for(&r.spec, r.start_s, r.limit_end_s());
             let mut more = r.spec.gpus - r.placement.gpu_count();
             if let Some(room) = self.gpu_room(&r.spec) {
-                more = more.min(room);
+                more = more
+                    .min(u32::try_from(room / u64::from(SHARE_UNITS_PER_GPU)).unwrap_or(u32::MAX));
                 if more == 0 {
                     continue;
                 }
@@ -776,7 +778,7 @@ impl Scheduler {
             };
             self.cluster.take(&extra);
             let spec = r.spec.clone();
-            self.count_held(&spec, i64::from(extra.gpu_count()));
+            self.count_held(&spec, extra.share_units() as i64);
             let Some(r) = self.running.get_mut(&id) else {
                 continue;
             };
@@ -852,22 +854,26 @@ impl Scheduler {
                     account.id
                 ));
             }
-            let held: u32 = self
+            let held: u64 = self
                 .running
                 .values()
                 .filter(|j| j.spec.account == account.id)
-                .map(|j| j.placement.gpu_count())
+                .map(|j| j.placement.share_units())
                 .sum();
             let counted = self.held(&(account.id.clone(), None));
             if counted != held {
                 return Err(format!(
-                    "account {} counted {counted} GPUs held, holds {held}",
+                    "account {} counted {counted} share units held, holds {held}",
                     account.id
                 ));
             }
-            if account.quota.max_gpus.is_some_and(|l| held > l) {
+            if account
+                .quota
+                .max_gpus
+                .is_some_and(|l| held > u64::from(l) * u64::from(SHARE_UNITS_PER_GPU))
+            {
                 return Err(format!(
-                    "account {} holds {held} GPUs, over its max_gpus",
+                    "account {} holds {held} share units, over its max_gpus",
                     account.id
                 ));
             }
@@ -896,17 +902,21 @@ impl Scheduler {
                         j.spec.account == account.id && j.spec.project.as_ref() == Some(&project.id)
                     })
                     .count() as u32;
-                let held: u32 = self
+                let held: u64 = self
                     .running
                     .values()
                     .filter(|j| {
                         j.spec.account == account.id && j.spec.project.as_ref() == Some(&project.id)
                     })
-                    .map(|j| j.placement.gpu_count())
+                    .map(|j| j.placement.share_units())
                     .sum();
-                if project.quota.max_gpus.is_some_and(|l| held > l) {
+                if project
+                    .quota
+                    .max_gpus
+                    .is_some_and(|l| held > u64::from(l) * u64::from(SHARE_UNITS_PER_GPU))
+                {
                     return Err(format!(
-                        "project {}/{} holds {held} GPUs, over its max_gpus",
+                        "project {}/{} holds {held} share units, over its max_gpus",
                         account.id, project.id
                     ));
                 }
@@ -932,7 +942,6 @@ fn accrue(
     if secs <= 0 {
         return;
     }
-    let gpus = job.placement.gpu_count();
     ledger.record(
         &job.spec.account,
         job.placement.gpu_equivalent() * secs as f64,
@@ -941,7 +950,7 @@ fn accrue(
     windows.record(
         &job.spec.account,
         job.spec.project.as_ref(),
-        gpus,
+        job.placement.share_units(),
         job.accrued_until,
         now,
     );

@@ -168,7 +168,7 @@ impl Scheduler {
                     accrue(&mut self.ledger, &mut self.windows, r, now);
                     self.cluster.release(&freed);
                     let spec = r.spec.clone();
-                    self.count_held(&spec, -i64::from(freed.gpu_count()));
+                    self.count_held(&spec, -(freed.share_units() as i64));
                     let Some(r) = self.running.get_mut(&c.id) else {
                         continue;
                     };

@@ -118,6 +118,15 @@ impl JobSpec {
         self.min_size() < self.gpus
     }
 
+    /// `gpus` of this job in share units ([`gpuledger_model::SHARE_UNITS_PER_GPU`] to a
+    /// GPU): its part where it asks for a part of one GPU.
+    pub fn share_units_of(&self, gpus: u32) -> u64 {
+        match self.shape.gpu_share {
+            Some(share) => u64::from(share.units()),
+            None => u64::from(gpus) * u64::from(SHARE_UNITS_PER_GPU),
+        }
+    }
+
     /// GPUs asked for, a share of a GPU as its fraction.
     pub fn gpu_equivalent(&self) -> f64 {
         match self.shape.gpu_share {
