@@ -542,9 +542,6 @@ impl Cluster {
         filter: &NodeFilter,
         shape: &Shape,
     ) -> Option<Placement> {
-        let whole = |idx: &usize| {
-            self.free[*idx] == self.meta[*idx].all && self.allowed(*idx, account, filter, shape)
-        };
         // Node order on a uniform cluster (no allocation on the hot path); the largest nodes
         // first on a mixed one, so a job spans as few nodes as it can.
         let n = self.meta.len();
@@ -558,9 +555,14 @@ impl Cluster {
             .chain(largest_first.iter().copied());
         let mut slots = Vec::new();
         let mut left = gpus;
-        for idx in order.filter(whole) {
+        for idx in order {
             if left == 0 {
                 break;
+            }
+            // A plain test rather than an iterator filter: this loop runs over every node for
+            // every planned start tried, and the closure was not always inlined.
+            if self.free[idx] != self.meta[idx].all || !self.allowed(idx, account, filter, shape) {
+                continue;
             }
             let take = left.min(self.meta[idx].spec.gpus);
             slots.push(Slot::whole(idx, lowest_bits(self.free[idx], take)));

@@ -18,6 +18,9 @@ pub(crate) struct Hold {
     pub start: UnixSeconds,
     pub end: UnixSeconds,
     pub placement: Placement,
+    /// Whole GPUs the job was planned on (before a multi-node plan was widened to whole
+    /// nodes): free then, and apart from every other plan running at the same time.
+    pub whole_gpus: u32,
 }
 
 impl Hold {
@@ -100,18 +103,48 @@ impl Plan {
         gpus: u32,
         shape: &Shape,
         limit_s: u64,
+        find: impl FnMut(&Cluster, UnixSeconds) -> Option<Placement>,
+    ) -> Option<(UnixSeconds, Placement)> {
+        self.earliest_with(cluster, gpus, shape, limit_s, true, find)
+    }
+
+    /// `earliest`, skipping the times the free count rules out when `prune` (a test compares
+    /// both).
+    fn earliest_with(
+        &self,
+        cluster: &Cluster,
+        gpus: u32,
+        shape: &Shape,
+        limit_s: u64,
+        prune: bool,
         mut find: impl FnMut(&Cluster, UnixSeconds) -> Option<Placement>,
     ) -> Option<(UnixSeconds, Placement)> {
+        let profile = (prune && shape.gpu_share.is_none()).then(|| self.free_profile(cluster));
+        // Candidates before this time are known to fail (the free count dips below `gpus`).
+        let mut fails_before = UnixSeconds::MIN;
+        // The cluster as the releases up to the candidate leave it, brought forward only when
+        // a candidate gets past the counts: most are ruled out before.
         let mut future = cluster.clone();
         let mut next_release = 0;
-        let mut candidates: Vec<UnixSeconds> = std::iter::once(self.now)
-            .chain(self.releases.iter().map(|r| r.0.max(self.now)))
+        let mut extra: Vec<UnixSeconds> = std::iter::once(self.now)
             .chain(self.holds.iter().map(|h| h.end))
             .chain(self.boundaries.iter().copied())
             .collect();
-        candidates.sort_unstable();
-        candidates.dedup();
-        for t in candidates {
+        extra.sort_unstable();
+        let release_times = self.releases.iter().map(|r| r.0.max(self.now));
+        let mut last = None;
+        for t in merge_sorted(release_times, extra.into_iter()) {
+            if last == Some(t) || t < fails_before {
+                continue;
+            }
+            last = Some(t);
+            let end = t.saturating_add(limit_s as i64);
+            if let Some(profile) = &profile {
+                if let Some(until) = profile.dip(t, end, gpus) {
+                    fails_before = until;
+                    continue;
+                }
+            }
             while let Some((at, _, placement)) = self.releases.get(next_release) {
                 if *at > t {
                     break;
@@ -124,7 +157,6 @@ impl Plan {
             if !future.may_fit(gpus, shape) {
                 continue;
             }
-            let end = t.saturating_add(limit_s as i64);
             let mut window = Cow::Borrowed(&future);
             for hold in self.holds.iter().filter(|h| h.overlaps(t, end)) {
                 window.to_mut().hold(&hold.placement);
@@ -134,6 +166,35 @@ impl Plan {
             }
         }
         None
+    }
+
+    /// An upper bound of the whole GPUs free at every time from now on: free now, plus what
+    /// each running job gives back when it does (a part of a GPU counted as the GPU), less the
+    /// plans running then. Plans running at the same time hold GPUs apart from each other, on
+    /// GPUs free when they start (see [`Hold::whole_gpus`]), so at any instant they take that
+    /// many off the count one for one; filters and reservations only take more.
+    fn free_profile(&self, cluster: &Cluster) -> FreeProfile {
+        let releases = self.releases.iter().map(|(at, _, placement)| {
+            let gpus: u32 = placement.0.iter().map(|s| s.mask.count_ones()).sum();
+            ((*at).max(self.now), i64::from(gpus))
+        });
+        let mut plans: Vec<(UnixSeconds, i64)> = Vec::with_capacity(2 * self.holds.len());
+        for h in self.holds.iter().filter(|h| h.end > self.now) {
+            plans.push((h.start.max(self.now), -i64::from(h.whole_gpus)));
+            plans.push((h.end, i64::from(h.whole_gpus)));
+        }
+        plans.sort_unstable_by_key(|c| c.0);
+        let mut steps: Vec<(UnixSeconds, i64)> =
+            Vec::with_capacity(self.releases.len() + plans.len() + 1);
+        steps.push((self.now, i64::from(cluster.free_gpus())));
+        for (at, delta) in merge_sorted_by(releases, plans.into_iter(), |c| c.0) {
+            let value = steps.last().map_or(0, |s| s.1) + delta;
+            match steps.last_mut() {
+                Some(last) if last.0 == at => last.1 = value,
+                _ => steps.push((at, value)),
+            }
+        }
+        FreeProfile { steps }
     }
 
     /// Forgets `job`'s planned start (it started).
@@ -151,6 +212,12 @@ impl Plan {
         placement: Placement,
         cluster: &Cluster,
     ) {
+        let whole_gpus = placement
+            .0
+            .iter()
+            .filter(|s| s.share.is_none())
+            .map(|s| s.mask.count_ones())
+            .sum();
         let placement = if placement.0.len() > 1 {
             Placement(
                 placement
@@ -167,7 +234,54 @@ impl Plan {
             start,
             end,
             placement,
+            whole_gpus,
         });
+    }
+}
+
+/// Two sorted sequences as one sorted sequence (ties: the first's item first).
+fn merge_sorted_by<T, K: Ord>(
+    a: impl Iterator<Item = T>,
+    b: impl Iterator<Item = T>,
+    key: impl Fn(&T) -> K,
+) -> impl Iterator<Item = T> {
+    let (mut a, mut b) = (a.peekable(), b.peekable());
+    std::iter::from_fn(move || match (a.peek(), b.peek()) {
+        (Some(x), Some(y)) if key(y) < key(x) => b.next(),
+        (Some(_), _) => a.next(),
+        (None, _) => b.next(),
+    })
+}
+
+fn merge_sorted(
+    a: impl Iterator<Item = UnixSeconds>,
+    b: impl Iterator<Item = UnixSeconds>,
+) -> impl Iterator<Item = UnixSeconds> {
+    merge_sorted_by(a, b, |t| *t)
+}
+
+/// Whole GPUs free at most, as a step function of time: `(from, count)`, sorted.
+struct FreeProfile {
+    steps: Vec<(UnixSeconds, i64)>,
+}
+
+impl FreeProfile {
+    /// Where the count falls below `gpus` somewhere in `[start, end)`: the time the low step
+    /// ends (a job starting before then fails too), or `None` when it never does.
+    fn dip(&self, start: UnixSeconds, end: UnixSeconds, gpus: u32) -> Option<UnixSeconds> {
+        let first = self
+            .steps
+            .partition_point(|s| s.0 <= start)
+            .saturating_sub(1);
+        for (k, (from, count)) in self.steps.iter().enumerate().skip(first) {
+            if *from >= end {
+                break;
+            }
+            if *count < i64::from(gpus) {
+                return Some(self.steps.get(k + 1).map_or(UnixSeconds::MAX, |s| s.0));
+            }
+        }
+        None
     }
 }
 
@@ -177,5 +291,73 @@ fn full_node(cluster: &Cluster, node: usize) -> u64 {
         u64::MAX
     } else {
         (1u64 << gpus) - 1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuledger_model::config::NodeSpec;
+    use gpuledger_model::{AccountId, GpuModel, NodeId};
+    use proptest::prelude::*;
+
+    use crate::cluster::NodeFilter;
+
+    proptest! {
+        /// The free-count profile only skips times where placement fails: with and without
+        /// it, every plan of a random queue on a random cluster starts at the same time on the
+        /// same GPUs.
+        #[test]
+        fn the_free_count_profile_never_changes_a_plan(
+            node_gpus in proptest::collection::vec(prop_oneof![Just(4u32), Just(8)], 2..6),
+            running in proptest::collection::vec((1u32..9, 1i64..40), 0..20),
+            queue in proptest::collection::vec((1u32..20, 1u64..30, any::<bool>()), 1..25),
+        ) {
+            let nodes = node_gpus
+                .iter()
+                .enumerate()
+                .map(|(i, g)| NodeSpec {
+                    id: NodeId::new(format!("n{i}")).unwrap(),
+                    gpus: *g,
+                    gpu_model: GpuModel::H100Sxm,
+                    pool: "p".into(),
+                    dedicated_to: None,
+                })
+                .collect();
+            let a = AccountId::new("a").unwrap();
+            let any = NodeFilter::none();
+            let mut cluster = Cluster::new(nodes);
+            let mut releases = Vec::new();
+            for (k, (gpus, ends)) in running.iter().enumerate() {
+                if let Some(p) = cluster.find(*gpus, &a, &any, &Shape::default()) {
+                    cluster.take(&p);
+                    releases.push((ends * 100, JobId::new(format!("r{k}")).unwrap(), p));
+                }
+            }
+            let mut plans = [Plan::new(0, releases.clone(), Vec::new()), Plan::new(0, releases, Vec::new())];
+            for (k, (gpus, limit, per_node)) in queue.iter().enumerate() {
+                let shape = Shape {
+                    gpus_per_node: (*per_node && gpus % 2 == 0).then_some(2),
+                    ..Shape::default()
+                };
+                let limit = limit * 100;
+                let found: Vec<Option<(UnixSeconds, Placement)>> = plans
+                    .iter()
+                    .zip([true, false])
+                    .map(|(plan, prune)| {
+                        plan.earliest_with(&cluster, *gpus, &shape, limit, prune, |c, _| {
+                            c.find(*gpus, &a, &any, &shape)
+                        })
+                    })
+                    .collect();
+                prop_assert_eq!(&found[0], &found[1], "job {} of {} GPUs", k, gpus);
+                if let Some((t, p)) = found[0].clone() {
+                    let id = JobId::new(format!("q{k}")).unwrap();
+                    for plan in plans.iter_mut() {
+                        plan.hold(id.clone(), t, t + limit as i64, p.clone(), &cluster);
+                    }
+                }
+            }
+        }
     }
 }

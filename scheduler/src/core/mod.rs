@@ -645,6 +645,11 @@ impl Scheduler {
         now: UnixSeconds,
         plan: Option<&Plan>,
     ) -> Option<Placement> {
+        // Plans only take GPUs away: too few free now is too few in any window (and the
+        // window, a copy with the plans held, is the costly part on a long queue).
+        if !self.cluster.may_fit(spec.min_size(), &spec.shape) {
+            return None;
+        }
         let limit = spec.time_limit_s;
         let filter = self.filter_for(spec, now, now.saturating_add(limit as i64));
         let window = match plan {
