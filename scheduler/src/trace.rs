@@ -55,6 +55,16 @@ impl LimitEstimate {
     }
 }
 
+/// Errors of line `line` of `origin`: `err(field, message)`.
+fn error_at(origin: &str, line: usize) -> impl Fn(&str, String) -> TraceError + '_ {
+    move |field, message| TraceError {
+        origin: origin.to_owned(),
+        line,
+        field: field.to_owned(),
+        message,
+    }
+}
+
 fn header_index(origin: &str, header: &str, wanted: &[&str]) -> Result<Vec<usize>, TraceError> {
     let cols: Vec<&str> = header.split(',').map(str::trim).collect();
     wanted
@@ -95,12 +105,7 @@ pub fn parse_philly(
             continue;
         }
         let cells: Vec<&str> = line.split(',').map(str::trim).collect();
-        let err = |field: &str, message: String| TraceError {
-            origin: origin.to_owned(),
-            line: line_no,
-            field: field.to_owned(),
-            message,
-        };
+        let err = error_at(origin, line_no);
         let cell = |i: usize, field: &str| {
             cells
                 .get(idx[i])
@@ -201,12 +206,7 @@ pub fn parse_jobs(text: &str, origin: &str) -> Result<Vec<SimJob>, TraceError> {
     let mut lines = text.lines();
     let header = lines.next().unwrap_or_default();
     let cols: Vec<&str> = header.split(',').map(str::trim).collect();
-    let head_err = |field: &str, message: String| TraceError {
-        origin: origin.to_owned(),
-        line: 1,
-        field: field.to_owned(),
-        message,
-    };
+    let head_err = error_at(origin, 1);
     if let Some(unknown) = cols.iter().find(|c| !JOB_COLUMNS.contains(c)) {
         return Err(head_err(
             unknown,
@@ -221,12 +221,7 @@ pub fn parse_jobs(text: &str, origin: &str) -> Result<Vec<SimJob>, TraceError> {
             continue;
         }
         let cells: Vec<&str> = line.split(',').map(str::trim).collect();
-        let err = |field: &str, message: String| TraceError {
-            origin: origin.to_owned(),
-            line: line_no,
-            field: field.to_owned(),
-            message,
-        };
+        let err = error_at(origin, line_no);
         let get = |name: &str| -> Option<&str> {
             cols.iter()
                 .position(|c| *c == name)
@@ -379,12 +374,7 @@ pub fn parse_alibaba(
             continue;
         }
         let cells: Vec<&str> = line.split(',').map(str::trim).collect();
-        let err = |field: &str, message: String| TraceError {
-            origin: origin.to_owned(),
-            line: line_no,
-            field: field.to_owned(),
-            message,
-        };
+        let err = error_at(origin, line_no);
         let cell = |col: Option<usize>| {
             col.and_then(|i| cells.get(i).copied())
                 .filter(|v| !v.is_empty() && *v != "nan")
