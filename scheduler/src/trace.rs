@@ -65,6 +65,16 @@ fn error_at(origin: &str, line: usize) -> impl Fn(&str, String) -> TraceError + 
     }
 }
 
+/// The non-empty lines after the header, numbered from 2, split into trimmed cells.
+fn data_rows<'a>(
+    lines: impl Iterator<Item = &'a str>,
+) -> impl Iterator<Item = (usize, Vec<&'a str>)> {
+    lines
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty())
+        .map(|(n, line)| (n + 2, line.split(',').map(str::trim).collect()))
+}
+
 fn header_index(origin: &str, header: &str, wanted: &[&str]) -> Result<Vec<usize>, TraceError> {
     let cols: Vec<&str> = header.split(',').map(str::trim).collect();
     wanted
@@ -99,12 +109,7 @@ pub fn parse_philly(
         &["timestamp", "duration", "num_gpus", "cluster"],
     )?;
     let mut jobs = Vec::new();
-    for (n, line) in lines.enumerate() {
-        let line_no = n + 2;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let cells: Vec<&str> = line.split(',').map(str::trim).collect();
+    for (line_no, cells) in data_rows(lines) {
         let err = error_at(origin, line_no);
         let cell = |i: usize, field: &str| {
             cells
@@ -368,12 +373,7 @@ pub fn parse_alibaba(
     let optional = |name: &str| cols.iter().position(|c| *c == name);
     let (name_col, qos_col, phase_col) = (optional("name"), optional("qos"), optional("pod_phase"));
     let mut out = AlibabaTrace::default();
-    for (n, line) in lines.enumerate() {
-        let line_no = n + 2;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let cells: Vec<&str> = line.split(',').map(str::trim).collect();
+    for (line_no, cells) in data_rows(lines) {
         let err = error_at(origin, line_no);
         let cell = |col: Option<usize>| {
             col.and_then(|i| cells.get(i).copied())
