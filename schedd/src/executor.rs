@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 
-use gpuledger_model::JobId;
+use gpuledger_model::{GpuShare, JobId};
 
 use crate::cgroup::{CgroupMode, JobCgroups};
 
@@ -36,6 +36,28 @@ pub struct Launch {
     pub env: std::collections::BTreeMap<String, String>,
     /// The Unix user and group it runs as; the service's own when `None`.
     pub user: Option<JobUser>,
+    /// Its part of its one GPU, where it holds a part.
+    pub gpu_share: Option<GpuShare>,
+}
+
+/// The variable that caps an MPS client's share of the GPU's SMs, in percent.
+pub const MPS_THREAD_PERCENTAGE: &str = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE";
+
+/// What a job holding a part of a GPU is told: the part (`GPULEDGER_GPU_SHARE`), and for a
+/// time share its SM cap under MPS, the thousandths rounded up to a whole percent (a MIG
+/// instance is its own device: nothing to cap).
+fn share_env(share: Option<GpuShare>) -> Vec<(&'static str, String)> {
+    let Some(share) = share else {
+        return Vec::new();
+    };
+    let mut env = vec![("GPULEDGER_GPU_SHARE", share.to_string())];
+    if let GpuShare::Milli(milli) = share {
+        env.push((
+            MPS_THREAD_PERCENTAGE,
+            milli.div_ceil(10).clamp(1, 100).to_string(),
+        ));
+    }
+    env
 }
 
 /// A Unix user and group, by number.
@@ -329,6 +351,7 @@ impl Executor for LocalExecutor {
             .env("GPULEDGER_PROJECT", job.project.as_deref().unwrap_or(""))
             .env("GPULEDGER_ALLOCATION", &job.allocation)
             .env("GPULEDGER_ALLOCATION_FILE", dir.join("allocation"))
+            .envs(share_env(job.gpu_share))
             .stdin(Stdio::piped())
             .stdout(stdout)
             .stderr(stderr)
@@ -458,7 +481,33 @@ mod tests {
             project: None,
             env: [("RUN_NAME".to_owned(), "llama 7b".to_owned())].into(),
             user: None,
+            gpu_share: None,
         }
+    }
+
+    #[test]
+    fn a_job_holding_a_part_of_a_gpu_is_told_its_part_and_capped_under_mps() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ex = LocalExecutor::new(dir.path());
+        let echo = "echo $CUDA_VISIBLE_DEVICES $GPULEDGER_GPU_SHARE ${CUDA_MPS_ACTIVE_THREAD_PERCENTAGE:-none}";
+        for (id, share) in [("time", "255m"), ("mig", "3g")] {
+            let mut job = launch(id, echo);
+            job.gpus = vec![3];
+            job.allocation = format!("n001:3@{share}");
+            job.gpu_share = Some(share.parse().unwrap());
+            ex.launch(&job).unwrap();
+        }
+        let mut done = Vec::new();
+        for _ in 0..10 {
+            if done.len() == 2 {
+                break;
+            }
+            done.extend(wait_exit(&mut ex, Duration::from_secs(2)));
+        }
+        assert_eq!(done.len(), 2, "{done:?}");
+        let out = |id: &str| std::fs::read_to_string(dir.path().join(id).join("stdout")).unwrap();
+        assert_eq!(out("time"), "3 255m 26\n");
+        assert_eq!(out("mig"), "3 3g none\n");
     }
 
     #[test]

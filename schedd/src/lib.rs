@@ -721,6 +721,7 @@ impl Service {
                 project: info.request.project.as_ref().map(|p| p.to_string()),
                 env: info.request.env.clone(),
                 user,
+                gpu_share: info.request.gpu_share,
             };
             let kind = if info.preemptions > 0 {
                 JobEventKind::Resumed

@@ -89,7 +89,10 @@ impl SubmitRequest {
                         .into(),
                 ));
             }
-            if name == "CUDA_VISIBLE_DEVICES" || name.starts_with("GPULEDGER_") {
+            if name == "CUDA_VISIBLE_DEVICES"
+                || name == crate::executor::MPS_THREAD_PERCENTAGE
+                || name.starts_with("GPULEDGER_")
+            {
                 return Err((field, "gpuledger sets this one itself".into()));
             }
             if value.len() > MAX_JOB_ENV_VALUE_BYTES || value.contains('\0') {

@@ -447,6 +447,10 @@ async fn grace_is_bounded_and_a_later_stop_never_puts_sigkill_off() {
     for (name, says) in [
         ("GPULEDGER_JOB_ID", "gpuledger sets this one itself"),
         ("CUDA_VISIBLE_DEVICES", "gpuledger sets this one itself"),
+        (
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+            "gpuledger sets this one itself",
+        ),
         ("1X", "a name is letters"),
         ("A=B", "a name is letters"),
     ] {
