@@ -336,10 +336,11 @@ pub fn reconcile(
             flag(r, FlagReason::AccountMismatch, r.gpu_seconds);
             continue;
         }
-        if let Some(sharers) = parts
-            .get(&(r.node.clone(), r.gpu_index, r.hour_ms))
-            .filter(|s| s.contains_key(job))
-        {
+        // (Most months have no parts: no key built per row then.)
+        let sharers = (!parts.is_empty())
+            .then(|| parts.get(&(r.node.clone(), r.gpu_index, r.hour_ms)))
+            .flatten();
+        if let Some(sharers) = sharers.filter(|s| s.contains_key(job)) {
             for (sharer, units) in sharers {
                 measured
                     .entry((

@@ -188,6 +188,8 @@ pub struct Cluster {
     free_count: u32,
     /// GPUs held in parts (their bits are clear in `free`), in no particular order.
     shared: Vec<SharedGpu>,
+    /// The parts held on `shared`, summed (read at every simulated event).
+    shared_used: u64,
     gpus_per_node_max: u32,
     total_gpus: u32,
     /// Whether every node has as many GPUs (whole-node placement need not prefer any).
@@ -246,6 +248,7 @@ impl Cluster {
             meta,
             free,
             shared: Vec::new(),
+            shared_used: 0,
             total_gpus: free_count,
             free_count,
             gpus_per_node_max,
@@ -261,6 +264,7 @@ impl Cluster {
             free_count: free.iter().map(|m| m.count_ones()).sum(),
             free,
             shared: Vec::new(),
+            shared_used: 0,
             gpus_per_node_max: self.gpus_per_node_max,
             total_gpus: self.total_gpus,
             uniform: self.uniform,
@@ -298,8 +302,7 @@ impl Cluster {
     /// counts only its parts held.
     pub fn held_share_units(&self) -> u64 {
         let whole_held = u64::from(self.total_gpus - self.free_count) - self.shared.len() as u64;
-        whole_held * u64::from(SHARE_UNITS_PER_GPU)
-            + self.shared.iter().map(|g| u64::from(g.used)).sum::<u64>()
+        whole_held * u64::from(SHARE_UNITS_PER_GPU) + self.shared_used
     }
 
     /// The GPUs held in parts: (node, GPU index, sharing mode, share units of room left), in
@@ -470,6 +473,7 @@ impl Cluster {
                 mode: share.mode(),
                 used: units,
             });
+            self.shared_used += u64::from(units);
             return;
         }
         match self.shared_index(node, mask) {
@@ -479,7 +483,9 @@ impl Cluster {
                     !strict || (g.mode == share.mode() && g.room() >= units),
                     "GPU share over the GPU"
                 );
+                let before = g.used;
                 g.used = (g.used + units).min(SHARE_UNITS_PER_GPU);
+                self.shared_used += u64::from(g.used - before);
             }
             // Held whole: only a planning copy may claim it again.
             None => debug_assert!(!strict, "GPU shared and held whole"),
@@ -492,7 +498,9 @@ impl Cluster {
             return;
         };
         let g = &mut self.shared[i];
+        let before = g.used;
         g.used = g.used.saturating_sub(share.units());
+        self.shared_used -= u64::from(before - g.used);
         if g.used == 0 {
             self.shared.swap_remove(i);
             self.free[node] |= mask;
