@@ -209,6 +209,21 @@ pub struct SchedulerConfig {
     /// Under backfill, each account's first waiting job gets a planned start too, so that a
     /// small tenant's large job is not skipped for ever by smaller ones of others.
     pub plan_each_account: bool,
+    /// Under fair share with backfill, the waiting jobs of an account holding less than its
+    /// fair share of the cluster now (the cluster split by weight among the accounts with
+    /// running or waiting work, none given more than it asks for) get planned starts, in
+    /// queue order, until held and planned reach that share: an account under its share is
+    /// not left waiting while smaller jobs of accounts over theirs take every GPU that frees
+    /// up.
+    pub plan_to_share: bool,
+    /// Fair-share preemption (Kueue's reclaim within a cohort), under the fair-share policy:
+    /// a job of an account below its fair share of the cluster now that stays within it once
+    /// started, waiting at least `fair_share_preemption_after`, may preempt jobs of its tier
+    /// or lower of accounts above theirs, only as far as each of those stays at or above its
+    /// share. Off by default: a preempted job loses its work since its last checkpoint.
+    pub fair_share_preemption: bool,
+    /// How long a job waits before it may preempt for its account's fair share.
+    pub fair_share_preemption_after: DurationSpec,
     /// How long the scheduler keeps an ended job in its state (`scheduler jobs`, `GET
     /// /api/v1/jobs`); older ones are dropped, so the state file stays the size of the recent
     /// past. The aggregator keeps every job's events and usage for good (`GET
@@ -231,6 +246,9 @@ impl Default for SchedulerConfig {
             max_wait: DurationSpec::from_secs(86_400),
             max_wait_plans: 0,
             plan_each_account: true,
+            plan_to_share: true,
+            fair_share_preemption: false,
+            fair_share_preemption_after: DurationSpec::from_secs(3600),
             job_history: DurationSpec::from_secs(30 * 86_400),
         }
     }

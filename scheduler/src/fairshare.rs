@@ -121,6 +121,34 @@ pub fn fair_tree_factors(weights: &[f64], usage: &[f64], has_demand: &[bool]) ->
     factors
 }
 
+/// Each claimant's share of `capacity`: proportional to its weight, none above its demand, what
+/// a capped one leaves split among the others the same way. `claims` are `(weight, demand)`.
+pub fn water_fill(capacity: f64, claims: &[(f64, f64)]) -> Vec<f64> {
+    let mut order: Vec<usize> = (0..claims.len())
+        .filter(|&i| claims[i].0 > 0.0 && claims[i].1 > 0.0)
+        .collect();
+    // Smallest demand per unit of weight first: those are the ones capped at their demand.
+    order.sort_by(|&a, &b| (claims[a].1 / claims[a].0).total_cmp(&(claims[b].1 / claims[b].0)));
+    let mut shares = vec![0.0; claims.len()];
+    let mut left = capacity.max(0.0);
+    let mut weight: f64 = order.iter().map(|&i| claims[i].0).sum();
+    for (k, &i) in order.iter().enumerate() {
+        let (w, demand) = claims[i];
+        let level = left / weight;
+        if demand <= level * w {
+            shares[i] = demand;
+            left -= demand;
+            weight -= w;
+        } else {
+            for &j in &order[k..] {
+                shares[j] = level * claims[j].0;
+            }
+            break;
+        }
+    }
+    shares
+}
+
 #[derive(Clone, Copy, Debug, Default)]
 struct Decayed {
     gpu_seconds: f64,
@@ -189,6 +217,7 @@ impl UsageLedger {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn heavy_past_use_ranks_lower() {
@@ -238,5 +267,66 @@ mod tests {
     fn classic_factor_is_one_half_at_fair_use() {
         assert!((slurm_classic_factor(0.2, 0.2) - 0.5).abs() < 1e-12);
         assert_eq!(slurm_classic_factor(0.0, 0.2), 1.0);
+    }
+
+    #[test]
+    fn capped_claimants_leave_their_rest_to_the_others_by_weight() {
+        // 100 GPUs; weights 1, 1, 2; the first asks for 10 only.
+        let shares = water_fill(100.0, &[(1.0, 10.0), (1.0, 500.0), (2.0, 500.0)]);
+        assert_eq!(shares, vec![10.0, 30.0, 60.0]);
+        // Nobody asks for more than there is: each gets its demand.
+        assert_eq!(
+            water_fill(100.0, &[(5.0, 20.0), (1.0, 30.0)]),
+            vec![20.0, 30.0]
+        );
+        // No demand, no share.
+        assert_eq!(
+            water_fill(100.0, &[(5.0, 0.0), (1.0, 300.0)]),
+            vec![0.0, 100.0]
+        );
+    }
+
+    /// The reference: raise every uncapped claimant's share in small equal steps per unit of
+    /// weight until the capacity or every demand is used up.
+    fn reference(capacity: f64, claims: &[(f64, f64)]) -> Vec<f64> {
+        let mut shares = vec![0.0; claims.len()];
+        let step = 1e-3;
+        let mut used = 0.0;
+        loop {
+            let open: Vec<usize> = (0..claims.len())
+                .filter(|&i| claims[i].1 - shares[i] > 1e-9)
+                .collect();
+            let want: f64 = open.iter().map(|&i| claims[i].0 * step).sum();
+            if open.is_empty() || used + want > capacity {
+                break;
+            }
+            for &i in &open {
+                let add = (claims[i].0 * step).min(claims[i].1 - shares[i]);
+                shares[i] += add;
+                used += add;
+            }
+        }
+        shares
+    }
+
+    proptest! {
+        #[test]
+        fn water_filling_matches_the_step_by_step_reference(
+            capacity in 1u32..64,
+            claims in prop::collection::vec((1u32..5, 0u32..40), 1..5),
+        ) {
+            let claims: Vec<(f64, f64)> =
+                claims.iter().map(|(w, d)| (f64::from(*w), f64::from(*d))).collect();
+            let fast = water_fill(f64::from(capacity), &claims);
+            let slow = reference(f64::from(capacity), &claims);
+            let total_demand: f64 = claims.iter().map(|c| c.1).sum();
+            let given: f64 = fast.iter().sum();
+            prop_assert!((given - total_demand.min(f64::from(capacity))).abs() < 1e-6);
+            for (i, (f, s)) in fast.iter().zip(&slow).enumerate() {
+                prop_assert!(*f <= claims[i].1 + 1e-9, "above demand");
+                // The reference stops one step short of the exact level.
+                prop_assert!((f - s).abs() <= 0.01 * claims[i].0 + 1e-6, "{fast:?} against {slow:?}");
+            }
+        }
     }
 }

@@ -4,7 +4,10 @@
 //!
 //! - [`cluster`]: node-granular placement (best-fit packing, whole nodes for multi-node jobs,
 //!   dedicated pools);
-//! - [`fairshare`]: decayed usage and `weight / (1 + usage / factor)`;
+//! - [`fairshare`]: decayed usage, the fair-share factors (Fair Tree's rank, the design's
+//!   `weight / (1 + usage / factor)`, Slurm's classic) and the weighted max-min split of the
+//!   cluster among accounts with demand (`water_fill`: what plans and fair-share preemption
+//!   aim at, and what the simulator's weekly table measures);
 //! - [`core`]: admission with quota checks in every dimension, queue order (FIFO or the
 //!   multifactor priority within tiers), Slurm-style pending reasons, EASY and conservative
 //!   backfill (planned in `plan`), preemption with a checkpoint grace, elastic jobs;

@@ -29,6 +29,14 @@ impl Hold {
     }
 }
 
+/// How `Plan::earliest_with` searches: with the free-count pruning or not (a test compares
+/// both), and from which time on.
+#[derive(Clone, Copy, Debug)]
+struct Search {
+    prune: bool,
+    not_before: UnixSeconds,
+}
+
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Plan {
     now: UnixSeconds,
@@ -95,33 +103,41 @@ impl Plan {
         window
     }
 
-    /// The earliest time at or after now when `find` places the job on the cluster as it will
-    /// be for its whole run, and the placement. `find` gets that cluster and the start time.
+    /// The earliest time at or after now (and `not_before`) when `find` places the job on the
+    /// cluster as it will be for its whole run, and the placement. `find` gets that cluster
+    /// and the start time.
     pub fn earliest(
         &self,
         cluster: &Cluster,
         gpus: u32,
         shape: &Shape,
         limit_s: u64,
+        not_before: UnixSeconds,
         find: impl FnMut(&Cluster, UnixSeconds) -> Option<Placement>,
     ) -> Option<(UnixSeconds, Placement)> {
-        self.earliest_with(cluster, gpus, shape, limit_s, true, find)
+        let search = Search {
+            prune: true,
+            not_before,
+        };
+        self.earliest_with(cluster, gpus, shape, limit_s, search, find)
     }
 
-    /// `earliest`, skipping the times the free count rules out when `prune` (a test compares
-    /// both).
+    /// `earliest`, skipping the times the free count rules out when `search.prune` (a test
+    /// compares both).
     fn earliest_with(
         &self,
         cluster: &Cluster,
         gpus: u32,
         shape: &Shape,
         limit_s: u64,
-        prune: bool,
+        search: Search,
         mut find: impl FnMut(&Cluster, UnixSeconds) -> Option<Placement>,
     ) -> Option<(UnixSeconds, Placement)> {
-        let profile = (prune && shape.gpu_share.is_none()).then(|| self.free_profile(cluster));
-        // Candidates before this time are known to fail (the free count dips below `gpus`).
-        let mut fails_before = UnixSeconds::MIN;
+        let profile =
+            (search.prune && shape.gpu_share.is_none()).then(|| self.free_profile(cluster));
+        // Candidates before this time are known to fail (the free count dips below `gpus`,
+        // or the caller knows).
+        let mut fails_before = search.not_before;
         // The cluster as the releases up to the candidate leave it, brought forward only when
         // a candidate gets past the counts: most are ruled out before.
         let mut future = cluster.clone();
@@ -345,7 +361,7 @@ mod tests {
                     .iter()
                     .zip([true, false])
                     .map(|(plan, prune)| {
-                        plan.earliest_with(&cluster, *gpus, &shape, limit, prune, |c, _| {
+                        plan.earliest_with(&cluster, *gpus, &shape, limit, Search { prune, not_before: UnixSeconds::MIN }, |c, _| {
                             c.find(*gpus, &a, &any, &shape)
                         })
                     })

@@ -277,16 +277,11 @@ fn run(
 }
 
 impl Sim<'_> {
-    /// Makes sure a cycle runs when the next planned start or reservation boundary comes,
-    /// even if no job ends then (a live service runs cycles on a timer instead).
+    /// Makes sure a cycle runs when the next planned start, wait threshold or reservation
+    /// boundary comes, even if no job ends then (a live service runs cycles on a timer
+    /// instead).
     fn plan_tick(&mut self, now: UnixSeconds) {
-        let planned = self
-            .sched
-            .pending()
-            .iter()
-            .filter_map(|p| p.estimated_start_s)
-            .filter(|t| *t > now)
-            .min();
+        let planned = self.sched.next_due(now);
         let boundary = self
             .sched
             .reservations()

@@ -11,48 +11,85 @@ use gpuledger_model::{AccountId, ProjectId, SHARE_UNITS_PER_GPU};
 
 pub const DAY_S: i64 = 86_400;
 
-/// GPU-seconds used in the UTC day of now and in the seven UTC days ending with it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct WindowUse {
-    pub day_gpu_s: i64,
-    pub week_gpu_s: i64,
+/// GPU-seconds by UTC day still to come: what running jobs may use up to their time limits,
+/// or what a job would use from now to its limit. Kept in share-unit-seconds, read as whole
+/// GPU-seconds.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DaySpread {
+    by_day: BTreeMap<i64, i64>,
 }
 
-/// The GPU-hour window a job would pass by starting now (`GpuHoursPerDay`, then
-/// `GpuHoursPerWeek`; the pending reason is `PendingReason::of_quota`'s): what was used
-/// (`used`), what running jobs may still use today up to their time limits (`committed_s`)
-/// and what this job would use today (`need_s`), against `quota`'s day and week. Later days
-/// are checked as later jobs start. gpuledger's scheduler and `gpuledger slurm steer` both
-/// decide with this one function.
+impl DaySpread {
+    /// Adds `units` share units held over `[from, to)`, split at UTC midnights.
+    pub fn add(&mut self, units: u64, from: UnixSeconds, to: UnixSeconds) {
+        for_each_day(from, to, |day, secs| {
+            *self.by_day.entry(day).or_default() += units as i64 * secs;
+        });
+    }
+
+    /// Adds `gpus` whole GPUs held over `[from, to)`.
+    pub fn add_gpus(&mut self, gpus: u32, from: UnixSeconds, to: UnixSeconds) {
+        self.add(u64::from(gpus) * u64::from(SHARE_UNITS_PER_GPU), from, to);
+    }
+
+    /// GPU-seconds on UTC day `day` (rounded down).
+    pub fn on(&self, day: i64) -> i64 {
+        self.by_day.get(&day).copied().unwrap_or(0) / i64::from(SHARE_UNITS_PER_GPU)
+    }
+
+    /// The first and last days with any use.
+    fn span(&self) -> Option<(i64, i64)> {
+        let first = self.by_day.iter().find(|(_, v)| **v > 0)?.0;
+        let last = self.by_day.iter().rev().find(|(_, v)| **v > 0)?.0;
+        Some((*first, *last))
+    }
+}
+
+/// The GPU-hour window a job would break by starting now (`GpuHoursPerDay`, then
+/// `GpuHoursPerWeek`; the pending reason is `PendingReason::of_quota`'s), checked on every
+/// UTC day it would run into and every seven-day window holding one of them: what was used
+/// (`used`, GPU-seconds of a day so far), what running jobs may still use up to their time
+/// limits (`committed`) and what this job would use (`need`). A job started before midnight
+/// counts against tomorrow too, so no day goes over because yesterday's jobs ran into it.
+/// gpuledger's scheduler and `gpuledger slurm steer` both decide with this one function.
 pub fn gpu_hours_verdict(
     quota: &Quota,
-    used: WindowUse,
-    committed_s: i64,
-    need_s: i64,
+    used: impl Fn(i64) -> i64,
+    committed: &DaySpread,
+    need: &DaySpread,
 ) -> Option<QuotaDimension> {
-    let over = |limit: u64, used: i64| {
-        used.saturating_add(committed_s).saturating_add(need_s)
-            > i64::try_from(limit.saturating_mul(3600)).unwrap_or(i64::MAX)
+    let (first, last) = need.span()?;
+    let total = |day: i64| {
+        used(day)
+            .saturating_add(committed.on(day))
+            .saturating_add(need.on(day))
     };
-    if quota
-        .gpu_hours_per_day
-        .is_some_and(|l| over(l, used.day_gpu_s))
-    {
-        return Some(QuotaDimension::GpuHoursPerDay);
+    let over = |limit: u64, gpu_s: i64| {
+        gpu_s > i64::try_from(limit.saturating_mul(3600)).unwrap_or(i64::MAX)
+    };
+    if let Some(limit) = quota.gpu_hours_per_day {
+        if (first..=last).any(|day| over(limit, total(day))) {
+            return Some(QuotaDimension::GpuHoursPerDay);
+        }
     }
-    if quota
-        .gpu_hours_per_week
-        .is_some_and(|l| over(l, used.week_gpu_s))
-    {
-        return Some(QuotaDimension::GpuHoursPerWeek);
+    if let Some(limit) = quota.gpu_hours_per_week {
+        let week = |end: i64| (end - 6..=end).map(total).fold(0i64, i64::saturating_add);
+        if (first..=last + 6).any(|end| over(limit, week(end))) {
+            return Some(QuotaDimension::GpuHoursPerWeek);
+        }
     }
     None
 }
 
-/// GPU-seconds `gpus` held from `now` until `end` use in the UTC day of `now`.
-pub fn today_part(gpus: u32, now: UnixSeconds, end: UnixSeconds) -> i64 {
-    let day_end = (day_of(now) + 1) * DAY_S;
-    i64::from(gpus) * (end.min(day_end) - now).max(0)
+/// Calls `f(day, seconds)` for each UTC day `[from, to)` reaches.
+fn for_each_day(from: UnixSeconds, to: UnixSeconds, mut f: impl FnMut(i64, i64)) {
+    let mut t = from;
+    while t < to {
+        let day = day_of(t);
+        let until = to.min((day + 1) * DAY_S);
+        f(day, until - t);
+        t = until;
+    }
 }
 
 /// The UTC day of a time, as days since the epoch.
@@ -94,11 +131,8 @@ impl UsageWindows {
         if !self.tracked.contains(account) {
             return;
         }
-        let mut t = from;
-        while t < to {
-            let day = day_of(t);
-            let until = to.min((day + 1) * DAY_S);
-            let unit_s = units as i64 * (until - t);
+        for_each_day(from, to, |day, secs| {
+            let unit_s = units as i64 * secs;
             *self
                 .days
                 .entry((account.clone(), None))
@@ -113,8 +147,7 @@ impl UsageWindows {
                     .entry(day)
                     .or_default() += unit_s;
             }
-            t = until;
-        }
+        });
     }
 
     /// GPU-seconds of the UTC day `day` (rounded down).
@@ -159,38 +192,71 @@ mod tests {
             gpu_hours_per_week: Some(50),
             ..Quota::default()
         };
-        let used = WindowUse {
-            day_gpu_s: 8 * 3600,
-            week_gpu_s: 40 * 3600,
+        let today = 20;
+        let noon = today * DAY_S + DAY_S / 2;
+        // 8 GPU-hours used today, 32 more over the six days before.
+        let used = |day: i64| match day {
+            20 => 8 * 3600,
+            14..=19 => 32 * 3600 / 6,
+            _ => 0,
         };
+        let spread = |gpus: u32, from: i64, secs: i64| {
+            let mut s = DaySpread::default();
+            s.add_gpus(gpus, from, from + secs);
+            s
+        };
+        let committed = spread(1, noon, 3600);
         assert_eq!(
-            gpu_hours_verdict(&quota, used, 3600, 3600),
+            gpu_hours_verdict(&quota, used, &committed, &spread(1, noon, 3600)),
             None,
             "exactly 10"
         );
         assert_eq!(
-            gpu_hours_verdict(&quota, used, 3600, 3601),
+            gpu_hours_verdict(&quota, used, &committed, &spread(1, noon, 3601)),
             Some(QuotaDimension::GpuHoursPerDay)
         );
-        let week_bound = WindowUse {
-            day_gpu_s: 0,
-            week_gpu_s: 49 * 3600,
-        };
+        let week_bound = |day: i64| if day == 19 { 49 * 3600 } else { 0 };
         assert_eq!(
-            gpu_hours_verdict(&quota, week_bound, 0, 3601),
+            gpu_hours_verdict(
+                &quota,
+                week_bound,
+                &DaySpread::default(),
+                &spread(1, noon, 3601)
+            ),
             Some(QuotaDimension::GpuHoursPerWeek)
         );
         assert_eq!(
-            gpu_hours_verdict(&Quota::default(), week_bound, i64::MAX, i64::MAX),
+            gpu_hours_verdict(
+                &Quota::default(),
+                |_| i64::MAX,
+                &spread(u32::MAX, 0, 1 << 40),
+                &spread(u32::MAX, 0, 1 << 40)
+            ),
             None,
             "no quota, no hold, no overflow"
         );
+        // A job started before midnight counts against tomorrow: 4 GPUs from 22:00 for 4
+        // hours are 8 GPU-hours today and 8 tomorrow, where a job already running will use 3.
+        let late = (today + 1) * DAY_S - 2 * 3600;
+        let tomorrow = spread(3, (today + 1) * DAY_S, 3600);
         assert_eq!(
-            today_part(8, DAY_S - 600, DAY_S + 3600),
-            8 * 600,
-            "cut at midnight"
+            gpu_hours_verdict(&quota, |_| 0, &tomorrow, &spread(4, late, 4 * 3600)),
+            Some(QuotaDimension::GpuHoursPerDay),
+            "tomorrow would hold 11"
         );
-        assert_eq!(today_part(8, 100, 50), 0);
+        assert_eq!(
+            gpu_hours_verdict(&quota, |_| 0, &tomorrow, &spread(4, late, 3 * 3600 + 1800)),
+            None
+        );
+        // And against every week that holds a day it runs in, not only the one ending today.
+        let mut busy_week = DaySpread::default();
+        busy_week.add_gpus(1, (today + 2) * DAY_S, (today + 2) * DAY_S + 45 * 3600);
+        assert_eq!(
+            gpu_hours_verdict(&quota, |_| 0, &busy_week, &spread(1, noon, 6 * 3600)),
+            Some(QuotaDimension::GpuHoursPerWeek),
+            "45 committed later this week and 6 now"
+        );
+        assert_eq!(DaySpread::default().on(3), 0);
     }
 
     #[test]

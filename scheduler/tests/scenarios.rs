@@ -733,6 +733,47 @@ proptest! {
     }
 
     #[test]
+    fn fair_share_preemption_never_loops_and_never_takes_from_the_preemptors_own(
+        jobs in proptest::collection::vec(
+            (0usize..3, prop_oneof![Just(1u32), Just(2), Just(4), Just(8), Just(16)],
+             1u64..12, 0i64..48, any::<bool>()),
+            1..40),
+        policy in prop_oneof![Just("fairshare+backfill"), Just("fairshare+conservative")],
+    ) {
+        let source = format!(
+            "{}[scheduler]\nfair_share_preemption = true\nfair_share_preemption_after = \"30m\"\n",
+            config_source(4)
+        );
+        let config = ClusterConfig::from_toml_str(&source, "t.toml").unwrap();
+        let mut h = Harness::with_config(&config, policy);
+        let accounts = ["a", "b", "c"];
+        let mut submitted = Vec::new();
+        let mut account_of = std::collections::HashMap::new();
+        for (a, g, l, t, checkpoints) in jobs {
+            let mut spec = h.spec(accounts[a], g, l, t * H / 4);
+            if checkpoints {
+                spec.checkpoint_every_s = Some(1800);
+            }
+            account_of.insert(spec.id.clone(), accounts[a]);
+            submitted.push((spec.submit_s, spec));
+        }
+        let admitted = submitted.len();
+        let (finished, preemptions) = drive(&mut h, submitted);
+        prop_assert_eq!(finished, admitted, "every admitted job eventually ran to its end");
+        // A job preempts at most once per wait: the same pair again only after the preemptor
+        // was itself preempted (a new wait).
+        let mut since_own_wait: std::collections::HashSet<(JobId, JobId)> = Default::default();
+        for (victim, by) in &preemptions {
+            prop_assert_ne!(account_of[victim], account_of[by], "took from its own account");
+            prop_assert!(
+                since_own_wait.insert((victim.clone(), by.clone())),
+                "{} preempted {} twice in one wait", by, victim
+            );
+            since_own_wait.retain(|(_, b)| b != victim);
+        }
+    }
+
+    #[test]
     fn backfill_never_delays_a_planned_start(
         jobs in proptest::collection::vec(
             (0usize..2, prop_oneof![Just(1u32), Just(2), Just(4), Just(8), Just(12), Just(16), Just(32)], 1u64..12),
@@ -817,7 +858,7 @@ fn a_drained_node_takes_no_new_job_nor_a_plan_and_its_running_job_runs_on() {
 fn the_starvation_bound_plans_each_accounts_first_job_and_every_job_past_max_wait() {
     let planned = |plan_each_account: bool, max_wait: &str, at: i64| {
         let source = format!(
-            "{}[scheduler]\nplan_each_account = {plan_each_account}\nmax_wait = \"{max_wait}\"\nmax_wait_plans = 3\n",
+            "{}[scheduler]\nplan_each_account = {plan_each_account}\nplan_to_share = false\nmax_wait = \"{max_wait}\"\nmax_wait_plans = 3\n",
             config_source(2)
         );
         let config = ClusterConfig::from_toml_str(&source, "t.toml").unwrap();
@@ -847,13 +888,148 @@ fn the_starvation_bound_plans_each_accounts_first_job_and_every_job_past_max_wai
 }
 
 #[test]
+fn an_account_below_its_share_gets_planned_starts_up_to_its_share_not_one_at_a_time() {
+    // Four 8-GPU nodes full of b's one-GPU jobs, each node's ending one an hour apart over
+    // eight hours; b keeps the queue full of eight-hour one-GPU jobs. c (weight 3 of 4: 24 of
+    // the 32 GPUs) asks for three whole nodes. Every node that frees a GPU is refilled by b
+    // unless a plan holds it: with one plan for c at a time its nodes drain one after another,
+    // with a plan for each job up to its share all three drain at once.
+    let starts = |plan_to_share: bool| {
+        let source = config_source(4).replace(
+            "id = \"c\"\nname = \"C\"\nweight = 1",
+            "id = \"c\"\nname = \"C\"\nweight = 3",
+        );
+        let source = format!("{source}[scheduler]\nplan_to_share = {plan_to_share}\n");
+        let config = ClusterConfig::from_toml_str(&source, "t.toml").unwrap();
+        let mut h = Harness::with_config(&config, "fairshare+backfill");
+        for i in 0..32 {
+            h.submit("b", 1, i % 8 + 1, 0);
+        }
+        h.step(0);
+        assert_eq!(h.sched.cluster().free_gpus(), 0);
+        let wide: Vec<JobId> = (0..3).map(|_| h.submit("c", 8, 10, 60)).collect();
+        let mut started = vec![None; wide.len()];
+        let mut t = 0;
+        while t < 3 * 86_400 && started.iter().any(Option::is_none) {
+            t += 600;
+            let ended: Vec<JobId> = h
+                .sched
+                .running()
+                .filter(|r| r.limit_end_s() <= t)
+                .map(|r| r.spec.id.clone())
+                .collect();
+            for id in ended {
+                h.finish(&id, t);
+            }
+            let queued_b = h
+                .sched
+                .pending()
+                .iter()
+                .filter(|p| p.spec.account.as_str() == "b")
+                .count();
+            for _ in queued_b..40 {
+                h.submit("b", 1, 8, t);
+            }
+            h.step(t);
+            for (s, id) in started.iter_mut().zip(&wide) {
+                if s.is_none() && h.is_running(id) {
+                    *s = Some(t);
+                }
+            }
+        }
+        started
+            .into_iter()
+            .map(|s| s.expect("started within three days"))
+            .collect::<Vec<_>>()
+    };
+    let hour = 3600;
+    // Up to its share: every node drains for c from the start and all three start at 8 h.
+    assert_eq!(starts(true), vec![8 * hour; 3]);
+    // One plan at a time: the second and third wait for b's refills on the other nodes.
+    let one_at_a_time = starts(false);
+    assert_eq!(one_at_a_time[0], 8 * hour);
+    assert!(
+        one_at_a_time[2] >= 15 * hour,
+        "c's third node drained in {one_at_a_time:?}"
+    );
+}
+
+#[test]
+fn fair_share_preemption_takes_back_an_accounts_share_and_no_more() {
+    // Two nodes, b and c of equal weight. b took all 16 GPUs with one-GPU jobs while c was
+    // idle; c now asks for a whole node: its share is half the cluster.
+    let source = format!(
+        "{}[scheduler]\nfair_share_preemption = true\nfair_share_preemption_after = \"1h\"\n",
+        config_source(2)
+    );
+    let config = ClusterConfig::from_toml_str(&source, "t.toml").unwrap();
+    let run = |b_urgent: bool| {
+        let mut h = Harness::with_config(&config, "fairshare+backfill");
+        let b: Vec<JobId> = (0..16)
+            .map(|_| {
+                if b_urgent {
+                    h.urgent("b", 1, 10, 0)
+                } else {
+                    h.submit("b", 1, 10, 0)
+                }
+            })
+            .collect();
+        h.step(0);
+        assert!(b.iter().all(|id| h.is_running(id)));
+        let wide = h.submit("c", 8, 10, 60);
+        // Not before it has waited an hour.
+        assert!(h.cycle(60).preempted.is_empty());
+        assert!(h.cycle(3659).preempted.is_empty());
+        (h, b, wide)
+    };
+    let (mut h, _, wide) = run(false);
+    let cycle = h.cycle(3660);
+    assert_eq!(
+        cycle.preempted.len(),
+        8,
+        "one node's worth: {:?}",
+        cycle.preempted
+    );
+    let nodes: std::collections::BTreeSet<usize> = cycle
+        .preempted
+        .iter()
+        .map(|p| {
+            let job = h.sched.running_job(&p.job_id).unwrap();
+            assert_eq!(job.spec.account.as_str(), "b");
+            assert_eq!(p.by, wide);
+            job.placement.0[0].node
+        })
+        .collect();
+    assert_eq!(nodes.len(), 1, "the victims free one whole node");
+    // While they exit nothing more is taken.
+    assert!(h.cycle(3700).preempted.is_empty());
+    for p in &cycle.preempted {
+        h.requeue(&p.job_id, p.kill_s);
+    }
+    h.step(3660 + 300);
+    assert!(h.is_running(&wide));
+    // Each holds its share now: c's next job waits for b's to end, whatever its wait.
+    let next = h.submit("c", 8, 10, 4000);
+    for t in [4000, 8000, 20_000] {
+        assert!(h.cycle(t).preempted.is_empty(), "preempted at {t}");
+    }
+    assert!(!h.is_running(&next));
+    // A higher tier's jobs are not taken for fair share.
+    let (mut h, _, wide) = run(true);
+    for t in [3660, 7200, 30_000] {
+        assert!(h.cycle(t).preempted.is_empty(), "preempted at {t}");
+    }
+    assert!(!h.is_running(&wide));
+}
+
+#[test]
 fn a_job_past_max_wait_keeps_its_planned_gpus_from_every_later_job() {
     // One node; team b keeps two urgent 4-GPU jobs queued at all times (a higher tier, ahead
     // of anything of a's), so whenever GPUs free up a b job takes them: a's whole-node job
     // never finds the node free. Past max_wait its planned start holds the node for it.
     let started_at = |max_wait: &str| {
         let source = format!(
-            "{}[scheduler]\nplan_each_account = false\npreemption = false\nmax_wait = \"{max_wait}\"\nmax_wait_plans = 1\n",
+            "{}[scheduler]\nplan_each_account = false\nplan_to_share = false\npreemption = false\nmax_wait = \"{max_wait}\"\nmax_wait_plans = 1\n",
             config_source(1)
         );
         let config = ClusterConfig::from_toml_str(&source, "t.toml").unwrap();
@@ -1126,5 +1302,31 @@ fn a_part_of_a_gpu_counts_as_its_part_against_max_gpus() {
         h.finish(&quarters[0], 60);
         h.step(60);
         assert!(h.is_running(&fifth), "{policy}");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+    #[test]
+    fn a_daily_gpu_hour_quota_holds_on_every_day_a_job_runs_into(
+        jobs in proptest::collection::vec(
+            (0usize..2, prop_oneof![Just(1u32), Just(2), Just(4), Just(8), Just(16)],
+             1u64..12, 0i64..48),
+            1..40),
+        policy in prop_oneof![Just("fifo"), Just("fairshare+backfill")],
+    ) {
+        // d may use 100 GPU-hours a UTC day; its jobs start at any hour, many late in the day
+        // and running past midnight. The harness checks after every step that no day is over.
+        let mut h = harness(4, policy);
+        let accounts = ["b", "d"];
+        let mut submitted = Vec::new();
+        for (a, g, l, t) in jobs {
+            if a == 1 && u64::from(g) * l > 100 {
+                continue; // refused at submission: larger than a day's quota
+            }
+            let spec = h.spec(accounts[a], g, l, t * H / 2);
+            submitted.push((spec.submit_s, spec));
+        }
+        drive(&mut h, submitted);
     }
 }

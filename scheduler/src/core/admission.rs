@@ -230,27 +230,23 @@ impl Scheduler {
         if quota.gpu_hours_per_day.is_none() && quota.gpu_hours_per_week.is_none() {
             return None;
         }
-        let today = day_of(now);
-        let day_end = (today + 1) * DAY_S;
-        // Running jobs count for what they may still use today: up to their time limits.
-        let committed: i64 = self
+        // Running jobs count for what they may still use, up to their time limits.
+        let mut committed = DaySpread::default();
+        for r in self
             .running
             .values()
             .filter(|r| r.spec.account == key.0 && (key.1.is_none() || r.spec.project == key.1))
-            .map(|r| {
-                r.placement.share_units() as i64
-                    * (r.limit_end_s().min(day_end) - r.accrued_until).max(0)
-            })
-            .sum::<i64>()
-            / i64::from(SHARE_UNITS_PER_GPU);
-        let used = WindowUse {
-            day_gpu_s: self.windows.day(key, today),
-            week_gpu_s: self.windows.week(key, today),
-        };
-        let need = today_part(1, now, now.saturating_add(spec.time_limit_s as i64))
-            * spec.share_units_of(spec.min_size()) as i64
-            / i64::from(SHARE_UNITS_PER_GPU);
-        gpu_hours_verdict(quota, used, committed, need).and_then(PendingReason::of_quota)
+        {
+            committed.add(r.placement.share_units(), r.accrued_until, r.limit_end_s());
+        }
+        let mut need = DaySpread::default();
+        need.add(
+            spec.share_units_of(spec.min_size()),
+            now,
+            now.saturating_add(spec.time_limit_s as i64),
+        );
+        let used = |day: i64| self.windows.day(key, day);
+        gpu_hours_verdict(quota, used, &committed, &need).and_then(PendingReason::of_quota)
     }
 
     /// What the running jobs of an account (project `None`) or a project hold now, in share
@@ -371,7 +367,7 @@ pub(super) fn check_gpu_hours_ever_fit(spec: &JobSpec, quota: &Quota) -> Result<
 }
 
 /// A shape as a person reads it: `2 GPUs per node, at most 4 nodes, h100-sxm`.
-fn describe_shape(shape: &crate::cluster::Shape) -> String {
+fn describe_shape(shape: &Shape) -> String {
     let mut parts = Vec::new();
     if let Some(g) = shape.gpus_per_node {
         parts.push(format!("{g} GPUs per node"));

@@ -16,13 +16,11 @@ use gpuledger_model::tenant::TenantTree;
 use gpuledger_model::time::UnixSeconds;
 use gpuledger_model::{AccountId, Allocation, JobId, ProjectId, SHARE_UNITS_PER_GPU};
 
-use crate::cluster::{Cluster, NodeFilter, Placement};
+use crate::cluster::{Cluster, NodeFilter, Placement, Shape};
 use crate::fairshare::{account_factors, FairShareParams, UsageLedger};
 use crate::plan::Plan;
 use crate::reservation::{AdvanceReservation, ReservationError, ReservationRequest, Reservations};
-use crate::windows::{
-    day_of, gpu_hours_verdict, today_part, UsageWindows, WindowKey, WindowUse, DAY_S,
-};
+use crate::windows::{day_of, gpu_hours_verdict, DaySpread, UsageWindows, WindowKey, DAY_S};
 
 mod admission;
 mod ordering;
@@ -30,7 +28,7 @@ mod preemption;
 mod types;
 
 use admission::has_gpu_hour_quota;
-use preemption::PreemptionGate;
+use preemption::{PreemptionGate, Victims};
 pub use types::*;
 
 #[derive(Clone, Debug)]
@@ -86,6 +84,13 @@ struct Claim {
     account: AccountId,
     project: Option<ProjectId>,
     victims: Vec<JobId>,
+}
+
+/// Counts `units` planned or started for `account` against its room below its fair share.
+fn take_room(room: &mut [i64], account: usize, units: u64) {
+    if let Some(r) = room.get_mut(account) {
+        *r -= units as i64;
+    }
 }
 
 /// Candidate sizes of a job, largest first: its size, or for an elastic job every size from
@@ -425,6 +430,24 @@ impl Scheduler {
         // an account is hopeless where one no larger and no longer already failed.
         let mut failures: Vec<Vec<(u32, u64)>> = vec![Vec::new(); self.account_ids.len().max(1)];
         let mut account_planned = vec![false; self.account_ids.len().max(1)];
+        let mut plan_floors: Vec<Vec<(u32, u64, UnixSeconds)>> =
+            vec![Vec::new(); self.account_ids.len().max(1)];
+        // Each account's distance below its fair share (held), and what is left of it once
+        // plans are counted too.
+        let fair = self.options.policy == Policy::FairShare;
+        let reclaim = fair && self.knobs.fair_share_preemption;
+        let plan_to_share = fair && depth > 0 && self.knobs.plan_to_share;
+        let mut share_gap = if reclaim || plan_to_share {
+            self.share_gaps()
+        } else {
+            Vec::new()
+        };
+        let mut share_room = if plan_to_share {
+            share_gap.clone()
+        } else {
+            Vec::new()
+        };
+        let reclaim_after = self.knobs.fair_share_preemption_after.as_secs() as i64;
         let mut pending = std::mem::take(&mut self.pending);
         let mut plan: Option<Plan> = None;
         let mut planned = 0usize;
@@ -475,20 +498,25 @@ impl Scheduler {
             if (!hopeless || pre_planned) && !draining {
                 if let Some(p) = self.place_now(&job.spec, now, plan.as_ref()) {
                     let backfilled = plan.as_ref().is_some_and(Plan::has_holds);
+                    take_room(&mut share_room, job.limits.account, p.share_units());
+                    take_room(&mut share_gap, job.limits.account, p.share_units());
                     let started = self.start(job, p, now, backfilled);
                     self.note_start(started, now, &mut plan, &mut gate, &mut cycle);
                     is_started[i] = true;
                     started_any = true;
+                    if pre_planned {
+                        // Its planned hold is gone: later starts may come earlier again.
+                        plan_floors.iter_mut().for_each(Vec::clear);
+                    }
                     continue;
                 }
                 if self.knobs.preemption && !job.has_preempted && gate.may_help(job.tier) {
-                    let window = match plan.as_ref() {
-                        Some(p) => p
-                            .window_now(&self.cluster, limit, &job.spec.id)
-                            .into_owned(),
-                        None => self.cluster.clone(),
-                    };
-                    if let Some(p) = self.preempt_for(job, now, window, &mut cycle, &mut plan) {
+                    // Victims release early: later starts may come earlier again.
+                    plan_floors.iter_mut().for_each(Vec::clear);
+                    let victims = Victims::LowerTiers;
+                    if let Some(p) = self.preempt_for(job, now, victims, &mut cycle, &mut plan) {
+                        take_room(&mut share_room, job.limits.account, p.share_units());
+                        take_room(&mut share_gap, job.limits.account, p.share_units());
                         let started = self.start(job, p, now, false);
                         self.note_start(started, now, &mut plan, &mut gate, &mut cycle);
                         is_started[i] = true;
@@ -496,6 +524,35 @@ impl Scheduler {
                         continue;
                     }
                     job.has_preempted = self.claims.contains_key(&job.spec.id);
+                }
+                // Within its share once started (Kueue's LessThanOrEqualToFinalShare): it
+                // does not take its account over, so its victims' accounts never preempt back.
+                let within_share = share_gap
+                    .get(job.limits.account)
+                    .is_some_and(|g| *g >= job.spec.share_units_of(min) as i64);
+                if reclaim
+                    && within_share
+                    && !job.has_preempted
+                    && now - job.spec.submit_s >= reclaim_after
+                {
+                    plan_floors.iter_mut().for_each(Vec::clear);
+                    let victims = Victims::OverShare(&mut share_gap);
+                    if let Some(p) = self.preempt_for(job, now, victims, &mut cycle, &mut plan) {
+                        take_room(&mut share_room, job.limits.account, p.share_units());
+                        take_room(&mut share_gap, job.limits.account, p.share_units());
+                        let started = self.start(job, p, now, false);
+                        self.note_start(started, now, &mut plan, &mut gate, &mut cycle);
+                        is_started[i] = true;
+                        started_any = true;
+                        continue;
+                    }
+                    job.has_preempted = self.claims.contains_key(&job.spec.id);
+                    if job.has_preempted {
+                        // Its claim now counts for its account.
+                        let units = job.spec.share_units_of(min);
+                        take_room(&mut share_room, job.limits.account, units);
+                        take_room(&mut share_gap, job.limits.account, units);
+                    }
                 }
             }
             let entry = &mut failures[job.limits.account];
@@ -507,16 +564,34 @@ impl Scheduler {
             // in the queue (the starvation bound's other half; see `plan_starving`).
             let first_of_account =
                 depth > 0 && self.knobs.plan_each_account && !account_planned[job.limits.account];
-            let must_plan = self.claims.contains_key(&job.spec.id) || first_of_account;
+            let units = job.spec.share_units_of(min);
+            let below_share = share_room.get(job.limits.account).is_some_and(|r| *r > 0);
+            let must_plan =
+                self.claims.contains_key(&job.spec.id) || first_of_account || below_share;
             if pre_planned {
                 account_planned[job.limits.account] = true;
+                take_room(&mut share_room, job.limits.account, units);
             } else if planned < depth || must_plan {
+                take_room(&mut share_room, job.limits.account, units);
                 let plan = plan.get_or_insert_with(|| self.build_plan(now));
-                if let Some((t, p)) = self.plan_earliest(plan, &job.spec) {
+                // Plans only add holds within a cycle: a job of the account no smaller, no
+                // shorter and of the default shape starts no earlier than one planned before.
+                let floors = &mut plan_floors[job.limits.account];
+                let plain = job.spec.shape == Shape::default();
+                let not_before = floors
+                    .iter()
+                    .filter(|(g, l, _)| plain && min >= *g && limit >= *l)
+                    .map(|(_, _, t)| *t)
+                    .max()
+                    .unwrap_or(UnixSeconds::MIN);
+                if let Some((t, p)) = self.plan_earliest(plan, &job.spec, not_before) {
                     job.estimated_start_s = Some(t);
                     let end = t.saturating_add(limit as i64);
                     plan.hold(job.spec.id.clone(), t, end, p, &self.cluster);
                     planned += 1;
+                    if plain {
+                        floors.push((min, limit, t));
+                    }
                 }
                 account_planned[job.limits.account] = true;
             }
@@ -536,6 +611,31 @@ impl Scheduler {
             self.grow_elastic(now, &mut cycle);
         }
         cycle
+    }
+
+    /// The next time after `now` at which a cycle would decide differently though no job
+    /// arrived or ended: a planned start, or a waiting job reaching `max_wait` (when the
+    /// bound is on) or `fair_share_preemption_after` (when that is on). The simulator runs a
+    /// cycle then; a live service runs them on a timer.
+    pub fn next_due(&self, now: UnixSeconds) -> Option<UnixSeconds> {
+        let max_wait = (self.knobs.max_wait_plans > 0).then(|| self.knobs.max_wait.as_secs());
+        let reclaim = (self.knobs.fair_share_preemption
+            && self.options.policy == Policy::FairShare)
+            .then(|| self.knobs.fair_share_preemption_after.as_secs());
+        self.pending
+            .iter()
+            .flat_map(|p| {
+                let after =
+                    |wait: Option<u64>| wait.map(|w| p.spec.submit_s.saturating_add(w as i64));
+                [
+                    p.estimated_start_s,
+                    after(max_wait),
+                    after(reclaim).filter(|_| !p.has_preempted),
+                ]
+            })
+            .flatten()
+            .filter(|t| *t > now)
+            .min()
     }
 
     /// A job started in this cycle: the plan and the preemption gate learn of it, and the
@@ -588,7 +688,7 @@ impl Scheduler {
                 continue;
             }
             let plan = plan.get_or_insert_with(|| self.build_plan(now));
-            if let Some((t, p)) = self.plan_earliest(plan, &job.spec) {
+            if let Some((t, p)) = self.plan_earliest(plan, &job.spec, UnixSeconds::MIN) {
                 job.estimated_start_s = Some(t);
                 let end = t.saturating_add(job.spec.time_limit_s as i64);
                 plan.hold(job.spec.id.clone(), t, end, p, &self.cluster);
@@ -691,12 +791,24 @@ impl Scheduler {
         )
     }
 
-    fn plan_earliest(&self, plan: &Plan, spec: &JobSpec) -> Option<(UnixSeconds, Placement)> {
+    fn plan_earliest(
+        &self,
+        plan: &Plan,
+        spec: &JobSpec,
+        not_before: UnixSeconds,
+    ) -> Option<(UnixSeconds, Placement)> {
         let (min, limit) = (spec.min_size(), spec.time_limit_s);
-        plan.earliest(&self.cluster, min, &spec.shape, limit, |cluster, t| {
-            let filter = self.filter_for(spec, t, t.saturating_add(limit as i64));
-            cluster.find(min, &spec.account, &filter, &spec.shape)
-        })
+        plan.earliest(
+            &self.cluster,
+            min,
+            &spec.shape,
+            limit,
+            not_before,
+            |cluster, t| {
+                let filter = self.filter_for(spec, t, t.saturating_add(limit as i64));
+                cluster.find(min, &spec.account, &filter, &spec.shape)
+            },
+        )
     }
 
     fn start(

@@ -2,6 +2,7 @@
 //! size, quota priority), ties broken by submission order.
 
 use super::*;
+use crate::fairshare::water_fill;
 
 impl Scheduler {
     /// Each account's fair-share factor in [0, 1], in `account_ids` order: Fair Tree's rank
@@ -26,6 +27,64 @@ impl Scheduler {
             &usage,
             &self.accounts_with_demand(),
         )
+    }
+
+    /// How far each account is below its fair share of the cluster now, in share units, in
+    /// `account_ids` order (negative when above it): the cluster split by weight among the
+    /// accounts with running or waiting work, none given more than it holds and waits for
+    /// ([`water_fill`], the measure `report.md` sets each week against). A job being
+    /// preempted no longer counts for its account, a preemptor waiting for its victims
+    /// already does. Under backfill the jobs of an account below its share get planned starts
+    /// until the room is planned (`[scheduler] plan_to_share`): without them only the queue's
+    /// head holds GPUs against backfill, and whole-node jobs of an account under its share
+    /// wait while smaller jobs of accounts over theirs fill every node that frees up. With
+    /// `fair_share_preemption` it also says who may preempt whom.
+    pub(super) fn share_gaps(&self) -> Vec<i64> {
+        let n = self.account_ids.len();
+        let unit = u64::from(SHARE_UNITS_PER_GPU);
+        let mut demand = vec![0u64; n];
+        for job in &self.pending {
+            if let Some(d) = demand.get_mut(job.limits.account) {
+                *d += job.spec.share_units_of(job.spec.min_size());
+            }
+        }
+        let mut held: Vec<i64> = self
+            .account_ids
+            .iter()
+            .map(|id| self.held(&(id.clone(), None)) as i64)
+            .collect();
+        for job in self.running.values().filter(|r| r.preempting.is_some()) {
+            if let Some(&i) = self.account_index.get(&job.spec.account) {
+                held[i] -= job.placement.share_units() as i64;
+            }
+        }
+        for (id, claim) in &self.claims {
+            let Some(&i) = self.account_index.get(&claim.account) else {
+                continue;
+            };
+            if let Some(job) = self.pending.iter().find(|p| &p.spec.id == id) {
+                let units = job.spec.share_units_of(job.spec.min_size());
+                held[i] += units as i64;
+                demand[i] = demand[i].saturating_sub(units);
+            }
+        }
+        let claims: Vec<(f64, f64)> = self
+            .account_ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| {
+                let weight = f64::from(self.tenants.account(id).map_or(0, |a| a.weight));
+                let capacity = u64::from(self.capacity.get(id).copied().unwrap_or(0)) * unit;
+                let asks = held[i].max(0) as u64 + demand[i];
+                (weight, asks.min(capacity) as f64)
+            })
+            .collect();
+        let total = u64::from(self.cluster.total_gpus()) * unit;
+        water_fill(total as f64, &claims)
+            .into_iter()
+            .zip(held)
+            .map(|(share, held)| share.floor() as i64 - held.max(0))
+            .collect()
     }
 
     /// Which accounts have running or waiting jobs, in `account_ids` order.

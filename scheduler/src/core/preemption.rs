@@ -3,6 +3,16 @@
 
 use super::*;
 
+/// Whose jobs a waiting job may preempt.
+pub(super) enum Victims<'a> {
+    /// Jobs of lower tiers (and elastic jobs of its tier or lower above their minimum).
+    LowerTiers,
+    /// Jobs of its tier or lower of accounts above their fair share, each account no further
+    /// than its share: the distances below it, in share units by account index (negative
+    /// above), updated with the victims chosen.
+    OverShare(&'a mut [i64]),
+}
+
 impl Scheduler {
     /// True while a preemptor waits for victims that have not exited yet.
     pub(super) fn claim_draining(&self, id: &JobId) -> bool {
@@ -35,9 +45,9 @@ impl Scheduler {
         grace.min(partition.map_or(DEFAULT_MAX_GRACE_S, |p| p.max_grace_s))
     }
 
-    /// Frees GPUs for `job` from lower tiers when it cannot start otherwise. Elastic jobs above
-    /// their minimum shrink first (they lose nothing, and a job of the same tier may take back
-    /// what an elastic job borrowed); then whole jobs of a lower tier that have run at least
+    /// Frees GPUs for `job` when it cannot start otherwise. Elastic jobs above their minimum
+    /// shrink first (they lose nothing, and a job of the same tier may take back what an
+    /// elastic job borrowed); then whole jobs `rule` allows that have run at least
     /// `min_run_time`, those that would lose the least work first; then the set is pruned so no
     /// more is freed than needed. Returns a placement when the job can start now (only shrinks
     /// were needed); otherwise the victims are signalled and the job waits for them.
@@ -45,7 +55,7 @@ impl Scheduler {
         &mut self,
         job: &PendingJob,
         now: UnixSeconds,
-        mut trial: Cluster,
+        mut rule: Victims<'_>,
         cycle: &mut Cycle,
         plan: &mut Option<Plan>,
     ) -> Option<Placement> {
@@ -56,6 +66,8 @@ impl Scheduler {
             cost: i64,
             tier: u32,
             start_s: UnixSeconds,
+            /// The account index whose fair share it counts against, for `OverShare`.
+            account: Option<usize>,
         }
         let min_run = self.knobs.min_run_time.as_secs() as i64;
         let mut candidates: Vec<Candidate> = self
@@ -64,6 +76,7 @@ impl Scheduler {
             .filter(|r| r.preempting.is_none())
             .filter_map(|r| {
                 let count = r.placement.gpu_count();
+                let account = self.account_index.get(&r.spec.account).copied();
                 if r.spec.is_elastic() && count > r.spec.min_size() && r.tier <= job.tier {
                     let mut kept = r.placement.clone();
                     let frees = kept.shrink_to(r.spec.min_size());
@@ -74,21 +87,40 @@ impl Scheduler {
                         cost: 0,
                         tier: r.tier,
                         start_s: r.start_s,
+                        account,
                     });
                 }
-                (r.tier < job.tier && now - r.start_s >= min_run).then(|| Candidate {
+                let allowed = match &rule {
+                    Victims::LowerTiers => r.tier < job.tier,
+                    Victims::OverShare(gap) => {
+                        r.tier <= job.tier
+                            && r.spec.account != job.spec.account
+                            && account
+                                .and_then(|a| gap.get(a))
+                                .is_some_and(|g| -*g >= r.placement.share_units() as i64)
+                    }
+                };
+                (allowed && now - r.start_s >= min_run).then(|| Candidate {
                     id: r.spec.id.clone(),
                     frees: r.placement.clone(),
                     shrink_to: None,
                     cost: i64::from(count) * r.work_at_risk_s(now),
                     tier: r.tier,
                     start_s: r.start_s,
+                    account,
                 })
             })
             .collect();
         if candidates.is_empty() {
             return None;
         }
+        // The cluster as it is now with the other jobs' planned starts held.
+        let mut trial = match plan.as_ref() {
+            Some(p) => p
+                .window_now(&self.cluster, job.spec.time_limit_s, &job.spec.id)
+                .into_owned(),
+            None => self.cluster.clone(),
+        };
         candidates.sort_by(|a, b| {
             (a.cost, a.tier, std::cmp::Reverse(a.start_s), &a.id).cmp(&(
                 b.cost,
@@ -123,6 +155,18 @@ impl Scheduler {
                 chosen.remove(i);
             } else {
                 release_into(&mut trial, &chosen[i].frees);
+            }
+        }
+        // Under OverShare no account may be taken below its share by the victims together.
+        if let Victims::OverShare(gap) = &rule {
+            let mut lost = vec![0i64; gap.len()];
+            for c in chosen.iter().filter(|c| c.shrink_to.is_none()) {
+                if let Some(l) = c.account.and_then(|a| lost.get_mut(a)) {
+                    *l += c.frees.share_units() as i64;
+                }
+            }
+            if lost.iter().zip(gap.iter()).any(|(l, g)| *l > (-*g).max(0)) {
+                return None;
             }
         }
         // Shrink elastic jobs no further than needed: the largest size that still lets the job
@@ -182,6 +226,11 @@ impl Scheduler {
                     }
                 }
                 None => {
+                    if let (Victims::OverShare(gap), Some(a)) = (&mut rule, c.account) {
+                        if let Some(g) = gap.get_mut(a) {
+                            *g += r.placement.share_units() as i64;
+                        }
+                    }
                     let kill_s = now + grace as i64;
                     r.preempting = Some(Preempting {
                         by: job.spec.id.clone(),

@@ -83,7 +83,7 @@ pub struct JobSpec {
     /// it reports no checkpoints.
     pub checkpoint_every_s: Option<u64>,
     /// GPUs per node, node count and GPU models it asks for.
-    pub shape: crate::cluster::Shape,
+    pub shape: Shape,
 }
 
 impl JobSpec {
@@ -105,7 +105,7 @@ impl JobSpec {
             submit_s,
             grace_s: None,
             checkpoint_every_s: None,
-            shape: crate::cluster::Shape::default(),
+            shape: Shape::default(),
         }
     }
 

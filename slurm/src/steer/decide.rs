@@ -12,7 +12,7 @@ use gpuledger_model::tenant::Account;
 use gpuledger_model::usage::{UsageFeed, WindowGpuSeconds};
 use gpuledger_model::AccountId;
 use gpuledger_scheduler::fairshare::account_factors;
-use gpuledger_scheduler::windows::{day_of, gpu_hours_verdict, today_part, WindowUse, DAY_S};
+use gpuledger_scheduler::windows::{day_of, gpu_hours_verdict, DaySpread, DAY_S};
 use gpuledger_scheduler::PendingReason;
 
 use super::state::{HeldJob, Phase, SteerState};
@@ -184,9 +184,10 @@ fn over_quota(
     let Known { feed, map, .. } = *known;
     let (account, project) = owner(job, map, accounts)?;
     let day_end = (day_of(now_s) + 1) * DAY_S;
+    // A job without a time limit counts to the end of today: its end is unknown.
     let end_of = |j: &QueuedJob, from: i64| match j.time_limit_s {
-        Some(limit) => from.saturating_add(limit as i64).min(day_end),
-        None => day_end,
+        Some(limit) => from.saturating_add(limit as i64),
+        None => day_end.max(from),
     };
     for (scope_project, quota) in scopes(account, project.as_deref()) {
         if quota.gpu_hours_per_day.is_none() && quota.gpu_hours_per_week.is_none() {
@@ -199,8 +200,9 @@ fn over_quota(
                 .and_then(|u| u.project_windows.get(p).copied())
                 .unwrap_or_default(),
         };
-        // Running jobs of the scope count for what they may still use today.
-        let committed: i64 = jobs
+        // Running jobs of the scope count for what they may still use, up to their limits.
+        let mut committed = DaySpread::default();
+        for j in jobs
             .iter()
             .filter(|j| j.state == State::Running)
             .filter(|j| {
@@ -208,18 +210,23 @@ fn over_quota(
                     a.id == account.id && (scope_project.is_none() || p == scope_project)
                 })
             })
-            .map(|j| {
-                let start = j.start_s.unwrap_or(now_s);
-                today_part(j.gpus, now_s, end_of(j, start))
-            })
-            .sum();
-        let need = today_part(job.gpus, now_s, end_of(job, now_s));
-        let used = WindowUse {
-            day_gpu_s: window.day_gpu_s,
-            week_gpu_s: window.week_gpu_s,
+        {
+            let start = j.start_s.unwrap_or(now_s);
+            committed.add_gpus(j.gpus, now_s, end_of(j, start));
+        }
+        let mut need = DaySpread::default();
+        need.add_gpus(job.gpus, now_s, end_of(job, now_s));
+        // The feed gives today's use and the week's; the six days before today are taken as
+        // all used yesterday, which keeps them in later windows at least as long as they
+        // really are (stricter, never looser).
+        let today = day_of(now_s);
+        let used = |day: i64| match day - today {
+            0 => window.day_gpu_s,
+            -1 => window.week_gpu_s.saturating_sub(window.day_gpu_s),
+            _ => 0,
         };
         if let Some(reason) =
-            gpu_hours_verdict(quota, used, committed, need).and_then(PendingReason::of_quota)
+            gpu_hours_verdict(quota, used, &committed, &need).and_then(PendingReason::of_quota)
         {
             return Some(reason.as_str());
         }
@@ -699,6 +706,48 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
                 .iter()
                 .any(|a| matches!(a, Action::Hold { job, .. } if job == "3")),
             "{actions:?}"
+        );
+    }
+
+    #[test]
+    fn a_job_started_late_in_the_day_counts_against_tomorrow_too() {
+        let config = config();
+        let state = SteerState::default();
+        // 23:00: light used nothing today. A running 2-GPU job ends at 04:00 tomorrow (8
+        // GPU-hours tomorrow); a pending 2-GPU job of three hours would add 2 tonight and 4
+        // tomorrow: 12 of tomorrow's 10. Counting today alone (4) let it start.
+        let late = 21 * DAY_S - 3600;
+        let mut running = job("1", "light", State::Running, 2);
+        running.time_limit_s = Some(5 * 3600);
+        running.start_s = Some(late);
+        let mut pending = job("2", "light", State::Pending, 2);
+        pending.time_limit_s = Some(3 * 3600);
+        let jobs = vec![running, pending];
+        let verdict = |jobs: &[QueuedJob]| {
+            run(
+                jobs,
+                &BTreeMap::new(),
+                &feed(0.0, 0),
+                &Policy::from_config(&config),
+                &state,
+                settings(),
+                late,
+            )
+        };
+        assert!(
+            verdict(&jobs)
+                .iter()
+                .any(|a| matches!(a, Action::Hold { job, reason: "AssocGrpGPUHoursPerDay", .. } if job == "2")),
+            "held for tomorrow's window"
+        );
+        // One hour instead of three ends at midnight: room enough.
+        let mut short = jobs.clone();
+        short[1].time_limit_s = Some(3600);
+        assert!(
+            !verdict(&short)
+                .iter()
+                .any(|a| matches!(a, Action::Hold { .. })),
+            "a job inside today is not held"
         );
     }
 
