@@ -912,22 +912,8 @@ fn an_account_below_its_share_gets_planned_starts_up_to_its_share_not_one_at_a_t
         let mut t = 0;
         while t < 3 * 86_400 && started.iter().any(Option::is_none) {
             t += 600;
-            let ended: Vec<JobId> = h
-                .sched
-                .running()
-                .filter(|r| r.limit_end_s() <= t)
-                .map(|r| r.spec.id.clone())
-                .collect();
-            for id in ended {
-                h.finish(&id, t);
-            }
-            let queued_b = h
-                .sched
-                .pending()
-                .iter()
-                .filter(|p| p.spec.account.as_str() == "b")
-                .count();
-            for _ in queued_b..40 {
+            h.finish_ended(t);
+            for _ in h.queued("b")..40 {
                 h.submit("b", 1, 8, t);
             }
             h.step(t);
@@ -1042,22 +1028,8 @@ fn a_job_past_max_wait_keeps_its_planned_gpus_from_every_later_job() {
         let mut t = 0;
         while t < 3 * 86_400 {
             t += 600;
-            let ended: Vec<JobId> = h
-                .sched
-                .running()
-                .filter(|r| r.limit_end_s() <= t)
-                .map(|r| r.spec.id.clone())
-                .collect();
-            for id in ended {
-                h.finish(&id, t);
-            }
-            let queued_b = h
-                .sched
-                .pending()
-                .iter()
-                .filter(|p| p.spec.account.as_str() == "b")
-                .count();
-            for _ in queued_b..2 {
+            h.finish_ended(t);
+            for _ in h.queued("b")..2 {
                 h.urgent("b", 4, 1, t);
             }
             h.step(t);

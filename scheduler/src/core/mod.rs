@@ -467,7 +467,7 @@ impl Scheduler {
         // hold many thousands of jobs and a cycle runs at every event.
         let mut started_any = false;
         let mut is_started = vec![false; pending.len()];
-        for (i, job) in pending.iter_mut().enumerate() {
+        'jobs: for (i, job) in pending.iter_mut().enumerate() {
             if blocked {
                 // Strict order: everything behind the first job that cannot start waits.
                 for rest in pending[i..].iter_mut() {
@@ -485,6 +485,7 @@ impl Scheduler {
                 continue;
             }
             let (min, limit) = (job.spec.min_size(), job.spec.time_limit_s);
+            let units = job.spec.share_units_of(min);
             let hopeless = failures[job.limits.account]
                 .iter()
                 .any(|(g, l)| min >= *g && limit >= *l);
@@ -510,10 +511,30 @@ impl Scheduler {
                     }
                     continue;
                 }
-                if self.knobs.preemption && !job.has_preempted && gate.may_help(job.tier) {
+                // Preemption: for a higher tier, then for the account's fair share. Within its
+                // share once started (Kueue's LessThanOrEqualToFinalShare) it does not take its
+                // account over, so its victims' accounts never preempt back.
+                let for_share = reclaim
+                    && now - job.spec.submit_s >= reclaim_after
+                    && share_gap
+                        .get(job.limits.account)
+                        .is_some_and(|g| *g >= units as i64);
+                for over_share in [false, true] {
+                    let allowed = if over_share {
+                        for_share
+                    } else {
+                        self.knobs.preemption && gate.may_help(job.tier)
+                    };
+                    if !allowed || job.has_preempted {
+                        continue;
+                    }
                     // Victims release early: later starts may come earlier again.
                     plan_floors.iter_mut().for_each(Vec::clear);
-                    let victims = Victims::LowerTiers;
+                    let victims = if over_share {
+                        Victims::OverShare(&mut share_gap)
+                    } else {
+                        Victims::LowerTiers
+                    };
                     if let Some(p) = self.preempt_for(job, now, victims, &mut cycle, &mut plan) {
                         take_room(&mut share_room, job.limits.account, p.share_units());
                         take_room(&mut share_gap, job.limits.account, p.share_units());
@@ -521,35 +542,11 @@ impl Scheduler {
                         self.note_start(started, now, &mut plan, &mut gate, &mut cycle);
                         is_started[i] = true;
                         started_any = true;
-                        continue;
+                        continue 'jobs;
                     }
                     job.has_preempted = self.claims.contains_key(&job.spec.id);
-                }
-                // Within its share once started (Kueue's LessThanOrEqualToFinalShare): it
-                // does not take its account over, so its victims' accounts never preempt back.
-                let within_share = share_gap
-                    .get(job.limits.account)
-                    .is_some_and(|g| *g >= job.spec.share_units_of(min) as i64);
-                if reclaim
-                    && within_share
-                    && !job.has_preempted
-                    && now - job.spec.submit_s >= reclaim_after
-                {
-                    plan_floors.iter_mut().for_each(Vec::clear);
-                    let victims = Victims::OverShare(&mut share_gap);
-                    if let Some(p) = self.preempt_for(job, now, victims, &mut cycle, &mut plan) {
-                        take_room(&mut share_room, job.limits.account, p.share_units());
-                        take_room(&mut share_gap, job.limits.account, p.share_units());
-                        let started = self.start(job, p, now, false);
-                        self.note_start(started, now, &mut plan, &mut gate, &mut cycle);
-                        is_started[i] = true;
-                        started_any = true;
-                        continue;
-                    }
-                    job.has_preempted = self.claims.contains_key(&job.spec.id);
-                    if job.has_preempted {
+                    if job.has_preempted && over_share {
                         // Its claim now counts for its account.
-                        let units = job.spec.share_units_of(min);
                         take_room(&mut share_room, job.limits.account, units);
                         take_room(&mut share_gap, job.limits.account, units);
                     }
@@ -564,7 +561,6 @@ impl Scheduler {
             // in the queue (the starvation bound's other half; see `plan_starving`).
             let first_of_account =
                 depth > 0 && self.knobs.plan_each_account && !account_planned[job.limits.account];
-            let units = job.spec.share_units_of(min);
             let below_share = share_room.get(job.limits.account).is_some_and(|r| *r > 0);
             let must_plan =
                 self.claims.contains_key(&job.spec.id) || first_of_account || below_share;

@@ -67,6 +67,28 @@ impl Harness {
         self.sched.check_invariants().expect("invariants hold");
     }
 
+    /// Ends every running job whose time limit has come by `t` (it runs to its limit).
+    pub fn finish_ended(&mut self, t: i64) {
+        let ended: Vec<JobId> = self
+            .sched
+            .running()
+            .filter(|r| r.limit_end_s() <= t)
+            .map(|r| r.spec.id.clone())
+            .collect();
+        for id in ended {
+            self.finish(&id, t);
+        }
+    }
+
+    /// How many jobs of `account` wait.
+    pub fn queued(&self, account: &str) -> usize {
+        self.sched
+            .pending()
+            .iter()
+            .filter(|p| p.spec.account.as_str() == account)
+            .count()
+    }
+
     pub fn requeue(&mut self, id: &JobId, t: i64) {
         assert!(self.sched.requeue(id, t), "{id} was running");
         self.sched.check_invariants().expect("invariants hold");
