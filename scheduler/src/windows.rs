@@ -160,15 +160,6 @@ impl UsageWindows {
             / i64::from(SHARE_UNITS_PER_GPU)
     }
 
-    /// GPU-seconds of the seven UTC days ending with `day` (rounded down).
-    pub fn week(&self, key: &WindowKey, day: i64) -> i64 {
-        self.days
-            .get(key)
-            .map(|d| d.range(day - 6..=day).map(|(_, v)| *v).sum::<i64>())
-            .unwrap_or(0)
-            / i64::from(SHARE_UNITS_PER_GPU)
-    }
-
     /// Forgets days no week window can reach any more.
     pub fn prune(&mut self, today: i64) {
         if today <= self.pruned_through {
@@ -264,19 +255,21 @@ mod tests {
         let a = AccountId::new("a").unwrap();
         let p = ProjectId::new("p").unwrap();
         let mut w = UsageWindows::tracking([a.clone()]);
+        // The seven days ending with `day`, as the quota verdict reads them.
+        let week = |w: &UsageWindows, day: i64| {
+            (day - 6..=day)
+                .map(|d| w.day(&(a.clone(), None), d))
+                .sum::<i64>()
+        };
         // 8 GPUs from 23:00 on day 10 to 01:00 on day 11.
         let gpus = |n: u64| n * u64::from(SHARE_UNITS_PER_GPU);
         w.record(&a, Some(&p), gpus(8), 11 * DAY_S - 3600, 11 * DAY_S + 3600);
         assert_eq!(w.day(&(a.clone(), None), 10), 8 * 3600);
         assert_eq!(w.day(&(a.clone(), Some(p.clone())), 11), 8 * 3600);
-        assert_eq!(w.week(&(a.clone(), None), 16), 16 * 3600);
-        assert_eq!(
-            w.week(&(a.clone(), None), 17),
-            8 * 3600,
-            "day 10 has left the week"
-        );
+        assert_eq!(week(&w, 16), 16 * 3600);
+        assert_eq!(week(&w, 17), 8 * 3600, "day 10 has left the week");
         w.prune(18);
-        assert_eq!(w.week(&(a.clone(), None), 17), 0);
+        assert_eq!(week(&w, 17), 0);
         // A quarter of a GPU (1,750 units) for an hour is 900 GPU-seconds, and two sevenths
         // for 7 seconds exactly 2.
         w.record(&a, None, 1750, 20 * DAY_S, 20 * DAY_S + 3600);

@@ -34,38 +34,28 @@ impl Scheduler {
     /// accounts with running or waiting work, none given more than it holds and waits for
     /// ([`water_fill`], the measure `report.md` sets each week against). A job being
     /// preempted no longer counts for its account, a preemptor waiting for its victims
-    /// already does. Under backfill the jobs of an account below its share get planned starts
-    /// until the room is planned (`[scheduler] plan_to_share`): without them only the queue's
-    /// head holds GPUs against backfill, and whole-node jobs of an account under its share
-    /// wait while smaller jobs of accounts over theirs fill every node that frees up. With
-    /// `fair_share_preemption` it also says who may preempt whom.
+    /// already does. What `plan_to_share` plans up to and `fair_share_preemption` takes back.
     pub(super) fn share_gaps(&self) -> Vec<i64> {
-        let n = self.account_ids.len();
         let unit = u64::from(SHARE_UNITS_PER_GPU);
-        let mut demand = vec![0u64; n];
-        for job in &self.pending {
-            if let Some(d) = demand.get_mut(job.limits.account) {
-                *d += job.spec.share_units_of(job.spec.min_size());
-            }
-        }
         let mut held: Vec<i64> = self
             .account_ids
             .iter()
             .map(|id| self.held(&(id.clone(), None)) as i64)
             .collect();
+        let mut demand = vec![0u64; held.len()];
+        for job in &self.pending {
+            let units = job.spec.share_units_of(job.spec.min_size());
+            if self.claims.contains_key(&job.spec.id) {
+                if let Some(h) = held.get_mut(job.limits.account) {
+                    *h += units as i64;
+                }
+            } else if let Some(d) = demand.get_mut(job.limits.account) {
+                *d += units;
+            }
+        }
         for job in self.running.values().filter(|r| r.preempting.is_some()) {
             if let Some(&i) = self.account_index.get(&job.spec.account) {
                 held[i] -= job.placement.share_units() as i64;
-            }
-        }
-        for (id, claim) in &self.claims {
-            let Some(&i) = self.account_index.get(&claim.account) else {
-                continue;
-            };
-            if let Some(job) = self.pending.iter().find(|p| &p.spec.id == id) {
-                let units = job.spec.share_units_of(job.spec.min_size());
-                held[i] += units as i64;
-                demand[i] = demand[i].saturating_sub(units);
             }
         }
         let claims: Vec<(f64, f64)> = self
