@@ -271,6 +271,29 @@ impl Cluster {
         }
     }
 
+    /// Makes this cluster a copy of `other`, reusing its buffers (a planner copies the
+    /// cluster for every start time it tries).
+    pub fn copy_from(&mut self, other: &Cluster) {
+        let Cluster {
+            meta,
+            free,
+            free_count,
+            shared,
+            shared_used,
+            gpus_per_node_max,
+            total_gpus,
+            uniform,
+        } = other;
+        self.meta.clone_from(meta);
+        self.free.clone_from(free);
+        self.free_count = *free_count;
+        self.shared.clone_from(shared);
+        self.shared_used = *shared_used;
+        self.gpus_per_node_max = *gpus_per_node_max;
+        self.total_gpus = *total_gpus;
+        self.uniform = *uniform;
+    }
+
     pub fn node_count(&self) -> usize {
         self.meta.len()
     }
@@ -388,6 +411,11 @@ impl Cluster {
         if gpus <= self.gpus_per_node_max {
             if let Some(p) = self.find_on_one_node(gpus, account, filter, shape) {
                 return Some(p);
+            }
+            // Where every node is as large, a whole free node would have been found above:
+            // only smaller nodes together can hold a job that fits one node.
+            if self.uniform {
+                return None;
             }
         }
         self.find_whole_nodes(gpus, account, filter, shape)

@@ -37,11 +37,34 @@ struct Search {
     not_before: UnixSeconds,
 }
 
+/// A running job gives its GPUs back.
+#[derive(Clone, Debug)]
+struct Release {
+    at: UnixSeconds,
+    job: JobId,
+    placement: Placement,
+    /// GPUs it touches, a part of a GPU counted as the GPU (counted once, read by every
+    /// search's free count).
+    gpus: i64,
+}
+
+impl Release {
+    fn new(at: UnixSeconds, job: JobId, placement: Placement) -> Self {
+        let gpus = placement.0.iter().map(|s| s.mask.count_ones()).sum::<u32>();
+        Release {
+            at,
+            job,
+            placement,
+            gpus: i64::from(gpus),
+        }
+    }
+}
+
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Plan {
     now: UnixSeconds,
-    /// When running jobs give their GPUs back, sorted by time.
-    releases: Vec<(UnixSeconds, JobId, Placement)>,
+    /// When running jobs give their GPUs back, sorted by time (then job).
+    releases: Vec<Release>,
     holds: Vec<Hold>,
     /// Times other than releases when what a job may use changes (advance reservations).
     boundaries: Vec<UnixSeconds>,
@@ -50,10 +73,14 @@ pub(crate) struct Plan {
 impl Plan {
     pub fn new(
         now: UnixSeconds,
-        mut releases: Vec<(UnixSeconds, JobId, Placement)>,
+        releases: Vec<(UnixSeconds, JobId, Placement)>,
         mut boundaries: Vec<UnixSeconds>,
     ) -> Self {
-        releases.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+        let mut releases: Vec<Release> = releases
+            .into_iter()
+            .map(|(at, job, placement)| Release::new(at, job, placement))
+            .collect();
+        releases.sort_by(|a, b| (a.at, &a.job).cmp(&(b.at, &b.job)));
         boundaries.retain(|t| *t > now);
         boundaries.sort_unstable();
         boundaries.dedup();
@@ -73,13 +100,13 @@ impl Plan {
     pub fn started(&mut self, id: JobId, end: UnixSeconds, placement: Placement) {
         let at = self
             .releases
-            .partition_point(|(t, i, _)| (*t, i) < (end, &id));
-        self.releases.insert(at, (end, id, placement));
+            .partition_point(|r| (r.at, &r.job) < (end, &id));
+        self.releases.insert(at, Release::new(end, id, placement));
     }
 
     /// A running job now gives its GPUs back at `end` (it is being preempted, or shrank).
     pub fn released_at(&mut self, id: &JobId, end: UnixSeconds, placement: Placement) {
-        self.releases.retain(|(_, i, _)| i != id);
+        self.releases.retain(|r| &r.job != id);
         self.started(id.clone(), end, placement);
     }
 
@@ -133,21 +160,25 @@ impl Plan {
         search: Search,
         mut find: impl FnMut(&Cluster, UnixSeconds) -> Option<Placement>,
     ) -> Option<(UnixSeconds, Placement)> {
-        let profile =
-            (search.prune && shape.gpu_share.is_none()).then(|| self.free_profile(cluster));
+        let low = (search.prune && shape.gpu_share.is_none())
+            .then(|| self.free_profile(cluster).below(gpus));
         // Candidates before this time are known to fail (the free count dips below `gpus`,
-        // or the caller knows).
+        // no node is free enough yet, or the caller knows).
         let mut fails_before = search.not_before;
+        if search.prune && shape.gpu_share.is_none() && shape.gpus_per_node.is_none() {
+            fails_before = fails_before.max(self.node_bound(cluster, gpus));
+        }
         // The cluster as the releases up to the candidate leave it, brought forward only when
         // a candidate gets past the counts: most are ruled out before.
         let mut future = cluster.clone();
+        let mut scratch: Option<Cluster> = None;
         let mut next_release = 0;
         let mut extra: Vec<UnixSeconds> = std::iter::once(self.now)
             .chain(self.holds.iter().map(|h| h.end))
             .chain(self.boundaries.iter().copied())
             .collect();
         extra.sort_unstable();
-        let release_times = self.releases.iter().map(|r| r.0.max(self.now));
+        let release_times = self.releases.iter().map(|r| r.at.max(self.now));
         let mut last = None;
         for t in merge_sorted(release_times, extra.into_iter()) {
             if last == Some(t) || t < fails_before {
@@ -155,17 +186,17 @@ impl Plan {
             }
             last = Some(t);
             let end = t.saturating_add(limit_s as i64);
-            if let Some(profile) = &profile {
-                if let Some(until) = profile.dip(t, end, gpus) {
+            if let Some(low) = &low {
+                if let Some(until) = low.within(t, end) {
                     fails_before = until;
                     continue;
                 }
             }
-            while let Some((at, _, placement)) = self.releases.get(next_release) {
-                if *at > t {
+            while let Some(r) = self.releases.get(next_release) {
+                if r.at > t {
                     break;
                 }
-                future.release(placement);
+                future.release(&r.placement);
                 next_release += 1;
             }
             // Releases only add GPUs and holds only take some: a cluster with too few free
@@ -173,11 +204,19 @@ impl Plan {
             if !future.may_fit(gpus, shape) {
                 continue;
             }
-            let mut window = Cow::Borrowed(&future);
-            for hold in self.holds.iter().filter(|h| h.overlaps(t, end)) {
-                window.to_mut().hold(&hold.placement);
-            }
-            if let Some(p) = find(&window, t) {
+            let mut overlapping = self.holds.iter().filter(|h| h.overlaps(t, end)).peekable();
+            let window = if overlapping.peek().is_some() {
+                // One copy per search, overwritten per candidate: no allocation per time tried.
+                let held = scratch.get_or_insert_with(|| future.clone());
+                held.copy_from(&future);
+                for hold in overlapping {
+                    held.hold(&hold.placement);
+                }
+                &*held
+            } else {
+                &future
+            };
+            if let Some(p) = find(window, t) {
                 return Some((t, p));
             }
         }
@@ -190,10 +229,7 @@ impl Plan {
     /// GPUs free when they start (see [`Hold::whole_gpus`]), so at any instant they take that
     /// many off the count one for one; filters and reservations only take more.
     fn free_profile(&self, cluster: &Cluster) -> FreeProfile {
-        let releases = self.releases.iter().map(|(at, _, placement)| {
-            let gpus: u32 = placement.0.iter().map(|s| s.mask.count_ones()).sum();
-            ((*at).max(self.now), i64::from(gpus))
-        });
+        let releases = self.releases.iter().map(|r| (r.at.max(self.now), r.gpus));
         let mut plans: Vec<(UnixSeconds, i64)> = Vec::with_capacity(2 * self.holds.len());
         for h in self.holds.iter().filter(|h| h.end > self.now) {
             plans.push((h.start.max(self.now), -i64::from(h.whole_gpus)));
@@ -211,6 +247,46 @@ impl Plan {
             }
         }
         FreeProfile { steps }
+    }
+
+    /// The earliest time the default placement of `gpus` GPUs (one node with that many free,
+    /// else whole free nodes holding that many; see `Cluster::find`) could succeed, from the
+    /// running jobs' releases alone: plans, filters and reservations only take GPUs away.
+    /// `UnixSeconds::MAX` when not even every release is enough. The free count cannot see
+    /// fragmentation: on a busy cluster the GPUs free add up long before a node is free
+    /// enough, and every candidate time in between would be copied and searched in vain.
+    fn node_bound(&self, cluster: &Cluster, gpus: u32) -> UnixSeconds {
+        let one_node = gpus <= cluster.gpus_per_node_max();
+        let mut free: Vec<u64> = (0..cluster.node_count())
+            .map(|n| cluster.free_mask(n))
+            .collect();
+        let mut whole_free = 0u32;
+        let mut placeable = false;
+        for (n, mask) in free.iter().enumerate() {
+            let count = mask.count_ones();
+            placeable |= one_node && count >= gpus;
+            if *mask == full_node(cluster, n) {
+                whole_free += count;
+            }
+        }
+        if placeable || whole_free >= gpus {
+            return self.now;
+        }
+        for release in &self.releases {
+            for slot in &release.placement.0 {
+                // A part of a GPU counts as the whole GPU freed: an upper bound of what is free.
+                let was_whole = free[slot.node] == full_node(cluster, slot.node);
+                free[slot.node] |= slot.mask;
+                let count = free[slot.node].count_ones();
+                if !was_whole && free[slot.node] == full_node(cluster, slot.node) {
+                    whole_free += count;
+                }
+                if (one_node && count >= gpus) || whole_free >= gpus {
+                    return release.at.max(self.now);
+                }
+            }
+        }
+        UnixSeconds::MAX
     }
 
     /// Forgets `job`'s planned start (it started).
@@ -282,22 +358,34 @@ struct FreeProfile {
 }
 
 impl FreeProfile {
-    /// Where the count falls below `gpus` somewhere in `[start, end)`: the time the low step
-    /// ends (a job starting before then fails too), or `None` when it never does.
-    fn dip(&self, start: UnixSeconds, end: UnixSeconds, gpus: u32) -> Option<UnixSeconds> {
-        let first = self
-            .steps
-            .partition_point(|s| s.0 <= start)
-            .saturating_sub(1);
-        for (k, (from, count)) in self.steps.iter().enumerate().skip(first) {
-            if *from >= end {
-                break;
+    /// The stretches of time when fewer than `gpus` are free.
+    fn below(&self, gpus: u32) -> LowStretches {
+        let mut stretches: Vec<(UnixSeconds, UnixSeconds)> = Vec::new();
+        for (k, (from, count)) in self.steps.iter().enumerate() {
+            if *count >= i64::from(gpus) {
+                continue;
             }
-            if *count < i64::from(gpus) {
-                return Some(self.steps.get(k + 1).map_or(UnixSeconds::MAX, |s| s.0));
+            let until = self.steps.get(k + 1).map_or(UnixSeconds::MAX, |s| s.0);
+            match stretches.last_mut() {
+                Some(last) if last.1 == *from => last.1 = until,
+                _ => stretches.push((*from, until)),
             }
         }
-        None
+        LowStretches { stretches }
+    }
+}
+
+/// When too few GPUs are free for one job size: disjoint `[from, until)`, sorted.
+struct LowStretches {
+    stretches: Vec<(UnixSeconds, UnixSeconds)>,
+}
+
+impl LowStretches {
+    /// Where the count falls too low somewhere in `[start, end)`: the end of that low stretch
+    /// (a job starting before then fails too), or `None` when it never does.
+    fn within(&self, start: UnixSeconds, end: UnixSeconds) -> Option<UnixSeconds> {
+        let first = self.stretches.partition_point(|s| s.1 <= start);
+        self.stretches.get(first).filter(|s| s.0 < end).map(|s| s.1)
     }
 }
 
@@ -320,11 +408,11 @@ mod tests {
     use crate::cluster::NodeFilter;
 
     proptest! {
-        /// The free-count profile only skips times where placement fails: with and without
-        /// it, every plan of a random queue on a random cluster starts at the same time on the
-        /// same GPUs.
+        /// The free-count profile and the node bound only skip times where placement
+        /// fails: with and without them, every plan of a random queue on a random cluster
+        /// starts at the same time on the same GPUs.
         #[test]
-        fn the_free_count_profile_never_changes_a_plan(
+        fn pruning_never_changes_a_plan(
             node_gpus in proptest::collection::vec(prop_oneof![Just(4u32), Just(8)], 2..6),
             running in proptest::collection::vec((1u32..9, 1i64..40), 0..20),
             queue in proptest::collection::vec((1u32..20, 1u64..30, any::<bool>()), 1..25),
