@@ -478,7 +478,6 @@ impl Service {
         let pending = inner
             .sched
             .pending()
-            .iter()
             .filter_map(|p| inner.state.jobs.get(&p.spec.id));
         running
             .chain(pending)
@@ -515,7 +514,6 @@ impl Service {
                 pending_jobs: inner
                     .sched
                     .pending()
-                    .iter()
                     .filter(|p| p.spec.account == a.id)
                     .count(),
             })
@@ -649,7 +647,7 @@ impl Service {
             Some(accounts) => {
                 for (account, hours) in accounts {
                     if let Ok(id) = AccountId::new(account) {
-                        inner.sched.ledger_mut().set(&id, hours, now);
+                        inner.sched.set_usage(&id, hours, now);
                     }
                 }
                 inner.last_usage_s = now;

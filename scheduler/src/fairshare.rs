@@ -157,18 +157,32 @@ struct Decayed {
 
 /// Decayed usage per account. Fed either by the aggregator's usage feed (live) or by the
 /// scheduler's own allocations (simulation); the arithmetic is the same.
+/// Each account has a slot, so that what records usage at every simulated event for every
+/// running job (`record_in`) looks nothing up.
 #[derive(Clone, Debug)]
 pub struct UsageLedger {
     params: FairShareParams,
-    accounts: HashMap<AccountId, Decayed>,
+    slots: HashMap<AccountId, usize>,
+    usage: Vec<Decayed>,
 }
 
 impl UsageLedger {
     pub fn new(params: FairShareParams) -> Self {
         UsageLedger {
             params,
-            accounts: HashMap::new(),
+            slots: HashMap::new(),
+            usage: Vec::new(),
         }
+    }
+
+    /// The account's slot, made (with no usage) on first use.
+    pub fn slot(&mut self, account: &AccountId) -> usize {
+        if let Some(&slot) = self.slots.get(account) {
+            return slot;
+        }
+        self.usage.push(Decayed::default());
+        self.slots.insert(account.clone(), self.usage.len() - 1);
+        self.usage.len() - 1
     }
 
     pub fn params(&self) -> FairShareParams {
@@ -177,7 +191,15 @@ impl UsageLedger {
 
     /// Adds usage that happened at `at`.
     pub fn record(&mut self, account: &AccountId, gpu_seconds: f64, at: UnixSeconds) {
-        let entry = self.accounts.entry(account.clone()).or_default();
+        let slot = self.slot(account);
+        self.record_in(slot, gpu_seconds, at);
+    }
+
+    /// `record` for the account of `slot` (from [`UsageLedger::slot`]).
+    pub fn record_in(&mut self, slot: usize, gpu_seconds: f64, at: UnixSeconds) {
+        let Some(entry) = self.usage.get_mut(slot) else {
+            return;
+        };
         let decayed = entry.gpu_seconds * self.params.decay(at - entry.as_of);
         *entry = Decayed {
             gpu_seconds: decayed + gpu_seconds,
@@ -187,19 +209,18 @@ impl UsageLedger {
 
     /// Replaces an account's usage with a figure measured elsewhere (the usage feed).
     pub fn set(&mut self, account: &AccountId, gpu_hours: f64, as_of: UnixSeconds) {
-        self.accounts.insert(
-            account.clone(),
-            Decayed {
-                gpu_seconds: gpu_hours * 3600.0,
-                as_of,
-            },
-        );
+        let slot = self.slot(account);
+        self.usage[slot] = Decayed {
+            gpu_seconds: gpu_hours * 3600.0,
+            as_of,
+        };
     }
 
     /// Decayed GPU-hours of an account as of `now`.
     pub fn gpu_hours(&self, account: &AccountId, now: UnixSeconds) -> f64 {
-        self.accounts
+        self.slots
             .get(account)
+            .and_then(|&slot| self.usage.get(slot))
             .map(|d| d.gpu_seconds * self.params.decay(now - d.as_of) / 3600.0)
             .unwrap_or(0.0)
     }

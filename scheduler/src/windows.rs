@@ -118,6 +118,11 @@ impl UsageWindows {
         }
     }
 
+    /// Whether any account has a GPU-hour quota to track.
+    pub fn is_tracking(&self) -> bool {
+        !self.tracked.is_empty()
+    }
+
     /// Adds `units` share units held over `[from, to)` to the account and, when named, the
     /// project.
     pub fn record(
@@ -128,7 +133,7 @@ impl UsageWindows {
         from: UnixSeconds,
         to: UnixSeconds,
     ) {
-        if !self.tracked.contains(account) {
+        if self.tracked.is_empty() || !self.tracked.contains(account) {
             return;
         }
         for_each_day(from, to, |day, secs| {

@@ -804,7 +804,7 @@ proptest! {
             // The job first in line has the plan backfill protects: nothing that starts out of
             // order may push it back. (Plans of jobs further back may move when a job ahead of
             // them gets an earlier start.)
-            for p in h.sched.pending().iter().filter(|p| p.reason == PendingReason::Resources) {
+            for p in h.sched.pending().filter(|p| p.reason == PendingReason::Resources) {
                 if let Some(e) = p.estimated_start_s {
                     planned.entry(p.spec.id.clone()).or_insert(e);
                 }

@@ -197,7 +197,6 @@ fn the_seed_day() {
     let held =
         s.h.sched
             .pending()
-            .iter()
             .filter(|p| p.spec.account.as_str() == "team-c")
             .filter(|p| p.reason == PendingReason::AssocGrpGpuHoursDay)
             .count();

@@ -25,10 +25,13 @@ use crate::windows::{day_of, gpu_hours_verdict, DaySpread, UsageWindows, WindowK
 mod admission;
 mod ordering;
 mod preemption;
+mod queue;
 mod types;
 
 use admission::has_gpu_hour_quota;
+use ordering::queue_order;
 use preemption::{PreemptionGate, Victims};
+use queue::Queue;
 pub use types::*;
 
 #[derive(Clone, Debug)]
@@ -61,7 +64,7 @@ pub struct Scheduler {
     /// Bytes kept per account (project `None`) and project, from storage scans.
     storage_used: HashMap<WindowKey, u64>,
     reservations: Reservations,
-    pending: Vec<PendingJob>,
+    pending: Queue,
     pending_ids: HashSet<JobId>,
     running: BTreeMap<JobId, RunningJob>,
     running_per_account: HashMap<AccountId, u32>,
@@ -180,7 +183,7 @@ impl Scheduler {
             ),
             storage_used: HashMap::new(),
             reservations: Reservations::default(),
-            pending: Vec::new(),
+            pending: Queue::default(),
             pending_ids: HashSet::new(),
             running: BTreeMap::new(),
             running_per_account: HashMap::new(),
@@ -227,8 +230,9 @@ impl Scheduler {
         &self.cluster
     }
 
-    pub fn pending(&self) -> &[PendingJob] {
-        &self.pending
+    /// The waiting jobs in the order of the last cycle.
+    pub fn pending(&self) -> impl ExactSizeIterator<Item = &PendingJob> {
+        self.pending.iter()
     }
 
     pub fn running(&self) -> impl Iterator<Item = &RunningJob> {
@@ -243,8 +247,10 @@ impl Scheduler {
         &self.ledger
     }
 
-    pub fn ledger_mut(&mut self) -> &mut UsageLedger {
-        &mut self.ledger
+    /// Replaces an account's decayed usage with the usage feed's figure (a live service).
+    /// The ledger itself is not handed out: running jobs hold slots in it.
+    pub fn set_usage(&mut self, account: &AccountId, gpu_hours: f64, now: UnixSeconds) {
+        self.ledger.set(account, gpu_hours, now);
     }
 
     pub fn reservations(&self) -> &Reservations {
@@ -269,7 +275,7 @@ impl Scheduler {
         let tier = self.admit(&spec)?;
         let limits = self.limits_for(&spec);
         self.pending_ids.insert(spec.id.clone());
-        self.pending.push(PendingJob {
+        let job = PendingJob {
             spec,
             tier,
             priority: 0.0,
@@ -277,11 +283,9 @@ impl Scheduler {
             estimated_start_s: None,
             preemptions,
             has_preempted: false,
-            limits: JobLimits::default(),
-        });
-        if let Some(job) = self.pending.last_mut() {
-            job.limits = limits;
-        }
+            limits,
+        };
+        self.pending.push(job, queue_order);
         Ok(())
     }
 
@@ -323,10 +327,10 @@ impl Scheduler {
 
     /// Removes a pending job (cancelled before it started).
     pub fn cancel_pending(&mut self, id: &JobId) -> Option<JobSpec> {
-        let pos = self.pending.iter().position(|p| &p.spec.id == id)?;
+        let job = self.pending.remove(id)?;
         self.claims.remove(id);
         self.pending_ids.remove(id);
-        Some(self.pending.remove(pos).spec)
+        Some(job.spec)
     }
 
     /// Records a checkpoint a running job reported: preempting it now loses less.
@@ -400,7 +404,7 @@ impl Scheduler {
         };
         let limits = self.limits_for(&job.spec);
         self.pending_ids.insert(job.spec.id.clone());
-        self.pending.push(PendingJob {
+        let job = PendingJob {
             spec: job.spec,
             tier: job.tier,
             priority: 0.0,
@@ -409,7 +413,8 @@ impl Scheduler {
             preemptions: job.preemptions + 1,
             has_preempted: false,
             limits,
-        });
+        };
+        self.pending.push(job, queue_order);
         true
     }
 
@@ -460,22 +465,28 @@ impl Scheduler {
         // A preemptor goes first: its victims' GPUs are freed for it, and a job ahead of it
         // in the queue planning onto them would make it preempt again, in a loop.
         if !self.claims.is_empty() {
-            pending.sort_by_key(|j| !self.claims.contains_key(&j.spec.id));
+            pending.move_to_front(|j| self.claims.contains_key(&j.spec.id));
         }
-        let mut gate = PreemptionGate::of(self.running.values());
+        // Only tier preemption asks the gate; it looks at every running job.
+        let mut gate = if self.knobs.preemption {
+            PreemptionGate::of(self.running.values())
+        } else {
+            PreemptionGate::default()
+        };
         // Jobs are updated in place and the started ones dropped at the end: the queue can
         // hold many thousands of jobs and a cycle runs at every event.
-        let mut started_any = false;
-        let mut is_started = vec![false; pending.len()];
-        'jobs: for (i, job) in pending.iter_mut().enumerate() {
+        let mut started = Vec::new();
+        let mut waiting_from = None;
+        'jobs: for i in 0..pending.len() {
             if blocked {
                 // Strict order: everything behind the first job that cannot start waits.
-                for rest in pending[i..].iter_mut() {
-                    rest.reason = PendingReason::Priority;
-                    rest.estimated_start_s = None;
-                }
+                pending.wait_behind(i);
+                waiting_from = Some(i);
                 break;
             }
+            let Some(job) = pending.get_mut(i) else {
+                break;
+            };
             let pre_planned = starving.contains(&job.spec.id);
             if !pre_planned {
                 job.estimated_start_s = None;
@@ -490,7 +501,7 @@ impl Scheduler {
                 .iter()
                 .any(|(g, l)| min >= *g && limit >= *l);
             let draining = self.claim_draining(&job.spec.id);
-            if !draining {
+            if !draining && !self.claims.is_empty() {
                 // Its victims are gone: it goes first this cycle (sorted above), and if it
                 // still cannot start the claim lapses rather than hold a quota slot for ever.
                 self.claims.remove(&job.spec.id);
@@ -501,10 +512,9 @@ impl Scheduler {
                     let backfilled = plan.as_ref().is_some_and(Plan::has_holds);
                     take_room(&mut share_room, job.limits.account, p.share_units());
                     take_room(&mut share_gap, job.limits.account, p.share_units());
-                    let started = self.start(job, p, now, backfilled);
-                    self.note_start(started, now, &mut plan, &mut gate, &mut cycle);
-                    is_started[i] = true;
-                    started_any = true;
+                    let start = self.start(job, p, now, backfilled);
+                    self.note_start(start, now, &mut plan, &mut gate, &mut cycle);
+                    started.push(i);
                     if pre_planned {
                         // Its planned hold is gone: later starts may come earlier again.
                         plan_floors.iter_mut().for_each(Vec::clear);
@@ -538,10 +548,9 @@ impl Scheduler {
                     if let Some(p) = self.preempt_for(job, now, victims, &mut cycle, &mut plan) {
                         take_room(&mut share_room, job.limits.account, p.share_units());
                         take_room(&mut share_gap, job.limits.account, p.share_units());
-                        let started = self.start(job, p, now, false);
-                        self.note_start(started, now, &mut plan, &mut gate, &mut cycle);
-                        is_started[i] = true;
-                        started_any = true;
+                        let start = self.start(job, p, now, false);
+                        self.note_start(start, now, &mut plan, &mut gate, &mut cycle);
+                        started.push(i);
                         continue 'jobs;
                     }
                     job.has_preempted = self.claims.contains_key(&job.spec.id);
@@ -595,13 +604,7 @@ impl Scheduler {
                 blocked = true;
             }
         }
-        if started_any {
-            let mut k = 0;
-            pending.retain(|_| {
-                k += 1;
-                !is_started[k - 1]
-            });
-        }
+        pending.end_cycle(&started, waiting_from);
         self.pending = pending;
         if !self.pending.iter().any(|p| p.reason.waits_for_gpus()) {
             self.grow_elastic(now, &mut cycle);
@@ -610,23 +613,37 @@ impl Scheduler {
     }
 
     /// The next time after `now` at which a cycle would decide differently though no job
-    /// arrived or ended: a planned start, or a waiting job reaching `max_wait` (when the
-    /// bound is on) or `fair_share_preemption_after` (when that is on). The simulator runs a
-    /// cycle then; a live service runs them on a timer.
+    /// arrived or ended: a planned start, a waiting job reaching `max_wait` (when the bound
+    /// is on) or `fair_share_preemption_after` (when that is on), or the midnight that ends a
+    /// day a job is held for its GPU-hours. The simulator runs a cycle then; a live service
+    /// runs them on a timer. Without anything that could fall due the queue is not walked.
     pub fn next_due(&self, now: UnixSeconds) -> Option<UnixSeconds> {
-        let max_wait = (self.knobs.max_wait_plans > 0).then(|| self.knobs.max_wait.as_secs());
+        // Only backfill plans starts and acts on max_wait (a preemptor may plan under FIFO).
+        let plans = self.options.backfill != Backfill::Off || !self.claims.is_empty();
+        let max_wait = (self.options.backfill != Backfill::Off && self.knobs.max_wait_plans > 0)
+            .then(|| self.knobs.max_wait.as_secs());
         let reclaim = (self.knobs.fair_share_preemption
             && self.options.policy == Policy::FairShare)
             .then(|| self.knobs.fair_share_preemption_after.as_secs());
+        let day_quotas = self.windows.is_tracking();
+        if !plans && reclaim.is_none() && !day_quotas {
+            return None;
+        }
+        let midnight = (day_of(now) + 1).saturating_mul(DAY_S);
         self.pending
             .iter()
             .flat_map(|p| {
                 let after =
                     |wait: Option<u64>| wait.map(|w| p.spec.submit_s.saturating_add(w as i64));
+                let day_held = matches!(
+                    p.reason,
+                    PendingReason::AssocGrpGpuHoursDay | PendingReason::AssocGrpGpuHoursWeek
+                );
                 [
                     p.estimated_start_s,
                     after(max_wait),
                     after(reclaim).filter(|_| !p.has_preempted),
+                    day_held.then_some(midnight),
                 ]
             })
             .flatten()
@@ -664,22 +681,27 @@ impl Scheduler {
     /// way). Returns the jobs planned.
     fn plan_starving(
         &self,
-        pending: &mut [PendingJob],
+        pending: &mut Queue,
         now: UnixSeconds,
         plan: &mut Option<Plan>,
     ) -> HashSet<JobId> {
         let since = now.saturating_sub(self.knobs.max_wait.as_secs() as i64);
-        let mut oldest: Vec<usize> = (0..pending.len())
-            .filter(|&i| pending[i].spec.submit_s <= since)
+        let mut oldest: Vec<usize> = pending
+            .iter()
+            .enumerate()
+            .filter(|(_, j)| j.spec.submit_s <= since)
+            .map(|(i, _)| i)
             .collect();
         let mut planned = HashSet::new();
         if oldest.is_empty() {
             return planned;
         }
-        oldest.sort_by_key(|&i| (pending[i].spec.submit_s, i));
+        oldest.sort_by_key(|&i| (pending.job(i).map(|j| j.spec.submit_s), i));
         oldest.truncate(self.knobs.max_wait_plans as usize);
         for i in oldest {
-            let job = &mut pending[i];
+            let Some(job) = pending.get_mut(i) else {
+                continue;
+            };
             if self.quota_hold(job, now).is_some() {
                 continue;
             }
@@ -847,6 +869,7 @@ impl Scheduler {
                 preemptions: job.preemptions,
                 backfilled,
                 accrued_until: now,
+                usage_slot: self.ledger.slot(&job.spec.account),
             },
         );
         started
@@ -909,6 +932,7 @@ impl Scheduler {
     /// every job within its size, quotas of running jobs and GPU-hours kept, reservations
     /// honoured.
     pub fn check_invariants(&self) -> Result<(), String> {
+        self.pending.check()?;
         let mut rebuilt = self.cluster.empty_like();
         for job in self.running.values() {
             if !rebuilt.is_free(&job.placement) {
@@ -1055,8 +1079,8 @@ fn accrue(
     if secs <= 0 {
         return;
     }
-    ledger.record(
-        &job.spec.account,
+    ledger.record_in(
+        job.usage_slot,
         job.placement.gpu_equivalent() * secs as f64,
         now,
     );

@@ -43,7 +43,7 @@ impl Scheduler {
             .map(|id| self.held(&(id.clone(), None)) as i64)
             .collect();
         let mut demand = vec![0u64; held.len()];
-        for job in &self.pending {
+        for job in self.pending.iter() {
             let units = job.spec.share_units_of(job.spec.min_size());
             if self.claims.contains_key(&job.spec.id) {
                 if let Some(h) = held.get_mut(job.limits.account) {
@@ -80,7 +80,7 @@ impl Scheduler {
     /// Which accounts have running or waiting jobs, in `account_ids` order.
     fn accounts_with_demand(&self) -> Vec<bool> {
         let mut demand = vec![false; self.account_ids.len()];
-        for job in &self.pending {
+        for job in self.pending.iter() {
             if let Some(d) = demand.get_mut(job.limits.account) {
                 *d = true;
             }
@@ -144,19 +144,20 @@ impl Scheduler {
                 job.priority = score;
             }
         }
-        let order = |a: &PendingJob, b: &PendingJob| {
-            b.tier
-                .cmp(&a.tier)
-                .then_with(|| b.priority.total_cmp(&a.priority))
-                .then_with(|| a.spec.submit_s.cmp(&b.spec.submit_s))
-                .then_with(|| id_order(&a.spec.id, &b.spec.id))
-        };
-        // The queue is mostly in order already (always, under FIFO without arrivals of a higher
-        // tier): checking is cheaper than moving thousands of jobs.
-        if !self.pending.is_sorted_by(|a, b| order(a, b).is_le()) {
-            self.pending.sort_by(order);
-        }
+        // Under FIFO the queue stays in order as jobs arrive (see `Queue`); under fair share
+        // it is mostly in order already: checking is cheaper than moving thousands of jobs.
+        self.pending
+            .arrange(self.options.policy == Policy::FairShare, queue_order);
     }
+}
+
+/// The scheduling order: higher tiers first, then higher priority, then earlier submission.
+pub(super) fn queue_order(a: &PendingJob, b: &PendingJob) -> std::cmp::Ordering {
+    b.tier
+        .cmp(&a.tier)
+        .then_with(|| b.priority.total_cmp(&a.priority))
+        .then_with(|| a.spec.submit_s.cmp(&b.spec.submit_s))
+        .then_with(|| id_order(&a.spec.id, &b.spec.id))
 }
 
 /// Job ids in submission order: numeric ids (Slurm's) by value, so `10` comes after `9`.

@@ -320,6 +320,8 @@ pub struct RunningJob {
     pub preemptions: u32,
     pub backfilled: bool,
     pub(crate) accrued_until: UnixSeconds,
+    /// Its account's slot in the usage ledger.
+    pub(crate) usage_slot: usize,
 }
 
 impl RunningJob {

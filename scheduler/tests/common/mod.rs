@@ -4,10 +4,35 @@
 
 use gpuledger_model::{AccountId, ClusterConfig, JobId};
 use gpuledger_scheduler::{
-    Cycle, JobSpec, PendingJob, PendingReason, Scheduler, SchedulerOptions, Started,
+    Backfill, Cycle, JobSpec, PendingJob, PendingReason, Scheduler, SchedulerOptions, Started,
 };
 
 pub const H: i64 = 3600;
+
+/// Under a strict order, after a cycle: the jobs ahead of the first one waiting for GPUs are
+/// held by their quotas, and every job behind it waits for it (`Priority`, no planned start),
+/// however the queue changed since the last cycle.
+pub fn check_strict_reasons<'a>(pending: impl IntoIterator<Item = &'a PendingJob>) {
+    let mut behind_blocked = false;
+    for job in pending {
+        if behind_blocked {
+            assert_eq!(
+                (job.reason, job.estimated_start_s),
+                (PendingReason::Priority, None),
+                "job {} waits behind a blocked job",
+                job.spec.id
+            );
+        } else {
+            behind_blocked = job.reason.waits_for_gpus();
+            assert_ne!(
+                job.reason,
+                PendingReason::None,
+                "job {} was not looked at",
+                job.spec.id
+            );
+        }
+    }
+}
 
 pub struct Harness {
     pub sched: Scheduler,
@@ -59,6 +84,9 @@ impl Harness {
     pub fn cycle(&mut self, t: i64) -> Cycle {
         let cycle = self.sched.schedule(t);
         self.sched.check_invariants().expect("invariants hold");
+        if self.sched.options().backfill == Backfill::Off {
+            check_strict_reasons(self.sched.pending());
+        }
         cycle
     }
 
@@ -84,7 +112,6 @@ impl Harness {
     pub fn queued(&self, account: &str) -> usize {
         self.sched
             .pending()
-            .iter()
             .filter(|p| p.spec.account.as_str() == account)
             .count()
     }
@@ -95,7 +122,7 @@ impl Harness {
     }
 
     pub fn pending_job(&self, id: &JobId) -> Option<&PendingJob> {
-        self.sched.pending().iter().find(|p| &p.spec.id == id)
+        self.sched.pending().find(|p| &p.spec.id == id)
     }
 
     pub fn reason(&self, id: &JobId) -> Option<PendingReason> {
