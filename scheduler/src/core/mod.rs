@@ -685,20 +685,24 @@ impl Scheduler {
         now: UnixSeconds,
         plan: &mut Option<Plan>,
     ) -> HashSet<JobId> {
+        let mut planned = HashSet::new();
+        let wanted = self.knobs.max_wait_plans as usize;
+        if wanted == 0 {
+            return planned;
+        }
         let since = now.saturating_sub(self.knobs.max_wait.as_secs() as i64);
-        let mut oldest: Vec<usize> = pending
+        let mut oldest: Vec<(UnixSeconds, usize)> = pending
             .iter()
             .enumerate()
             .filter(|(_, j)| j.spec.submit_s <= since)
-            .map(|(i, _)| i)
+            .map(|(i, j)| (j.spec.submit_s, i))
             .collect();
-        let mut planned = HashSet::new();
-        if oldest.is_empty() {
-            return planned;
+        if oldest.len() > wanted {
+            oldest.select_nth_unstable(wanted - 1);
+            oldest.truncate(wanted);
         }
-        oldest.sort_by_key(|&i| (pending.job(i).map(|j| j.spec.submit_s), i));
-        oldest.truncate(self.knobs.max_wait_plans as usize);
-        for i in oldest {
+        oldest.sort_unstable();
+        for (_, i) in oldest {
             let Some(job) = pending.get_mut(i) else {
                 continue;
             };

@@ -38,10 +38,6 @@ impl Default for Queue {
 }
 
 impl Queue {
-    pub(super) fn job(&self, i: usize) -> Option<&PendingJob> {
-        self.jobs.get(i).map(|j| &**j)
-    }
-
     pub(super) fn len(&self) -> usize {
         self.jobs.len()
     }
