@@ -9,6 +9,7 @@ use std::collections::VecDeque;
 
 use gpuledger_model::JobId;
 
+use super::ordering::queue_order;
 use super::types::{PendingJob, PendingReason};
 
 #[derive(Clone, Debug)]
@@ -151,8 +152,18 @@ impl Queue {
         self.fresh_from = self.jobs.len();
     }
 
-    /// The jobs recorded as waiting behind a blocked one really are.
+    /// A queue known to be in order is (by the priorities it holds), and the jobs recorded
+    /// as waiting behind a blocked one really are.
     pub(super) fn check(&self) -> Result<(), String> {
+        if self.in_order {
+            let mut ahead = self.jobs.iter().zip(self.jobs.iter().skip(1));
+            if let Some((a, b)) = ahead.find(|(a, b)| queue_order(a, b).is_gt()) {
+                return Err(format!(
+                    "the queue is marked in order but job {} is ahead of job {}",
+                    a.spec.id, b.spec.id
+                ));
+            }
+        }
         if self.settled_from > self.fresh_from || self.fresh_from > self.jobs.len() {
             return Err(format!(
                 "queue marks out of range: settled from {}, fresh from {}, {} jobs",
@@ -182,7 +193,6 @@ impl Queue {
 mod tests {
     use gpuledger_model::AccountId;
 
-    use super::super::ordering::queue_order;
     use super::super::types::{JobLimits, JobSpec};
     use super::*;
 
