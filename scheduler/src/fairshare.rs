@@ -157,6 +157,7 @@ struct Decayed {
 
 /// Decayed usage per account. Fed either by the aggregator's usage feed (live) or by the
 /// scheduler's own allocations (simulation); the arithmetic is the same.
+///
 /// Each account has a slot, so that what records usage at every simulated event for every
 /// running job (`record_in`) looks nothing up.
 #[derive(Clone, Debug)]
