@@ -29,9 +29,8 @@ mod queue;
 mod types;
 
 use admission::has_gpu_hour_quota;
-use ordering::queue_order;
 use preemption::{PreemptionGate, Victims};
-use queue::Queue;
+use queue::{Hot, Queue};
 pub use types::*;
 
 #[derive(Clone, Debug)]
@@ -278,14 +277,13 @@ impl Scheduler {
         let job = PendingJob {
             spec,
             tier,
-            priority: 0.0,
             reason: PendingReason::None,
             estimated_start_s: None,
             preemptions,
             has_preempted: false,
             limits,
         };
-        self.pending.push(job, queue_order);
+        self.pending.push(job);
         Ok(())
     }
 
@@ -310,7 +308,6 @@ impl Scheduler {
         let pending = PendingJob {
             spec,
             tier,
-            priority: 0.0,
             reason: PendingReason::None,
             estimated_start_s: None,
             preemptions,
@@ -407,14 +404,13 @@ impl Scheduler {
         let job = PendingJob {
             spec: job.spec,
             tier: job.tier,
-            priority: 0.0,
             reason: PendingReason::None,
             estimated_start_s: None,
             preemptions: job.preemptions + 1,
             has_preempted: false,
             limits,
         };
-        self.pending.push(job, queue_order);
+        self.pending.push(job);
         true
     }
 
@@ -484,34 +480,44 @@ impl Scheduler {
                 waiting_from = Some(i);
                 break;
             }
-            let Some(job) = pending.get_mut(i) else {
+            // What every job needs is read from the queue's own copy: most jobs of a deep
+            // queue are hopeless and their boxes are not touched.
+            let Some((&hot, job)) = pending.at(i) else {
                 break;
             };
-            let pre_planned = starving.contains(&job.spec.id);
-            if !pre_planned {
-                job.estimated_start_s = None;
-            }
-            if let Some(reason) = self.quota_hold(job, now) {
-                job.reason = reason;
-                continue;
-            }
-            let (min, limit) = (job.spec.min_size(), job.spec.time_limit_s);
-            let units = job.spec.share_units_of(min);
-            let hopeless = failures[job.limits.account]
-                .iter()
-                .any(|(g, l)| min >= *g && limit >= *l);
-            let draining = self.claim_draining(&job.spec.id);
-            if !draining && !self.claims.is_empty() {
+            let pre_planned = !starving.is_empty() && starving.contains(&job.spec.id);
+            let claimed = !self.claims.is_empty() && self.claims.contains_key(&job.spec.id);
+            let quota = if hot.limited {
+                self.quota_hold(job, now)
+            } else {
+                None
+            };
+            let draining = quota.is_none() && claimed && self.claim_draining(&job.spec.id);
+            if quota.is_none() && claimed && !draining {
                 // Its victims are gone: it goes first this cycle (sorted above), and if it
                 // still cannot start the claim lapses rather than hold a quota slot for ever.
                 self.claims.remove(&job.spec.id);
             }
+            if !pre_planned {
+                pending.set_estimated_start(i, None);
+            }
+            if let Some(reason) = quota {
+                pending.set_reason(i, reason);
+                continue;
+            }
+            let (min, limit, units, account) = (hot.min, hot.time_limit_s, hot.units, hot.account);
+            let hopeless = failures[account]
+                .iter()
+                .any(|(g, l)| min >= *g && limit >= *l);
             // A job past max_wait is tried whatever failed before it: its GPUs are held for it.
             if (!hopeless || pre_planned) && !draining {
+                let Some(job) = pending.job_mut(i) else {
+                    break;
+                };
                 if let Some(p) = self.place_now(&job.spec, now, plan.as_ref()) {
                     let backfilled = plan.as_ref().is_some_and(Plan::has_holds);
-                    take_room(&mut share_room, job.limits.account, p.share_units());
-                    take_room(&mut share_gap, job.limits.account, p.share_units());
+                    take_room(&mut share_room, account, p.share_units());
+                    take_room(&mut share_gap, account, p.share_units());
                     let start = self.start(job, p, now, backfilled);
                     self.note_start(start, now, &mut plan, &mut gate, &mut cycle);
                     started.push(i);
@@ -525,15 +531,13 @@ impl Scheduler {
                 // share once started (Kueue's LessThanOrEqualToFinalShare) it does not take its
                 // account over, so its victims' accounts never preempt back.
                 let for_share = reclaim
-                    && now - job.spec.submit_s >= reclaim_after
-                    && share_gap
-                        .get(job.limits.account)
-                        .is_some_and(|g| *g >= units as i64);
+                    && now - hot.submit_s >= reclaim_after
+                    && share_gap.get(account).is_some_and(|g| *g >= units as i64);
                 for over_share in [false, true] {
                     let allowed = if over_share {
                         for_share
                     } else {
-                        self.knobs.preemption && gate.may_help(job.tier)
+                        self.knobs.preemption && gate.may_help(hot.tier)
                     };
                     if !allowed || job.has_preempted {
                         continue;
@@ -546,8 +550,8 @@ impl Scheduler {
                         Victims::LowerTiers
                     };
                     if let Some(p) = self.preempt_for(job, now, victims, &mut cycle, &mut plan) {
-                        take_room(&mut share_room, job.limits.account, p.share_units());
-                        take_room(&mut share_gap, job.limits.account, p.share_units());
+                        take_room(&mut share_room, account, p.share_units());
+                        take_room(&mut share_gap, account, p.share_units());
                         let start = self.start(job, p, now, false);
                         self.note_start(start, now, &mut plan, &mut gate, &mut cycle);
                         started.push(i);
@@ -556,49 +560,58 @@ impl Scheduler {
                     job.has_preempted = self.claims.contains_key(&job.spec.id);
                     if job.has_preempted && over_share {
                         // Its claim now counts for its account.
-                        take_room(&mut share_room, job.limits.account, units);
-                        take_room(&mut share_gap, job.limits.account, units);
+                        take_room(&mut share_room, account, units);
+                        take_room(&mut share_gap, account, units);
                     }
                 }
             }
-            let entry = &mut failures[job.limits.account];
-            if !entry.iter().any(|(g, l)| min >= *g && limit >= *l) {
+            if !hopeless {
+                // Kept minimal: a failure no smaller and no longer than this one says nothing
+                // more.
+                let entry = &mut failures[account];
+                entry.retain(|(g, l)| *g < min || *l < limit);
                 entry.push((min, limit));
             }
-            job.reason = self.blocked_reason(&job.spec, planned == 0);
+            let Some((_, job)) = pending.at(i) else {
+                break;
+            };
+            let reason = self.blocked_reason(&job.spec, planned == 0);
+            let claimed = !self.claims.is_empty() && self.claims.contains_key(&job.spec.id);
+            pending.set_reason(i, reason);
             // Each account's first waiting job gets a planned start too, whatever its place
             // in the queue (the starvation bound's other half; see `plan_starving`).
             let first_of_account =
-                depth > 0 && self.knobs.plan_each_account && !account_planned[job.limits.account];
-            let below_share = share_room.get(job.limits.account).is_some_and(|r| *r > 0);
-            let must_plan =
-                self.claims.contains_key(&job.spec.id) || first_of_account || below_share;
+                depth > 0 && self.knobs.plan_each_account && !account_planned[account];
+            let below_share = share_room.get(account).is_some_and(|r| *r > 0);
+            let must_plan = claimed || first_of_account || below_share;
             if pre_planned {
-                account_planned[job.limits.account] = true;
-                take_room(&mut share_room, job.limits.account, units);
+                account_planned[account] = true;
+                take_room(&mut share_room, account, units);
             } else if planned < depth || must_plan {
-                take_room(&mut share_room, job.limits.account, units);
+                take_room(&mut share_room, account, units);
                 let plan = plan.get_or_insert_with(|| self.build_plan(now));
                 // Plans only add holds within a cycle: a job of the account no smaller, no
                 // shorter and of the default shape starts no earlier than one planned before.
-                let floors = &mut plan_floors[job.limits.account];
-                let plain = job.spec.shape == Shape::default();
+                let floors = &mut plan_floors[account];
                 let not_before = floors
                     .iter()
-                    .filter(|(g, l, _)| plain && min >= *g && limit >= *l)
+                    .filter(|(g, l, _)| hot.plain && min >= *g && limit >= *l)
                     .map(|(_, _, t)| *t)
                     .max()
                     .unwrap_or(UnixSeconds::MIN);
+                let Some((_, job)) = pending.at(i) else {
+                    break;
+                };
                 if let Some((t, p)) = self.plan_earliest(plan, &job.spec, not_before) {
-                    job.estimated_start_s = Some(t);
                     let end = t.saturating_add(limit as i64);
                     plan.hold(job.spec.id.clone(), t, end, p, &self.cluster);
+                    pending.set_estimated_start(i, Some(t));
                     planned += 1;
-                    if plain {
+                    if hot.plain {
                         floors.push((min, limit, t));
                     }
                 }
-                account_planned[job.limits.account] = true;
+                account_planned[account] = true;
             }
             if depth == 0 {
                 blocked = true;
@@ -606,7 +619,7 @@ impl Scheduler {
         }
         pending.end_cycle(&started, waiting_from);
         self.pending = pending;
-        if !self.pending.iter().any(|p| p.reason.waits_for_gpus()) {
+        if !self.pending.hot().any(|p| p.reason().waits_for_gpus()) {
             self.grow_elastic(now, &mut cycle);
         }
         cycle
@@ -631,18 +644,17 @@ impl Scheduler {
         }
         let midnight = (day_of(now) + 1).saturating_mul(DAY_S);
         self.pending
-            .iter()
-            .flat_map(|p| {
-                let after =
-                    |wait: Option<u64>| wait.map(|w| p.spec.submit_s.saturating_add(w as i64));
+            .entries()
+            .flat_map(|(p, job)| {
+                let after = |wait: Option<u64>| wait.map(|w| p.submit_s.saturating_add(w as i64));
                 let day_held = matches!(
-                    p.reason,
+                    p.reason(),
                     PendingReason::AssocGrpGpuHoursDay | PendingReason::AssocGrpGpuHoursWeek
                 );
                 [
-                    p.estimated_start_s,
+                    p.estimated_start_s(),
                     after(max_wait),
-                    after(reclaim).filter(|_| !p.has_preempted),
+                    after(reclaim).filter(|_| !job.has_preempted),
                     day_held.then_some(midnight),
                 ]
             })
@@ -692,10 +704,10 @@ impl Scheduler {
         }
         let since = now.saturating_sub(self.knobs.max_wait.as_secs() as i64);
         let mut oldest: Vec<(UnixSeconds, usize)> = pending
-            .iter()
+            .hot()
             .enumerate()
-            .filter(|(_, j)| j.spec.submit_s <= since)
-            .map(|(i, j)| (j.spec.submit_s, i))
+            .filter(|(_, j)| j.submit_s <= since)
+            .map(|(i, j)| (j.submit_s, i))
             .collect();
         if oldest.len() > wanted {
             oldest.select_nth_unstable(wanted - 1);
@@ -703,7 +715,7 @@ impl Scheduler {
         }
         oldest.sort_unstable();
         for (_, i) in oldest {
-            let Some(job) = pending.get_mut(i) else {
+            let Some((_, job)) = pending.at(i) else {
                 continue;
             };
             if self.quota_hold(job, now).is_some() {
@@ -711,10 +723,10 @@ impl Scheduler {
             }
             let plan = plan.get_or_insert_with(|| self.build_plan(now));
             if let Some((t, p)) = self.plan_earliest(plan, &job.spec, UnixSeconds::MIN) {
-                job.estimated_start_s = Some(t);
                 let end = t.saturating_add(job.spec.time_limit_s as i64);
                 plan.hold(job.spec.id.clone(), t, end, p, &self.cluster);
                 planned.insert(job.spec.id.clone());
+                pending.set_estimated_start(i, Some(t));
             }
         }
         planned

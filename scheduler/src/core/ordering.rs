@@ -43,14 +43,19 @@ impl Scheduler {
             .map(|id| self.held(&(id.clone(), None)) as i64)
             .collect();
         let mut demand = vec![0u64; held.len()];
-        for job in self.pending.iter() {
-            let units = job.spec.share_units_of(job.spec.min_size());
-            if self.claims.contains_key(&job.spec.id) {
-                if let Some(h) = held.get_mut(job.limits.account) {
-                    *h += units as i64;
+        for (d, units) in demand.iter_mut().zip(self.pending.waiting_units()) {
+            *d = *units;
+        }
+        if !self.claims.is_empty() {
+            for job in self.pending.iter() {
+                if self.claims.contains_key(&job.spec.id) {
+                    let units = job.spec.share_units_of(job.spec.min_size());
+                    let account = job.limits.account;
+                    if let (Some(h), Some(d)) = (held.get_mut(account), demand.get_mut(account)) {
+                        *h += units as i64;
+                        *d = d.saturating_sub(units);
+                    }
                 }
-            } else if let Some(d) = demand.get_mut(job.limits.account) {
-                *d += units;
             }
         }
         for job in self.running.values().filter(|r| r.preempting.is_some()) {
@@ -80,10 +85,8 @@ impl Scheduler {
     /// Which accounts have running or waiting jobs, in `account_ids` order.
     fn accounts_with_demand(&self) -> Vec<bool> {
         let mut demand = vec![false; self.account_ids.len()];
-        for job in self.pending.iter() {
-            if let Some(d) = demand.get_mut(job.limits.account) {
-                *d = true;
-            }
+        for (d, units) in demand.iter_mut().zip(self.pending.waiting_units()) {
+            *d = *units > 0;
         }
         for (account, running) in &self.running_per_account {
             if *running > 0 {
@@ -106,23 +109,31 @@ impl Scheduler {
     /// The priority a job of this shape would have now under fair share.
     pub fn priority_of(&self, spec: &JobSpec, now: UnixSeconds) -> f64 {
         let fair_share = self.fair_share_of(&spec.account, now);
-        self.job_priority(spec, fair_share, self.limits_for(spec).quota_priority, now)
+        let quota_priority = self.limits_for(spec).quota_priority;
+        self.job_priority(
+            spec.submit_s,
+            spec.min_size(),
+            fair_share,
+            quota_priority,
+            now,
+        )
     }
 
-    /// Slurm's multifactor priority: fair share (the account's `weight / (1 + usage /
-    /// factor)` over the largest weight), age (up to `max_age`), size (share of the cluster)
-    /// and the quota's priority (1-100, as a fraction), each in [0, 1] times its weight.
-    pub(super) fn job_priority(
+    /// Slurm's multifactor priority of a job submitted at `submit_s` of `min_size` GPUs at
+    /// least: fair share (its account's factor, [`Scheduler::fair_share_factors`]), age (up to
+    /// `max_age`), size (share of the cluster) and the quota's priority (1-100, as a
+    /// fraction), each in [0, 1] times its weight.
+    fn job_priority(
         &self,
-        spec: &JobSpec,
+        submit_s: UnixSeconds,
+        min_size: u32,
         fair_share: f64,
         quota_priority: f64,
         now: UnixSeconds,
     ) -> f64 {
         let k = &self.knobs;
-        let age =
-            ((now - spec.submit_s).max(0) as f64 / k.max_age.as_secs().max(1) as f64).min(1.0);
-        let size = f64::from(spec.min_size()) / f64::from(self.cluster.total_gpus().max(1));
+        let age = ((now - submit_s).max(0) as f64 / k.max_age.as_secs().max(1) as f64).min(1.0);
+        let size = f64::from(min_size) / f64::from(self.cluster.total_gpus().max(1));
         f64::from(k.weight_fair_share) * fair_share
             + f64::from(k.weight_age) * age
             + f64::from(k.weight_job_size) * size
@@ -130,37 +141,75 @@ impl Scheduler {
     }
 
     pub(super) fn order_pending(&mut self, now: UnixSeconds) {
-        if self.options.policy == Policy::FairShare {
+        let fair = self.options.policy == Policy::FairShare;
+        if fair {
             let fair_share = self.fair_share_factors(now);
-            let scores: Vec<f64> = self
-                .pending
-                .iter()
-                .map(|j| {
-                    let fs = fair_share.get(j.limits.account).copied().unwrap_or(0.0);
-                    self.job_priority(&j.spec, fs, j.limits.quota_priority, now)
-                })
-                .collect();
-            for (job, score) in self.pending.iter_mut().zip(scores) {
-                job.priority = score;
-            }
+            let mut pending = std::mem::take(&mut self.pending);
+            pending.set_priorities(|job| {
+                let fs = fair_share.get(job.account).copied().unwrap_or(0.0);
+                self.job_priority(job.submit_s, job.min, fs, job.quota_priority, now)
+            });
+            self.pending = pending;
         }
         // Under FIFO the queue stays in order as jobs arrive (see `Queue`); under fair share
         // it is mostly in order already: checking is cheaper than moving thousands of jobs.
-        self.pending
-            .arrange(self.options.policy == Policy::FairShare, queue_order);
+        self.pending.arrange(fair);
     }
 }
 
-/// The scheduling order: higher tiers first, then higher priority, then earlier submission.
-pub(super) fn queue_order(a: &PendingJob, b: &PendingJob) -> std::cmp::Ordering {
+/// The scheduling order: higher tiers first, then higher priority, then earlier submission
+/// (the job ids break ties, in [`Queue`]).
+pub(super) fn queue_order(a: &Hot, b: &Hot) -> std::cmp::Ordering {
     b.tier
         .cmp(&a.tier)
         .then_with(|| b.priority.total_cmp(&a.priority))
-        .then_with(|| a.spec.submit_s.cmp(&b.spec.submit_s))
-        .then_with(|| id_order(&a.spec.id, &b.spec.id))
+        .then_with(|| a.submit_s.cmp(&b.submit_s))
 }
 
 /// Job ids in submission order: numeric ids (Slurm's) by value, so `10` comes after `9`.
 pub(super) fn id_order(a: &JobId, b: &JobId) -> std::cmp::Ordering {
     (a.as_str().len(), a).cmp(&(b.as_str().len(), b))
+}
+
+/// [`id_order`] as one number, for ids of up to 15 bytes (every Slurm id and trace id): the
+/// length in the top byte, then the bytes, so that comparing two keys is comparing the ids.
+pub(super) fn id_key(id: &JobId) -> Option<u128> {
+    let bytes = id.as_str().as_bytes();
+    if bytes.len() > 15 {
+        return None;
+    }
+    let mut key = [0u8; 16];
+    key[0] = bytes.len() as u8;
+    key[1..=bytes.len()].copy_from_slice(bytes);
+    Some(u128::from_be_bytes(key))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn id_keys_order_ids_as_id_order_does() {
+        let ids = [
+            "9",
+            "10",
+            "a",
+            "ab",
+            "b",
+            "p000001",
+            "p000002",
+            "123456789012345",
+        ];
+        for a in ids {
+            for b in ids {
+                let (ja, jb) = (JobId::new(a).unwrap(), JobId::new(b).unwrap());
+                assert_eq!(
+                    id_key(&ja).cmp(&id_key(&jb)),
+                    id_order(&ja, &jb),
+                    "{a} against {b}"
+                );
+            }
+        }
+        assert_eq!(id_key(&JobId::new("1234567890123456").unwrap()), None);
+    }
 }

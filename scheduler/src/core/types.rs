@@ -273,8 +273,6 @@ impl fmt::Display for PendingReason {
 pub struct PendingJob {
     pub spec: JobSpec,
     pub tier: u32,
-    /// The job's priority at the last cycle (0 under FIFO).
-    pub priority: f64,
     pub reason: PendingReason,
     /// The planned start, when backfill planned one (as `squeue --start`).
     pub estimated_start_s: Option<UnixSeconds>,
