@@ -13,6 +13,7 @@
 //! The node specs are shared (`Arc`), so a copy of the cluster for planning (backfill, trial
 //! preemption) costs one `u64` per node, plus one entry per GPU held in shares.
 
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::Arc;
 
 use gpuledger_model::config::NodeSpec;
@@ -180,7 +181,7 @@ struct NodeMeta {
 }
 
 /// Free and held GPUs of every node.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Cluster {
     meta: Arc<[NodeMeta]>,
     /// GPUs no job holds any part of.
@@ -194,6 +195,43 @@ pub struct Cluster {
     total_gpus: u32,
     /// Whether every node has as many GPUs (whole-node placement need not prefer any).
     uniform: bool,
+    /// What is free, identified: this cluster's own number (every cluster, copy or clone
+    /// gets a new one) and how many times what is free changed since. Equal stamps, equal
+    /// clusters, so what was worked out from one (a planner's bounds) holds for the other.
+    stamp: Stamp,
+}
+
+/// See [`Cluster::stamp`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stamp {
+    cluster: u64,
+    changes: u64,
+}
+
+impl Stamp {
+    fn new() -> Stamp {
+        static CLUSTERS: AtomicU64 = AtomicU64::new(0);
+        Stamp {
+            cluster: CLUSTERS.fetch_add(1, AtomicOrdering::Relaxed),
+            changes: 0,
+        }
+    }
+}
+
+impl Clone for Cluster {
+    fn clone(&self) -> Self {
+        Cluster {
+            meta: Arc::clone(&self.meta),
+            free: self.free.clone(),
+            free_count: self.free_count,
+            shared: self.shared.clone(),
+            shared_used: self.shared_used,
+            gpus_per_node_max: self.gpus_per_node_max,
+            total_gpus: self.total_gpus,
+            uniform: self.uniform,
+            stamp: Stamp::new(),
+        }
+    }
 }
 
 fn full_mask(gpus: u32) -> u64 {
@@ -253,6 +291,7 @@ impl Cluster {
             free_count,
             gpus_per_node_max,
             uniform,
+            stamp: Stamp::new(),
         }
     }
 
@@ -268,6 +307,7 @@ impl Cluster {
             gpus_per_node_max: self.gpus_per_node_max,
             total_gpus: self.total_gpus,
             uniform: self.uniform,
+            stamp: Stamp::new(),
         }
     }
 
@@ -283,6 +323,7 @@ impl Cluster {
             gpus_per_node_max,
             total_gpus,
             uniform,
+            stamp: _,
         } = other;
         self.meta.clone_from(meta);
         self.free.clone_from(free);
@@ -292,6 +333,12 @@ impl Cluster {
         self.gpus_per_node_max = *gpus_per_node_max;
         self.total_gpus = *total_gpus;
         self.uniform = *uniform;
+        self.stamp = Stamp::new();
+    }
+
+    /// Identifies what is free: equal stamps, equal clusters.
+    pub fn stamp(&self) -> Stamp {
+        self.stamp
     }
 
     pub fn node_count(&self) -> usize {
@@ -683,6 +730,7 @@ impl Cluster {
     /// Takes the GPUs of a placement. Panics in debug builds if any is already held: that
     /// would be a scheduler bug, and the invariant checks in tests look for it.
     pub fn take(&mut self, placement: &Placement) {
+        self.stamp.changes += 1;
         for slot in &placement.0 {
             if let Some(share) = slot.share {
                 self.take_share(slot.node, slot.mask, share, true);
@@ -701,6 +749,7 @@ impl Cluster {
     /// Marks a placement's GPUs as held, whether or not they already are (planning copies,
     /// where a held GPU may be claimed by a plan that ends before another begins).
     pub fn hold(&mut self, placement: &Placement) {
+        self.stamp.changes += 1;
         for slot in &placement.0 {
             if let Some(share) = slot.share {
                 self.take_share(slot.node, slot.mask, share, false);
@@ -713,6 +762,7 @@ impl Cluster {
     }
 
     pub fn release(&mut self, placement: &Placement) {
+        self.stamp.changes += 1;
         for slot in &placement.0 {
             if let Some(share) = slot.share {
                 self.release_share(slot.node, slot.mask, share);
@@ -727,6 +777,7 @@ impl Cluster {
     /// Frees what a placement holds, whatever of it is held now (a trial of what a
     /// preemption would free): whole GPUs held become free, a share comes off its GPU once.
     pub fn release_held(&mut self, placement: &Placement) {
+        self.stamp.changes += 1;
         for slot in &placement.0 {
             match slot.share {
                 Some(share) => self.release_share(slot.node, slot.mask, share),
