@@ -47,13 +47,12 @@ impl Scheduler {
             *d = *units;
         }
         if !self.claims.is_empty() {
-            for job in self.pending.iter() {
+            for (hot, job) in self.pending.entries() {
                 if self.claims.contains_key(&job.spec.id) {
-                    let units = job.spec.share_units_of(job.spec.min_size());
-                    let account = job.limits.account;
+                    let account = hot.account;
                     if let (Some(h), Some(d)) = (held.get_mut(account), demand.get_mut(account)) {
-                        *h += units as i64;
-                        *d = d.saturating_sub(units);
+                        *h += hot.units as i64;
+                        *d = d.saturating_sub(hot.units);
                     }
                 }
             }
