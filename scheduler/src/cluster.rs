@@ -50,6 +50,11 @@ impl Placement {
         self.0.iter().map(|s| s.mask.count_ones()).sum()
     }
 
+    /// Whether it holds a part of a GPU.
+    pub fn has_share(&self) -> bool {
+        self.0.iter().any(|s| s.share.is_some())
+    }
+
     /// What it holds in share units ([`SHARE_UNITS_PER_GPU`] to a GPU).
     pub fn share_units(&self) -> u64 {
         self.0
@@ -706,7 +711,7 @@ impl Cluster {
             if !one_part {
                 return Some(format!("a {share} share of one GPU asked"));
             }
-        } else if placement.0.iter().any(|s| s.share.is_some()) {
+        } else if placement.has_share() {
             return Some("a share of a GPU held, whole GPUs asked".into());
         }
         for slot in &placement.0 {
@@ -755,10 +760,24 @@ impl Cluster {
                 self.take_share(slot.node, slot.mask, share, false);
                 continue;
             }
-            let newly = self.free[slot.node] & slot.mask;
-            self.free[slot.node] &= !slot.mask;
-            self.free_count -= newly.count_ones();
+            self.hold_gpus(slot.node, slot.mask);
         }
+    }
+
+    /// Marks whole GPUs of one node as held, whichever of them are free.
+    pub(crate) fn hold_gpus(&mut self, node: usize, mask: u64) {
+        self.stamp.changes += 1;
+        let newly = self.free[node] & mask;
+        self.free[node] &= !mask;
+        self.free_count -= newly.count_ones();
+    }
+
+    /// Frees whole GPUs of one node, whichever of them are held.
+    pub(crate) fn free_held_gpus(&mut self, node: usize, mask: u64) {
+        self.stamp.changes += 1;
+        let held = mask & !self.free[node];
+        self.free[node] |= held;
+        self.free_count += held.count_ones();
     }
 
     pub fn release(&mut self, placement: &Placement) {
@@ -781,11 +800,7 @@ impl Cluster {
         for slot in &placement.0 {
             match slot.share {
                 Some(share) => self.release_share(slot.node, slot.mask, share),
-                None => {
-                    let held = slot.mask & !self.free[slot.node];
-                    self.free[slot.node] |= held;
-                    self.free_count += held.count_ones();
-                }
+                None => self.free_held_gpus(slot.node, slot.mask),
             }
         }
     }

@@ -6,6 +6,8 @@
 
 use std::borrow::Cow;
 use std::cell::RefCell;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 
 use gpuledger_model::time::UnixSeconds;
 use gpuledger_model::JobId;
@@ -66,12 +68,21 @@ pub(crate) struct Plan {
     now: UnixSeconds,
     /// When running jobs give their GPUs back, sorted by time (then job).
     releases: Vec<Release>,
+    /// Sorted by start.
     holds: Vec<Hold>,
+    /// The holds' ends, sorted (times a search tries).
+    hold_ends: Vec<UnixSeconds>,
     /// Times other than releases when what a job may use changes (advance reservations).
     boundaries: Vec<UnixSeconds>,
+    /// Whether any release or hold is a part of a GPU (searches then copy the cluster for
+    /// every time they try, see `Sweep`).
+    shares: bool,
     /// What the releases leave free over time, for every size at once, worked out on the
     /// first search and kept until the releases or the cluster change.
     bounds: RefCell<Option<NodeBounds>>,
+    /// The free count over time (see `free_profile`), worked out on the first search, brought
+    /// up to date as plans are added and kept until the releases or the cluster change.
+    profile: RefCell<Option<FreeProfile>>,
 }
 
 /// When the running jobs' releases first leave one node with `g` GPUs free (for every `g` up
@@ -156,12 +167,16 @@ impl Plan {
         boundaries.retain(|t| *t > now);
         boundaries.sort_unstable();
         boundaries.dedup();
+        let shares = releases.iter().any(|r| r.placement.has_share());
         Plan {
             now,
             releases,
             holds: Vec::new(),
+            hold_ends: Vec::new(),
             boundaries,
+            shares,
             bounds: RefCell::new(None),
+            profile: RefCell::new(None),
         }
     }
 
@@ -174,8 +189,10 @@ impl Plan {
         let at = self
             .releases
             .partition_point(|r| (r.at, &r.job) < (end, &id));
+        self.shares |= placement.has_share();
         self.releases.insert(at, Release::new(end, id, placement));
         *self.bounds.get_mut() = None;
+        *self.profile.get_mut() = None;
     }
 
     /// A running job now gives its GPUs back at `end` (it is being preempted, or shrank).
@@ -224,7 +241,8 @@ impl Plan {
     }
 
     /// `earliest`, skipping the times the free count rules out when `search.prune` (a test
-    /// compares both).
+    /// compares both). Pruned searches of whole GPUs move one copy of the cluster forward
+    /// (`Sweep`); the others copy it for every time they try (`Copies`).
     fn earliest_with(
         &self,
         cluster: &Cluster,
@@ -234,8 +252,8 @@ impl Plan {
         search: Search,
         mut find: impl FnMut(&Cluster, UnixSeconds) -> Option<Placement>,
     ) -> Option<(UnixSeconds, Placement)> {
-        let low = (search.prune && shape.gpu_share.is_none())
-            .then(|| self.free_profile(cluster).below(gpus));
+        let low =
+            (search.prune && shape.gpu_share.is_none()).then(|| self.low_stretches(cluster, gpus));
         // Candidates before this time are known to fail (the free count dips below `gpus`,
         // no node is free enough yet, or the caller knows).
         let mut fails_before = search.not_before;
@@ -244,17 +262,21 @@ impl Plan {
         }
         // The cluster as the releases up to the candidate leave it, brought forward only when
         // a candidate gets past the counts: most are ruled out before.
-        let mut future = cluster.clone();
-        let mut scratch: Option<Cluster> = None;
-        let mut next_release = 0;
-        let mut extra: Vec<UnixSeconds> = std::iter::once(self.now)
-            .chain(self.holds.iter().map(|h| h.end))
-            .chain(self.boundaries.iter().copied())
-            .collect();
-        extra.sort_unstable();
+        let mut ahead = if search.prune && !self.shares && shape.gpu_share.is_none() {
+            Ahead::Sweep(Sweep::new(self, cluster))
+        } else {
+            Ahead::Copies(Copies::new(self, cluster))
+        };
         let release_times = self.releases.iter().map(|r| r.at.max(self.now));
+        let others = merge_sorted(
+            std::iter::once(self.now),
+            merge_sorted(
+                self.hold_ends.iter().copied(),
+                self.boundaries.iter().copied(),
+            ),
+        );
         let mut last = None;
-        for t in merge_sorted(release_times, extra.into_iter()) {
+        for t in merge_sorted(release_times, others) {
             if last == Some(t) || t < fails_before {
                 continue;
             }
@@ -266,35 +288,26 @@ impl Plan {
                     continue;
                 }
             }
-            while let Some(r) = self.releases.get(next_release) {
-                if r.at > t {
-                    break;
-                }
-                future.release(&r.placement);
-                next_release += 1;
-            }
             // Releases only add GPUs and holds only take some: a cluster with too few free
-            // GPUs before the holds cannot place the job.
-            if !future.may_fit(gpus, shape) {
+            // GPUs cannot place the job.
+            let Some(window) = ahead.at(t, end, gpus, shape) else {
                 continue;
-            }
-            let mut overlapping = self.holds.iter().filter(|h| h.overlaps(t, end)).peekable();
-            let window = if overlapping.peek().is_some() {
-                // One copy per search, overwritten per candidate: no allocation per time tried.
-                let held = scratch.get_or_insert_with(|| future.clone());
-                held.copy_from(&future);
-                for hold in overlapping {
-                    held.hold(&hold.placement);
-                }
-                &*held
-            } else {
-                &future
             };
             if let Some(p) = find(window, t) {
                 return Some((t, p));
             }
         }
         None
+    }
+
+    /// When fewer than `gpus` whole GPUs are free at most (see `free_profile`).
+    fn low_stretches(&self, cluster: &Cluster, gpus: u32) -> LowStretches {
+        let mut profile = self.profile.borrow_mut();
+        let profile = match &mut *profile {
+            Some(p) if p.stamp == cluster.stamp() => p,
+            other => other.insert(self.free_profile(cluster)),
+        };
+        profile.below(gpus)
     }
 
     /// An upper bound of the whole GPUs free at every time from now on: free now, plus what
@@ -304,23 +317,23 @@ impl Plan {
     /// many off the count one for one; filters and reservations only take more.
     fn free_profile(&self, cluster: &Cluster) -> FreeProfile {
         let releases = self.releases.iter().map(|r| (r.at.max(self.now), r.gpus));
-        let mut plans: Vec<(UnixSeconds, i64)> = Vec::with_capacity(2 * self.holds.len());
-        for h in self.holds.iter().filter(|h| h.end > self.now) {
-            plans.push((h.start.max(self.now), -i64::from(h.whole_gpus)));
-            plans.push((h.end, i64::from(h.whole_gpus)));
-        }
-        plans.sort_unstable_by_key(|c| c.0);
-        let mut steps: Vec<(UnixSeconds, i64)> =
-            Vec::with_capacity(self.releases.len() + plans.len() + 1);
+        let mut steps: Vec<(UnixSeconds, i64)> = Vec::with_capacity(self.releases.len() + 1);
         steps.push((self.now, i64::from(cluster.free_gpus())));
-        for (at, delta) in merge_sorted_by(releases, plans.into_iter(), |c| c.0) {
+        for (at, delta) in releases {
             let value = steps.last().map_or(0, |s| s.1) + delta;
             match steps.last_mut() {
                 Some(last) if last.0 == at => last.1 = value,
                 _ => steps.push((at, value)),
             }
         }
-        FreeProfile { steps }
+        let mut profile = FreeProfile {
+            stamp: cluster.stamp(),
+            steps,
+        };
+        for h in &self.holds {
+            profile.plan(self.now, h);
+        }
+        profile
     }
 
     /// The earliest time the default placement of `gpus` GPUs (one node with that many free,
@@ -340,7 +353,14 @@ impl Plan {
 
     /// Forgets `job`'s planned start (it started).
     pub fn forget(&mut self, job: &JobId) {
-        self.holds.retain(|h| &h.job != job);
+        let Some(k) = self.holds.iter().position(|h| &h.job == job) else {
+            return;
+        };
+        let hold = self.holds.remove(k);
+        if let Ok(e) = self.hold_ends.binary_search(&hold.end) {
+            self.hold_ends.remove(e);
+        }
+        *self.profile.get_mut() = None;
     }
 
     /// Plans `job`'s start. A multi-node placement holds its nodes whole, so that the
@@ -370,14 +390,219 @@ impl Plan {
         } else {
             placement
         };
-        self.holds.push(Hold {
+        let hold = Hold {
             job,
             start,
             end,
             placement,
             whole_gpus,
-        });
+        };
+        self.shares |= hold.placement.has_share();
+        if let Some(profile) = self.profile.get_mut() {
+            profile.plan(self.now, &hold);
+        }
+        let e = self.hold_ends.partition_point(|t| *t <= end);
+        self.hold_ends.insert(e, end);
+        let k = self.holds.partition_point(|h| h.start <= start);
+        self.holds.insert(k, hold);
     }
+}
+
+/// The cluster as a job starting at `t` finds it for its whole run `[t, end)`, for rising `t`
+/// within one search: what the releases up to `t` give back, less every plan overlapping the
+/// run. `None` where too few GPUs are free for `gpus`.
+enum Ahead<'p> {
+    Sweep(Sweep<'p>),
+    Copies(Copies<'p>),
+}
+
+impl Ahead<'_> {
+    fn at(
+        &mut self,
+        t: UnixSeconds,
+        end: UnixSeconds,
+        gpus: u32,
+        shape: &Shape,
+    ) -> Option<&Cluster> {
+        match self {
+            Ahead::Sweep(s) => Some(s.at(t, end)).filter(|c| c.may_fit(gpus, shape)),
+            Ahead::Copies(c) => c.at(t, end, gpus, shape),
+        }
+    }
+}
+
+/// The plain way, and the only one for parts of GPUs: the cluster brought forward through
+/// the releases, copied for every time tried and the overlapping plans held on the copy.
+struct Copies<'p> {
+    plan: &'p Plan,
+    future: Cluster,
+    /// One copy per search, overwritten per candidate: no allocation per time tried.
+    scratch: Option<Cluster>,
+    next_release: usize,
+}
+
+impl<'p> Copies<'p> {
+    fn new(plan: &'p Plan, cluster: &Cluster) -> Self {
+        Copies {
+            plan,
+            future: cluster.clone(),
+            scratch: None,
+            next_release: 0,
+        }
+    }
+
+    fn at(
+        &mut self,
+        t: UnixSeconds,
+        end: UnixSeconds,
+        gpus: u32,
+        shape: &Shape,
+    ) -> Option<&Cluster> {
+        while let Some(r) = self.plan.releases.get(self.next_release) {
+            if r.at > t {
+                break;
+            }
+            self.future.release(&r.placement);
+            self.next_release += 1;
+        }
+        // Releases only add GPUs and holds only take some: a cluster with too few free
+        // GPUs before the holds cannot place the job.
+        if !self.future.may_fit(gpus, shape) {
+            return None;
+        }
+        let mut overlapping = self
+            .plan
+            .holds
+            .iter()
+            .filter(|h| h.overlaps(t, end))
+            .peekable();
+        if overlapping.peek().is_none() {
+            return Some(&self.future);
+        }
+        let held = self.scratch.get_or_insert_with(|| self.future.clone());
+        held.copy_from(&self.future);
+        for hold in overlapping {
+            held.hold(&hold.placement);
+        }
+        Some(held)
+    }
+}
+
+/// Whole GPUs only: one copy of the cluster moved forward with the search. A release frees
+/// its GPUs where no overlapping plan holds them, a plan is held when the run comes to
+/// overlap it and lifted when the run starts after it ends, so each release and plan is
+/// applied once per search rather than once per time tried.
+struct Sweep<'p> {
+    plan: &'p Plan,
+    window: Cluster,
+    /// What the releases so far leave free on each node, plans aside.
+    released: Vec<u64>,
+    /// Where each node's GPUs start in `holders`.
+    first_gpu: Vec<usize>,
+    /// How many of the overlapping plans hold each GPU (plans at different times may hold
+    /// the same GPU, and a long run overlaps both).
+    holders: Vec<u32>,
+    next_release: usize,
+    /// The next plan (by start) not yet overlapping.
+    next_hold: usize,
+    /// The overlapping plans, by end.
+    active: BinaryHeap<Reverse<(UnixSeconds, usize)>>,
+}
+
+impl<'p> Sweep<'p> {
+    fn new(plan: &'p Plan, cluster: &Cluster) -> Self {
+        let nodes = cluster.node_count();
+        let mut first_gpu = Vec::with_capacity(nodes);
+        let mut total = 0usize;
+        for node in 0..nodes {
+            first_gpu.push(total);
+            total += cluster.node_spec(node).gpus as usize;
+        }
+        Sweep {
+            plan,
+            window: cluster.clone(),
+            released: (0..nodes).map(|n| cluster.free_mask(n)).collect(),
+            first_gpu,
+            holders: vec![0; total],
+            next_release: 0,
+            next_hold: 0,
+            active: BinaryHeap::new(),
+        }
+    }
+
+    fn at(&mut self, t: UnixSeconds, end: UnixSeconds) -> &Cluster {
+        while let Some(&Reverse((ends, k))) = self.active.peek() {
+            if ends > t {
+                break;
+            }
+            self.active.pop();
+            self.lift(k);
+        }
+        while let Some(r) = self.plan.releases.get(self.next_release) {
+            if r.at > t {
+                break;
+            }
+            for slot in &r.placement.0 {
+                self.released[slot.node] |= slot.mask;
+                let unheld = slot.mask & !self.held(slot.node, slot.mask);
+                self.window.free_held_gpus(slot.node, unheld);
+            }
+            self.next_release += 1;
+        }
+        while let Some(hold) = self.plan.holds.get(self.next_hold) {
+            if hold.start >= end {
+                break;
+            }
+            if hold.end > t {
+                self.put(self.next_hold);
+                self.active.push(Reverse((hold.end, self.next_hold)));
+            }
+            self.next_hold += 1;
+        }
+        &self.window
+    }
+
+    /// The GPUs of `mask` on `node` some overlapping plan holds.
+    fn held(&self, node: usize, mask: u64) -> u64 {
+        bits(mask)
+            .filter(|b| self.holders[self.first_gpu[node] + b] > 0)
+            .fold(0, |held, b| held | 1 << b)
+    }
+
+    fn put(&mut self, k: usize) {
+        for slot in &self.plan.holds[k].placement.0 {
+            self.window.hold_gpus(slot.node, slot.mask);
+            for b in bits(slot.mask) {
+                self.holders[self.first_gpu[slot.node] + b] += 1;
+            }
+        }
+    }
+
+    fn lift(&mut self, k: usize) {
+        for slot in &self.plan.holds[k].placement.0 {
+            let mut unheld = 0u64;
+            for b in bits(slot.mask) {
+                let holders = &mut self.holders[self.first_gpu[slot.node] + b];
+                *holders -= 1;
+                if *holders == 0 {
+                    unheld |= 1 << b;
+                }
+            }
+            self.window
+                .free_held_gpus(slot.node, unheld & self.released[slot.node]);
+        }
+    }
+}
+
+/// The indices of the set bits of `mask`, lowest first.
+fn bits(mut mask: u64) -> impl Iterator<Item = usize> {
+    std::iter::from_fn(move || {
+        (mask != 0).then(|| {
+            let b = mask.trailing_zeros() as usize;
+            mask &= mask - 1;
+            b
+        })
+    })
 }
 
 /// Two sorted sequences as one sorted sequence (ties: the first's item first).
@@ -401,12 +626,43 @@ fn merge_sorted(
     merge_sorted_by(a, b, |t| *t)
 }
 
-/// Whole GPUs free at most, as a step function of time: `(from, count)`, sorted.
+/// Whole GPUs free at most, as a step function of time: `(from, count)`, sorted, the
+/// first at the plan's now; worked out from the cluster with stamp `stamp`.
+#[derive(Clone, Debug)]
 struct FreeProfile {
+    stamp: Stamp,
     steps: Vec<(UnixSeconds, i64)>,
 }
 
 impl FreeProfile {
+    /// Takes a plan's GPUs off the count while it runs.
+    fn plan(&mut self, now: UnixSeconds, hold: &Hold) {
+        if hold.end <= now {
+            return;
+        }
+        let from = self.step_at(hold.start.max(now));
+        let until = self.step_at(hold.end);
+        for step in &mut self.steps[from..until] {
+            step.1 -= i64::from(hold.whole_gpus);
+        }
+    }
+
+    /// The index of the step that starts at `at` (not before the first), split off the
+    /// step running then when there is none.
+    fn step_at(&mut self, at: UnixSeconds) -> usize {
+        let k = self.steps.partition_point(|s| s.0 <= at);
+        // Never before the first: plans are cut at now.
+        let Some(j) = k.checked_sub(1) else {
+            return 0;
+        };
+        if self.steps[j].0 == at {
+            return j;
+        }
+        let count = self.steps[j].1;
+        self.steps.insert(k, (at, count));
+        k
+    }
+
     /// The stretches of time when fewer than `gpus` are free.
     fn below(&self, gpus: u32) -> LowStretches {
         let mut stretches: Vec<(UnixSeconds, UnixSeconds)> = Vec::new();
@@ -486,6 +742,32 @@ mod tests {
         UnixSeconds::MAX
     }
 
+    /// The free count worked out afresh, every release and plan sorted in by time.
+    fn free_profile_reference(plan: &Plan, cluster: &Cluster) -> FreeProfile {
+        let mut deltas: Vec<(UnixSeconds, i64)> = plan
+            .releases
+            .iter()
+            .map(|r| (r.at.max(plan.now), r.gpus))
+            .collect();
+        for h in plan.holds.iter().filter(|h| h.end > plan.now) {
+            deltas.push((h.start.max(plan.now), -i64::from(h.whole_gpus)));
+            deltas.push((h.end, i64::from(h.whole_gpus)));
+        }
+        deltas.sort_by_key(|d| d.0);
+        let mut steps = vec![(plan.now, i64::from(cluster.free_gpus()))];
+        for (at, delta) in deltas {
+            let value = steps.last().map_or(0, |s| s.1) + delta;
+            match steps.last_mut() {
+                Some(last) if last.0 == at => last.1 = value,
+                _ => steps.push((at, value)),
+            }
+        }
+        FreeProfile {
+            stamp: cluster.stamp(),
+            steps,
+        }
+    }
+
     proptest! {
         /// The free-count profile and the node bound only skip times where placement
         /// fails: with and without them, every plan of a random queue on a random cluster
@@ -524,6 +806,13 @@ mod tests {
                         plans[0].node_bound(&cluster, g),
                         node_bound_reference(&plans[0], &cluster, g),
                         "node bound of {} GPUs before job {}", g, k
+                    );
+                    // The kept free count, brought up to date as plans are added, is the
+                    // one worked out afresh.
+                    prop_assert_eq!(
+                        plans[0].low_stretches(&cluster, g).stretches,
+                        free_profile_reference(&plans[0], &cluster).below(g).stretches,
+                        "free count below {} GPUs before job {}", g, k
                     );
                 }
                 // Sometimes a GPU no plan holds is taken behind the plan's back, as by a
