@@ -191,6 +191,9 @@ pub struct Cluster {
     meta: Arc<[NodeMeta]>,
     /// GPUs no job holds any part of.
     free: Vec<u64>,
+    /// How many bits of each node's `free` are set (read per node by every placement
+    /// search; written only through `set_free`).
+    free_on: Vec<u8>,
     free_count: u32,
     /// GPUs held in parts (their bits are clear in `free`), in no particular order.
     shared: Vec<SharedGpu>,
@@ -228,6 +231,7 @@ impl Clone for Cluster {
         Cluster {
             meta: Arc::clone(&self.meta),
             free: self.free.clone(),
+            free_on: self.free_on.clone(),
             free_count: self.free_count,
             shared: self.shared.clone(),
             shared_used: self.shared_used,
@@ -237,6 +241,11 @@ impl Clone for Cluster {
             stamp: Stamp::new(),
         }
     }
+}
+
+/// How many GPUs each mask holds.
+fn counts(free: &[u64]) -> Vec<u8> {
+    free.iter().map(|m| m.count_ones() as u8).collect()
 }
 
 fn full_mask(gpus: u32) -> u64 {
@@ -289,6 +298,7 @@ impl Cluster {
         let uniform = meta.iter().all(|m| m.spec.gpus == gpus_per_node_max);
         Cluster {
             meta,
+            free_on: counts(&free),
             free,
             shared: Vec::new(),
             shared_used: 0,
@@ -306,6 +316,7 @@ impl Cluster {
         Cluster {
             meta: Arc::clone(&self.meta),
             free_count: free.iter().map(|m| m.count_ones()).sum(),
+            free_on: counts(&free),
             free,
             shared: Vec::new(),
             shared_used: 0,
@@ -322,6 +333,7 @@ impl Cluster {
         let Cluster {
             meta,
             free,
+            free_on,
             free_count,
             shared,
             shared_used,
@@ -332,6 +344,7 @@ impl Cluster {
         } = other;
         self.meta.clone_from(meta);
         self.free.clone_from(free);
+        self.free_on.clone_from(free_on);
         self.free_count = *free_count;
         self.shared.clone_from(shared);
         self.shared_used = *shared_used;
@@ -360,7 +373,15 @@ impl Cluster {
 
     /// Free GPUs on node `node`.
     pub fn free_on(&self, node: usize) -> u32 {
-        self.free[node].count_ones()
+        u32::from(self.free_on[node])
+    }
+
+    /// Sets node `node`'s free GPUs, keeping the counts.
+    fn set_free(&mut self, node: usize, mask: u64) {
+        let (was, now) = (u32::from(self.free_on[node]), mask.count_ones());
+        self.free[node] = mask;
+        self.free_on[node] = now as u8;
+        self.free_count = self.free_count + now - was;
     }
 
     /// Node `node`'s free GPUs as a bit mask of their indices.
@@ -481,8 +502,8 @@ impl Cluster {
         shape: &Shape,
     ) -> Option<Placement> {
         let mut best: Option<(u32, usize)> = None;
-        for (idx, free) in self.free.iter().enumerate() {
-            let n = free.count_ones();
+        for (idx, &n) in self.free_on.iter().enumerate() {
+            let n = u32::from(n);
             if n < gpus || best.is_some_and(|(b, _)| n >= b) {
                 continue;
             }
@@ -545,8 +566,7 @@ impl Cluster {
     fn take_share(&mut self, node: usize, mask: u64, share: GpuShare, strict: bool) {
         let units = share.units();
         if self.free[node] & mask == mask {
-            self.free[node] &= !mask;
-            self.free_count -= 1;
+            self.set_free(node, self.free[node] & !mask);
             self.shared.push(SharedGpu {
                 node,
                 gpu: mask.trailing_zeros(),
@@ -583,8 +603,7 @@ impl Cluster {
         self.shared_used -= u64::from(before - g.used);
         if g.used == 0 {
             self.shared.swap_remove(i);
-            self.free[node] |= mask;
-            self.free_count += 1;
+            self.set_free(node, self.free[node] | mask);
         }
     }
 
@@ -605,10 +624,10 @@ impl Cluster {
             return None;
         }
         let mut fits: Vec<(u32, usize)> = self
-            .free
+            .free_on
             .iter()
             .enumerate()
-            .map(|(idx, free)| (free.count_ones(), idx))
+            .map(|(idx, n)| (u32::from(*n), idx))
             .filter(|(n, idx)| *n >= per_node && self.allowed(*idx, account, filter, shape))
             .collect();
         if fits.len() < nodes {
@@ -676,7 +695,7 @@ impl Cluster {
         let single_node = held.0.len() == 1 && held.gpu_count() < self.gpus_per_node_max;
         if single_node {
             let node = held.0[0].node;
-            let n = self.free[node].count_ones().min(more);
+            let n = self.free_on(node).min(more);
             return (n > 0)
                 .then(|| Placement(vec![Slot::whole(node, lowest_bits(self.free[node], n))]));
         }
@@ -746,8 +765,7 @@ impl Cluster {
                 slot.mask,
                 "GPU allocated twice"
             );
-            self.free[slot.node] &= !slot.mask;
-            self.free_count -= slot.mask.count_ones();
+            self.set_free(slot.node, self.free[slot.node] & !slot.mask);
         }
     }
 
@@ -767,17 +785,13 @@ impl Cluster {
     /// Marks whole GPUs of one node as held, whichever of them are free.
     pub(crate) fn hold_gpus(&mut self, node: usize, mask: u64) {
         self.stamp.changes += 1;
-        let newly = self.free[node] & mask;
-        self.free[node] &= !mask;
-        self.free_count -= newly.count_ones();
+        self.set_free(node, self.free[node] & !mask);
     }
 
     /// Frees whole GPUs of one node, whichever of them are held.
     pub(crate) fn free_held_gpus(&mut self, node: usize, mask: u64) {
         self.stamp.changes += 1;
-        let held = mask & !self.free[node];
-        self.free[node] |= held;
-        self.free_count += held.count_ones();
+        self.set_free(node, self.free[node] | mask);
     }
 
     pub fn release(&mut self, placement: &Placement) {
@@ -788,8 +802,7 @@ impl Cluster {
                 continue;
             }
             debug_assert_eq!(self.free[slot.node] & slot.mask, 0, "GPU released twice");
-            self.free[slot.node] |= slot.mask;
-            self.free_count += slot.mask.count_ones();
+            self.set_free(slot.node, self.free[slot.node] | slot.mask);
         }
     }
 
@@ -817,6 +830,12 @@ impl Cluster {
             s
         };
         self.free == other.free && sorted(self) == sorted(other)
+    }
+
+    /// True when the free counts kept per node and in all match the free GPUs.
+    pub fn counts_agree(&self) -> bool {
+        self.free_on == counts(&self.free)
+            && self.free_count == self.free.iter().map(|m| m.count_ones()).sum::<u32>()
     }
 
     /// True when every GPU of the placement is free (for a share: free, or shared in its mode

@@ -240,6 +240,23 @@ impl Plan {
         self.earliest_with(cluster, gpus, shape, limit_s, search, find)
     }
 
+    /// Where `find` places the job when it starts at `t`, on the cluster as a search sees it
+    /// then (a start kept from the last cycle, looked up again).
+    pub fn place_at(
+        &self,
+        cluster: &Cluster,
+        gpus: u32,
+        shape: &Shape,
+        limit_s: u64,
+        t: UnixSeconds,
+        mut find: impl FnMut(&Cluster, UnixSeconds) -> Option<Placement>,
+    ) -> Option<Placement> {
+        let end = t.saturating_add(limit_s as i64);
+        Copies::new(self, cluster)
+            .at(t, end, gpus, shape)
+            .and_then(|window| find(window, t))
+    }
+
     /// `earliest`, skipping the times the free count rules out when `search.prune` (a test
     /// compares both). Pruned searches of whole GPUs move one copy of the cluster forward
     /// (`Sweep`); the others copy it for every time they try (`Copies`).

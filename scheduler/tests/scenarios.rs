@@ -816,6 +816,110 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    /// Planned starts kept from the last cycle are the starts a fresh search makes: two
+    /// schedulers, one keeping plans and one searching afresh every cycle, see the same
+    /// arrivals, jobs ending early or at their limits, preemptions, a node drained and back, and
+    /// decide the same at every cycle, down to each waiting job's planned start.
+    #[test]
+    fn kept_plans_are_the_plans_a_fresh_search_makes(
+        jobs in proptest::collection::vec(
+            (0usize..3, prop_oneof![Just(1u32), Just(2), Just(4), Just(8), Just(12), Just(16), Just(24)],
+             1u64..12, 0i64..40, 1i64..=4, 0u8..12),
+            1..40),
+        policy in prop_oneof![Just("fairshare+conservative"), Just("fifo+conservative"),
+                              Just("fairshare+backfill")],
+        drain in proptest::option::of((0i64..40, 1i64..20)),
+    ) {
+        let mut keep = harness(4, policy);
+        let mut fresh = harness(4, policy);
+        fresh.sched.set_keep_plans(false);
+        let accounts = ["a", "b", "c"];
+        let mut submitted = Vec::new();
+        let mut runs: std::collections::HashMap<JobId, i64> = Default::default();
+        for (a, g, l, t, quarters, kind) in jobs {
+            let mut spec = keep.spec(accounts[a], g, l, t * H / 4);
+            if kind == 0 {
+                spec.partition = Some("urgent".into());
+            } else if kind == 1 {
+                spec.gpus = 1;
+                spec.shape.gpu_share = Some("2g".parse().unwrap());
+            } else if kind == 2 && g >= 2 {
+                spec.min_gpus = Some(g / 2);
+            }
+            spec.checkpoint_every_s = Some(1800);
+            // Most jobs end before their limit (the common case in real traces).
+            runs.insert(spec.id.clone(), l as i64 * H * quarters / 4);
+            submitted.push(spec);
+        }
+        submitted.sort_by_key(|s| (s.submit_s, s.id.clone()));
+        let mut due: Vec<(i64, JobId, bool)> = Vec::new();
+        let mut k = 0;
+        let mut t = submitted.first().map(|s| s.submit_s).unwrap_or(0);
+        let mut drains = drain
+            .map(|(from, hours)| vec![(from * H / 4, true), ((from + hours) * H / 4, false)])
+            .unwrap_or_default();
+        for _ in 0..5_000 {
+            due.sort();
+            while due.first().is_some_and(|d| d.0 <= t) {
+                let (at, id, exits) = due.remove(0);
+                for h in [&mut keep, &mut fresh] {
+                    if !h.is_running(&id) {
+                        continue;
+                    }
+                    if exits {
+                        h.requeue(&id, at);
+                    } else {
+                        h.finish(&id, at);
+                    }
+                }
+            }
+            while drains.first().is_some_and(|d| d.0 <= t) {
+                let (_, on) = drains.remove(0);
+                let name = keep.sched.cluster().node_spec(1).id.to_string();
+                prop_assert!(keep.sched.set_drained(&name, on));
+                prop_assert!(fresh.sched.set_drained(&name, on));
+            }
+            while k < submitted.len() && submitted[k].submit_s <= t {
+                keep.submit_spec(submitted[k].clone());
+                fresh.submit_spec(submitted[k].clone());
+                k += 1;
+            }
+            keep.sched.accrue_usage(t);
+            fresh.sched.accrue_usage(t);
+            let kept = keep.cycle(t);
+            let searched = fresh.cycle(t);
+            prop_assert_eq!(format!("{kept:?}"), format!("{searched:?}"), "cycle at {}", t);
+            let waiting = |h: &Harness| -> Vec<(JobId, PendingReason, Option<i64>)> {
+                let mut w: Vec<_> = h
+                    .sched
+                    .pending()
+                    .map(|p| (p.spec.id.clone(), p.reason, p.estimated_start_s))
+                    .collect();
+                w.sort_by(|a, b| a.0.cmp(&b.0));
+                w
+            };
+            prop_assert_eq!(waiting(&keep), waiting(&fresh), "plans at {}", t);
+            for s in &kept.started {
+                due.push((t + runs[&s.job_id], s.job_id.clone(), false));
+            }
+            for p in &kept.preempted {
+                due.push((p.kill_s, p.job_id.clone(), true));
+            }
+            let next_due = due.iter().map(|d| d.0).min().unwrap_or(i64::MAX);
+            let next_submit = submitted.get(k).map(|s| s.submit_s).unwrap_or(i64::MAX);
+            let next_tick = keep.sched.next_due(t).unwrap_or(i64::MAX);
+            let next_drain = drains.first().map(|d| d.0).unwrap_or(i64::MAX);
+            let next = next_due.min(next_submit).min(next_tick).min(next_drain);
+            if next == i64::MAX {
+                break;
+            }
+            t = next;
+        }
+    }
+}
+
 #[test]
 fn a_drained_node_takes_no_new_job_nor_a_plan_and_its_running_job_runs_on() {
     // conservative backfill: plans for every waiting job, none of them on the drained node.

@@ -23,12 +23,14 @@ use crate::reservation::{AdvanceReservation, ReservationError, ReservationReques
 use crate::windows::{day_of, gpu_hours_verdict, DaySpread, UsageWindows, WindowKey, DAY_S};
 
 mod admission;
+mod kept;
 mod ordering;
 mod preemption;
 mod queue;
 mod types;
 
 use admission::has_gpu_hour_quota;
+use kept::{Keeping, KeptPlans};
 use preemption::{PreemptionGate, Victims};
 use queue::{Hot, Queue};
 pub use types::*;
@@ -77,6 +79,12 @@ pub struct Scheduler {
     /// starts, is planned or grows on them; jobs already there run on.
     drained: BTreeSet<usize>,
     last_cycle_s: UnixSeconds,
+    /// The last cycle's planned starts, for the next to keep (see `kept`).
+    kept: Option<KeptPlans>,
+    /// GPUs came free earlier than the last cycle's plans counted on.
+    plans_spoiled: bool,
+    /// Whether plans are kept between cycles at all (a test compares with and without).
+    keep_plans: bool,
 }
 
 /// A preemptor waiting for its victims: it counts as running against its quota meanwhile, so
@@ -191,6 +199,9 @@ impl Scheduler {
             claims: HashMap::new(),
             drained: BTreeSet::new(),
             last_cycle_s: 0,
+            kept: None,
+            plans_spoiled: false,
+            keep_plans: true,
         }
     }
 
@@ -205,7 +216,15 @@ impl Scheduler {
         } else {
             self.drained.remove(&index);
         }
+        self.plans_spoiled = true;
         true
+    }
+
+    /// Whether planned starts are kept from one cycle to the next (on by default; the
+    /// outcome is the same either way, only the work differs: see `kept`).
+    pub fn set_keep_plans(&mut self, keep: bool) {
+        self.keep_plans = keep;
+        self.kept = None;
     }
 
     /// Whether the node at `index` is out of service.
@@ -346,6 +365,7 @@ impl Scheduler {
         &mut self,
         req: ReservationRequest,
     ) -> Result<AdvanceReservation, ReservationError> {
+        self.plans_spoiled = true;
         let running = &self.running;
         let tenants = &self.tenants;
         self.reservations
@@ -365,6 +385,7 @@ impl Scheduler {
     }
 
     pub fn remove_reservation(&mut self, name: &str) -> Option<AdvanceReservation> {
+        self.plans_spoiled = true;
         self.reservations.remove(name)
     }
 
@@ -381,6 +402,8 @@ impl Scheduler {
     /// A running job ended for good (finished, failed, killed at its limit, cancelled).
     pub fn finish(&mut self, id: &JobId, now: UnixSeconds) -> Option<RunningJob> {
         let mut job = self.running.remove(id)?;
+        // Its GPUs come free before the last plans counted on them.
+        self.plans_spoiled |= job.release_s(self.last_cycle_s) > now;
         accrue(&mut self.ledger, &mut self.windows, &mut job, now);
         self.cluster.release(&job.placement);
         self.count_held(&job.spec, -(job.placement.share_units() as i64));
@@ -418,6 +441,9 @@ impl Scheduler {
     /// higher tiers, plans starts for backfill, grows elastic jobs into GPUs nobody waits for,
     /// and sets the reason of every job left pending.
     pub fn schedule(&mut self, now: UnixSeconds) -> Cycle {
+        let spoiled = std::mem::take(&mut self.plans_spoiled);
+        let last_plans = self.kept.take().filter(|_| self.keep_plans && !spoiled);
+        let mut keeping = Keeping::new(last_plans, now);
         self.last_cycle_s = now;
         self.order_pending(now);
         let depth = match self.options.backfill {
@@ -453,7 +479,7 @@ impl Scheduler {
         let mut plan: Option<Plan> = None;
         let mut planned = 0usize;
         let starving = if depth > 0 {
-            self.plan_starving(&mut pending, now, &mut plan)
+            self.plan_starving(&mut pending, now, &mut plan, &mut keeping)
         } else {
             HashSet::new()
         };
@@ -519,7 +545,7 @@ impl Scheduler {
                     take_room(&mut share_room, account, p.share_units());
                     take_room(&mut share_gap, account, p.share_units());
                     let start = self.start(job, p, now, backfilled);
-                    self.note_start(start, now, &mut plan, &mut gate, &mut cycle);
+                    self.note_start(start, now, &mut plan, &mut gate, &mut cycle, &mut keeping);
                     started.push(i);
                     if pre_planned {
                         // Its planned hold is gone: later starts may come earlier again.
@@ -549,11 +575,17 @@ impl Scheduler {
                     } else {
                         Victims::LowerTiers
                     };
-                    if let Some(p) = self.preempt_for(job, now, victims, &mut cycle, &mut plan) {
+                    let before = (self.cluster.stamp(), cycle.preempted.len());
+                    let preempted = self.preempt_for(job, now, victims, &mut cycle, &mut plan);
+                    if before != (self.cluster.stamp(), cycle.preempted.len()) {
+                        // GPUs freed or to be freed earlier than planned.
+                        keeping.spoil();
+                    }
+                    if let Some(p) = preempted {
                         take_room(&mut share_room, account, p.share_units());
                         take_room(&mut share_gap, account, p.share_units());
                         let start = self.start(job, p, now, false);
-                        self.note_start(start, now, &mut plan, &mut gate, &mut cycle);
+                        self.note_start(start, now, &mut plan, &mut gate, &mut cycle, &mut keeping);
                         started.push(i);
                         continue 'jobs;
                     }
@@ -602,7 +634,8 @@ impl Scheduler {
                 let Some((_, job)) = pending.at(i) else {
                     break;
                 };
-                if let Some((t, p)) = self.plan_earliest(plan, &job.spec, not_before) {
+                if let Some((t, p)) = self.plan_job(plan, &job.spec, now, not_before, &mut keeping)
+                {
                     let end = t.saturating_add(limit as i64);
                     plan.hold(job.spec.id.clone(), t, end, p, &self.cluster);
                     pending.set_estimated_start(i, Some(t));
@@ -619,6 +652,7 @@ impl Scheduler {
         }
         pending.end_cycle(&started, waiting_from);
         self.pending = pending;
+        self.kept = keeping.into_next().filter(|_| self.keep_plans);
         if !self.pending.hot().any(|p| p.reason().waits_for_gpus()) {
             self.grow_elastic(now, &mut cycle);
         }
@@ -672,9 +706,16 @@ impl Scheduler {
         plan: &mut Option<Plan>,
         gate: &mut PreemptionGate,
         cycle: &mut Cycle,
+        keeping: &mut Keeping,
     ) {
         let running = &self.running[&started.job_id];
         gate.add(running);
+        keeping.started(
+            &started.job_id,
+            now,
+            running.release_s(now),
+            &running.placement,
+        );
         if let Some(plan) = plan.as_mut() {
             plan.forget(&started.job_id);
             plan.started(
@@ -696,6 +737,7 @@ impl Scheduler {
         pending: &mut Queue,
         now: UnixSeconds,
         plan: &mut Option<Plan>,
+        keeping: &mut Keeping,
     ) -> HashSet<JobId> {
         let mut planned = HashSet::new();
         let wanted = self.knobs.max_wait_plans as usize;
@@ -722,7 +764,7 @@ impl Scheduler {
                 continue;
             }
             let plan = plan.get_or_insert_with(|| self.build_plan(now));
-            if let Some((t, p)) = self.plan_earliest(plan, &job.spec, UnixSeconds::MIN) {
+            if let Some((t, p)) = self.plan_job(plan, &job.spec, now, UnixSeconds::MIN, keeping) {
                 let end = t.saturating_add(job.spec.time_limit_s as i64);
                 plan.hold(job.spec.id.clone(), t, end, p, &self.cluster);
                 planned.insert(job.spec.id.clone());
@@ -825,24 +867,39 @@ impl Scheduler {
         )
     }
 
-    fn plan_earliest(
+    /// A planned start for `spec`: the last cycle's where it still stands (see `kept`), else
+    /// the earliest a search finds. The plan is recorded for the next cycle.
+    fn plan_job(
         &self,
         plan: &Plan,
         spec: &JobSpec,
-        not_before: UnixSeconds,
+        now: UnixSeconds,
+        mut not_before: UnixSeconds,
+        keeping: &mut Keeping,
     ) -> Option<(UnixSeconds, Placement)> {
         let (min, limit) = (spec.min_size(), spec.time_limit_s);
-        plan.earliest(
-            &self.cluster,
-            min,
-            &spec.shape,
-            limit,
-            not_before,
-            |cluster, t| {
-                let filter = self.filter_for(spec, t, t.saturating_add(limit as i64));
-                cluster.find(min, &spec.account, &filter, &spec.shape)
-            },
-        )
+        let find = |cluster: &Cluster, t: UnixSeconds| {
+            let filter = self.filter_for(spec, t, t.saturating_add(limit as i64));
+            cluster.find(min, &spec.account, &filter, &spec.shape)
+        };
+        let mut planned = None;
+        if let Some(t) = keeping.kept_start(&spec.id, min, limit, now, not_before) {
+            match plan.place_at(&self.cluster, min, &spec.shape, limit, t, find) {
+                Some(p) => planned = Some((t, p)),
+                // Nothing before it can place the job either.
+                None => not_before = t,
+            }
+        }
+        let planned = planned
+            .or_else(|| plan.earliest(&self.cluster, min, &spec.shape, limit, not_before, find))?;
+        let (t, p) = &planned;
+        keeping.made(
+            &spec.id,
+            (*t, t.saturating_add(limit as i64)),
+            (min, limit),
+            p,
+        );
+        Some(planned)
     }
 
     fn start(
@@ -989,6 +1046,9 @@ impl Scheduler {
                 self.cluster.free_gpus(),
                 rebuilt.free_gpus()
             ));
+        }
+        if !self.cluster.counts_agree() {
+            return Err("the cluster's free counts do not match its free GPUs".into());
         }
         for account in self.tenants.accounts() {
             let n = self

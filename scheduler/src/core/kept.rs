@@ -1,0 +1,231 @@
+//! Planned starts kept from one cycle to the next. Conservative backfill plans a start for
+//! every job up to its depth, at every cycle; most cycles come when a job arrives, and then
+//! most plans are what they were. A plan is kept, and its search skipped, when the cluster it
+//! was made for can only have become busier since:
+//!
+//! - no GPU came free earlier than the last cycle counted on: no job ended before its time
+//!   limit or had its end moved earlier, no node came back from a drain and no reservation
+//!   changed since (the scheduler marks that, `Scheduler::plans_spoiled`), and nothing was
+//!   preempted or shrunk so far in this cycle;
+//! - every plan the last cycle made before this job's is made again, the same GPUs at the same
+//!   time, or its job started now on exactly those GPUs until the same end (new plans ahead of
+//!   it only take more).
+//!
+//! Then no time before the kept start can place the job (placement only fails on a busier
+//! cluster, and the last search tried every time before it), and the search would return the
+//! kept start: the placement is looked up there again, so plans are exactly what a fresh
+//! search makes (a test drives two schedulers, one keeping plans and one not, and compares
+//! every cycle).
+
+use std::collections::{BTreeSet, HashMap};
+
+use gpuledger_model::time::UnixSeconds;
+use gpuledger_model::JobId;
+
+use crate::cluster::Placement;
+
+/// One planned start, as the cycle made it.
+#[derive(Clone, Debug)]
+struct Made {
+    start: UnixSeconds,
+    end: UnixSeconds,
+    min: u32,
+    limit_s: u64,
+    placement: Placement,
+}
+
+/// A cycle's planned starts in the order they were made (each one's search saw those before
+/// it), including those whose jobs started later in the same cycle.
+#[derive(Clone, Debug, Default)]
+pub(super) struct KeptPlans {
+    /// The cycle's time.
+    at: UnixSeconds,
+    made: Vec<Made>,
+    index: HashMap<JobId, usize>,
+}
+
+/// What a cycle takes from the last cycle's plans and what it leaves the next.
+#[derive(Debug, Default)]
+pub(super) struct Keeping {
+    last: KeptPlans,
+    /// Positions in `last` not made again (identically) so far in this cycle.
+    missing: BTreeSet<usize>,
+    /// GPUs came free within this cycle (a preemption or a shrink): nothing more is kept.
+    spoiled: bool,
+    this: KeptPlans,
+}
+
+impl Keeping {
+    /// A cycle at `now`; `last`: the last cycle's plans, `None` when nothing may be kept from
+    /// them. Nothing is kept for a cycle at an earlier time (its searches would try times the
+    /// last ones did not).
+    pub fn new(last: Option<KeptPlans>, now: UnixSeconds) -> Self {
+        let last = last.filter(|l| l.at <= now).unwrap_or_default();
+        Keeping {
+            missing: (0..last.made.len()).collect(),
+            last,
+            spoiled: false,
+            this: KeptPlans {
+                at: now,
+                ..KeptPlans::default()
+            },
+        }
+    }
+
+    /// Where the last cycle planned `job` to start, when that still stands for a search from
+    /// `now` and `not_before` of a job of `min` GPUs and limit `limit_s`.
+    pub fn kept_start(
+        &self,
+        job: &JobId,
+        min: u32,
+        limit_s: u64,
+        now: UnixSeconds,
+        not_before: UnixSeconds,
+    ) -> Option<UnixSeconds> {
+        if self.spoiled {
+            return None;
+        }
+        let &k = self.last.index.get(job)?;
+        let made = &self.last.made[k];
+        let same_job = made.min == min && made.limit_s == limit_s;
+        let all_before_made = self.missing.range(..k).next().is_none();
+        (same_job && all_before_made && made.start >= now && made.start >= not_before)
+            .then_some(made.start)
+    }
+
+    /// A plan made in this cycle.
+    pub fn made(
+        &mut self,
+        job: &JobId,
+        (start, end): (UnixSeconds, UnixSeconds),
+        (min, limit_s): (u32, u64),
+        placement: &Placement,
+    ) {
+        self.made_again(job, start, end, placement);
+        self.this.index.insert(job.clone(), self.this.made.len());
+        self.this.made.push(Made {
+            start,
+            end,
+            min,
+            limit_s,
+            placement: placement.clone(),
+        });
+    }
+
+    /// A job started now: where it had a plan of the last cycle for now on exactly these GPUs
+    /// until `end`, the jobs planned after it find the cluster as they did.
+    pub fn started(
+        &mut self,
+        job: &JobId,
+        now: UnixSeconds,
+        end: UnixSeconds,
+        placement: &Placement,
+    ) {
+        self.made_again(job, now, end, placement);
+    }
+
+    fn made_again(
+        &mut self,
+        job: &JobId,
+        start: UnixSeconds,
+        end: UnixSeconds,
+        placement: &Placement,
+    ) {
+        if let Some(&k) = self.last.index.get(job) {
+            let was = &self.last.made[k];
+            if was.start == start && was.end == end && &was.placement == placement {
+                self.missing.remove(&k);
+            }
+        }
+    }
+
+    /// GPUs came free in this cycle: no plan is kept from here on, nor for the next cycle.
+    pub fn spoil(&mut self) {
+        self.spoiled = true;
+    }
+
+    /// What the next cycle may keep, when nothing came free in this one.
+    pub fn into_next(self) -> Option<KeptPlans> {
+        (!self.spoiled).then_some(self.this)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::Slot;
+
+    fn id(s: &str) -> JobId {
+        JobId::new(s).unwrap()
+    }
+
+    fn on(node: usize) -> Placement {
+        Placement(vec![Slot::whole(node, 0b11)])
+    }
+
+    #[test]
+    fn a_plan_is_kept_only_while_every_plan_made_before_it_is_made_again() {
+        let mut first = Keeping::new(None, 0);
+        first.made(&id("a"), (100, 200), (2, 100), &on(0));
+        first.made(&id("b"), (200, 300), (2, 100), &on(0));
+        first.made(&id("c"), (300, 400), (2, 100), &on(1));
+        let last = first.into_next();
+
+        let mut next = Keeping::new(last.clone(), 50);
+        // The first plan stands; the second only once the first is made again.
+        assert_eq!(
+            next.kept_start(&id("a"), 2, 100, 50, UnixSeconds::MIN),
+            Some(100)
+        );
+        assert_eq!(
+            next.kept_start(&id("b"), 2, 100, 50, UnixSeconds::MIN),
+            None
+        );
+        next.made(&id("a"), (100, 200), (2, 100), &on(0));
+        assert_eq!(
+            next.kept_start(&id("b"), 2, 100, 50, UnixSeconds::MIN),
+            Some(200)
+        );
+        // Made again elsewhere: what came after it is searched afresh.
+        next.made(&id("b"), (200, 300), (2, 100), &on(1));
+        assert_eq!(
+            next.kept_start(&id("c"), 2, 100, 50, UnixSeconds::MIN),
+            None
+        );
+
+        // Not for another size or limit, not before now or the caller's floor, not once
+        // GPUs came free.
+        let next = Keeping::new(last.clone(), 50);
+        assert_eq!(
+            next.kept_start(&id("a"), 4, 100, 50, UnixSeconds::MIN),
+            None
+        );
+        assert_eq!(next.kept_start(&id("a"), 2, 90, 50, UnixSeconds::MIN), None);
+        assert_eq!(
+            next.kept_start(&id("a"), 2, 100, 150, UnixSeconds::MIN),
+            None
+        );
+        assert_eq!(next.kept_start(&id("a"), 2, 100, 50, 150), None);
+        let mut next = Keeping::new(last.clone(), 50);
+        next.spoil();
+        assert_eq!(
+            next.kept_start(&id("a"), 2, 100, 50, UnixSeconds::MIN),
+            None
+        );
+        assert!(next.into_next().is_none());
+        // Not for a cycle at an earlier time.
+        let next = Keeping::new(last.clone(), -1);
+        assert_eq!(
+            next.kept_start(&id("a"), 2, 100, -1, UnixSeconds::MIN),
+            None
+        );
+
+        // A job that starts now on its planned GPUs until its planned end counts as its plan.
+        let mut next = Keeping::new(last, 100);
+        next.started(&id("a"), 100, 200, &on(0));
+        assert_eq!(
+            next.kept_start(&id("b"), 2, 100, 100, UnixSeconds::MIN),
+            Some(200)
+        );
+    }
+}
