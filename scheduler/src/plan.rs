@@ -83,6 +83,8 @@ pub(crate) struct Plan {
     /// The free count over time (see `free_profile`), worked out on the first search, brought
     /// up to date as plans are added and kept until the releases or the cluster change.
     profile: RefCell<Option<FreeProfile>>,
+    /// What pruned searches count with, kept between them (see `SweepCounts`).
+    sweep_counts: RefCell<Option<SweepCounts>>,
 }
 
 /// When the running jobs' releases first leave one node with `g` GPUs free (for every `g` up
@@ -177,6 +179,7 @@ impl Plan {
             shares,
             bounds: RefCell::new(None),
             profile: RefCell::new(None),
+            sweep_counts: RefCell::new(None),
         }
     }
 
@@ -512,13 +515,8 @@ impl<'p> Copies<'p> {
 struct Sweep<'p> {
     plan: &'p Plan,
     window: Cluster,
-    /// What the releases so far leave free on each node, plans aside.
-    released: Vec<u64>,
-    /// Where each node's GPUs start in `holders`.
-    first_gpu: Vec<usize>,
-    /// How many of the overlapping plans hold each GPU (plans at different times may hold
-    /// the same GPU, and a long run overlaps both).
-    holders: Vec<u32>,
+    /// Borrowed from the plan for the search and given back clean (see `SweepCounts`).
+    counts: SweepCounts,
     next_release: usize,
     /// The next plan (by start) not yet overlapping.
     next_hold: usize,
@@ -526,8 +524,21 @@ struct Sweep<'p> {
     active: BinaryHeap<Reverse<(UnixSeconds, usize)>>,
 }
 
-impl<'p> Sweep<'p> {
-    fn new(plan: &'p Plan, cluster: &Cluster) -> Self {
+/// Per GPU, how many of the plans overlapping the run hold it (plans at different times may
+/// hold the same GPU, and a long run overlaps both), and per node the GPUs the releases have
+/// freed that a plan holds (free again when no plan does). All zero between searches: a
+/// search clears what its overlapping plans still hold when it ends, so a plan's searches
+/// share one set instead of clearing a cluster-sized one each.
+#[derive(Clone, Debug, Default)]
+struct SweepCounts {
+    /// Where each node's GPUs start in `holders`.
+    first_gpu: Vec<usize>,
+    holders: Vec<u32>,
+    freed: Vec<u64>,
+}
+
+impl SweepCounts {
+    fn for_cluster(cluster: &Cluster) -> Self {
         let nodes = cluster.node_count();
         let mut first_gpu = Vec::with_capacity(nodes);
         let mut total = 0usize;
@@ -535,12 +546,34 @@ impl<'p> Sweep<'p> {
             first_gpu.push(total);
             total += cluster.node_spec(node).gpus as usize;
         }
+        SweepCounts {
+            first_gpu,
+            holders: vec![0; total],
+            freed: vec![0; nodes],
+        }
+    }
+
+    /// The GPUs of `mask` on `node` some overlapping plan holds.
+    fn held(&self, node: usize, mask: u64) -> u64 {
+        let first = self.first_gpu[node];
+        bits(mask)
+            .filter(|b| self.holders[first + b] > 0)
+            .fold(0, |held, b| held | 1 << b)
+    }
+}
+
+impl<'p> Sweep<'p> {
+    fn new(plan: &'p Plan, cluster: &Cluster) -> Self {
+        let counts = plan
+            .sweep_counts
+            .borrow_mut()
+            .take()
+            .filter(|c| c.first_gpu.len() == cluster.node_count())
+            .unwrap_or_else(|| SweepCounts::for_cluster(cluster));
         Sweep {
             plan,
             window: cluster.clone(),
-            released: (0..nodes).map(|n| cluster.free_mask(n)).collect(),
-            first_gpu,
-            holders: vec![0; total],
+            counts,
             next_release: 0,
             next_hold: 0,
             active: BinaryHeap::new(),
@@ -560,9 +593,9 @@ impl<'p> Sweep<'p> {
                 break;
             }
             for slot in &r.placement.0 {
-                self.released[slot.node] |= slot.mask;
-                let unheld = slot.mask & !self.held(slot.node, slot.mask);
-                self.window.free_held_gpus(slot.node, unheld);
+                let held = self.counts.held(slot.node, slot.mask);
+                self.counts.freed[slot.node] |= held;
+                self.window.free_held_gpus(slot.node, slot.mask & !held);
             }
             self.next_release += 1;
         }
@@ -579,35 +612,50 @@ impl<'p> Sweep<'p> {
         &self.window
     }
 
-    /// The GPUs of `mask` on `node` some overlapping plan holds.
-    fn held(&self, node: usize, mask: u64) -> u64 {
-        bits(mask)
-            .filter(|b| self.holders[self.first_gpu[node] + b] > 0)
-            .fold(0, |held, b| held | 1 << b)
-    }
-
     fn put(&mut self, k: usize) {
         for slot in &self.plan.holds[k].placement.0 {
-            self.window.hold_gpus(slot.node, slot.mask);
+            self.counts.freed[slot.node] |= self.window.free_mask(slot.node) & slot.mask;
+            let first = self.counts.first_gpu[slot.node];
             for b in bits(slot.mask) {
-                self.holders[self.first_gpu[slot.node] + b] += 1;
+                self.counts.holders[first + b] += 1;
             }
+            self.window.hold_gpus(slot.node, slot.mask);
         }
     }
 
     fn lift(&mut self, k: usize) {
         for slot in &self.plan.holds[k].placement.0 {
+            let first = self.counts.first_gpu[slot.node];
             let mut unheld = 0u64;
             for b in bits(slot.mask) {
-                let holders = &mut self.holders[self.first_gpu[slot.node] + b];
+                let holders = &mut self.counts.holders[first + b];
                 *holders -= 1;
                 if *holders == 0 {
                     unheld |= 1 << b;
                 }
             }
-            self.window
-                .free_held_gpus(slot.node, unheld & self.released[slot.node]);
+            let free_again = unheld & self.counts.freed[slot.node];
+            self.counts.freed[slot.node] &= !free_again;
+            self.window.free_held_gpus(slot.node, free_again);
         }
+    }
+}
+
+impl Drop for Sweep<'_> {
+    /// Clears what the plans still overlapping hold (everything else is back to zero) and
+    /// gives the counts back to the plan.
+    fn drop(&mut self) {
+        let mut counts = std::mem::take(&mut self.counts);
+        for Reverse((_, k)) in self.active.drain() {
+            for slot in &self.plan.holds[k].placement.0 {
+                counts.freed[slot.node] = 0;
+                let first = counts.first_gpu[slot.node];
+                for b in bits(slot.mask) {
+                    counts.holders[first + b] = 0;
+                }
+            }
+        }
+        *self.plan.sweep_counts.borrow_mut() = Some(counts);
     }
 }
 
