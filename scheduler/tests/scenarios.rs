@@ -817,11 +817,12 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(48))]
+    #![proptest_config(ProptestConfig::with_cases(256))]
     /// Planned starts kept from the last cycle are the starts a fresh search makes: two
     /// schedulers, one keeping plans and one searching afresh every cycle, see the same
-    /// arrivals, jobs ending early or at their limits, preemptions, a node drained and back, and
-    /// decide the same at every cycle, down to each waiting job's planned start.
+    /// arrivals, jobs ending early or at their limits, preemptions, a node drained and back, an
+    /// advance reservation added and removed, and decide the same at every cycle, down to each
+    /// waiting job's planned start.
     #[test]
     fn kept_plans_are_the_plans_a_fresh_search_makes(
         jobs in proptest::collection::vec(
@@ -831,6 +832,7 @@ proptest! {
         policy in prop_oneof![Just("fairshare+conservative"), Just("fifo+conservative"),
                               Just("fairshare+backfill")],
         drain in proptest::option::of((0i64..40, 1i64..20)),
+        reserve in proptest::option::of((0i64..40, 0i64..20, 1i64..20, 1i64..30)),
     ) {
         let mut keep = harness(4, policy);
         let mut fresh = harness(4, policy);
@@ -857,9 +859,25 @@ proptest! {
         let mut due: Vec<(i64, JobId, bool)> = Vec::new();
         let mut k = 0;
         let mut t = submitted.first().map(|s| s.submit_s).unwrap_or(0);
-        let mut drains = drain
-            .map(|(from, hours)| vec![(from * H / 4, true), ((from + hours) * H / 4, false)])
-            .unwrap_or_default();
+        // (time, what): Some(true/false) drains node 1 or puts it back; None adds (first) or
+        // removes (then) a reservation of one node for account b.
+        let mut changes: Vec<(i64, Option<bool>)> = Vec::new();
+        if let Some((from, quarters)) = drain {
+            changes.push((from * H / 4, Some(true)));
+            changes.push(((from + quarters) * H / 4, Some(false)));
+        }
+        let mut reservation = reserve.map(|(at, start, len, kept)| {
+            changes.push((at * H / 4, None));
+            changes.push(((at + kept) * H / 4, None));
+            ReservationRequest {
+                name: "r".into(),
+                start_s: (at + start) * H / 4,
+                end_s: (at + start + len) * H / 4,
+                accounts: vec![AccountId::new("b").unwrap()],
+                nodes: NodeRequest::Count(1),
+            }
+        });
+        changes.sort_by_key(|c| c.0);
         for _ in 0..5_000 {
             due.sort();
             while due.first().is_some_and(|d| d.0 <= t) {
@@ -875,11 +893,24 @@ proptest! {
                     }
                 }
             }
-            while drains.first().is_some_and(|d| d.0 <= t) {
-                let (_, on) = drains.remove(0);
-                let name = keep.sched.cluster().node_spec(1).id.to_string();
-                prop_assert!(keep.sched.set_drained(&name, on));
-                prop_assert!(fresh.sched.set_drained(&name, on));
+            while changes.first().is_some_and(|c| c.0 <= t) {
+                match changes.remove(0).1 {
+                    Some(on) => {
+                        let name = keep.sched.cluster().node_spec(1).id.to_string();
+                        prop_assert!(keep.sched.set_drained(&name, on));
+                        prop_assert!(fresh.sched.set_drained(&name, on));
+                    }
+                    None => match reservation.take() {
+                        Some(req) => {
+                            let added = keep.sched.add_reservation(req.clone());
+                            prop_assert_eq!(&added, &fresh.sched.add_reservation(req));
+                        }
+                        None => {
+                            let removed = keep.sched.remove_reservation("r");
+                            prop_assert_eq!(removed, fresh.sched.remove_reservation("r"));
+                        }
+                    },
+                }
             }
             while k < submitted.len() && submitted[k].submit_s <= t {
                 keep.submit_spec(submitted[k].clone());
@@ -910,8 +941,8 @@ proptest! {
             let next_due = due.iter().map(|d| d.0).min().unwrap_or(i64::MAX);
             let next_submit = submitted.get(k).map(|s| s.submit_s).unwrap_or(i64::MAX);
             let next_tick = keep.sched.next_due(t).unwrap_or(i64::MAX);
-            let next_drain = drains.first().map(|d| d.0).unwrap_or(i64::MAX);
-            let next = next_due.min(next_submit).min(next_tick).min(next_drain);
+            let next_change = changes.first().map(|c| c.0).unwrap_or(i64::MAX);
+            let next = next_due.min(next_submit).min(next_tick).min(next_change);
             if next == i64::MAX {
                 break;
             }

@@ -15,7 +15,9 @@
 //! cluster, and the last search tried every time before it), and the search would return the
 //! kept start: the placement is looked up there again, so plans are exactly what a fresh
 //! search makes (a test drives two schedulers, one keeping plans and one not, and compares
-//! every cycle).
+//! every cycle). Not while parts of GPUs run or are planned (`Scheduler::plan_job` searches
+//! afresh then): the test found a share's kept start later than a fresh search's, and the
+//! cause is not yet found.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -113,7 +115,9 @@ impl Keeping {
     }
 
     /// A job started now: where it had a plan of the last cycle for now on exactly these GPUs
-    /// until `end`, the jobs planned after it find the cluster as they did.
+    /// until `end`, the jobs planned after it find the cluster as they did. Not for a job on
+    /// several nodes: its plan held those nodes whole (see `Plan::hold`), the job holds only
+    /// its GPUs.
     pub fn started(
         &mut self,
         job: &JobId,
@@ -121,7 +125,9 @@ impl Keeping {
         end: UnixSeconds,
         placement: &Placement,
     ) {
-        self.made_again(job, now, end, placement);
+        if placement.0.len() <= 1 {
+            self.made_again(job, now, end, placement);
+        }
     }
 
     fn made_again(
@@ -220,12 +226,23 @@ mod tests {
             None
         );
 
-        // A job that starts now on its planned GPUs until its planned end counts as its plan.
+        // A job that starts now on its planned GPUs until its planned end counts as its plan,
+        // unless it spans nodes (its plan held them whole).
         let mut next = Keeping::new(last, 100);
         next.started(&id("a"), 100, 200, &on(0));
         assert_eq!(
             next.kept_start(&id("b"), 2, 100, 100, UnixSeconds::MIN),
             Some(200)
+        );
+        let mut wide = Keeping::new(None, 0);
+        let two_nodes = Placement(vec![Slot::whole(0, 0b11), Slot::whole(1, 0b11)]);
+        wide.made(&id("a"), (100, 200), (4, 100), &two_nodes);
+        wide.made(&id("b"), (200, 300), (2, 100), &on(0));
+        let mut next = Keeping::new(wide.into_next(), 100);
+        next.started(&id("a"), 100, 200, &two_nodes);
+        assert_eq!(
+            next.kept_start(&id("b"), 2, 100, 100, UnixSeconds::MIN),
+            None
         );
     }
 }
