@@ -1385,6 +1385,26 @@ fn shares_of_a_gpu_pack_onto_one_gpu_and_wait_for_a_gpu_of_their_mode() {
 }
 
 #[test]
+fn a_part_of_a_gpu_is_tried_after_a_whole_gpu_of_its_account_could_not_start() {
+    // One node: a 2g slice runs on one GPU, a 7-GPU job holds the rest. A whole GPU of
+    // account a cannot start; a's 2g slice after it still fits on the shared GPU.
+    let mut h = harness(1, "fifo+backfill");
+    let mut slice = h.spec("b", 1, 10, 0);
+    slice.shape.gpu_share = Some("2g".parse().unwrap());
+    let slice = h.submit_spec(slice);
+    let big = h.submit("c", 7, 10, 0);
+    h.step(0);
+    assert!(h.is_running(&slice) && h.is_running(&big));
+    let whole = h.submit("a", 1, 1, 60);
+    let mut part = h.spec("a", 1, 2, 61);
+    part.shape.gpu_share = Some("2g".parse().unwrap());
+    let part = h.submit_spec(part);
+    h.step(120);
+    assert!(!h.is_running(&whole));
+    assert!(h.is_running(&part), "{:?}", h.reason(&part));
+}
+
+#[test]
 fn a_part_of_a_gpu_counts_as_its_part_against_max_gpus() {
     for policy in ["fifo", "fairshare+backfill", "fairshare+conservative"] {
         let mut h = capped_harness(policy);

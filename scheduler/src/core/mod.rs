@@ -532,9 +532,12 @@ impl Scheduler {
                 continue;
             }
             let (min, limit, units, account) = (hot.min, hot.time_limit_s, hot.units, hot.account);
-            let hopeless = failures[account]
-                .iter()
-                .any(|(g, l)| min >= *g && limit >= *l);
+            // Only jobs of the default shape: a part of a GPU may fit where a whole GPU did not,
+            // and a job held to a GPU model or layout says nothing of one that is not.
+            let hopeless = hot.plain
+                && failures[account]
+                    .iter()
+                    .any(|(g, l)| min >= *g && limit >= *l);
             // A job past max_wait is tried whatever failed before it: its GPUs are held for it.
             if (!hopeless || pre_planned) && !draining {
                 let Some(job) = pending.job_mut(i) else {
@@ -597,7 +600,7 @@ impl Scheduler {
                     }
                 }
             }
-            if !hopeless {
+            if !hopeless && hot.plain {
                 // Kept minimal: a failure no smaller and no longer than this one says nothing
                 // more.
                 let entry = &mut failures[account];
