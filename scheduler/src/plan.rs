@@ -539,6 +539,8 @@ struct SweepCounts {
     /// Where each node's GPUs start in `holders`.
     first_gpu: Vec<usize>,
     holders: Vec<u32>,
+    /// Per node, the GPUs with a holder (read for every GPU a release gives back).
+    held: Vec<u64>,
     freed: Vec<u64>,
 }
 
@@ -554,16 +556,14 @@ impl SweepCounts {
         SweepCounts {
             first_gpu,
             holders: vec![0; total],
+            held: vec![0; nodes],
             freed: vec![0; nodes],
         }
     }
 
     /// The GPUs of `mask` on `node` some overlapping plan holds.
     fn held(&self, node: usize, mask: u64) -> u64 {
-        let first = self.first_gpu[node];
-        bits(mask)
-            .filter(|b| self.holders[first + b] > 0)
-            .fold(0, |held, b| held | 1 << b)
+        self.held[node] & mask
     }
 }
 
@@ -624,6 +624,7 @@ impl<'p> Sweep<'p> {
             for b in bits(slot.mask) {
                 self.counts.holders[first + b] += 1;
             }
+            self.counts.held[slot.node] |= slot.mask;
             self.window.hold_gpus(slot.node, slot.mask);
         }
     }
@@ -639,6 +640,7 @@ impl<'p> Sweep<'p> {
                     unheld |= 1 << b;
                 }
             }
+            self.counts.held[slot.node] &= !unheld;
             let free_again = unheld & self.counts.freed[slot.node];
             self.counts.freed[slot.node] &= !free_again;
             self.window.free_held_gpus(slot.node, free_again);
@@ -653,11 +655,16 @@ impl Drop for Sweep<'_> {
         let mut counts = std::mem::take(&mut self.counts);
         for Reverse((_, k)) in self.active.drain() {
             for slot in &self.plan.holds[k].placement.0 {
-                counts.freed[slot.node] = 0;
-                let first = counts.first_gpu[slot.node];
-                for b in bits(slot.mask) {
-                    counts.holders[first + b] = 0;
+                // Only the plans still overlapping hold anything: a node's counts are cleared
+                // whole, once.
+                if counts.held[slot.node] == 0 {
+                    continue;
                 }
+                counts.freed[slot.node] = 0;
+                counts.held[slot.node] = 0;
+                let first = counts.first_gpu[slot.node];
+                let gpus = self.window.node_spec(slot.node).gpus as usize;
+                counts.holders[first..first + gpus].fill(0);
             }
         }
         *self.plan.sweep_counts.borrow_mut() = Some(counts);
