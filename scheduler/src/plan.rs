@@ -85,6 +85,22 @@ pub(crate) struct Plan {
     profile: RefCell<Option<FreeProfile>>,
     /// What pruned searches count with, kept between them (see `SweepCounts`).
     sweep_counts: RefCell<Option<SweepCounts>>,
+    /// The cluster as the releases alone leave it at points along them, taken as searches
+    /// need them and kept until the releases or the cluster change (see `Checkpoints`).
+    checkpoints: RefCell<Option<Checkpoints>>,
+}
+
+/// Copies of the cluster with stamp `stamp` after every `every` releases: a sweep starts from
+/// the last one due by its first candidate time instead of giving every release back again
+/// (on a large cluster most searches start days out, past most of tens of thousands of
+/// releases). A sweep's cluster at a time depends only on the releases due and the plans
+/// overlapping, so starting from a copy and holding the plans there is the same.
+#[derive(Clone, Debug)]
+struct Checkpoints {
+    stamp: Stamp,
+    every: usize,
+    /// `taken[k]`: the cluster after releases `..(k + 1) * every`.
+    taken: Vec<Cluster>,
 }
 
 /// When the running jobs' releases first leave one node with `g` GPUs free (for every `g` up
@@ -180,6 +196,7 @@ impl Plan {
             bounds: RefCell::new(None),
             profile: RefCell::new(None),
             sweep_counts: RefCell::new(None),
+            checkpoints: RefCell::new(None),
         }
     }
 
@@ -201,6 +218,42 @@ impl Plan {
         self.releases.insert(at, Release::new(end, id, placement));
         *self.bounds.get_mut() = None;
         *self.profile.get_mut() = None;
+        *self.checkpoints.get_mut() = None;
+    }
+
+    /// Makes `window` the cluster as the releases due at `t` leave it, from the last
+    /// checkpoint they reach (taking the ones missing), and returns how many releases that
+    /// gave back; 0, and `window` untouched, when no checkpoint is due yet.
+    fn copy_checkpoint(&self, cluster: &Cluster, t: UnixSeconds, window: &mut Cluster) -> usize {
+        let due = self.releases.partition_point(|r| r.at <= t);
+        let mut checkpoints = self.checkpoints.borrow_mut();
+        let checkpoints = match &mut *checkpoints {
+            Some(c) if c.stamp == cluster.stamp() => c,
+            other => other.insert(Checkpoints {
+                stamp: cluster.stamp(),
+                every: (cluster.node_count() / 4).max(8),
+                taken: Vec::new(),
+            }),
+        };
+        let every = checkpoints.every;
+        let reached = due / every;
+        while checkpoints.taken.len() < reached {
+            let k = checkpoints.taken.len();
+            let mut next = checkpoints.taken.last().unwrap_or(cluster).clone();
+            for release in &self.releases[k * every..(k + 1) * every] {
+                for slot in &release.placement.0 {
+                    next.free_held_gpus(slot.node, slot.mask);
+                }
+            }
+            checkpoints.taken.push(next);
+        }
+        match reached.checked_sub(1) {
+            Some(k) => {
+                window.copy_from(&checkpoints.taken[k]);
+                reached * every
+            }
+            None => 0,
+        }
     }
 
     /// A running job now gives its GPUs back at `end` (it is being preempted, or shrank).
@@ -519,6 +572,8 @@ impl<'p> Copies<'p> {
 /// applied once per search rather than once per time tried.
 struct Sweep<'p> {
     plan: &'p Plan,
+    /// The cluster now, which the checkpoints were taken from.
+    base: &'p Cluster,
     window: Cluster,
     /// Borrowed from the plan for the search and given back clean (see `SweepCounts`).
     counts: SweepCounts,
@@ -568,7 +623,7 @@ impl SweepCounts {
 }
 
 impl<'p> Sweep<'p> {
-    fn new(plan: &'p Plan, cluster: &Cluster) -> Self {
+    fn new(plan: &'p Plan, cluster: &'p Cluster) -> Self {
         let counts = plan
             .sweep_counts
             .borrow_mut()
@@ -577,6 +632,7 @@ impl<'p> Sweep<'p> {
             .unwrap_or_else(|| SweepCounts::for_cluster(cluster));
         Sweep {
             plan,
+            base: cluster,
             window: cluster.clone(),
             counts,
             next_release: 0,
@@ -586,6 +642,9 @@ impl<'p> Sweep<'p> {
     }
 
     fn at(&mut self, t: UnixSeconds, end: UnixSeconds) -> &Cluster {
+        if self.next_release == 0 && self.next_hold == 0 {
+            self.next_release = self.plan.copy_checkpoint(self.base, t, &mut self.window);
+        }
         while let Some(&Reverse((ends, k))) = self.active.peek() {
             if ends > t {
                 break;
