@@ -199,6 +199,9 @@ pub struct Cluster {
     /// needs whole nodes cannot fit in fewer, which rules out most start times a plan search
     /// tries for a multi-node job without looking at any node.
     whole_node_gpus: u32,
+    /// Which nodes have every GPU free, a bit per node (written only through `set_free`): a
+    /// multi-node search visits those rather than every node.
+    whole_nodes: Vec<u64>,
     /// GPUs held in parts (their bits are clear in `free`), in no particular order.
     shared: Vec<SharedGpu>,
     /// The parts held on `shared`, summed (read at every simulated event).
@@ -238,6 +241,7 @@ impl Clone for Cluster {
             free_on: self.free_on.clone(),
             free_count: self.free_count,
             whole_node_gpus: self.whole_node_gpus,
+            whole_nodes: self.whole_nodes.clone(),
             shared: self.shared.clone(),
             shared_used: self.shared_used,
             gpus_per_node_max: self.gpus_per_node_max,
@@ -266,6 +270,13 @@ fn ones(mask: u64) -> u32 {
         Ok(byte) if byte < ONES.len() => u32::from(ONES[byte]),
         _ => mask.count_ones(),
     }
+}
+
+/// A bit set with the first `nodes` bits set.
+fn all_nodes(nodes: usize) -> Vec<u64> {
+    (0..nodes.div_ceil(64))
+        .map(|w| full_mask((nodes - w * 64).min(64) as u32))
+        .collect()
 }
 
 /// How many GPUs each mask holds.
@@ -324,6 +335,7 @@ impl Cluster {
         Cluster {
             meta,
             free_on: counts(&free),
+            whole_nodes: all_nodes(free.len()),
             free,
             shared: Vec::new(),
             shared_used: 0,
@@ -343,6 +355,7 @@ impl Cluster {
             meta: Arc::clone(&self.meta),
             free_count: self.total_gpus,
             whole_node_gpus: self.total_gpus,
+            whole_nodes: all_nodes(self.meta.len()),
             free_on: counts(&free),
             free,
             shared: Vec::new(),
@@ -363,6 +376,7 @@ impl Cluster {
             free_on,
             free_count,
             whole_node_gpus,
+            whole_nodes,
             shared,
             shared_used,
             gpus_per_node_max,
@@ -375,6 +389,7 @@ impl Cluster {
         self.free_on.clone_from(free_on);
         self.free_count = *free_count;
         self.whole_node_gpus = *whole_node_gpus;
+        self.whole_nodes.clone_from(whole_nodes);
         self.shared.clone_from(shared);
         self.shared_used = *shared_used;
         self.gpus_per_node_max = *gpus_per_node_max;
@@ -421,6 +436,12 @@ impl Cluster {
             }
         };
         self.whole_node_gpus = self.whole_node_gpus + whole(mask) - whole(old);
+        let bit = 1u64 << (node % 64);
+        if mask == all {
+            self.whole_nodes[node / 64] |= bit;
+        } else {
+            self.whole_nodes[node / 64] &= !bit;
+        }
         self.free[node] = mask;
         self.free_on[node] = now as u8;
         self.free_count = self.free_count + now - was;
@@ -694,16 +715,27 @@ impl Cluster {
         if self.whole_node_gpus < gpus {
             return None;
         }
-        // Node order on a uniform cluster (no allocation on the hot path); the largest nodes
-        // first on a mixed one, so a job spans as few nodes as it can.
+        // Node order on a uniform cluster, only the nodes wholly free (no allocation on the
+        // hot path); the largest nodes first on a mixed one, so a job spans as few nodes as it
+        // can.
         let n = self.meta.len();
         let mut largest_first = Vec::new();
         if !self.uniform {
             largest_first = (0..n).collect();
             largest_first.sort_by_key(|idx| std::cmp::Reverse(self.meta[*idx].spec.gpus));
         }
-        let order = (0..n)
-            .filter(|_| self.uniform)
+        let whole_nodes = self.whole_nodes.iter().enumerate().flat_map(|(w, bits)| {
+            let mut bits = *bits;
+            std::iter::from_fn(move || {
+                (bits != 0).then(|| {
+                    let b = bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    w * 64 + b
+                })
+            })
+        });
+        let order = whole_nodes
+            .take_while(|_| self.uniform)
             .chain(largest_first.iter().copied());
         let mut slots = Vec::new();
         let mut left = gpus;
@@ -711,8 +743,8 @@ impl Cluster {
             if left == 0 {
                 break;
             }
-            // A plain test rather than an iterator filter: this loop runs over every node for
-            // every planned start tried, and the closure was not always inlined.
+            // A plain test rather than an iterator filter: this loop runs for every planned
+            // start tried, and the closure was not always inlined.
             if self.free[idx] != self.meta[idx].all || !self.allowed(idx, account, filter, shape) {
                 continue;
             }
@@ -886,9 +918,23 @@ impl Cluster {
             .filter(|(free, meta)| **free == meta.all)
             .map(|(_, meta)| meta.spec.gpus)
             .sum();
+        let whole_nodes = self
+            .free
+            .iter()
+            .zip(self.meta.iter())
+            .enumerate()
+            .filter(|(_, (free, meta))| **free == meta.all)
+            .fold(
+                vec![0u64; self.meta.len().div_ceil(64)],
+                |mut bits, (n, _)| {
+                    bits[n / 64] |= 1 << (n % 64);
+                    bits
+                },
+            );
         self.free_on == counts(&self.free)
             && self.free_count == self.free.iter().map(|m| m.count_ones()).sum::<u32>()
             && self.whole_node_gpus == whole_node_gpus
+            && self.whole_nodes == whole_nodes
     }
 
     /// True when every GPU of the placement is free (for a share: free, or shared in its mode
