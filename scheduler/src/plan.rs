@@ -85,6 +85,9 @@ pub(crate) struct Plan {
     profile: RefCell<Option<FreeProfile>>,
     /// What pruned searches count with, kept between them (see `SweepCounts`).
     sweep_counts: RefCell<Option<SweepCounts>>,
+    /// The copy a pruned search moves forward, kept between searches so that each copies
+    /// into it once rather than allocating a cluster.
+    sweep_window: RefCell<Option<Cluster>>,
     /// The cluster as the releases alone leave it at points along them, taken as searches
     /// need them and kept until the releases or the cluster change (see `Checkpoints`).
     checkpoints: RefCell<Option<Checkpoints>>,
@@ -196,6 +199,7 @@ impl Plan {
             bounds: RefCell::new(None),
             profile: RefCell::new(None),
             sweep_counts: RefCell::new(None),
+            sweep_window: RefCell::new(None),
             checkpoints: RefCell::new(None),
         }
     }
@@ -574,7 +578,9 @@ struct Sweep<'p> {
     plan: &'p Plan,
     /// The cluster now, which the checkpoints were taken from.
     base: &'p Cluster,
+    /// Set from `base` or a checkpoint at the first time tried.
     window: Cluster,
+    fresh: bool,
     /// Borrowed from the plan for the search and given back clean (see `SweepCounts`).
     counts: SweepCounts,
     next_release: usize,
@@ -630,10 +636,16 @@ impl<'p> Sweep<'p> {
             .take()
             .filter(|c| c.first_gpu.len() == cluster.node_count())
             .unwrap_or_else(|| SweepCounts::for_cluster(cluster));
+        let window = plan
+            .sweep_window
+            .borrow_mut()
+            .take()
+            .unwrap_or_else(|| cluster.clone());
         Sweep {
             plan,
             base: cluster,
-            window: cluster.clone(),
+            window,
+            fresh: true,
             counts,
             next_release: 0,
             next_hold: 0,
@@ -642,8 +654,11 @@ impl<'p> Sweep<'p> {
     }
 
     fn at(&mut self, t: UnixSeconds, end: UnixSeconds) -> &Cluster {
-        if self.next_release == 0 && self.next_hold == 0 {
+        if std::mem::take(&mut self.fresh) {
             self.next_release = self.plan.copy_checkpoint(self.base, t, &mut self.window);
+            if self.next_release == 0 {
+                self.window.copy_from(self.base);
+            }
         }
         while let Some(&Reverse((ends, k))) = self.active.peek() {
             if ends > t {
@@ -727,6 +742,8 @@ impl Drop for Sweep<'_> {
             }
         }
         *self.plan.sweep_counts.borrow_mut() = Some(counts);
+        let window = std::mem::replace(&mut self.window, Cluster::new(Vec::new()));
+        *self.plan.sweep_window.borrow_mut() = Some(window);
     }
 }
 
