@@ -202,7 +202,7 @@ pub struct Cluster {
     /// Which nodes have every GPU free, a bit per node (written only through `set_free`): a
     /// multi-node search visits those rather than every node.
     whole_nodes: Vec<u64>,
-    /// GPUs held in parts (their bits are clear in `free`), in no particular order.
+    /// GPUs held in parts (their bits are clear in `free`), by node and GPU index.
     shared: Vec<SharedGpu>,
     /// The parts held on `shared`, summed (read at every simulated event).
     shared_used: u64,
@@ -464,8 +464,8 @@ impl Cluster {
         whole_held * u64::from(SHARE_UNITS_PER_GPU) + self.shared_used
     }
 
-    /// The GPUs held in parts: (node, GPU index, sharing mode, share units of room left), in
-    /// no particular order.
+    /// The GPUs held in parts: (node, GPU index, sharing mode, share units of room left), by
+    /// node and GPU index.
     pub fn shared_gpus(&self) -> impl Iterator<Item = (usize, u32, ShareMode, u32)> + '_ {
         self.shared
             .iter()
@@ -619,8 +619,8 @@ impl Cluster {
     fn shared_index(&self, node: usize, mask: u64) -> Option<usize> {
         let gpu = mask.trailing_zeros();
         self.shared
-            .iter()
-            .position(|g| g.node == node && g.gpu == gpu)
+            .binary_search_by_key(&(node, gpu), |g| (g.node, g.gpu))
+            .ok()
     }
 
     /// Takes `share` of the GPU `mask` names on `node`. `strict`: the GPU must have the room
@@ -630,12 +630,19 @@ impl Cluster {
         let units = share.units();
         if self.free[node] & mask == mask {
             self.set_free(node, self.free[node] & !mask);
-            self.shared.push(SharedGpu {
-                node,
-                gpu: mask.trailing_zeros(),
-                mode: share.mode(),
-                used: units,
-            });
+            let gpu = mask.trailing_zeros();
+            let at = self
+                .shared
+                .partition_point(|g| (g.node, g.gpu) < (node, gpu));
+            self.shared.insert(
+                at,
+                SharedGpu {
+                    node,
+                    gpu,
+                    mode: share.mode(),
+                    used: units,
+                },
+            );
             self.shared_used += u64::from(units);
             return;
         }
@@ -665,7 +672,7 @@ impl Cluster {
         g.used = g.used.saturating_sub(share.units());
         self.shared_used -= u64::from(before - g.used);
         if g.used == 0 {
-            self.shared.swap_remove(i);
+            self.shared.remove(i);
             self.set_free(node, self.free[node] | mask);
         }
     }
@@ -847,7 +854,8 @@ impl Cluster {
     }
 
     /// Marks a placement's GPUs as held, whether or not they already are (planning copies,
-    /// where a held GPU may be claimed by a plan that ends before another begins).
+    /// where a held GPU may be claimed by a plan that ends before another begins). A whole GPU
+    /// held where parts of it are taken leaves no room for another part.
     pub fn hold(&mut self, placement: &Placement) {
         self.stamp.changes += 1;
         for slot in &placement.0 {
@@ -856,6 +864,21 @@ impl Cluster {
                 continue;
             }
             self.hold_gpus(slot.node, slot.mask);
+            self.fill_shared(slot.node, slot.mask);
+        }
+    }
+
+    /// Leaves no room on the GPUs of `mask` held in parts.
+    fn fill_shared(&mut self, node: usize, mask: u64) {
+        let first = self.shared.partition_point(|g| g.node < node);
+        for g in self.shared[first..]
+            .iter_mut()
+            .take_while(|g| g.node == node)
+        {
+            if mask & (1 << g.gpu) != 0 {
+                self.shared_used += u64::from(g.room());
+                g.used = SHARE_UNITS_PER_GPU;
+            }
         }
     }
 
@@ -897,19 +920,11 @@ impl Cluster {
 
     /// True when both have exactly the same GPUs free, and the same parts of shared ones.
     pub fn same_free(&self, other: &Cluster) -> bool {
-        let sorted = |c: &Cluster| {
-            let mut s: Vec<(usize, u32, ShareMode, u32)> = c
-                .shared
-                .iter()
-                .map(|g| (g.node, g.gpu, g.mode, g.used))
-                .collect();
-            s.sort_unstable();
-            s
-        };
-        self.free == other.free && sorted(self) == sorted(other)
+        self.free == other.free && self.shared == other.shared
     }
 
-    /// True when the free counts kept per node and in all match the free GPUs.
+    /// True when the free counts kept per node and in all match the free GPUs, and the GPUs
+    /// held in parts are in order, none twice.
     pub fn counts_agree(&self) -> bool {
         let whole_node_gpus: u32 = self
             .free
@@ -935,6 +950,10 @@ impl Cluster {
             && self.free_count == self.free.iter().map(|m| m.count_ones()).sum::<u32>()
             && self.whole_node_gpus == whole_node_gpus
             && self.whole_nodes == whole_nodes
+            && self
+                .shared
+                .windows(2)
+                .all(|w| (w[0].node, w[0].gpu) < (w[1].node, w[1].gpu))
     }
 
     /// True when every GPU of the placement is free (for a share: free, or shared in its mode
@@ -1200,6 +1219,29 @@ mod tests {
             d.take(&whole);
             d
         }));
+    }
+
+    #[test]
+    fn a_plan_holding_a_shared_gpu_whole_leaves_no_room_on_it() {
+        let a = AccountId::new("a").unwrap();
+        let any = NodeFilter::none();
+        let mut c = cluster(1);
+        let quarter = c.find(1, &a, &any, &share("250m")).unwrap();
+        c.take(&quarter);
+        let mut planning = c.clone();
+        // A plan of the whole node, as a multi-node plan holds its nodes.
+        planning.hold(&Placement(vec![Slot::whole(0, 0xff)]));
+        assert!(planning.find(1, &a, &any, &share("250m")).is_none());
+        assert_eq!(
+            planning.held_share_units(),
+            8 * u64::from(SHARE_UNITS_PER_GPU)
+        );
+        assert!(planning.counts_agree());
+        // Only where the plan holds: the running share's GPU is open again off the node's plan.
+        let mut others = c.clone();
+        others.hold(&Placement(vec![Slot::whole(0, 0xff & !quarter.0[0].mask)]));
+        let next = others.find(1, &a, &any, &share("250m")).unwrap();
+        assert_eq!(next.0[0].mask, quarter.0[0].mask);
     }
 
     #[test]

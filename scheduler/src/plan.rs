@@ -204,11 +204,6 @@ impl Plan {
         }
     }
 
-    /// Whether any release or plan holds a part of a GPU.
-    pub fn has_shares(&self) -> bool {
-        self.shares
-    }
-
     pub fn has_holds(&self) -> bool {
         !self.holds.is_empty()
     }

@@ -15,9 +15,7 @@
 //! cluster, and the last search tried every time before it), and the search would return the
 //! kept start: the placement is looked up there again, so plans are exactly what a fresh
 //! search makes (a test drives two schedulers, one keeping plans and one not, and compares
-//! every cycle). Not while parts of GPUs run or are planned (`Scheduler::plan_job` searches
-//! afresh then): the test found a share's kept start later than a fresh search's, and the
-//! cause is not yet found.
+//! every cycle), parts of GPUs among them.
 
 use std::collections::{BTreeSet, HashMap};
 

@@ -886,12 +886,7 @@ impl Scheduler {
             cluster.find(min, &spec.account, &filter, &spec.shape)
         };
         let mut planned = None;
-        // Parts of GPUs are searched afresh: a kept start of a share was seen to come later
-        // than a fresh search's (a proptest case), not yet understood.
-        let kept = (spec.shape.gpu_share.is_none() && !plan.has_shares())
-            .then(|| keeping.kept_start(&spec.id, min, limit, now, not_before))
-            .flatten();
-        if let Some(t) = kept {
+        if let Some(t) = keeping.kept_start(&spec.id, min, limit, now, not_before) {
             match plan.place_at(&self.cluster, min, &spec.shape, limit, t, find) {
                 Some(p) => planned = Some((t, p)),
                 // Nothing before it can place the job either.
