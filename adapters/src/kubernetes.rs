@@ -29,6 +29,11 @@ fn gpu_product(model: GpuModel) -> &'static str {
         "h100-pcie" => "NVIDIA-H100-PCIe",
         "h200" => "NVIDIA-H200",
         "a100" => "NVIDIA-A100-SXM4-80GB",
+        "v100-16gb" => "Tesla-V100-SXM2-16GB",
+        "v100-32gb" => "Tesla-V100-SXM2-32GB",
+        "p100" => "Tesla-P100-PCIE-16GB",
+        "t4" => "Tesla-T4",
+        "a10" => "NVIDIA-A10",
         _ => model.marketing_name(),
     }
 }

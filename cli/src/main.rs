@@ -143,14 +143,20 @@ struct SimulateArgs {
     /// Trace in the Philly format (timestamp,duration,num_gpus,gpu_time,cluster; needs
     /// --vc-nodes) or Alibaba's 2023 GPU-sharing pod list (openb_pod_list_*.csv: num_gpu,
     /// gpu_milli, ...; each QoS class an account of weight 1), told apart by the header.
-    #[arg(long, requires = "nodes", conflicts_with = "jobs")]
+    #[arg(long, conflicts_with = "jobs")]
     trace: Option<PathBuf>,
     /// VC sizes (`vc,node num`) of a Philly trace, used as fair-share weights.
     #[arg(long)]
     vc_nodes: Option<PathBuf>,
-    /// Nodes of 8 GPUs in the simulated cluster (with --trace).
+    /// Nodes of 8 GPUs in the simulated cluster (with --trace); a pod's `gpu_spec` is not
+    /// replayed on them.
     #[arg(long)]
     nodes: Option<u32>,
+    /// Alibaba's node list (openb_node_list_gpu_node.csv: sn,cpu_milli,memory_mib,gpu,model)
+    /// as the cluster of an Alibaba --trace, instead of --nodes: each node's GPUs and model
+    /// (V100M16, V100M32, P100, T4, A10), and each pod held to the types its `gpu_spec` names.
+    #[arg(long, conflicts_with_all = ["nodes", "jobs"])]
+    node_list: Option<PathBuf>,
     /// Jobs in gpuledger's own CSV format (submit,account,gpus,run_time_s[,job_id,project,
     /// partition,min_gpus,time_limit_s,grace_s,checkpoint_every_s,checkpoint_save_s,outcome,
     /// gpus_per_node,nodes,gpu_models,gpu_share]).
@@ -520,7 +526,8 @@ fn report(args: ReportArgs) -> anyhow::Result<()> {
 
 fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
     use gpuledger_scheduler::trace::{
-        is_alibaba_header, parse_alibaba, parse_jobs, parse_philly, parse_vc_nodes, LimitEstimate,
+        is_alibaba_header, parse_alibaba, parse_alibaba_nodes, parse_jobs, parse_philly,
+        parse_vc_nodes, GpuSpec, LimitEstimate,
     };
     let options = SchedulerOptions::parse(&args.policy).with_context(|| {
         format!(
@@ -540,8 +547,23 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
         (Some(trace), _) => {
             let text = read(trace)?;
             let origin = trace.display().to_string();
-            let (jobs, weights) = if is_alibaba_header(text.lines().next().unwrap_or_default()) {
-                let pods = parse_alibaba(&text, &origin, estimate)?;
+            let alibaba = is_alibaba_header(text.lines().next().unwrap_or_default());
+            let node_list = match &args.node_list {
+                Some(path) if alibaba => Some(parse_alibaba_nodes(
+                    &read(path)?,
+                    &path.display().to_string(),
+                )?),
+                Some(_) => {
+                    anyhow::bail!("--node-list is Alibaba's; a Philly --trace takes --nodes")
+                }
+                None => None,
+            };
+            let (jobs, weights) = if alibaba {
+                let gpu_spec = match node_list {
+                    Some(_) => GpuSpec::Models,
+                    None => GpuSpec::Ignored,
+                };
+                let pods = parse_alibaba(&text, &origin, estimate, gpu_spec)?;
                 eprintln!(
                     "{origin}: {} GPU pods; left out {} CPU-only and {} never run",
                     pods.jobs.len(),
@@ -560,8 +582,15 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
                 let weights = gpuledger_sim::report::philly_weights(&jobs, &vc_nodes);
                 (jobs, weights)
             };
-            let nodes = args.nodes.context("--trace needs --nodes")?;
-            let mut config = gpuledger_sim::report::trace_cluster(nodes, &weights)?;
+            let mut config = match node_list {
+                Some(list) => gpuledger_sim::report::trace_cluster_of(&list.pools, &weights)?,
+                None => {
+                    let nodes = args
+                        .nodes
+                        .context("--trace needs --nodes (or --node-list)")?;
+                    gpuledger_sim::report::trace_cluster(nodes, &weights)?
+                }
+            };
             if let Some(path) = &args.config {
                 gpuledger_sim::report::apply_settings(&mut config, &load_cluster(Some(path))?);
             }

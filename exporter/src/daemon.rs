@@ -86,7 +86,8 @@ pub struct ExporterOptions {
     /// Synthetic source: number of GPUs.
     #[arg(long, default_value_t = 8)]
     pub gpus: u16,
-    /// Synthetic source: GPU model (a100, h100-sxm, h100-pcie, h200).
+    /// Synthetic source: GPU model (a100, h100-sxm, h100-pcie, h200, v100-16gb, v100-32gb, p100,
+    /// t4, a10).
     #[arg(long, default_value = "h100-sxm")]
     pub gpu_model: GpuModel,
     /// Synthetic source: seed of the readings.

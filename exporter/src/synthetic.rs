@@ -166,10 +166,14 @@ pub fn synthetic_reading(
 
 /// The HBM clock of each model (what NVML's memory clock reads on it).
 fn memory_clock_mhz(model: GpuModel) -> u32 {
-    match model.key() {
-        "a100" => 1593,
-        "h200" => 3201,
-        _ => 2619,
+    match model {
+        GpuModel::A100 => 1593,
+        GpuModel::H200 => 3201,
+        GpuModel::H100Sxm | GpuModel::H100Pcie => 2619,
+        GpuModel::V100_16 | GpuModel::V100_32 => 877,
+        GpuModel::P100 => 715,
+        GpuModel::T4 => 5001,
+        GpuModel::A10 => 6251,
     }
 }
 

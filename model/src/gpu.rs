@@ -1,5 +1,7 @@
 //! GPU models and the figures MFU needs: peak dense BF16 FLOP/s and the SM clock that peak is
-//! rated at (so the tensor-pipe proxy can be scaled by the clock actually sampled).
+//! rated at (so the tensor-pipe proxy can be scaled by the clock actually sampled). Models
+//! without BF16 (V100, T4, P100) are rated at their dense FP16 peak, the precision they train
+//! in: on tensor cores for V100 and T4, on the CUDA cores for P100, which has none.
 
 use std::fmt;
 use std::str::FromStr;
@@ -14,18 +16,34 @@ pub enum GpuModel {
     H100Sxm,
     H100Pcie,
     H200,
+    /// V100 SXM2 with 16 GB (Alibaba's traces call it `V100M16`).
+    V100_16,
+    /// V100 SXM2 with 32 GB (`V100M32`).
+    V100_32,
+    /// P100 PCIe, 16 GB.
+    P100,
+    T4,
+    A10,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown GPU model `{0}`; known: a100, h100-sxm (or h100), h100-pcie, h200")]
+#[error(
+    "unknown GPU model `{0}`; known: a100, h100-sxm (or h100), h100-pcie, h200, v100-16gb, \
+     v100-32gb, p100, t4, a10"
+)]
 pub struct UnknownGpuModel(pub String);
 
 impl GpuModel {
-    pub const ALL: [GpuModel; 4] = [
+    pub const ALL: [GpuModel; 9] = [
         GpuModel::A100,
         GpuModel::H100Sxm,
         GpuModel::H100Pcie,
         GpuModel::H200,
+        GpuModel::V100_16,
+        GpuModel::V100_32,
+        GpuModel::P100,
+        GpuModel::T4,
+        GpuModel::A10,
     ];
 
     /// The short name used in config files, labels and Parquet columns.
@@ -35,6 +53,11 @@ impl GpuModel {
             GpuModel::H100Sxm => "h100-sxm",
             GpuModel::H100Pcie => "h100-pcie",
             GpuModel::H200 => "h200",
+            GpuModel::V100_16 => "v100-16gb",
+            GpuModel::V100_32 => "v100-32gb",
+            GpuModel::P100 => "p100",
+            GpuModel::T4 => "t4",
+            GpuModel::A10 => "a10",
         }
     }
 
@@ -45,21 +68,31 @@ impl GpuModel {
             GpuModel::H100Sxm => "NVIDIA H100 80GB HBM3",
             GpuModel::H100Pcie => "NVIDIA H100 PCIe",
             GpuModel::H200 => "NVIDIA H200",
+            GpuModel::V100_16 => "Tesla V100-SXM2-16GB",
+            GpuModel::V100_32 => "Tesla V100-SXM2-32GB",
+            GpuModel::P100 => "Tesla P100-PCIE-16GB",
+            GpuModel::T4 => "Tesla T4",
+            GpuModel::A10 => "NVIDIA A10",
         }
     }
 
-    /// Peak dense BF16 tensor throughput in TFLOP/s (not the 2:4-sparse figure).
-    pub fn peak_dense_bf16_tflops(self) -> u32 {
+    /// Peak dense BF16 tensor throughput in TFLOP/s (not the 2:4-sparse figure); FP16 for the
+    /// models without BF16 (see the module docs).
+    pub fn peak_dense_bf16_tflops(self) -> f64 {
         match self {
-            GpuModel::A100 => 312,
-            GpuModel::H100Sxm => 989,
-            GpuModel::H100Pcie => 756,
-            GpuModel::H200 => 989,
+            GpuModel::A100 => 312.0,
+            GpuModel::H100Sxm => 989.0,
+            GpuModel::H100Pcie => 756.0,
+            GpuModel::H200 => 989.0,
+            GpuModel::V100_16 | GpuModel::V100_32 => 125.0,
+            GpuModel::P100 => 18.7,
+            GpuModel::T4 => 65.0,
+            GpuModel::A10 => 125.0,
         }
     }
 
     pub fn peak_dense_bf16_flops(self) -> f64 {
-        f64::from(self.peak_dense_bf16_tflops()) * 1e12
+        self.peak_dense_bf16_tflops() * 1e12
     }
 
     /// The SM clock at which the peak above is computed (SMs x FLOP/clock x this clock).
@@ -68,6 +101,10 @@ impl GpuModel {
             GpuModel::A100 => 1410,
             GpuModel::H100Sxm | GpuModel::H200 => 1830,
             GpuModel::H100Pcie => 1620,
+            GpuModel::V100_16 | GpuModel::V100_32 => 1530,
+            GpuModel::P100 => 1329,
+            GpuModel::T4 => 1590,
+            GpuModel::A10 => 1695,
         }
     }
 
@@ -78,6 +115,10 @@ impl GpuModel {
             GpuModel::A100 => 1410,
             GpuModel::H100Sxm | GpuModel::H200 => 1980,
             GpuModel::H100Pcie => 1755,
+            GpuModel::V100_16 | GpuModel::V100_32 => 1530,
+            GpuModel::P100 => 1329,
+            GpuModel::T4 => 1590,
+            GpuModel::A10 => 1695,
         }
     }
 
@@ -88,6 +129,11 @@ impl GpuModel {
             GpuModel::A100 => 81_920 * MIB,
             GpuModel::H100Sxm | GpuModel::H100Pcie => 81_559 * MIB,
             GpuModel::H200 => 143_771 * MIB,
+            GpuModel::V100_16 => 16_160 * MIB,
+            GpuModel::V100_32 => 32_510 * MIB,
+            GpuModel::P100 => 16_280 * MIB,
+            GpuModel::T4 => 15_360 * MIB,
+            GpuModel::A10 => 23_028 * MIB,
         }
     }
 
@@ -97,13 +143,35 @@ impl GpuModel {
             GpuModel::A100 => 400.0,
             GpuModel::H100Sxm | GpuModel::H200 => 700.0,
             GpuModel::H100Pcie => 350.0,
+            GpuModel::V100_16 | GpuModel::V100_32 => 300.0,
+            GpuModel::P100 => 250.0,
+            GpuModel::T4 => 70.0,
+            GpuModel::A10 => 150.0,
         }
     }
 
     /// Recognises NVML's marketing names (`NVIDIA H100 80GB HBM3`) as well as the short keys.
+    /// A variant with other figures (V100S, A10G) is not taken for its namesake.
     pub fn from_marketing_name(name: &str) -> Option<GpuModel> {
         let upper = name.to_ascii_uppercase();
-        if upper.contains("H200") {
+        let word = |w: &str| {
+            upper
+                .split(|c: char| !c.is_ascii_alphanumeric())
+                .any(|t| t == w)
+        };
+        if word("V100") {
+            Some(if word("32GB") {
+                GpuModel::V100_32
+            } else {
+                GpuModel::V100_16
+            })
+        } else if word("P100") {
+            Some(GpuModel::P100)
+        } else if word("T4") {
+            Some(GpuModel::T4)
+        } else if word("A10") {
+            Some(GpuModel::A10)
+        } else if upper.contains("H200") {
             Some(GpuModel::H200)
         } else if upper.contains("H100") && upper.contains("PCIE") {
             Some(GpuModel::H100Pcie)
@@ -125,6 +193,11 @@ impl FromStr for GpuModel {
             "h100" | "h100-sxm" => Ok(GpuModel::H100Sxm),
             "h100-pcie" => Ok(GpuModel::H100Pcie),
             "h200" => Ok(GpuModel::H200),
+            "v100-16gb" => Ok(GpuModel::V100_16),
+            "v100-32gb" => Ok(GpuModel::V100_32),
+            "p100" => Ok(GpuModel::P100),
+            "t4" => Ok(GpuModel::T4),
+            "a10" => Ok(GpuModel::A10),
             _ => Err(UnknownGpuModel(s.to_owned())),
         }
     }
@@ -155,9 +228,27 @@ mod tests {
 
     #[test]
     fn peaks_are_the_dense_figures() {
-        assert_eq!(GpuModel::H100Sxm.peak_dense_bf16_tflops(), 989);
-        assert_eq!(GpuModel::A100.peak_dense_bf16_tflops(), 312);
-        assert_eq!(GpuModel::H200.peak_dense_bf16_tflops(), 989);
+        assert_eq!(GpuModel::H100Sxm.peak_dense_bf16_tflops(), 989.0);
+        assert_eq!(GpuModel::A100.peak_dense_bf16_tflops(), 312.0);
+        assert_eq!(GpuModel::H200.peak_dense_bf16_tflops(), 989.0);
+        assert_eq!(GpuModel::A10.peak_dense_bf16_tflops(), 125.0);
+    }
+
+    #[test]
+    fn names_nvml_reports_are_recognised_and_variants_are_not() {
+        for (name, model) in [
+            ("Tesla V100-SXM2-16GB", Some(GpuModel::V100_16)),
+            ("Tesla V100-PCIE-32GB", Some(GpuModel::V100_32)),
+            ("Tesla P100-PCIE-16GB", Some(GpuModel::P100)),
+            ("Tesla T4", Some(GpuModel::T4)),
+            ("NVIDIA A10", Some(GpuModel::A10)),
+            ("NVIDIA A100-SXM4-80GB", Some(GpuModel::A100)),
+            ("NVIDIA A10G", None),
+            ("Tesla V100S-PCIE-32GB", None),
+            ("NVIDIA L4", None),
+        ] {
+            assert_eq!(GpuModel::from_marketing_name(name), model, "{name}");
+        }
     }
 
     #[test]

@@ -42,6 +42,19 @@ pub fn equal_weights(jobs: &[SimJob]) -> BTreeMap<AccountId, u32> {
 /// weighted by `weights`. Fair share counts usage against one day of the whole cluster
 /// (`usage_factor_gpu_hours`).
 pub fn trace_cluster(nodes: u32, weights: &BTreeMap<AccountId, u32>) -> Result<ClusterConfig> {
+    trace_cluster_of(&[(GpuModel::A100, 8, nodes)], weights)
+}
+
+/// A trace's cluster of the pools `(model, GPUs a node, nodes)` (a trace's own node list),
+/// each named after its model and GPUs a node (`t4-x2`, nodes `t4-x2-001`, ...).
+pub fn trace_cluster_of(
+    pools: &[(GpuModel, u32, u32)],
+    weights: &BTreeMap<AccountId, u32>,
+) -> Result<ClusterConfig> {
+    let total_gpus: u64 = pools
+        .iter()
+        .map(|(_, gpus, nodes)| u64::from(*gpus) * u64::from(*nodes))
+        .sum();
     let accounts = weights
         .iter()
         .map(|(id, weight)| Account {
@@ -58,14 +71,25 @@ pub fn trace_cluster(nodes: u32, weights: &BTreeMap<AccountId, u32>) -> Result<C
         cluster: ClusterSection {
             name: "trace".into(),
         },
-        node_pools: vec![NodePool {
-            name: "gpu".into(),
-            prefix: "node".into(),
-            count: nodes,
-            gpus_per_node: 8,
-            gpu_model: GpuModel::A100,
-            dedicated_to: None,
-        }],
+        node_pools: pools
+            .iter()
+            .map(|&(model, gpus, count)| NodePool {
+                name: if pools.len() == 1 {
+                    "gpu".into()
+                } else {
+                    format!("{model}-x{gpus}")
+                },
+                prefix: if pools.len() == 1 {
+                    "node".into()
+                } else {
+                    format!("{model}-x{gpus}-")
+                },
+                count,
+                gpus_per_node: gpus,
+                gpu_model: model,
+                dedicated_to: None,
+            })
+            .collect(),
         partitions: vec![Partition {
             name: "default".into(),
             priority_tier: 1,
@@ -77,7 +101,7 @@ pub fn trace_cluster(nodes: u32, weights: &BTreeMap<AccountId, u32>) -> Result<C
         }],
         fair_share: FairShareConfig {
             half_life: DurationSpec::from_secs(7 * 86_400),
-            usage_factor_gpu_hours: u64::from(nodes) * 8 * 24,
+            usage_factor_gpu_hours: total_gpus * 24,
             formula: Default::default(),
         },
         scheduler: SchedulerConfig::default(),
@@ -85,7 +109,7 @@ pub fn trace_cluster(nodes: u32, weights: &BTreeMap<AccountId, u32>) -> Result<C
             version: "trace".into(),
             effective_from: NaiveDate::from_ymd_opt(2017, 1, 1).unwrap_or_default(),
             currency: Currency::Usd,
-            gpu_hour: [(GpuModel::A100, Decimal::ONE)].into(),
+            gpu_hour: pools.iter().map(|p| (p.0, Decimal::ONE)).collect(),
         },
         accounts,
         telemetry: Default::default(),
