@@ -91,6 +91,27 @@ pub(crate) struct Plan {
     /// The cluster as the releases alone leave it at points along them, taken as searches
     /// need them and kept until the releases or the cluster change (see `Checkpoints`).
     checkpoints: RefCell<Option<Checkpoints>>,
+    /// The cluster now with the first plans by start held, at points along them (see
+    /// `HeldPrefixes`).
+    held_prefixes: RefCell<Option<HeldPrefixes>>,
+}
+
+/// Copies of the cluster with stamp `stamp` holding the first plans by start, taken every
+/// [`HeldPrefixes::EVERY`] plans as `Plan::window_now` reaches them. A job starting now would
+/// overlap exactly the plans that start before it would end (all plans end after now), a
+/// prefix of them: its window is the copy of the longest prefix within that one, with the few
+/// plans after it held, instead of the cluster with every overlapping plan held again for each
+/// job tried. A plan added within a copy's prefix is held on that copy too; one forgotten
+/// there drops the copy.
+#[derive(Clone, Debug)]
+struct HeldPrefixes {
+    stamp: Stamp,
+    /// `(n, the cluster with holds[..n] held)`, by `n`.
+    taken: Vec<(usize, Cluster)>,
+}
+
+impl HeldPrefixes {
+    const EVERY: usize = 8;
 }
 
 /// Copies of the cluster with stamp `stamp` after every `every` releases: a sweep starts from
@@ -201,6 +222,7 @@ impl Plan {
             sweep_counts: RefCell::new(None),
             sweep_window: RefCell::new(None),
             checkpoints: RefCell::new(None),
+            held_prefixes: RefCell::new(None),
         }
     }
 
@@ -218,6 +240,7 @@ impl Plan {
         *self.bounds.get_mut() = None;
         *self.profile.get_mut() = None;
         *self.checkpoints.get_mut() = None;
+        *self.held_prefixes.get_mut() = None;
     }
 
     /// Makes `window` the cluster as the releases due at `t` leave it, from the last
@@ -274,6 +297,55 @@ impl Plan {
         job: &JobId,
     ) -> Cow<'c, Cluster> {
         let end = self.now.saturating_add(limit_s as i64);
+        let overlapping = self.holds.partition_point(|h| h.start < end);
+        let prefix = &self.holds[..overlapping];
+        // Parts of GPUs held on a copy depend on the order they are held in: held afresh.
+        let is_prefix = !self.shares
+            && overlapping >= HeldPrefixes::EVERY
+            && prefix.iter().all(|h| &h.job != job && h.end > self.now);
+        if !is_prefix {
+            return self.window_holding(cluster, end, job);
+        }
+        let mut prefixes = self.held_prefixes.borrow_mut();
+        let prefixes = match &mut *prefixes {
+            Some(p) if p.stamp == cluster.stamp() => p,
+            other => other.insert(HeldPrefixes {
+                stamp: cluster.stamp(),
+                taken: Vec::new(),
+            }),
+        };
+        loop {
+            let (held, from) = prefixes.taken.last().map_or((0, cluster), |(n, c)| (*n, c));
+            let next = held + HeldPrefixes::EVERY;
+            if next > overlapping {
+                break;
+            }
+            let mut copy = from.clone();
+            for hold in &self.holds[held..next] {
+                copy.hold(&hold.placement);
+            }
+            prefixes.taken.push((next, copy));
+        }
+        let before = prefixes.taken.partition_point(|(n, _)| *n <= overlapping);
+        let (held, from) = match before.checked_sub(1) {
+            Some(k) => (prefixes.taken[k].0, &prefixes.taken[k].1),
+            None => (0, cluster),
+        };
+        let mut window = from.clone();
+        for hold in &self.holds[held..overlapping] {
+            window.hold(&hold.placement);
+        }
+        Cow::Owned(window)
+    }
+
+    /// `window_now`'s window made afresh: every plan overlapping `[now, end)` but `job`'s held on
+    /// the cluster.
+    fn window_holding<'c>(
+        &self,
+        cluster: &'c Cluster,
+        end: UnixSeconds,
+        job: &JobId,
+    ) -> Cow<'c, Cluster> {
         let mut window = Cow::Borrowed(cluster);
         for hold in self
             .holds
@@ -442,6 +514,9 @@ impl Plan {
             self.hold_ends.remove(e);
         }
         *self.profile.get_mut() = None;
+        if let Some(prefixes) = self.held_prefixes.get_mut() {
+            prefixes.taken.retain(|(n, _)| *n <= k);
+        }
     }
 
     /// Plans `job`'s start. A multi-node placement holds its nodes whole, so that the
@@ -485,6 +560,12 @@ impl Plan {
         let e = self.hold_ends.partition_point(|t| *t <= end);
         self.hold_ends.insert(e, end);
         let k = self.holds.partition_point(|h| h.start <= start);
+        if let Some(prefixes) = self.held_prefixes.get_mut() {
+            for (n, copy) in prefixes.taken.iter_mut().filter(|(n, _)| *n > k) {
+                copy.hold(&hold.placement);
+                *n += 1;
+            }
+        }
         self.holds.insert(k, hold);
     }
 }
@@ -966,6 +1047,23 @@ mod tests {
                         free_profile_reference(&plans[0], &cluster).below(g).stretches,
                         "free count below {} GPUs before job {}", g, k
                     );
+                }
+                // The window of a job starting now, from the copies of the first plans held,
+                // is the cluster with every overlapping plan but the job's own held afresh.
+                for (limit, of) in [(50, k), (450, k), (1_500, k / 2), (1_000_000, k)] {
+                    let id = JobId::new(format!("q{of}")).unwrap();
+                    let end = plans[0].now + limit as i64;
+                    prop_assert!(
+                        plans[0].window_now(&cluster, limit, &id).same_free(&plans[0].window_holding(&cluster, end, &id)),
+                        "window of q{} for {} s before job {}", of, limit, k
+                    );
+                }
+                // Sometimes a plan is dropped (its job started elsewhere or left).
+                if *event == 3 && k > 0 {
+                    let gone = JobId::new(format!("q{}", (k * 7 + 3) % k)).unwrap();
+                    for plan in plans.iter_mut() {
+                        plan.forget(&gone);
+                    }
                 }
                 // Sometimes a GPU no plan holds is taken behind the plan's back, as by a
                 // job the plan does not know of (the bound follows the cluster, not only the
