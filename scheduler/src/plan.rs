@@ -775,8 +775,16 @@ impl<'p> Sweep<'p> {
         for slot in &self.plan.holds[k].placement.0 {
             self.counts.freed[slot.node] |= self.window.free_mask(slot.node) & slot.mask;
             let first = self.counts.first_gpu[slot.node];
-            for b in bits(slot.mask) {
-                self.counts.holders[first + b] += 1;
+            match run_of(slot.mask) {
+                // Most plans hold a run of GPUs (whole nodes for multi-node plans).
+                Some((from, n)) => self.counts.holders[first + from..first + from + n]
+                    .iter_mut()
+                    .for_each(|h| *h += 1),
+                None => {
+                    for b in bits(slot.mask) {
+                        self.counts.holders[first + b] += 1;
+                    }
+                }
             }
             self.counts.held[slot.node] |= slot.mask;
             self.window.hold_gpus(slot.node, slot.mask);
@@ -787,11 +795,23 @@ impl<'p> Sweep<'p> {
         for slot in &self.plan.holds[k].placement.0 {
             let first = self.counts.first_gpu[slot.node];
             let mut unheld = 0u64;
-            for b in bits(slot.mask) {
-                let holders = &mut self.counts.holders[first + b];
-                *holders -= 1;
-                if *holders == 0 {
-                    unheld |= 1 << b;
+            match run_of(slot.mask) {
+                Some((from, n)) => {
+                    let run = &mut self.counts.holders[first + from..first + from + n];
+                    for (i, holders) in run.iter_mut().enumerate() {
+                        *holders -= 1;
+                        unheld |= u64::from(*holders == 0) << i;
+                    }
+                    unheld <<= from;
+                }
+                None => {
+                    for b in bits(slot.mask) {
+                        let holders = &mut self.counts.holders[first + b];
+                        *holders -= 1;
+                        if *holders == 0 {
+                            unheld |= 1 << b;
+                        }
+                    }
                 }
             }
             self.counts.held[slot.node] &= !unheld;
@@ -825,6 +845,16 @@ impl Drop for Sweep<'_> {
         let window = std::mem::replace(&mut self.window, Cluster::new(Vec::new()));
         *self.plan.sweep_window.borrow_mut() = Some(window);
     }
+}
+
+/// Where `mask`'s bits form one run: (its lowest bit, how many).
+fn run_of(mask: u64) -> Option<(usize, usize)> {
+    if mask == 0 {
+        return None;
+    }
+    let from = mask.trailing_zeros();
+    let shifted = mask >> from;
+    (shifted & shifted.wrapping_add(1) == 0).then(|| (from as usize, mask.count_ones() as usize))
 }
 
 /// The indices of the set bits of `mask`, lowest first.
@@ -999,6 +1029,17 @@ mod tests {
             stamp: cluster.stamp(),
             steps,
         }
+    }
+
+    #[test]
+    fn runs_of_bits_are_found_and_gaps_are_not() {
+        assert_eq!(run_of(0), None);
+        assert_eq!(run_of(0b1), Some((0, 1)));
+        assert_eq!(run_of(0b1111_0000), Some((4, 4)));
+        assert_eq!(run_of(u64::MAX), Some((0, 64)));
+        assert_eq!(run_of(u64::MAX << 63), Some((63, 1)));
+        assert_eq!(run_of(0b1011), None);
+        assert_eq!(run_of(1 | 1 << 63), None);
     }
 
     proptest! {
