@@ -88,6 +88,8 @@ pub(crate) struct Plan {
     /// The copy a pruned search moves forward, kept between searches so that each copies
     /// into it once rather than allocating a cluster.
     sweep_window: RefCell<Option<Cluster>>,
+    /// A sweep's heap of overlapping plans, kept empty between searches for its buffer.
+    sweep_active: RefCell<BinaryHeap<Reverse<(UnixSeconds, usize)>>>,
     /// The cluster as the releases alone leave it at points along them, taken as searches
     /// need them and kept until the releases or the cluster change (see `Checkpoints`).
     checkpoints: RefCell<Option<Checkpoints>>,
@@ -221,6 +223,7 @@ impl Plan {
             profile: RefCell::new(None),
             sweep_counts: RefCell::new(None),
             sweep_window: RefCell::new(None),
+            sweep_active: RefCell::new(BinaryHeap::new()),
             checkpoints: RefCell::new(None),
             held_prefixes: RefCell::new(None),
         }
@@ -388,9 +391,15 @@ impl Plan {
         mut find: impl FnMut(&Cluster, UnixSeconds) -> Option<Placement>,
     ) -> Option<Placement> {
         let end = t.saturating_add(limit_s as i64);
-        Copies::new(self, cluster)
+        let mut ahead = if !self.shares && shape.gpu_share.is_none() {
+            Ahead::Sweep(Sweep::new(self, cluster))
+        } else {
+            Ahead::Copies(Copies::new(self, cluster))
+        };
+        let placed = ahead
             .at(t, end, gpus, shape)
-            .and_then(|window| find(window, t))
+            .and_then(|window| find(window, t));
+        placed
     }
 
     /// `earliest`, skipping the times the free count rules out when `search.prune` (a test
@@ -729,7 +738,7 @@ impl<'p> Sweep<'p> {
             counts,
             next_release: 0,
             next_hold: 0,
-            active: BinaryHeap::new(),
+            active: std::mem::take(&mut *plan.sweep_active.borrow_mut()),
         }
     }
 
@@ -824,7 +833,7 @@ impl<'p> Sweep<'p> {
 
 impl Drop for Sweep<'_> {
     /// Clears what the plans still overlapping hold (everything else is back to zero) and
-    /// gives the counts back to the plan.
+    /// gives the counts, the emptied heap and the copy back to the plan.
     fn drop(&mut self) {
         let mut counts = std::mem::take(&mut self.counts);
         for Reverse((_, k)) in self.active.drain() {
@@ -842,6 +851,7 @@ impl Drop for Sweep<'_> {
             }
         }
         *self.plan.sweep_counts.borrow_mut() = Some(counts);
+        *self.plan.sweep_active.borrow_mut() = std::mem::take(&mut self.active);
         let window = std::mem::replace(&mut self.window, Cluster::new(Vec::new()));
         *self.plan.sweep_window.borrow_mut() = Some(window);
     }
