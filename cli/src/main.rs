@@ -524,11 +524,15 @@ fn report(args: ReportArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A file read for a replay as the text its library takes.
+fn as_text(file: &Option<(String, String)>) -> Option<gpuledger_sim::replay::Text<'_>> {
+    file.as_ref()
+        .map(|(text, origin)| gpuledger_sim::replay::Text { text, origin })
+}
+
 fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
-    use gpuledger_scheduler::trace::{
-        is_alibaba_header, parse_alibaba, parse_alibaba_nodes, parse_jobs, parse_philly,
-        parse_vc_nodes, GpuSpec, LimitEstimate,
-    };
+    use gpuledger_scheduler::trace::{parse_jobs, LimitEstimate};
+    use gpuledger_sim::replay::{trace_replay, Text, TraceFiles};
     let options = SchedulerOptions::parse(&args.policy).with_context(|| {
         format!(
             "unknown --policy `{}`; use fifo or fairshare, optionally with +backfill or +conservative",
@@ -547,54 +551,30 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
         (Some(trace), _) => {
             let text = read(trace)?;
             let origin = trace.display().to_string();
-            let alibaba = is_alibaba_header(text.lines().next().unwrap_or_default());
-            let node_list = match &args.node_list {
-                Some(path) if alibaba => Some(parse_alibaba_nodes(
-                    &read(path)?,
-                    &path.display().to_string(),
-                )?),
-                Some(_) => {
-                    anyhow::bail!("--node-list is Alibaba's; a Philly --trace takes --nodes")
-                }
-                None => None,
+            let read_named = |p: &Option<PathBuf>| -> anyhow::Result<Option<(String, String)>> {
+                p.as_deref()
+                    .map(|p| Ok((read(p)?, p.display().to_string())))
+                    .transpose()
             };
-            let (jobs, weights) = if alibaba {
-                let gpu_spec = match node_list {
-                    Some(_) => GpuSpec::Models,
-                    None => GpuSpec::Ignored,
-                };
-                let pods = parse_alibaba(&text, &origin, estimate, gpu_spec)?;
-                eprintln!(
-                    "{origin}: {} GPU pods; left out {} CPU-only and {} never run",
-                    pods.jobs.len(),
-                    pods.cpu_only,
-                    pods.no_run
-                );
-                let weights = gpuledger_sim::report::equal_weights(&pods.jobs);
-                (pods.jobs, weights)
-            } else {
-                let jobs = parse_philly(&text, &origin, estimate)?;
-                let vc_path = args
-                    .vc_nodes
-                    .as_deref()
-                    .context("a Philly --trace needs --vc-nodes")?;
-                let vc_nodes = parse_vc_nodes(&read(vc_path)?, &vc_path.display().to_string())?;
-                let weights = gpuledger_sim::report::philly_weights(&jobs, &vc_nodes);
-                (jobs, weights)
-            };
-            let mut config = match node_list {
-                Some(list) => gpuledger_sim::report::trace_cluster_of(&list.pools, &weights)?,
-                None => {
-                    let nodes = args
-                        .nodes
-                        .context("--trace needs --nodes (or --node-list)")?;
-                    gpuledger_sim::report::trace_cluster(nodes, &weights)?
-                }
-            };
+            let (vc_nodes, node_list) = (read_named(&args.vc_nodes)?, read_named(&args.node_list)?);
+            let replay = trace_replay(TraceFiles {
+                trace: Text {
+                    text: &text,
+                    origin: &origin,
+                },
+                vc_nodes: as_text(&vc_nodes),
+                node_list: as_text(&node_list),
+                nodes: args.nodes,
+                estimate,
+            })?;
+            if let Some(left_out) = &replay.left_out {
+                eprintln!("{left_out}");
+            }
+            let mut config = replay.config;
             if let Some(path) = &args.config {
                 gpuledger_sim::report::apply_settings(&mut config, &load_cluster(Some(path))?);
             }
-            (config, jobs)
+            (config, replay.jobs)
         }
         (None, Some(file)) => (
             load_cluster(args.config.as_deref())?,

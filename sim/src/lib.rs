@@ -8,12 +8,14 @@
 //!   `jobs.csv` and its SVG plots;
 //! - [`fairness`]: each account's fair share week by week (weighted max-min among accounts
 //!   with demand) against what it received;
+//! - [`replay`]: what a trace replay runs, from the trace and the files given with it;
 //! - [`seed`]: the seed scenario embedded in the binary.
 //!
 //! The end-to-end tests drive [`demo::run`] as `gpuledger demo` does.
 
 pub mod demo;
 pub mod fairness;
+pub mod replay;
 pub mod report;
 pub mod seed;
 
@@ -32,6 +34,8 @@ pub enum Error {
     },
     #[error("{0}")]
     Invalid(String),
+    #[error(transparent)]
+    Trace(#[from] gpuledger_scheduler::trace::TraceError),
     /// What was being done when `cause` happened.
     #[error("{what}: {cause}")]
     Context { what: String, cause: Box<Error> },
