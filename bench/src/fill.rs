@@ -42,14 +42,16 @@ fn cluster(nodes: u32, mixed: bool) -> Cluster {
         (0..nodes)
             .map(|i| {
                 let small = mixed && i % 2 == 1;
+                let gpu_model = if small {
+                    GpuModel::A100
+                } else {
+                    GpuModel::H100Sxm
+                };
                 NodeSpec {
                     id: NodeId::new(format!("n{:04}", i + 1)).expect("a node name"),
                     gpus: if small { 4 } else { 8 },
-                    gpu_model: if small {
-                        GpuModel::A100
-                    } else {
-                        GpuModel::H100Sxm
-                    },
+                    gpu_model,
+                    gpu_type: gpu_model.into(),
                     pool: "p".into(),
                     dedicated_to: None,
                 }
@@ -130,7 +132,7 @@ fn draw(rng: &mut SplitMix64, mix: Mix) -> (u32, Shape) {
             }
         }
         if rng.next_f64() < 0.2 {
-            shape.gpu_models = vec![GpuModel::H100Sxm];
+            shape.gpu_types = vec![GpuModel::H100Sxm.into()];
         }
     }
     (gpus, shape)
@@ -149,7 +151,7 @@ enum Placer {
 
 fn first_fit(c: &Cluster, gpus: u32, shape: &Shape) -> Option<Placement> {
     let nodes: Vec<usize> = (0..c.node_count())
-        .filter(|n| shape.allows_model(c.node_spec(*n).gpu_model))
+        .filter(|n| shape.allows_type(&c.node_spec(*n).gpu_type))
         .collect();
     let slot = |node: usize, n: u32| Slot::whole(node, lowest_bits(c.free_mask(node), n));
     if let Some(share) = shape.gpu_share {

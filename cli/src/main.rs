@@ -159,7 +159,7 @@ struct SimulateArgs {
     node_list: Option<PathBuf>,
     /// Jobs in gpuledger's own CSV format (submit,account,gpus,run_time_s[,job_id,project,
     /// partition,min_gpus,time_limit_s,grace_s,checkpoint_every_s,checkpoint_save_s,outcome,
-    /// gpus_per_node,nodes,gpu_models,gpu_share]).
+    /// gpus_per_node,nodes,gpu_types,gpu_share]).
     #[arg(long, required_unless_present = "trace")]
     jobs: Option<PathBuf>,
     /// Cluster config for --jobs (the embedded seed cluster when absent); with --trace, its

@@ -252,9 +252,10 @@ pub struct SubmitArgs {
     /// At most this many nodes, as Slurm's --nodes.
     #[arg(long)]
     nodes: Option<u32>,
-    /// Only GPUs of these models, e.g. `h100-sxm,h200` (any when not given).
-    #[arg(long, value_delimiter = ',')]
-    gpu_model: Vec<String>,
+    /// Only GPUs of these types, e.g. `h100-sxm,h200`: models' keys, or the types node pools
+    /// name (any when not given). `--gpu-model` is its older name.
+    #[arg(long, value_delimiter = ',', alias = "gpu-model")]
+    gpu_type: Vec<String>,
     /// A part of one GPU instead of whole GPUs (with --gpus 1): thousandths of its time
     /// (`250m`) or a MIG profile (`3g`, `3g.40gb`).
     #[arg(long)]
@@ -502,8 +503,8 @@ fn submit(args: SubmitArgs) -> anyhow::Result<()> {
             body[key] = json!(v);
         }
     }
-    if !args.gpu_model.is_empty() {
-        body["gpu_models"] = json!(args.gpu_model);
+    if !args.gpu_type.is_empty() {
+        body["gpu_types"] = json!(args.gpu_type);
     }
     if let Some(share) = &args.gpu_share {
         body["gpu_share"] = json!(share);

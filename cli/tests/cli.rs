@@ -367,18 +367,21 @@ fn simulate_replays_alibabas_gpu_sharing_pods_packing_shares_onto_one_gpu() {
 fn simulate_on_alibabas_node_list_holds_each_pod_to_its_gpu_types() {
     let dir = tempfile::tempdir().unwrap();
     let nodes = dir.path().join("openb_node_list_gpu_node.csv");
-    // A 2-GPU T4 node, a 2-GPU V100 32 GB node and a CPU node.
+    // A 2-GPU T4 node, a 2-GPU V100 32 GB node, a CPU node and a node of one GPU of a type
+    // Alibaba does not disclose.
     std::fs::write(
         &nodes,
         "sn,cpu_milli,memory_mib,gpu,model\n\
          n1,64000,262144,2,T4\n\
          n2,96000,786432,2,V100M32\n\
-         n3,96000,786432,0,\n",
+         n3,96000,786432,0,\n\
+         n4,96000,786432,1,G2\n",
     )
     .unwrap();
     let trace = dir.path().join("openb_pod_list.csv");
     // Half a V100 and a pod of two V100s at once: the two-V100 pod waits although a T4 is
-    // free; a pod of any type takes that T4; one asking only for A10s is refused.
+    // free; a pod of any type takes that T4; one asking only for A10s is refused; one asking
+    // for the undisclosed type runs on its node, and a second waits for it.
     std::fs::write(
         &trace,
         "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n\
@@ -386,7 +389,9 @@ fn simulate_on_alibabas_node_list_holds_each_pod_to_its_gpu_types() {
          vpod,1,1,2,1000,V100M16|V100M32,LS,Succeeded,1000,1100,1000\n\
          v2,1,1,1,500,V100M32,BE,Succeeded,1000,1100,1000\n\
          any,1,1,1,1000,,BE,Succeeded,1001,1101,1001\n\
-         a10,1,1,1,1000,A10,BE,Succeeded,1001,1101,1001\n",
+         a10,1,1,1,1000,A10,BE,Succeeded,1001,1101,1001\n\
+         g2pod,1,1,1,1000,G2,LS,Succeeded,1000,1100,1000\n\
+         g2next,1,1,1,1000,G2|A10,LS,Succeeded,1002,1102,1002\n",
     )
     .unwrap();
     let out = dir.path().join("out");
@@ -409,22 +414,24 @@ fn simulate_on_alibabas_node_list_holds_each_pod_to_its_gpu_types() {
         "{}",
         String::from_utf8_lossy(&run.stderr)
     );
-    assert!(stdout.contains("on 2 nodes (4 GPUs)"), "{stdout}");
+    assert!(stdout.contains("on 3 nodes (5 GPUs)"), "{stdout}");
     let jobs = std::fs::read_to_string(out.join("jobs.csv")).unwrap();
     let rows: Vec<&str> = jobs.lines().skip(1).collect();
     assert_eq!(
         rows,
         [
+            "g2pod,qos-ls,1,0,0,100,0,100,completed,true,0,0,",
             "t4pod,qos-ls,1,0,0,100,0,100,completed,true,0,0,",
             "v2,qos-be,1,0,0,100,0,100,completed,false,0,0,500m",
             "vpod,qos-ls,2,0,100,200,100,200,completed,false,0,0,",
             "a10,qos-be,1,1,,,,,refused,false,0,0,",
             "any,qos-be,1,1,1,101,0,100,completed,true,0,0,",
+            "g2next,qos-ls,1,2,100,200,98,198,completed,false,0,0,",
         ]
     );
 
-    // A type gpuledger has no model for is refused with its file, line and field.
-    std::fs::write(&nodes, "sn,cpu_milli,memory_mib,gpu,model\nn1,1,1,2,G9\n").unwrap();
+    // A name that cannot be a GPU type is refused with its file, line and field.
+    std::fs::write(&nodes, "sn,cpu_milli,memory_mib,gpu,model\nn1,1,1,2,G 9\n").unwrap();
     let run = gpuledger(&[
         "simulate",
         "--trace",
@@ -437,7 +444,7 @@ fn simulate_on_alibabas_node_list_holds_each_pod_to_its_gpu_types() {
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(!run.status.success());
     assert!(
-        stderr.contains("openb_node_list_gpu_node.csv:2: `model`: GPU type `G9`"),
+        stderr.contains("openb_node_list_gpu_node.csv:2: `model`: `G 9` is not a GPU type"),
         "{stderr}"
     );
 }

@@ -10,7 +10,7 @@ use rust_decimal::Decimal;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::gpu::GpuModel;
+use crate::gpu::{GpuModel, GpuType};
 use crate::ids::{AccountId, NodeId};
 use crate::money::Currency;
 use crate::tenant::{Account, TenantTree};
@@ -90,6 +90,11 @@ pub struct NodePool {
     pub count: u32,
     pub gpus_per_node: u32,
     pub gpu_model: GpuModel,
+    /// The type jobs ask for to run here (Slurm's GRES type in `--gres=gpu:TYPE:N`); the
+    /// model's key when absent. Prices and MFU go by the model, scheduling by the type. Two pools of one model may be told apart by type (`a100_40g`,
+    /// `a100_80g`); a type never names two models.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_type: Option<GpuType>,
     /// An account that owns this pool outright (a dedicated node pool); others may not use it.
     #[serde(default)]
     pub dedicated_to: Option<AccountId>,
@@ -306,12 +311,55 @@ pub fn decimals_from_strings<'de, D: serde::Deserializer<'de>>(
         .collect()
 }
 
+/// A pool's type names its own model only: not another model's key, and not a type another
+/// pool gives to GPUs of another model (a job asking for it would not know what it gets).
+fn check_gpu_type(
+    v: &mut Validator,
+    at: &str,
+    pool: &NodePool,
+    type_models: &mut BTreeMap<GpuType, GpuModel>,
+) {
+    let gpu_type = pool.gpu_type();
+    if let Some(named) = gpu_type.model().filter(|m| *m != pool.gpu_model) {
+        return v.err(
+            at,
+            format!(
+                "`{gpu_type}` is the key of the model {named}, not of this pool's {}",
+                pool.gpu_model
+            ),
+        );
+    }
+    match type_models.get(&gpu_type) {
+        Some(model) if *model != pool.gpu_model => v.err(
+            at,
+            format!(
+                "type `{gpu_type}` already names {model} in another pool, not {}",
+                pool.gpu_model
+            ),
+        ),
+        _ => {
+            type_models.insert(gpu_type, pool.gpu_model);
+        }
+    }
+}
+
+impl NodePool {
+    /// What jobs ask for to run on this pool's nodes: its `gpu_type`, or its model's key.
+    pub fn gpu_type(&self) -> GpuType {
+        self.gpu_type
+            .clone()
+            .unwrap_or_else(|| GpuType::from(self.gpu_model))
+    }
+}
+
 /// One node of the cluster, as the config expands it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeSpec {
     pub id: NodeId,
     pub gpus: u32,
     pub gpu_model: GpuModel,
+    /// What jobs ask for to run here (the pool's `gpu_type`, or its model's key).
+    pub gpu_type: GpuType,
     pub pool: String,
     pub dedicated_to: Option<AccountId>,
 }
@@ -447,6 +495,7 @@ impl ClusterConfig {
         }
         let mut prefixes = HashSet::new();
         let accounts: HashSet<&AccountId> = self.accounts.iter().map(|a| &a.id).collect();
+        let mut type_models = BTreeMap::new();
         for (i, pool) in self.node_pools.iter().enumerate() {
             let at = |f: &str| format!("node_pools[{i}].{f}");
             if !(1..=MAX_NODES_PER_POOL).contains(&pool.count) {
@@ -487,6 +536,7 @@ impl ClusterConfig {
                     );
                 }
             }
+            check_gpu_type(v, &at("gpu_type"), pool, &mut type_models);
         }
     }
 
@@ -617,6 +667,7 @@ impl ClusterConfig {
                     id,
                     gpus: pool.gpus_per_node,
                     gpu_model: pool.gpu_model,
+                    gpu_type: pool.gpu_type(),
                     pool: pool.name.clone(),
                     dedicated_to: pool.dedicated_to.clone(),
                 });
@@ -935,5 +986,69 @@ weight = 1
         let config = ClusterConfig::from_toml_str(&src, "t.toml").unwrap();
         assert_eq!(config.partitions[0].max_grace_s(), 7200);
         assert!(config.partitions[0].allows(&"a".parse().unwrap()));
+    }
+
+    #[test]
+    fn a_pools_gpu_type_names_its_own_model_only() {
+        let pool = |name: &str, model: &str, gpu_type: &str| {
+            format!(
+                "[[node_pools]]\nname = \"{name}\"\nprefix = \"{name}\"\ncount = 1\n\
+                 gpus_per_node = 4\ngpu_model = \"{model}\"\n{gpu_type}\n"
+            )
+        };
+        let with = |pools: &[String]| {
+            MINIMAL
+                .replace(
+                    "[[partitions]]",
+                    &format!("{}\n[[partitions]]", pools.concat()),
+                )
+                .replace(
+                    "gpu_hour = { h100-sxm = \"10.00\" }",
+                    "gpu_hour = { h100-sxm = \"10.00\", a100 = \"4.00\", h200 = \"12.00\" }",
+                )
+        };
+        let config = ClusterConfig::from_toml_str(
+            &with(&[
+                pool("x", "a100", "gpu_type = \"a100_80g\""),
+                pool("y", "a100", "gpu_type = \"A100\""),
+            ]),
+            "t.toml",
+        )
+        .unwrap();
+        let types: Vec<String> = config
+            .nodes()
+            .iter()
+            .map(|n| n.gpu_type.to_string())
+            .collect();
+        assert_eq!(types, ["h100-sxm", "h100-sxm", "a100_80g", "a100"]);
+
+        let refused = |pools: &[String]| {
+            let err = ClusterConfig::from_toml_str(&with(pools), "t.toml").unwrap_err();
+            err.field_errors()
+                .iter()
+                .map(|e| format!("{}: {}", e.field, e.message))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            refused(&[pool("x", "a100", "gpu_type = \"h100\"")]),
+            ["node_pools[1].gpu_type: `h100-sxm` is the key of the model h100-sxm, not of this pool's a100"]
+        );
+        assert_eq!(
+            refused(&[
+                pool("x", "a100", "gpu_type = \"big\""),
+                pool("y", "h200", "gpu_type = \"big\""),
+            ]),
+            ["node_pools[2].gpu_type: type `big` already names a100 in another pool, not h200"]
+        );
+        let err = ClusterConfig::from_toml_str(
+            &with(&[pool("x", "a100", "gpu_type = \"a:b\"")]),
+            "t.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with("t.toml:18:") && err.contains("not a GPU type"),
+            "{err}"
+        );
     }
 }

@@ -222,6 +222,84 @@ impl fmt::Display for GpuModel {
     }
 }
 
+/// The type of GPU a job asks for and a node offers, as Slurm's GRES type (`gpu:a100:8`) or a
+/// Kueue flavor: a model's key, or a name a site (or a trace) gives GPUs of its own. Scheduling
+/// matches types exactly; prices and MFU go by the model. A name that is a model's key or alias,
+/// in any case (`A100`, `h100`), is that model's key, so `h100` and `h100-sxm` are one type.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct GpuType(Box<str>);
+
+/// Most characters in a GPU type's name.
+pub const MAX_GPU_TYPE_LEN: usize = 32;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "`{0}` is not a GPU type: use 1 to 32 letters, digits, `.`, `_` and `-`, starting with a \
+     letter or digit"
+)]
+pub struct InvalidGpuType(pub String);
+
+impl GpuType {
+    pub fn new(name: &str) -> Result<GpuType, InvalidGpuType> {
+        let name = name.trim();
+        if let Ok(model) = name.to_ascii_lowercase().parse::<GpuModel>() {
+            return Ok(GpuType::from(model));
+        }
+        let well_formed = (1..=MAX_GPU_TYPE_LEN).contains(&name.len())
+            && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+        if well_formed {
+            Ok(GpuType(name.into()))
+        } else {
+            Err(InvalidGpuType(name.to_owned()))
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The model this type is the key of, if it is one.
+    pub fn model(&self) -> Option<GpuModel> {
+        self.0.parse().ok()
+    }
+}
+
+impl From<GpuModel> for GpuType {
+    fn from(model: GpuModel) -> GpuType {
+        GpuType(model.key().into())
+    }
+}
+
+impl FromStr for GpuType {
+    type Err = InvalidGpuType;
+    fn from_str(s: &str) -> Result<Self, InvalidGpuType> {
+        GpuType::new(s)
+    }
+}
+
+impl TryFrom<String> for GpuType {
+    type Error = InvalidGpuType;
+    fn try_from(s: String) -> Result<Self, InvalidGpuType> {
+        GpuType::new(&s)
+    }
+}
+
+impl From<GpuType> for String {
+    fn from(t: GpuType) -> String {
+        t.0.into()
+    }
+}
+
+impl fmt::Display for GpuType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -257,5 +335,25 @@ mod tests {
             assert_eq!(m.key().parse::<GpuModel>(), Ok(m));
             assert_eq!(GpuModel::from_marketing_name(m.marketing_name()), Some(m));
         }
+    }
+
+    #[test]
+    fn a_gpu_type_is_a_models_key_or_a_sites_own_name() {
+        let t = |s: &str| GpuType::new(s).map(|t| t.to_string());
+        assert_eq!(t("h100").unwrap(), "h100-sxm");
+        assert_eq!(t("A100").unwrap(), "a100");
+        assert_eq!(t(" t4 ").unwrap(), "t4");
+        assert_eq!(GpuType::new("A100").unwrap().model(), Some(GpuModel::A100));
+        // Names a site or a trace gives its own GPUs are kept as written, case included.
+        assert_eq!(t("G2").unwrap(), "G2");
+        assert_eq!(t("a100_80g").unwrap(), "a100_80g");
+        assert_eq!(GpuType::new("G2").unwrap().model(), None);
+        assert_ne!(GpuType::new("G2"), GpuType::new("g2"));
+        for bad in ["", "-x", ".x", "a b", "a:b", "ü", &"x".repeat(33)] {
+            assert!(GpuType::new(bad).is_err(), "{bad:?} taken");
+        }
+        assert!(GpuType::new(&"x".repeat(32)).is_ok());
+        let json: Result<GpuType, _> = serde_json::from_str("\"a/b\"");
+        assert!(json.is_err());
     }
 }

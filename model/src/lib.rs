@@ -33,7 +33,7 @@ pub mod wire;
 
 pub use allocation::{Allocation, NodeGpus};
 pub use config::{ClusterConfig, ConfigError};
-pub use gpu::GpuModel;
+pub use gpu::{GpuModel, GpuType};
 pub use ids::{AccountId, IdError, JobId, NodeId, ProjectId};
 pub use inventory::Inventory;
 pub use money::{Currency, Money};

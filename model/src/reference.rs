@@ -11,7 +11,7 @@ use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
 use serde_json::{Map, Value};
 
 use crate::config::ClusterConfig;
-use crate::gpu::GpuModel;
+use crate::gpu::{GpuModel, GpuType};
 use crate::ids::{AccountId, NodeId, ProjectId};
 use crate::money::Currency;
 use crate::units::{ByteSize, DurationSpec};
@@ -61,6 +61,12 @@ string_schema!(
             .collect::<Vec<_>>()
             .join(", ")
     )
+);
+string_schema!(
+    GpuType,
+    "GPU type",
+    "a GPU type: a model's key, or a site's own name (Slurm's GRES type): 1 to 32 letters, \
+     digits, `.`, `_` and `-`"
 );
 string_schema!(
     Currency,

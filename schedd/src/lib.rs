@@ -162,7 +162,7 @@ fn spec_of(info: &JobInfo) -> JobSpec {
     spec.shape = gpuledger_scheduler::cluster::Shape {
         gpus_per_node: r.gpus_per_node,
         max_nodes: r.nodes,
-        gpu_models: r.gpu_models.clone(),
+        gpu_types: r.gpu_types.clone(),
         gpu_share: r.gpu_share,
     };
     spec

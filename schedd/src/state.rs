@@ -37,9 +37,10 @@ pub struct SubmitRequest {
     /// At most this many nodes (`--nodes`).
     #[serde(default)]
     pub nodes: Option<u32>,
-    /// Only GPUs of these models (any when empty).
-    #[serde(default)]
-    pub gpu_models: Vec<gpuledger_model::GpuModel>,
+    /// Only GPUs of these types (any when empty): models' keys, or types node pools name
+    /// (`gpu_models`, the older name, is read the same).
+    #[serde(default, alias = "gpu_models")]
+    pub gpu_types: Vec<gpuledger_model::GpuType>,
     /// A part of one GPU instead of whole GPUs (`250m`, or a MIG profile `3g`), with `gpus` 1.
     #[serde(default)]
     pub gpu_share: Option<gpuledger_model::GpuShare>,

@@ -811,6 +811,7 @@ async fn a_job_asks_for_gpus_per_node_a_node_count_and_a_gpu_model() {
     // The one node has 8 H100: no H200, and never two nodes.
     for (extra, says) in [
         (json!({"gpus": 2, "gpu_models": ["h200"]}), "h200"),
+        (json!({"gpus": 2, "gpu_types": ["b300"]}), "b300"),
         (json!({"gpus": 4, "gpus_per_node": 2}), "2 GPUs per node"),
         (json!({"gpus": 4, "min_gpus": 2, "nodes": 1}), "elastic"),
     ] {
@@ -821,12 +822,13 @@ async fn a_job_asks_for_gpus_per_node_a_node_count_and_a_gpu_model() {
             "{reply}"
         );
     }
-    let (status, reply) = submit(&s, job(json!({"gpus": 2, "gpu_models": ["b300"]}))).await;
+    // Not a type at all: refused as a malformed request.
+    let (status, reply) = submit(&s, job(json!({"gpus": 2, "gpu_types": ["b 300"]}))).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{reply}");
     // As asked: 2 GPUs on one node, of an H100.
     let (status, reply) = submit(
         &s,
-        job(json!({"gpus": 2, "gpus_per_node": 2, "nodes": 1, "gpu_models": ["h100-sxm"]})),
+        job(json!({"gpus": 2, "gpus_per_node": 2, "nodes": 1, "gpu_types": ["h100"]})),
     )
     .await;
     assert_eq!(status, StatusCode::CREATED, "{reply}");

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use gpuledger_model::config::NodeSpec;
 use gpuledger_model::{
-    AccountId, Allocation, GpuModel, GpuShare, NodeGpus, ShareMode, SHARE_UNITS_PER_GPU,
+    AccountId, Allocation, GpuShare, GpuType, NodeGpus, ShareMode, SHARE_UNITS_PER_GPU,
 };
 
 /// GPUs held on one node, as a bit mask of GPU indices; or, with `share`, a part of the one
@@ -138,7 +138,7 @@ impl NodeFilter {
 }
 
 /// Where a job's GPUs may be: how many on each node, over how many nodes, and of which GPU
-/// models (Slurm's `--gpus-per-node`, `--nodes` and `--gres=gpu:TYPE:N`). The default asks
+/// types (Slurm's `--gpus-per-node`, `--nodes` and `--gres=gpu:TYPE:N`). The default asks
 /// nothing: one node when the job fits one, else whole free nodes, the largest first.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Shape {
@@ -146,16 +146,16 @@ pub struct Shape {
     pub gpus_per_node: Option<u32>,
     /// At most this many nodes.
     pub max_nodes: Option<u32>,
-    /// Only GPUs of these models (any when empty).
-    pub gpu_models: Vec<GpuModel>,
+    /// Only GPUs of these types (any when empty): models' keys, or the types node pools name.
+    pub gpu_types: Vec<GpuType>,
     /// A part of one GPU instead of whole GPUs (the job asks for one GPU).
     pub gpu_share: Option<GpuShare>,
 }
 
 impl Shape {
-    /// Whether the job may use a GPU of `model`.
-    pub fn allows_model(&self, model: GpuModel) -> bool {
-        self.gpu_models.is_empty() || self.gpu_models.contains(&model)
+    /// Whether the job may use a GPU of type `gpu_type`.
+    pub fn allows_type(&self, gpu_type: &GpuType) -> bool {
+        self.gpu_types.is_empty() || self.gpu_types.contains(gpu_type)
     }
 
     /// Whether it fixes how its GPUs spread over nodes.
@@ -522,7 +522,7 @@ impl Cluster {
     ) -> bool {
         filter.allows(node)
             && self.usable_by(node, account)
-            && shape.allows_model(self.meta[node].spec.gpu_model)
+            && shape.allows_type(&self.meta[node].spec.gpu_type)
     }
 
     /// Where a job of `gpus` GPUs shaped `shape` would go now, without taking it.
@@ -802,7 +802,7 @@ impl Cluster {
     }
 
     /// How `placement` breaks `shape`, if it does: a node with another count of GPUs than
-    /// asked per node, more nodes than allowed, a GPU of another model.
+    /// asked per node, more nodes than allowed, a GPU of another type.
     pub fn breaks_shape(&self, placement: &Placement, shape: &Shape) -> Option<String> {
         if let Some(max) = shape.max_nodes {
             if placement.0.len() > max as usize {
@@ -828,8 +828,8 @@ impl Cluster {
                     ));
                 }
             }
-            if !shape.allows_model(spec.gpu_model) {
-                return Some(format!("{} has {} GPUs", spec.id, spec.gpu_model));
+            if !shape.allows_type(&spec.gpu_type) {
+                return Some(format!("{} has {} GPUs", spec.id, spec.gpu_type));
             }
         }
         None
@@ -1024,6 +1024,7 @@ mod tests {
             id: NodeId::new(format!("n{i:03}")).unwrap(),
             gpus,
             gpu_model: model,
+            gpu_type: model.into(),
             pool: "p".into(),
             dedicated_to: None,
         }
@@ -1149,7 +1150,7 @@ mod tests {
         assert!(c.find(6, &a, &any, &capped).is_none(), "3 nodes > 2");
         // A model: H100 only (n006 is the one whole H100 node left).
         let h100 = Shape {
-            gpu_models: vec![GpuModel::H100Sxm],
+            gpu_types: vec![GpuModel::H100Sxm.into()],
             ..Shape::default()
         };
         let p = c.find(2, &a, &any, &h100).unwrap();
@@ -1159,7 +1160,7 @@ mod tests {
             "one H100 node is free"
         );
         let a100 = Shape {
-            gpu_models: vec![GpuModel::A100],
+            gpu_types: vec![GpuModel::A100.into()],
             ..Shape::default()
         };
         let p = c.find(8, &a, &any, &a100).unwrap();

@@ -1069,6 +1069,7 @@ mod tests {
                     id: NodeId::new(format!("n{i}")).unwrap(),
                     gpus: *g,
                     gpu_model: GpuModel::H100Sxm,
+                    gpu_type: GpuModel::H100Sxm.into(),
                     pool: "p".into(),
                     dedicated_to: None,
                 })

@@ -186,7 +186,7 @@ pub fn parse_vc_nodes(text: &str, origin: &str) -> Result<BTreeMap<String, u32>,
 }
 
 /// The columns of gpuledger's own job format; the first four are required.
-pub const JOB_COLUMNS: [&str; 17] = [
+pub const JOB_COLUMNS: [&str; 18] = [
     "submit",
     "account",
     "gpus",
@@ -202,15 +202,37 @@ pub const JOB_COLUMNS: [&str; 17] = [
     "outcome",
     "gpus_per_node",
     "nodes",
+    "gpu_types",
     "gpu_models",
     "gpu_share",
 ];
 
+/// A job's `gpu_types` cell (or `gpu_models`, its older name; not both): types joined by `|`.
+fn gpu_types<'a>(
+    get: &impl Fn(&str) -> Option<&'a str>,
+    err: &impl Fn(&str, String) -> TraceError,
+) -> Result<Vec<gpuledger_model::GpuType>, TraceError> {
+    let (field, cell) = match (get("gpu_types"), get("gpu_models")) {
+        (Some(_), Some(_)) => {
+            return Err(err(
+                "gpu_models",
+                "the older name of `gpu_types`, given beside it; give one".into(),
+            ))
+        }
+        (Some(cell), None) => ("gpu_types", cell),
+        (None, Some(cell)) => ("gpu_models", cell),
+        (None, None) => return Ok(Vec::new()),
+    };
+    cell.split('|')
+        .map(|t| gpuledger_model::GpuType::new(t).map_err(|e| err(field, e.to_string())))
+        .collect()
+}
+
 /// Reads gpuledger's own job format: a CSV with a header naming any of [`JOB_COLUMNS`] in any
 /// order (`submit,account,gpus,run_time_s` required). `submit` is seconds since the epoch or
 /// RFC 3339; `time_limit_s` defaults to the run time rounded up to the hour; `outcome` is
-/// `completed` (default) or `failed`; `gpus_per_node`, `nodes` and `gpu_models` (models joined
-/// by `|`, e.g. `h100-sxm|h200`) and `gpu_share` (a part of one GPU, `250m` or a MIG profile
+/// `completed` (default) or `failed`; `gpus_per_node`, `nodes` and `gpu_types` (GPU types joined
+/// by `|`, e.g. `h100-sxm|h200`; `gpu_models`, its older name, is read the same) and `gpu_share` (a part of one GPU, `250m` or a MIG profile
 /// `3g`, with `gpus` 1) are the job's [`crate::cluster::Shape`]; empty cells take the default.
 pub fn parse_jobs(text: &str, origin: &str) -> Result<Vec<SimJob>, TraceError> {
     let mut lines = text.lines();
@@ -293,20 +315,7 @@ pub fn parse_jobs(text: &str, origin: &str) -> Result<Vec<SimJob>, TraceError> {
         spec.shape = crate::cluster::Shape {
             gpus_per_node: small("gpus_per_node")?,
             max_nodes: small("nodes")?,
-            gpu_models: get("gpu_models")
-                .map(|v| {
-                    v.split('|')
-                        .map(|m| {
-                            m.trim()
-                                .parse()
-                                .map_err(|e: gpuledger_model::gpu::UnknownGpuModel| {
-                                    err("gpu_models", e.to_string())
-                                })
-                        })
-                        .collect::<Result<Vec<_>, _>>()
-                })
-                .transpose()?
-                .unwrap_or_default(),
+            gpu_types: gpu_types(&get, &err)?,
             gpu_share: get("gpu_share")
                 .map(|v| {
                     v.parse::<GpuShare>()
@@ -379,11 +388,11 @@ mod tests {
             crate::cluster::Shape {
                 gpus_per_node: Some(4),
                 max_nodes: Some(4),
-                gpu_models: vec![GpuModel::H100Sxm, GpuModel::H200],
+                gpu_types: vec![GpuModel::H100Sxm.into(), GpuModel::H200.into()],
                 gpu_share: None,
             }
         );
-        assert_eq!(jobs[1].spec.shape.gpu_models, [GpuModel::A100]);
+        assert_eq!(jobs[1].spec.shape.gpu_types, [GpuModel::A100.into()]);
         assert_eq!(jobs[2].spec.shape.gpu_share, Some(GpuShare::Mig(3)));
         let err = parse_jobs(
             "submit,account,gpus,run_time_s,gpu_share\n0,a,1,1,1200m\n",
@@ -393,13 +402,33 @@ mod tests {
         assert_eq!((err.line, err.field.as_str()), (2, "gpu_share"));
         let err = parse_jobs(
             "submit,account,gpus,run_time_s,gpu_models
-0,a,1,1,h100|b300
+0,a,1,1,h100|b:300
 ",
             "j.csv",
         )
         .unwrap_err();
         assert_eq!((err.line, err.field.as_str()), (2, "gpu_models"));
-        assert!(err.message.contains("b300"), "{}", err.message);
+        assert!(err.message.contains("b:300"), "{}", err.message);
+        // The newer column name, and a type a site names itself.
+        let jobs = parse_jobs(
+            "submit,account,gpus,run_time_s,gpu_types\n0,a,1,1,a100_80g|H100\n",
+            "j.csv",
+        )
+        .unwrap();
+        let types: Vec<String> = jobs[0]
+            .spec
+            .shape
+            .gpu_types
+            .iter()
+            .map(|t| t.to_string())
+            .collect();
+        assert_eq!(types, ["a100_80g", "h100-sxm"]);
+        let err = parse_jobs(
+            "submit,account,gpus,run_time_s,gpu_types,gpu_models\n0,a,1,1,a100,h200\n",
+            "j.csv",
+        )
+        .unwrap_err();
+        assert_eq!((err.line, err.field.as_str()), (2, "gpu_models"));
     }
 
     #[test]

@@ -1239,7 +1239,7 @@ fn jobs_run_in_the_shape_they_ask_for_or_are_refused_when_none_exists() {
             spec
         };
         let h100 = || Shape {
-            gpu_models: vec![GpuModel::H100Sxm],
+            gpu_types: vec![GpuModel::H100Sxm.into()],
             ..Shape::default()
         };
         // Never possible: a model the cluster lacks; 4 per node on 3 nodes (two nodes have 4);
@@ -1248,7 +1248,7 @@ fn jobs_run_in_the_shape_they_ask_for_or_are_refused_when_none_exists() {
             &mut h,
             1,
             Shape {
-                gpu_models: vec![GpuModel::H200],
+                gpu_types: vec![GpuModel::H200.into()],
                 ..Shape::default()
             },
         );

@@ -63,7 +63,7 @@ pub fn trace_replay(files: TraceFiles<'_>) -> Result<Replay> {
         .transpose()?;
     let (jobs, weights, left_out) = if alibaba {
         let gpu_spec = match node_list {
-            Some(_) => GpuSpec::Models,
+            Some(_) => GpuSpec::Types,
             None => GpuSpec::Ignored,
         };
         let pods = parse_alibaba(trace.text, trace.origin, estimate, gpu_spec)?;
@@ -108,7 +108,8 @@ mod tests {
     const PODS: &str =
         "name,num_gpu,gpu_milli,gpu_spec,creation_time,deletion_time,scheduled_time\n\
                         p1,1,1000,T4,1,9,2\n";
-    const NODES: &str = "sn,cpu_milli,memory_mib,gpu,model\nn1,1,1,2,T4\nn2,1,1,4,A10\n";
+    const NODES: &str =
+        "sn,cpu_milli,memory_mib,gpu,model\nn1,1,1,2,T4\nn2,1,1,4,A10\nn3,1,1,8,G2\n";
 
     fn files<'a>(trace: &'a str) -> TraceFiles<'a> {
         TraceFiles {
@@ -134,15 +135,23 @@ mod tests {
             ..files(PODS)
         })
         .unwrap();
-        assert_eq!(on_list.config.total_gpus(), 6);
-        assert_eq!(on_list.jobs[0].spec.shape.gpu_models.len(), 1);
+        assert_eq!(on_list.config.total_gpus(), 14);
+        // Alibaba's undisclosed type is a type of its own, not taken for a model.
+        let types: Vec<String> = on_list
+            .config
+            .nodes()
+            .iter()
+            .map(|n| format!("{} {}", n.id, n.gpu_type))
+            .collect();
+        assert_eq!(types, ["G2-x8-001 G2", "a10-x4-001 a10", "t4-x2-001 t4"]);
+        assert_eq!(on_list.jobs[0].spec.shape.gpu_types.len(), 1);
         let on_nodes = trace_replay(TraceFiles {
             nodes: Some(2),
             ..files(PODS)
         })
         .unwrap();
         assert_eq!(on_nodes.config.total_gpus(), 16);
-        assert!(on_nodes.jobs[0].spec.shape.gpu_models.is_empty());
+        assert!(on_nodes.jobs[0].spec.shape.gpu_types.is_empty());
         assert!(on_nodes.left_out.unwrap().contains("1 GPU pods"));
     }
 

@@ -13,7 +13,7 @@ use gpuledger_model::config::{
     ClusterSection, FairShareConfig, NodePool, Partition, PriceBookConfig, SchedulerConfig,
 };
 use gpuledger_model::tenant::Account;
-use gpuledger_model::{AccountId, ClusterConfig, Currency, DurationSpec, GpuModel, Quota};
+use gpuledger_model::{AccountId, ClusterConfig, Currency, DurationSpec, GpuModel, GpuType, Quota};
 use gpuledger_scheduler::{SimJob, SimResult};
 
 use crate::{Error, Result};
@@ -42,14 +42,20 @@ pub fn equal_weights(jobs: &[SimJob]) -> BTreeMap<AccountId, u32> {
 /// weighted by `weights`. Fair share counts usage against one day of the whole cluster
 /// (`usage_factor_gpu_hours`).
 pub fn trace_cluster(nodes: u32, weights: &BTreeMap<AccountId, u32>) -> Result<ClusterConfig> {
-    trace_cluster_of(&[(GpuModel::A100, 8, nodes)], weights)
+    trace_cluster_of(&[(GpuModel::A100.into(), 8, nodes)], weights)
 }
 
-/// A trace's cluster of the pools `(model, GPUs a node, nodes)` (a trace's own node list),
-/// each named after its model and GPUs a node (`t4-x2`, nodes `t4-x2-001`, ...); a single pool
-/// is `gpu`, nodes `node001`, ... as [`trace_cluster`] names them.
+/// The model configured for a pool of a GPU type gpuledger has no model for (Alibaba's
+/// undisclosed `G2`): a config's pools need one for prices and MFU, which a replay never
+/// computes, so it is read nowhere; jobs tell such pools apart by their type alone.
+const STAND_IN_FOR_UNRATED_TYPES: GpuModel = GpuModel::A100;
+
+/// A trace's cluster of the pools `(GPU type, GPUs a node, nodes)` (a trace's own node list),
+/// each named after its type and GPUs a node (`t4-x2`, nodes `t4-x2-001`, ...); a single pool
+/// is `gpu`, nodes `node001`, ... as [`trace_cluster`] names them. A type that is not a
+/// model's key is the pool's `gpu_type`.
 pub fn trace_cluster_of(
-    pools: &[(GpuModel, u32, u32)],
+    pools: &[(GpuType, u32, u32)],
     weights: &BTreeMap<AccountId, u32>,
 ) -> Result<ClusterConfig> {
     let total_gpus: u64 = pools
@@ -74,20 +80,21 @@ pub fn trace_cluster_of(
         },
         node_pools: pools
             .iter()
-            .map(|&(model, gpus, count)| NodePool {
+            .map(|(gpu_type, gpus, count)| NodePool {
                 name: if pools.len() == 1 {
                     "gpu".into()
                 } else {
-                    format!("{model}-x{gpus}")
+                    format!("{gpu_type}-x{gpus}")
                 },
                 prefix: if pools.len() == 1 {
                     "node".into()
                 } else {
-                    format!("{model}-x{gpus}-")
+                    format!("{gpu_type}-x{gpus}-")
                 },
-                count,
-                gpus_per_node: gpus,
-                gpu_model: model,
+                count: *count,
+                gpus_per_node: *gpus,
+                gpu_model: gpu_type.model().unwrap_or(STAND_IN_FOR_UNRATED_TYPES),
+                gpu_type: gpu_type.model().is_none().then(|| gpu_type.clone()),
                 dedicated_to: None,
             })
             .collect(),
@@ -110,7 +117,15 @@ pub fn trace_cluster_of(
             version: "trace".into(),
             effective_from: NaiveDate::from_ymd_opt(2017, 1, 1).unwrap_or_default(),
             currency: Currency::Usd,
-            gpu_hour: pools.iter().map(|p| (p.0, Decimal::ONE)).collect(),
+            gpu_hour: pools
+                .iter()
+                .map(|p| {
+                    (
+                        p.0.model().unwrap_or(STAND_IN_FOR_UNRATED_TYPES),
+                        Decimal::ONE,
+                    )
+                })
+                .collect(),
         },
         accounts,
         telemetry: Default::default(),

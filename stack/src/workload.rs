@@ -40,7 +40,7 @@ pub fn nth_job(accounts: &[AccountId], n: u64) -> Option<SubmitRequest> {
         min_gpus: None,
         gpus_per_node: None,
         nodes: None,
-        gpu_models: Vec::new(),
+        gpu_types: Vec::new(),
         gpu_share: None,
         time_limit: DurationSpec::from_secs(seconds + 60),
         grace: None,

@@ -375,9 +375,9 @@ fn describe_shape(shape: &Shape) -> String {
     if let Some(n) = shape.max_nodes {
         parts.push(format!("at most {n} nodes"));
     }
-    if !shape.gpu_models.is_empty() {
-        let models: Vec<String> = shape.gpu_models.iter().map(ToString::to_string).collect();
-        parts.push(models.join(" or "));
+    if !shape.gpu_types.is_empty() {
+        let types: Vec<String> = shape.gpu_types.iter().map(ToString::to_string).collect();
+        parts.push(types.join(" or "));
     }
     if let Some(share) = shape.gpu_share {
         parts.push(format!("a {share} share of a GPU"));

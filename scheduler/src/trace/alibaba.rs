@@ -1,10 +1,11 @@
 //! Alibaba's 2023 GPU-sharing trace (`cluster-trace-gpu-v2023`): its pod list, whose pods
 //! ask for whole GPUs or a thousandth-share of one, and its node list, the GPUs and GPU type of
-//! each node. Types are read as gpuledger's GPU models (`V100M16` is `v100-16gb`); a type it has
-//! no model for is refused with its line rather than guessed.
+//! each node. A type gpuledger has a model for is that model's type (`V100M16` is
+//! `v100-16gb`); the types Alibaba does not disclose (`G1`, `G2`, `G3`) are types of their own,
+//! scheduled by name and never taken for a model.
 
 use gpuledger_model::job::Outcome;
-use gpuledger_model::{AccountId, GpuModel, GpuShare, JobId};
+use gpuledger_model::{AccountId, GpuModel, GpuShare, GpuType, JobId};
 
 use super::{data_rows, error_at, header_index, LimitEstimate, TraceError};
 use crate::core::JobSpec;
@@ -15,13 +16,13 @@ use crate::sim::SimJob;
 pub enum GpuSpec {
     /// Not read: the cluster replayed on is not Alibaba's (one model everywhere).
     Ignored,
-    /// The job's GPU models: the cluster is Alibaba's node list.
-    Models,
+    /// The job's GPU types: the cluster is Alibaba's node list.
+    Types,
 }
 
 /// The GPU model of an Alibaba GPU type name (`V100M16`, `V100M32`, `P100`, `T4`, `A10`), or of
 /// one of gpuledger's own model names.
-pub fn alibaba_model(name: &str) -> Option<GpuModel> {
+fn alibaba_model(name: &str) -> Option<GpuModel> {
     match name.to_ascii_uppercase().as_str() {
         "V100M16" => Some(GpuModel::V100_16),
         "V100M32" => Some(GpuModel::V100_32),
@@ -32,14 +33,17 @@ pub fn alibaba_model(name: &str) -> Option<GpuModel> {
     }
 }
 
-fn unknown_type(name: &str, err: &impl Fn(&str, String) -> TraceError, field: &str) -> TraceError {
-    err(
-        field,
-        format!(
-            "GPU type `{name}` has no model in gpuledger (known: V100M16, V100M32, P100, T4, A10, \
-             or a model name such as a100)"
-        ),
-    )
+/// The GPU type of an Alibaba type name: its model's where gpuledger has one, else the name
+/// itself (`G2`).
+pub fn alibaba_type(
+    name: &str,
+    err: &impl Fn(&str, String) -> TraceError,
+    field: &str,
+) -> Result<GpuType, TraceError> {
+    match alibaba_model(name) {
+        Some(model) => Ok(model.into()),
+        None => GpuType::new(name).map_err(|e| err(field, e.to_string())),
+    }
 }
 
 /// An Alibaba pod list read: the GPU jobs, and what was left out.
@@ -63,7 +67,7 @@ pub fn is_alibaba_header(header: &str) -> bool {
 /// under 1000 for that share of one GPU. It is submitted at `creation_time` and runs for
 /// `deletion_time - scheduled_time`; a `Failed` pod fails. The trace names no tenant: each QoS
 /// class (`qos`) is an account (`qos-ls`, `qos-be`, ...). `gpu_spec` (GPU types joined by
-/// `|`) becomes the job's GPU models where `gpu_spec` says so; CPU and memory requests are not
+/// `|`) becomes the job's GPU types where `gpu_spec` says so; CPU and memory requests are not
 /// scheduled.
 pub fn parse_alibaba(
     text: &str,
@@ -153,13 +157,11 @@ pub fn parse_alibaba(
             .map_err(|_| err("creation_time", format!("{created} is too large")))?;
         let mut spec = JobSpec::new(id, account, gpus, estimate.limit_s(run_time_s), submit);
         spec.shape.gpu_share = share;
-        if gpu_spec == GpuSpec::Models {
+        if gpu_spec == GpuSpec::Types {
             if let Some(types) = cell(spec_col) {
-                spec.shape.gpu_models = types
+                spec.shape.gpu_types = types
                     .split('|')
-                    .map(|t| {
-                        alibaba_model(t.trim()).ok_or_else(|| unknown_type(t, &err, "gpu_spec"))
-                    })
+                    .map(|t| alibaba_type(t.trim(), &err, "gpu_spec"))
                     .collect::<Result<_, _>>()?;
             }
         }
@@ -180,20 +182,20 @@ pub fn parse_alibaba(
 /// Alibaba's node list read: the GPU nodes as pools of identical nodes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AlibabaNodes {
-    /// (model, GPUs a node, how many such nodes), by model and GPUs.
-    pub pools: Vec<(GpuModel, u32, u32)>,
+    /// (GPU type, GPUs a node, how many such nodes), by type and GPUs.
+    pub pools: Vec<(GpuType, u32, u32)>,
     /// Nodes without GPUs (not scheduled).
     pub cpu_only: usize,
 }
 
 /// Reads Alibaba's node list (`openb_node_list_gpu_node.csv`: `sn,cpu_milli,memory_mib,gpu,
-/// model`): each node's GPU count and type. A node with GPUs of a type gpuledger has no model
-/// for is refused, naming the line.
+/// model`): each node's GPU count and type (see [`alibaba_type`]). A GPU node without a type,
+/// or with a name that cannot be a type, is refused, naming the line.
 pub fn parse_alibaba_nodes(text: &str, origin: &str) -> Result<AlibabaNodes, TraceError> {
     let mut lines = text.lines();
     let header = lines.next().unwrap_or_default();
     let idx = header_index(origin, header, &["gpu", "model"])?;
-    let mut counts: std::collections::BTreeMap<(GpuModel, u32), u32> = Default::default();
+    let mut counts: std::collections::BTreeMap<(GpuType, u32), u32> = Default::default();
     let mut out = AlibabaNodes::default();
     for (line_no, cells) in data_rows(lines) {
         let err = error_at(origin, line_no);
@@ -212,8 +214,12 @@ pub fn parse_alibaba_nodes(text: &str, origin: &str) -> Result<AlibabaNodes, Tra
             return Err(err("gpu", format!("{gpus} GPUs on one node; at most 64")));
         }
         let name = cell(1);
-        let model = alibaba_model(name).ok_or_else(|| unknown_type(name, &err, "model"))?;
-        *counts.entry((model, gpus)).or_default() += 1;
+        if name.is_empty() || name == "nan" {
+            return Err(err("model", format!("missing on a node with {gpus} GPUs")));
+        }
+        *counts
+            .entry((alibaba_type(name, &err, "model")?, gpus))
+            .or_default() += 1;
     }
     out.pools = counts.into_iter().map(|((m, g), n)| (m, g, n)).collect();
     if out.pools.is_empty() {
@@ -282,36 +288,37 @@ openb-pod-0041,8000,1024,1,500,,BE,Pending,9967058,,\n";
     }
 
     #[test]
-    fn gpu_spec_becomes_the_models_a_pod_may_use_when_asked() {
+    fn gpu_spec_becomes_the_types_a_pod_may_use_when_asked() {
         let text = "name,num_gpu,gpu_milli,gpu_spec,creation_time,deletion_time,scheduled_time\n\
 p1,1,1000,V100M16|V100M32,1,9,2\n\
 p2,1,500,,1,9,2\n\
-p3,2,1000,T4,1,9,2\n";
-        let typed = parse_alibaba(text, "pods.csv", LimitEstimate::Exact, GpuSpec::Models).unwrap();
-        let models: Vec<_> = typed
+p3,2,1000,T4|G2,1,9,2\n";
+        let typed = parse_alibaba(text, "pods.csv", LimitEstimate::Exact, GpuSpec::Types).unwrap();
+        let types: Vec<Vec<String>> = typed
             .jobs
             .iter()
-            .map(|j| j.spec.shape.gpu_models.clone())
+            .map(|j| {
+                j.spec
+                    .shape
+                    .gpu_types
+                    .iter()
+                    .map(|t| t.to_string())
+                    .collect()
+            })
             .collect();
         assert_eq!(
-            models,
-            [
-                vec![GpuModel::V100_16, GpuModel::V100_32],
-                vec![],
-                vec![GpuModel::T4]
-            ]
+            types,
+            [vec!["v100-16gb", "v100-32gb"], vec![], vec!["t4", "G2"]]
         );
         let plain =
             parse_alibaba(text, "pods.csv", LimitEstimate::Exact, GpuSpec::Ignored).unwrap();
-        assert!(plain
-            .jobs
-            .iter()
-            .all(|j| j.spec.shape.gpu_models.is_empty()));
-        // A type with no model is refused, naming line and field, only where types are read.
-        let odd = format!("{text}p4,1,1000,T4|X9,1,9,2\n");
-        let e = parse_alibaba(&odd, "pods.csv", LimitEstimate::Exact, GpuSpec::Models).unwrap_err();
+        assert!(plain.jobs.iter().all(|j| j.spec.shape.gpu_types.is_empty()));
+        // A name that cannot be a type is refused, naming line and field, only where types
+        // are read.
+        let odd = format!("{text}p4,1,1000,T4|X 9,1,9,2\n");
+        let e = parse_alibaba(&odd, "pods.csv", LimitEstimate::Exact, GpuSpec::Types).unwrap_err();
         assert_eq!((e.line, e.field.as_str()), (5, "gpu_spec"), "{e}");
-        assert!(e.message.contains("`X9`"), "{e}");
+        assert!(e.message.contains("`X 9`"), "{e}");
         assert!(parse_alibaba(&odd, "pods.csv", LimitEstimate::Exact, GpuSpec::Ignored).is_ok());
     }
 
@@ -322,20 +329,35 @@ openb-node-0001,64000,262144,2,P100\n\
 openb-node-0002,96000,786432,8,V100M32\n\
 openb-node-0003,96000,786432,0,\n\
 openb-node-0004,64000,262144,2,P100\n\
-openb-node-0005,128000,786432,4,T4\n";
+openb-node-0005,128000,786432,4,T4\n\
+openb-node-0006,128000,786432,8,G3\n\
+openb-node-0007,96000,393216,8,G2\n";
         let nodes = parse_alibaba_nodes(text, "nodes.csv").unwrap();
+        let pools: Vec<(String, u32, u32)> = nodes
+            .pools
+            .iter()
+            .map(|(t, g, n)| (t.to_string(), *g, *n))
+            .collect();
+        let pool = |t: &str, g, n| (t.to_owned(), g, n);
+        // Ordered by type name: the undisclosed types (upper case) first.
         assert_eq!(
-            nodes.pools,
+            pools,
             [
-                (GpuModel::V100_32, 8, 1),
-                (GpuModel::P100, 2, 2),
-                (GpuModel::T4, 4, 1)
+                pool("G2", 8, 1),
+                pool("G3", 8, 1),
+                pool("p100", 2, 2),
+                pool("t4", 4, 1),
+                pool("v100-32gb", 8, 1),
             ]
         );
+        assert_eq!(nodes.pools[3].0.model(), Some(GpuModel::T4));
+        assert_eq!(nodes.pools[0].0.model(), None);
         assert_eq!(nodes.cpu_only, 1);
         let head = "sn,cpu_milli,memory_mib,gpu,model\n";
         for (line, field) in [
-            ("n,1,1,2,G9\n", "model"),
+            ("n,1,1,2,G 9\n", "model"),
+            ("n,1,1,2,\n", "model"),
+            ("n,1,1,2,nan\n", "model"),
             ("n,1,1,two,T4\n", "gpu"),
             ("n,1,1,65,T4\n", "gpu"),
         ] {
