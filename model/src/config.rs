@@ -19,6 +19,9 @@ use crate::units::DurationSpec;
 /// The config format version this build reads.
 pub const CONFIG_VERSION: u32 = 1;
 
+/// Most GPU types one cluster may have (the scheduler holds a job's types as a bit mask).
+pub const MAX_GPU_TYPES: usize = 64;
+
 /// Most nodes one pool may have (node names are `{prefix}{001..count}`).
 pub const MAX_NODES_PER_POOL: u32 = 100_000;
 
@@ -538,6 +541,15 @@ impl ClusterConfig {
             }
             check_gpu_type(v, &at("gpu_type"), pool, &mut type_models);
         }
+        if type_models.len() > MAX_GPU_TYPES {
+            v.err(
+                "node_pools",
+                format!(
+                    "{} GPU types; at most {MAX_GPU_TYPES} in one cluster",
+                    type_models.len()
+                ),
+            );
+        }
     }
 
     fn validate_partitions(&self, v: &mut Validator) {
@@ -1039,6 +1051,13 @@ weight = 1
                 pool("y", "h200", "gpu_type = \"big\""),
             ]),
             ["node_pools[2].gpu_type: type `big` already names a100 in another pool, not h200"]
+        );
+        let many: Vec<String> = (0..64)
+            .map(|i| pool(&format!("k{i}-"), "a100", &format!("gpu_type = \"k{i}\"")))
+            .collect();
+        assert_eq!(
+            refused(&many),
+            ["node_pools: 65 GPU types; at most 64 in one cluster"]
         );
         let err = ClusterConfig::from_toml_str(
             &with(&[pool("x", "a100", "gpu_type = \"a:b\"")]),

@@ -183,12 +183,26 @@ impl SharedGpu {
 struct NodeMeta {
     spec: NodeSpec,
     all: u64,
+    /// The index of its GPU type in `Cluster::types`.
+    type_bit: u64,
 }
+
+pub use gpuledger_model::config::MAX_GPU_TYPES;
 
 /// Free and held GPUs of every node.
 #[derive(Debug)]
 pub struct Cluster {
     meta: Arc<[NodeMeta]>,
+    /// Node indices by GPUs, the largest first (ties in node order), where nodes differ in
+    /// size: the order whole-node placement visits them in. Empty on a uniform cluster.
+    largest_first: Arc<[usize]>,
+    /// The GPU types the nodes have, in the order first met.
+    types: Arc<[GpuType]>,
+    /// Free whole GPUs of each type (written only through `set_free`) where there are two
+    /// types or more: a search of a job asking for some types skips the times when too few
+    /// of those are free. Empty for one type (then `free_count`, kept without a second write
+    /// on the hot path).
+    free_by_type: Vec<u32>,
     /// GPUs no job holds any part of.
     free: Vec<u64>,
     /// How many bits of each node's `free` are set (read per node by every placement
@@ -237,6 +251,9 @@ impl Clone for Cluster {
     fn clone(&self) -> Self {
         Cluster {
             meta: Arc::clone(&self.meta),
+            largest_first: Arc::clone(&self.largest_first),
+            types: Arc::clone(&self.types),
+            free_by_type: self.free_by_type.clone(),
             free: self.free.clone(),
             free_on: self.free_on.clone(),
             free_count: self.free_count,
@@ -280,6 +297,18 @@ fn all_nodes(nodes: usize) -> Vec<u64> {
 }
 
 /// How many GPUs each mask holds.
+/// Free GPUs of each of `types` GPU types; none kept for one type.
+fn free_by_type(meta: &[NodeMeta], free: &[u64], types: usize) -> Vec<u32> {
+    if types < 2 {
+        return Vec::new();
+    }
+    let mut by_type = vec![0; types];
+    for (m, f) in meta.iter().zip(free) {
+        by_type[m.type_bit.trailing_zeros() as usize] += f.count_ones();
+    }
+    by_type
+}
+
 fn counts(free: &[u64]) -> Vec<u8> {
     free.iter().map(|m| m.count_ones() as u8).collect()
 }
@@ -320,20 +349,42 @@ fn highest_bits(mask: u64, n: u32) -> u64 {
 }
 
 impl Cluster {
+    /// Panics past [`MAX_GPU_TYPES`] types (a config with more is refused).
     pub fn new(nodes: Vec<NodeSpec>) -> Self {
         let gpus_per_node_max = nodes.iter().map(|n| n.gpus).max().unwrap_or(0);
+        let mut types: Vec<GpuType> = Vec::new();
         let meta: Arc<[NodeMeta]> = nodes
             .into_iter()
-            .map(|spec| NodeMeta {
-                all: full_mask(spec.gpus),
-                spec,
+            .map(|spec| {
+                let index = match types.iter().position(|t| *t == spec.gpu_type) {
+                    Some(i) => i,
+                    None => {
+                        types.push(spec.gpu_type.clone());
+                        types.len() - 1
+                    }
+                };
+                assert!(index < MAX_GPU_TYPES, "more than {MAX_GPU_TYPES} GPU types");
+                NodeMeta {
+                    all: full_mask(spec.gpus),
+                    type_bit: 1 << index,
+                    spec,
+                }
             })
             .collect();
+        let types: Arc<[GpuType]> = types.into();
         let free: Vec<u64> = meta.iter().map(|m| m.all).collect();
         let free_count = free.iter().map(|m| m.count_ones()).sum();
         let uniform = meta.iter().all(|m| m.spec.gpus == gpus_per_node_max);
+        let mut largest_first: Vec<usize> = Vec::new();
+        if !uniform {
+            largest_first = (0..meta.len()).collect();
+            largest_first.sort_by_key(|idx| std::cmp::Reverse(meta[*idx].spec.gpus));
+        }
         Cluster {
+            free_by_type: free_by_type(&meta, &free, types.len()),
+            types,
             meta,
+            largest_first: largest_first.into(),
             free_on: counts(&free),
             whole_nodes: all_nodes(free.len()),
             free,
@@ -352,7 +403,10 @@ impl Cluster {
     pub fn empty_like(&self) -> Self {
         let free: Vec<u64> = self.meta.iter().map(|m| m.all).collect();
         Cluster {
+            free_by_type: free_by_type(&self.meta, &free, self.types.len()),
+            types: Arc::clone(&self.types),
             meta: Arc::clone(&self.meta),
+            largest_first: Arc::clone(&self.largest_first),
             free_count: self.total_gpus,
             whole_node_gpus: self.total_gpus,
             whole_nodes: all_nodes(self.meta.len()),
@@ -372,6 +426,9 @@ impl Cluster {
     pub fn copy_from(&mut self, other: &Cluster) {
         let Cluster {
             meta,
+            largest_first,
+            types,
+            free_by_type,
             free,
             free_on,
             free_count,
@@ -385,6 +442,9 @@ impl Cluster {
             stamp: _,
         } = other;
         self.meta.clone_from(meta);
+        self.largest_first.clone_from(largest_first);
+        self.types.clone_from(types);
+        self.free_by_type.clone_from(free_by_type);
         self.free.clone_from(free);
         self.free_on.clone_from(free_on);
         self.free_count = *free_count;
@@ -445,6 +505,11 @@ impl Cluster {
         self.free[node] = mask;
         self.free_on[node] = now as u8;
         self.free_count = self.free_count + now - was;
+        if !self.free_by_type.is_empty() {
+            let of_type =
+                &mut self.free_by_type[self.meta[node].type_bit.trailing_zeros() as usize];
+            *of_type = *of_type + now - was;
+        }
     }
 
     /// Node `node`'s free GPUs as a bit mask of their indices.
@@ -473,18 +538,48 @@ impl Cluster {
     }
 
     /// Whether a job of `gpus` shaped `shape` could find room by count alone (a cheap test
-    /// before a search): whole free GPUs enough, or for a share a GPU with room.
+    /// before a search): whole free GPUs of its types enough, or for a share a GPU of its
+    /// types with room.
     pub fn may_fit(&self, gpus: u32, shape: &Shape) -> bool {
+        let types = self.type_mask(shape);
+        let free = if types == u64::MAX || self.free_by_type.is_empty() {
+            // One type: its free GPUs are all the free GPUs.
+            if types & 1 != 0 {
+                self.free_count
+            } else {
+                0
+            }
+        } else {
+            self.free_by_type
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| types & (1 << i) != 0)
+                .map(|(_, n)| n)
+                .sum()
+        };
         match shape.gpu_share {
             Some(share) => {
-                self.free_count > 0
-                    || self
-                        .shared
-                        .iter()
-                        .any(|g| g.mode == share.mode() && g.room() >= share.units())
+                free > 0
+                    || self.shared.iter().any(|g| {
+                        g.mode == share.mode()
+                            && g.room() >= share.units()
+                            && types & self.meta[g.node].type_bit != 0
+                    })
             }
-            None => self.free_count >= gpus,
+            None => free >= gpus,
         }
+    }
+
+    /// The types `shape` may use, a bit per type of `types` (every bit when it names none).
+    fn type_mask(&self, shape: &Shape) -> u64 {
+        if shape.gpu_types.is_empty() {
+            return u64::MAX;
+        }
+        self.types
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| shape.gpu_types.contains(t))
+            .fold(0, |mask, (i, _)| mask | 1 << i)
     }
 
     pub fn node_spec(&self, node: usize) -> &NodeSpec {
@@ -513,16 +608,16 @@ impl Cluster {
             .sum()
     }
 
-    fn allowed(
-        &self,
-        node: usize,
-        account: &AccountId,
-        filter: &NodeFilter,
-        shape: &Shape,
-    ) -> bool {
-        filter.allows(node)
+    /// Whether a job may use `node`: `types` from [`Cluster::type_mask`].
+    fn allowed(&self, node: usize, account: &AccountId, filter: &NodeFilter, types: u64) -> bool {
+        types & self.meta[node].type_bit != 0
+            && filter.allows(node)
             && self.usable_by(node, account)
-            && shape.allows_type(&self.meta[node].spec.gpu_type)
+    }
+
+    /// Whether `shape` may use the GPUs of `node` by their type.
+    pub fn allows_type(&self, node: usize, shape: &Shape) -> bool {
+        self.type_mask(shape) & self.meta[node].type_bit != 0
     }
 
     /// Where a job of `gpus` GPUs shaped `shape` would go now, without taking it.
@@ -564,13 +659,14 @@ impl Cluster {
         filter: &NodeFilter,
         shape: &Shape,
     ) -> Option<Placement> {
+        let types = self.type_mask(shape);
         let mut best: Option<(u32, usize)> = None;
         for (idx, &n) in self.free_on.iter().enumerate() {
             let n = u32::from(n);
             if n < gpus || best.is_some_and(|(b, _)| n >= b) {
                 continue;
             }
-            if self.allowed(idx, account, filter, shape) {
+            if self.allowed(idx, account, filter, types) {
                 best = Some((n, idx));
                 if n == gpus {
                     break;
@@ -593,12 +689,13 @@ impl Cluster {
         filter: &NodeFilter,
         shape: &Shape,
     ) -> Option<Placement> {
+        let types = self.type_mask(shape);
         let units = share.units();
         let best = self
             .shared
             .iter()
             .filter(|g| g.mode == share.mode() && g.room() >= units)
-            .filter(|g| self.allowed(g.node, account, filter, shape))
+            .filter(|g| self.allowed(g.node, account, filter, types))
             .min_by_key(|g| (g.room(), g.node, g.gpu));
         let slot = match best {
             Some(g) => Slot {
@@ -686,6 +783,7 @@ impl Cluster {
         filter: &NodeFilter,
         shape: &Shape,
     ) -> Option<Placement> {
+        let types = self.type_mask(shape);
         if per_node == 0 || !gpus.is_multiple_of(per_node) {
             return None;
         }
@@ -698,7 +796,7 @@ impl Cluster {
             .iter()
             .enumerate()
             .map(|(idx, n)| (u32::from(*n), idx))
-            .filter(|(n, idx)| *n >= per_node && self.allowed(*idx, account, filter, shape))
+            .filter(|(n, idx)| *n >= per_node && self.allowed(*idx, account, filter, types))
             .collect();
         if fits.len() < nodes {
             return None;
@@ -719,18 +817,13 @@ impl Cluster {
         filter: &NodeFilter,
         shape: &Shape,
     ) -> Option<Placement> {
+        let types = self.type_mask(shape);
         if self.whole_node_gpus < gpus {
             return None;
         }
         // Node order on a uniform cluster, only the nodes wholly free (no allocation on the
         // hot path); the largest nodes first on a mixed one, so a job spans as few nodes as it
         // can.
-        let n = self.meta.len();
-        let mut largest_first = Vec::new();
-        if !self.uniform {
-            largest_first = (0..n).collect();
-            largest_first.sort_by_key(|idx| std::cmp::Reverse(self.meta[*idx].spec.gpus));
-        }
         let whole_nodes = self.whole_nodes.iter().enumerate().flat_map(|(w, bits)| {
             let mut bits = *bits;
             std::iter::from_fn(move || {
@@ -743,7 +836,7 @@ impl Cluster {
         });
         let order = whole_nodes
             .take_while(|_| self.uniform)
-            .chain(largest_first.iter().copied());
+            .chain(self.largest_first.iter().copied());
         let mut slots = Vec::new();
         let mut left = gpus;
         for idx in order {
@@ -752,7 +845,7 @@ impl Cluster {
             }
             // A plain test rather than an iterator filter: this loop runs for every planned
             // start tried, and the closure was not always inlined.
-            if self.free[idx] != self.meta[idx].all || !self.allowed(idx, account, filter, shape) {
+            if self.free[idx] != self.meta[idx].all || !self.allowed(idx, account, filter, types) {
                 continue;
             }
             let take = left.min(self.meta[idx].spec.gpus);
@@ -773,6 +866,7 @@ impl Cluster {
         filter: &NodeFilter,
         shape: &Shape,
     ) -> Option<Placement> {
+        let types = self.type_mask(shape);
         if more == 0 {
             return None;
         }
@@ -790,7 +884,7 @@ impl Cluster {
                 continue;
             }
             if self.free[idx] != meta.all
-                || !self.allowed(idx, account, filter, shape)
+                || !self.allowed(idx, account, filter, types)
                 || held.nodes().any(|n| n == idx)
             {
                 continue;
@@ -950,6 +1044,7 @@ impl Cluster {
             && self.free_count == self.free.iter().map(|m| m.count_ones()).sum::<u32>()
             && self.whole_node_gpus == whole_node_gpus
             && self.whole_nodes == whole_nodes
+            && self.free_by_type == free_by_type(&self.meta, &self.free, self.types.len())
             && self
                 .shared
                 .windows(2)
@@ -1166,6 +1261,30 @@ mod tests {
         let p = c.find(8, &a, &any, &a100).unwrap();
         assert_eq!(p.0.len(), 4, "an A100 job of 8 needs the four 2-GPU nodes");
         assert!(p.0.iter().all(|s| s.node < 4));
+        // By count alone, only the GPUs of the types asked for: 8 A100 and 8 H100 free.
+        assert!(c.may_fit(16, &free_form) && !c.may_fit(17, &free_form));
+        assert!(c.may_fit(8, &h100) && !c.may_fit(9, &h100));
+        let h200 = Shape {
+            gpu_types: vec![GpuModel::H200.into()],
+            ..Shape::default()
+        };
+        assert!(!c.may_fit(1, &h200) && c.find(1, &a, &any, &h200).is_none());
+        c.take(&c.find(8, &a, &any, &h100).unwrap());
+        assert!(!c.may_fit(1, &h100) && c.may_fit(8, &a100));
+        assert!(
+            c.may_fit(1, &share("500m"))
+                && !c.may_fit(
+                    1,
+                    &Shape {
+                        gpu_share: Some("500m".parse().unwrap()),
+                        ..h100.clone()
+                    }
+                )
+        );
+        assert!(c.counts_agree());
+        // One type: counted by the free total, none for another type.
+        let one = cluster(2);
+        assert!(one.may_fit(16, &h100) && !one.may_fit(17, &h100) && !one.may_fit(1, &a100));
     }
 
     fn share(text: &str) -> Shape {

@@ -429,7 +429,21 @@ impl Plan {
         } else {
             Ahead::Copies(Copies::new(self, cluster))
         };
-        let release_times = self.releases.iter().map(|r| r.at.max(self.now));
+        // A release only on nodes of types the job may not use leaves what it may use as it
+        // was: that time would fail as the time tried before it did (plans ending are tried
+        // in their own right), so it is not tried. The cluster still takes the release.
+        let typed = search.prune && !shape.gpu_types.is_empty();
+        let release_times = self
+            .releases
+            .iter()
+            .filter(|r| {
+                !typed
+                    || r.placement
+                        .0
+                        .iter()
+                        .any(|s| cluster.allows_type(s.node, shape))
+            })
+            .map(|r| r.at.max(self.now));
         let others = merge_sorted(
             std::iter::once(self.now),
             merge_sorted(
@@ -1053,25 +1067,29 @@ mod tests {
     }
 
     proptest! {
-        /// The free-count profile and the node bound only skip times where placement
-        /// fails: with and without them, every plan of a random queue on a random cluster
-        /// starts at the same time on the same GPUs.
+        /// The free-count profile, the node bound and the releases on nodes of other types
+        /// only skip times where placement fails: with and without them, every plan of a
+        /// random queue on a random cluster of two GPU types starts at the same time on the
+        /// same GPUs.
         #[test]
         fn pruning_never_changes_a_plan(
-            node_gpus in proptest::collection::vec(prop_oneof![Just(4u32), Just(8)], 2..6),
+            node_gpus in proptest::collection::vec((prop_oneof![Just(4u32), Just(8)], any::<bool>()), 2..6),
             running in proptest::collection::vec((1u32..9, 1i64..40), 0..20),
-            queue in proptest::collection::vec((1u32..20, 1u64..30, any::<bool>(), 0u8..4), 1..25),
+            queue in proptest::collection::vec((1u32..20, 1u64..30, any::<bool>(), 0u8..4, 0u8..3), 1..25),
         ) {
             let nodes = node_gpus
                 .iter()
                 .enumerate()
-                .map(|(i, g)| NodeSpec {
-                    id: NodeId::new(format!("n{i}")).unwrap(),
-                    gpus: *g,
-                    gpu_model: GpuModel::H100Sxm,
-                    gpu_type: GpuModel::H100Sxm.into(),
-                    pool: "p".into(),
-                    dedicated_to: None,
+                .map(|(i, (g, a100))| {
+                    let model = if *a100 { GpuModel::A100 } else { GpuModel::H100Sxm };
+                    NodeSpec {
+                        id: NodeId::new(format!("n{i}")).unwrap(),
+                        gpus: *g,
+                        gpu_model: model,
+                        gpu_type: model.into(),
+                        pool: "p".into(),
+                        dedicated_to: None,
+                    }
                 })
                 .collect();
             let a = AccountId::new("a").unwrap();
@@ -1085,7 +1103,7 @@ mod tests {
                 }
             }
             let mut plans = [Plan::new(0, releases.clone(), Vec::new()), Plan::new(0, releases, Vec::new())];
-            for (k, (gpus, limit, per_node, event)) in queue.iter().enumerate() {
+            for (k, (gpus, limit, per_node, event, typed)) in queue.iter().enumerate() {
                 for g in 1..=20 {
                     prop_assert_eq!(
                         plans[0].node_bound(&cluster, g),
@@ -1137,6 +1155,11 @@ mod tests {
                 }
                 let shape = Shape {
                     gpus_per_node: (*per_node && gpus % 2 == 0).then_some(2),
+                    gpu_types: match typed {
+                        0 => Vec::new(),
+                        1 => vec![GpuModel::A100.into()],
+                        _ => vec![GpuModel::H100Sxm.into()],
+                    },
                     ..Shape::default()
                 };
                 let limit = limit * 100;
