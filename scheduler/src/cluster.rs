@@ -421,6 +421,29 @@ impl Cluster {
         }
     }
 
+    /// A stand-in left where a cluster is moved out of a struct being dropped: it shares the
+    /// node descriptions and allocates nothing, and describes no free GPU (not a cluster to
+    /// place on; `copy_from` makes it one again).
+    pub(crate) fn hollow(&self) -> Self {
+        Cluster {
+            meta: Arc::clone(&self.meta),
+            largest_first: Arc::clone(&self.largest_first),
+            types: Arc::clone(&self.types),
+            free_by_type: Vec::new(),
+            free: Vec::new(),
+            free_on: Vec::new(),
+            free_count: 0,
+            whole_node_gpus: 0,
+            whole_nodes: Vec::new(),
+            shared: Vec::new(),
+            shared_used: 0,
+            gpus_per_node_max: self.gpus_per_node_max,
+            total_gpus: self.total_gpus,
+            uniform: self.uniform,
+            stamp: Stamp::new(),
+        }
+    }
+
     /// Makes this cluster a copy of `other`, reusing its buffers (a planner copies the
     /// cluster for every start time it tries).
     pub fn copy_from(&mut self, other: &Cluster) {

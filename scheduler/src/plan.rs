@@ -866,7 +866,8 @@ impl Drop for Sweep<'_> {
         }
         *self.plan.sweep_counts.borrow_mut() = Some(counts);
         *self.plan.sweep_active.borrow_mut() = std::mem::take(&mut self.active);
-        let window = std::mem::replace(&mut self.window, Cluster::new(Vec::new()));
+        let hollow = self.window.hollow();
+        let window = std::mem::replace(&mut self.window, hollow);
         *self.plan.sweep_window.borrow_mut() = Some(window);
     }
 }
