@@ -398,6 +398,7 @@ fn nodes(url: &str) -> anyhow::Result<()> {
             vec![
                 n.node.clone(),
                 n.state.clone(),
+                n.gpu_type.clone(),
                 format!("{}/{}", n.allocated_gpus, n.gpus),
                 time(n.since_s),
                 n.reason.clone().unwrap_or_else(|| "-".into()),
@@ -406,7 +407,10 @@ fn nodes(url: &str) -> anyhow::Result<()> {
         .collect();
     print!(
         "{}",
-        table::render(&["NODE", "STATE", "GPUS(A/T)", "SINCE", "REASON"], &rows)
+        table::render(
+            &["NODE", "STATE", "TYPE", "GPUS(A/T)", "SINCE", "REASON"],
+            &rows
+        )
     );
     Ok(())
 }

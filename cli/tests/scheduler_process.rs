@@ -302,6 +302,18 @@ fn jobs_run_report_to_the_aggregator_and_survive_a_scheduler_restart() {
         2,
         "only the header and its rule: {future}"
     );
+    // As sinfo: each node with the GPU type jobs ask for (`--gpu-type`).
+    let nodes = stdout(&["scheduler", "nodes", "--url", &url]);
+    let header: Vec<&str> = nodes.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header[..4],
+        ["NODE", "STATE", "TYPE", "GPUS(A/T)"],
+        "{nodes}"
+    );
+    assert!(
+        nodes.lines().nth(2).unwrap().contains(" h100-sxm "),
+        "{nodes}"
+    );
     assert_eq!(
         stdout(&["scheduler", "queue", "--url", &url, "--account", "team-b"])
             .lines()

@@ -17,6 +17,9 @@ pub const DRAINED_BY_SERVICE: &str = "gpuledger";
 pub struct NodeRow {
     pub node: String,
     pub gpus: u32,
+    /// What jobs ask for to run here (`gpu_types`): the pool's type, or its model's key.
+    #[serde(default)]
+    pub gpu_type: String,
     pub allocated_gpus: u32,
     /// `idle`, `mixed`, `allocated`; out of service: `drained` (no job left on it) or
     /// `draining` (jobs still on it).
@@ -110,6 +113,7 @@ impl Service {
                 NodeRow {
                     node: name,
                     gpus: spec.gpus,
+                    gpu_type: spec.gpu_type.to_string(),
                     allocated_gpus: allocated[i],
                     state: state.to_owned(),
                     reason: drained.map(|d| d.reason.clone()),

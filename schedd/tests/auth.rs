@@ -449,6 +449,7 @@ async fn only_an_operator_drains_or_resumes_a_node_and_only_an_operator_reads_wh
     // account's job); the operator sees why.
     let (_, body) = call(&f, a, "GET", "/api/v1/nodes", None).await;
     assert_eq!(body["nodes"][0]["state"], "drained", "{body}");
+    assert_eq!(body["nodes"][0]["gpu_type"], "h100-sxm", "{body}");
     assert_eq!(body["nodes"][0]["reason"], "out of service", "{body}");
     assert_eq!(body["nodes"][0]["by"], Value::Null, "{body}");
     let (_, body) = call(&f, op, "GET", "/api/v1/nodes", None).await;

@@ -189,15 +189,26 @@ struct NodeMeta {
 
 pub use gpuledger_model::config::MAX_GPU_TYPES;
 
+/// What the node set is, worked out once: one per cluster, shared by its copies.
+#[derive(Debug)]
+struct NodeFacts {
+    /// Node indices by GPUs, the largest first (ties in node order), where nodes differ in
+    /// size: the order whole-node placement visits them in. Empty on a uniform cluster.
+    largest_first: Vec<usize>,
+    /// The GPU types the nodes have, in the order first met.
+    types: Vec<GpuType>,
+    gpus_per_node_max: u32,
+    total_gpus: u32,
+    /// Whether every node has as many GPUs (whole-node placement need not prefer any).
+    uniform: bool,
+}
+
 /// Free and held GPUs of every node.
 #[derive(Debug)]
 pub struct Cluster {
+    /// Each node, read per node by every search (kept apart from `facts` for one load less).
     meta: Arc<[NodeMeta]>,
-    /// Node indices by GPUs, the largest first (ties in node order), where nodes differ in
-    /// size: the order whole-node placement visits them in. Empty on a uniform cluster.
-    largest_first: Arc<[usize]>,
-    /// The GPU types the nodes have, in the order first met.
-    types: Arc<[GpuType]>,
+    facts: Arc<NodeFacts>,
     /// Free whole GPUs of each type (written only through `set_free`) where there are two
     /// types or more: a search of a job asking for some types skips the times when too few
     /// of those are free. Empty for one type (then `free_count`, kept without a second write
@@ -220,10 +231,6 @@ pub struct Cluster {
     shared: Vec<SharedGpu>,
     /// The parts held on `shared`, summed (read at every simulated event).
     shared_used: u64,
-    gpus_per_node_max: u32,
-    total_gpus: u32,
-    /// Whether every node has as many GPUs (whole-node placement need not prefer any).
-    uniform: bool,
     /// What is free, identified: this cluster's own number (every cluster, copy or clone
     /// gets a new one) and how many times what is free changed since. Equal stamps, equal
     /// clusters, so what was worked out from one (a planner's bounds) holds for the other.
@@ -251,8 +258,7 @@ impl Clone for Cluster {
     fn clone(&self) -> Self {
         Cluster {
             meta: Arc::clone(&self.meta),
-            largest_first: Arc::clone(&self.largest_first),
-            types: Arc::clone(&self.types),
+            facts: Arc::clone(&self.facts),
             free_by_type: self.free_by_type.clone(),
             free: self.free.clone(),
             free_on: self.free_on.clone(),
@@ -261,9 +267,6 @@ impl Clone for Cluster {
             whole_nodes: self.whole_nodes.clone(),
             shared: self.shared.clone(),
             shared_used: self.shared_used,
-            gpus_per_node_max: self.gpus_per_node_max,
-            total_gpus: self.total_gpus,
-            uniform: self.uniform,
             stamp: Stamp::new(),
         }
     }
@@ -298,7 +301,7 @@ fn all_nodes(nodes: usize) -> Vec<u64> {
 
 /// How many GPUs each mask holds.
 /// Free GPUs of each of `types` GPU types; none kept for one type.
-fn free_by_type(meta: &[NodeMeta], free: &[u64], types: usize) -> Vec<u32> {
+fn free_by_type(meta: &[NodeMeta], types: usize, free: &[u64]) -> Vec<u32> {
     if types < 2 {
         return Vec::new();
     }
@@ -371,52 +374,37 @@ impl Cluster {
                 }
             })
             .collect();
-        let types: Arc<[GpuType]> = types.into();
-        let free: Vec<u64> = meta.iter().map(|m| m.all).collect();
-        let free_count = free.iter().map(|m| m.count_ones()).sum();
         let uniform = meta.iter().all(|m| m.spec.gpus == gpus_per_node_max);
         let mut largest_first: Vec<usize> = Vec::new();
         if !uniform {
             largest_first = (0..meta.len()).collect();
             largest_first.sort_by_key(|idx| std::cmp::Reverse(meta[*idx].spec.gpus));
         }
-        Cluster {
-            free_by_type: free_by_type(&meta, &free, types.len()),
+        let total_gpus = meta.iter().map(|m| m.spec.gpus).sum();
+        let facts = NodeFacts {
+            largest_first,
             types,
-            meta,
-            largest_first: largest_first.into(),
-            free_on: counts(&free),
-            whole_nodes: all_nodes(free.len()),
-            free,
-            shared: Vec::new(),
-            shared_used: 0,
-            total_gpus: free_count,
-            free_count,
-            whole_node_gpus: free_count,
             gpus_per_node_max,
+            total_gpus,
             uniform,
-            stamp: Stamp::new(),
-        }
+        };
+        Self::hollow_of(meta, Arc::new(facts)).empty_like()
     }
 
     /// The same nodes, all free.
     pub fn empty_like(&self) -> Self {
         let free: Vec<u64> = self.meta.iter().map(|m| m.all).collect();
         Cluster {
-            free_by_type: free_by_type(&self.meta, &free, self.types.len()),
-            types: Arc::clone(&self.types),
             meta: Arc::clone(&self.meta),
-            largest_first: Arc::clone(&self.largest_first),
-            free_count: self.total_gpus,
-            whole_node_gpus: self.total_gpus,
-            whole_nodes: all_nodes(self.meta.len()),
+            facts: Arc::clone(&self.facts),
+            free_by_type: free_by_type(&self.meta, self.facts.types.len(), &free),
+            free_count: self.facts.total_gpus,
+            whole_node_gpus: self.facts.total_gpus,
+            whole_nodes: all_nodes(free.len()),
             free_on: counts(&free),
             free,
             shared: Vec::new(),
             shared_used: 0,
-            gpus_per_node_max: self.gpus_per_node_max,
-            total_gpus: self.total_gpus,
-            uniform: self.uniform,
             stamp: Stamp::new(),
         }
     }
@@ -425,10 +413,13 @@ impl Cluster {
     /// node descriptions and allocates nothing, and describes no free GPU (not a cluster to
     /// place on; `copy_from` makes it one again).
     pub(crate) fn hollow(&self) -> Self {
+        Self::hollow_of(Arc::clone(&self.meta), Arc::clone(&self.facts))
+    }
+
+    fn hollow_of(meta: Arc<[NodeMeta]>, facts: Arc<NodeFacts>) -> Self {
         Cluster {
-            meta: Arc::clone(&self.meta),
-            largest_first: Arc::clone(&self.largest_first),
-            types: Arc::clone(&self.types),
+            meta,
+            facts,
             free_by_type: Vec::new(),
             free: Vec::new(),
             free_on: Vec::new(),
@@ -437,9 +428,6 @@ impl Cluster {
             whole_nodes: Vec::new(),
             shared: Vec::new(),
             shared_used: 0,
-            gpus_per_node_max: self.gpus_per_node_max,
-            total_gpus: self.total_gpus,
-            uniform: self.uniform,
             stamp: Stamp::new(),
         }
     }
@@ -449,8 +437,7 @@ impl Cluster {
     pub fn copy_from(&mut self, other: &Cluster) {
         let Cluster {
             meta,
-            largest_first,
-            types,
+            facts,
             free_by_type,
             free,
             free_on,
@@ -459,14 +446,10 @@ impl Cluster {
             whole_nodes,
             shared,
             shared_used,
-            gpus_per_node_max,
-            total_gpus,
-            uniform,
             stamp: _,
         } = other;
         self.meta.clone_from(meta);
-        self.largest_first.clone_from(largest_first);
-        self.types.clone_from(types);
+        self.facts.clone_from(facts);
         self.free_by_type.clone_from(free_by_type);
         self.free.clone_from(free);
         self.free_on.clone_from(free_on);
@@ -475,9 +458,6 @@ impl Cluster {
         self.whole_nodes.clone_from(whole_nodes);
         self.shared.clone_from(shared);
         self.shared_used = *shared_used;
-        self.gpus_per_node_max = *gpus_per_node_max;
-        self.total_gpus = *total_gpus;
-        self.uniform = *uniform;
         self.stamp = Stamp::new();
     }
 
@@ -491,11 +471,11 @@ impl Cluster {
     }
 
     pub fn gpus_per_node_max(&self) -> u32 {
-        self.gpus_per_node_max
+        self.facts.gpus_per_node_max
     }
 
     pub fn total_gpus(&self) -> u32 {
-        self.total_gpus
+        self.facts.total_gpus
     }
 
     /// Free GPUs on node `node`.
@@ -548,7 +528,8 @@ impl Cluster {
     /// What jobs hold, in share units ([`SHARE_UNITS_PER_GPU`] to a GPU): a GPU held in parts
     /// counts only its parts held.
     pub fn held_share_units(&self) -> u64 {
-        let whole_held = u64::from(self.total_gpus - self.free_count) - self.shared.len() as u64;
+        let whole_held =
+            u64::from(self.facts.total_gpus - self.free_count) - self.shared.len() as u64;
         whole_held * u64::from(SHARE_UNITS_PER_GPU) + self.shared_used
     }
 
@@ -598,7 +579,8 @@ impl Cluster {
         if shape.gpu_types.is_empty() {
             return u64::MAX;
         }
-        self.types
+        self.facts
+            .types
             .iter()
             .enumerate()
             .filter(|(_, t)| shape.gpu_types.contains(t))
@@ -662,13 +644,13 @@ impl Cluster {
         if let Some(per_node) = shape.gpus_per_node {
             return self.find_per_node(gpus, per_node, account, filter, shape);
         }
-        if gpus <= self.gpus_per_node_max {
+        if gpus <= self.facts.gpus_per_node_max {
             if let Some(p) = self.find_on_one_node(gpus, account, filter, shape) {
                 return Some(p);
             }
             // Where every node is as large, a whole free node would have been found above:
             // only smaller nodes together can hold a job that fits one node.
-            if self.uniform {
+            if self.facts.uniform {
                 return None;
             }
         }
@@ -858,8 +840,8 @@ impl Cluster {
             })
         });
         let order = whole_nodes
-            .take_while(|_| self.uniform)
-            .chain(self.largest_first.iter().copied());
+            .take_while(|_| self.facts.uniform)
+            .chain(self.facts.largest_first.iter().copied());
         let mut slots = Vec::new();
         let mut left = gpus;
         for idx in order {
@@ -893,7 +875,7 @@ impl Cluster {
         if more == 0 {
             return None;
         }
-        let single_node = held.0.len() == 1 && held.gpu_count() < self.gpus_per_node_max;
+        let single_node = held.0.len() == 1 && held.gpu_count() < self.facts.gpus_per_node_max;
         if single_node {
             let node = held.0[0].node;
             let n = self.free_on(node).min(more);
@@ -1067,7 +1049,7 @@ impl Cluster {
             && self.free_count == self.free.iter().map(|m| m.count_ones()).sum::<u32>()
             && self.whole_node_gpus == whole_node_gpus
             && self.whole_nodes == whole_nodes
-            && self.free_by_type == free_by_type(&self.meta, &self.free, self.types.len())
+            && self.free_by_type == free_by_type(&self.meta, self.facts.types.len(), &self.free)
             && self
                 .shared
                 .windows(2)
