@@ -575,7 +575,7 @@ impl Cluster {
     }
 
     /// The types `shape` may use, a bit per type of `types` (every bit when it names none).
-    fn type_mask(&self, shape: &Shape) -> u64 {
+    pub(crate) fn type_mask(&self, shape: &Shape) -> u64 {
         if shape.gpu_types.is_empty() {
             return u64::MAX;
         }
@@ -620,9 +620,9 @@ impl Cluster {
             && self.usable_by(node, account)
     }
 
-    /// Whether `shape` may use the GPUs of `node` by their type.
-    pub fn allows_type(&self, node: usize, shape: &Shape) -> bool {
-        self.type_mask(shape) & self.meta[node].type_bit != 0
+    /// The bit of `node`'s GPU type in a [`Cluster::type_mask`].
+    pub(crate) fn type_bit(&self, node: usize) -> u64 {
+        self.meta[node].type_bit
     }
 
     /// Where a job of `gpus` GPUs shaped `shape` would go now, without taking it.

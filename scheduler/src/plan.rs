@@ -432,7 +432,8 @@ impl Plan {
         // A release only on nodes of types the job may not use leaves what it may use as it
         // was: that time would fail as the time tried before it did (plans ending are tried
         // in their own right), so it is not tried. The cluster still takes the release.
-        let typed = search.prune && !shape.gpu_types.is_empty();
+        let types = cluster.type_mask(shape);
+        let typed = search.prune && types != u64::MAX;
         let release_times = self
             .releases
             .iter()
@@ -441,7 +442,7 @@ impl Plan {
                     || r.placement
                         .0
                         .iter()
-                        .any(|s| cluster.allows_type(s.node, shape))
+                        .any(|s| cluster.type_bit(s.node) & types != 0)
             })
             .map(|r| r.at.max(self.now));
         let others = merge_sorted(
