@@ -197,6 +197,8 @@ struct NodeFacts {
     largest_first: Vec<usize>,
     /// The GPU types the nodes have, in the order first met.
     types: Vec<GpuType>,
+    /// The nodes of each type, in node order: a job asking for some types looks at those.
+    nodes_of_type: Vec<Vec<usize>>,
     gpus_per_node_max: u32,
     total_gpus: u32,
     /// Whether every node has as many GPUs (whole-node placement need not prefer any).
@@ -381,9 +383,14 @@ impl Cluster {
             largest_first.sort_by_key(|idx| std::cmp::Reverse(meta[*idx].spec.gpus));
         }
         let total_gpus = meta.iter().map(|m| m.spec.gpus).sum();
+        let mut nodes_of_type = vec![Vec::new(); types.len()];
+        for (idx, m) in meta.iter().enumerate() {
+            nodes_of_type[m.type_bit.trailing_zeros() as usize].push(idx);
+        }
         let facts = NodeFacts {
             largest_first,
             types,
+            nodes_of_type,
             gpus_per_node_max,
             total_gpus,
             uniform,
@@ -665,16 +672,37 @@ impl Cluster {
         shape: &Shape,
     ) -> Option<Placement> {
         let types = self.type_mask(shape);
+        // The fewest free GPUs that hold the job, the first such node in node order.
         let mut best: Option<(u32, usize)> = None;
-        for (idx, &n) in self.free_on.iter().enumerate() {
-            let n = u32::from(n);
-            if n < gpus || best.is_some_and(|(b, _)| n >= b) {
-                continue;
+        if types == u64::MAX {
+            for (idx, &n) in self.free_on.iter().enumerate() {
+                let n = u32::from(n);
+                if n < gpus || best.is_some_and(|(b, _)| n >= b) {
+                    continue;
+                }
+                if self.allowed(idx, account, filter, types) {
+                    best = Some((n, idx));
+                    if n == gpus {
+                        break;
+                    }
+                }
             }
-            if self.allowed(idx, account, filter, types) {
-                best = Some((n, idx));
-                if n == gpus {
-                    break;
+        } else {
+            // Only the nodes of the types asked for, type by type: a node beats the best so
+            // far with fewer free GPUs, or as few and an earlier place in node order.
+            let lists = (0..self.facts.types.len()).filter(|t| types & (1 << t) != 0);
+            for list in lists.map(|t| &self.facts.nodes_of_type[t]) {
+                for &idx in list {
+                    let n = u32::from(self.free_on[idx]);
+                    if n < gpus || best.is_some_and(|b| (n, idx) >= b) {
+                        continue;
+                    }
+                    if self.allowed(idx, account, filter, types) {
+                        best = Some((n, idx));
+                        if n == gpus {
+                            break;
+                        }
+                    }
                 }
             }
         }
@@ -1292,6 +1320,14 @@ mod tests {
         assert!(one.may_fit(16, &h100) && !one.may_fit(17, &h100) && !one.may_fit(1, &a100));
     }
 
+    fn prop_oneof_gpus() -> impl proptest::strategy::Strategy<Value = u32> {
+        proptest::prop_oneof![
+            proptest::strategy::Just(2u32),
+            proptest::strategy::Just(4),
+            proptest::strategy::Just(8)
+        ]
+    }
+
     fn share(text: &str) -> Shape {
         Shape {
             gpu_share: Some(text.parse().unwrap()),
@@ -1387,6 +1423,45 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// A job asking for some types finds the node a walk of every node would: the fewest
+        /// free GPUs that hold it, the first such in node order, of its types only.
+        #[test]
+        fn one_node_search_by_type_is_the_walk_over_every_node(
+            nodes in proptest::collection::vec((0usize..3, prop_oneof_gpus(), 0u64..256), 1..24),
+            asks in proptest::collection::vec((1u32..9, 1u8..8), 1..12),
+        ) {
+            let models = [GpuModel::A100, GpuModel::H100Sxm, GpuModel::T4];
+            let specs = nodes
+                .iter()
+                .enumerate()
+                .map(|(i, (m, g, _))| node(i + 1, *g, models[*m]))
+                .collect();
+            let mut c = Cluster::new(specs);
+            for (i, (_, g, taken)) in nodes.iter().enumerate() {
+                let mask = taken & full_mask(*g);
+                if mask != 0 {
+                    c.take(&Placement(vec![Slot::whole(i, mask)]));
+                }
+            }
+            let a = AccountId::new("a").unwrap();
+            let any = NodeFilter::none();
+            for (gpus, which) in asks {
+                let gpu_types: Vec<GpuType> = (0..3)
+                    .filter(|t| which & (1 << t) != 0)
+                    .map(|t| models[t].into())
+                    .collect();
+                let shape = Shape { gpu_types, ..Shape::default() };
+                let walk = (0..c.node_count())
+                    .filter(|n| shape.allows_type(&c.node_spec(*n).gpu_type))
+                    .map(|n| (c.free_on(n), n))
+                    .filter(|(free, _)| *free >= gpus)
+                    .min()
+                    .map(|(_, n)| n);
+                let found = c.find_on_one_node(gpus, &a, &any, &shape);
+                proptest::prop_assert_eq!(found.map(|p| p.0[0].node), walk);
+            }
+        }
+
         /// Against a reference that counts each GPU's parts: no GPU is ever over-committed or
         /// shared across modes, and the cluster's counts match the placements held.
         #[test]
