@@ -1,6 +1,7 @@
 //! The binary as an operator meets it: a bad config file gets a message naming the file, the
 //! line and the field, and a non-zero exit; a good one is summarised.
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn gpuledger(args: &[&str]) -> std::process::Output {
@@ -307,24 +308,30 @@ fn simulate_replays_a_philly_trace_and_writes_jobs_csv() {
         .contains("bad.csv:2: `duration`: `abc` is not a number of seconds"));
 }
 
+/// An Alibaba pod list (`openb_pod_list.csv` in `dir`): its header, then `pods`.
+fn pod_list(dir: &Path, pods: &str) -> PathBuf {
+    let path = dir.join("openb_pod_list.csv");
+    let header = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,\
+                  creation_time,deletion_time,scheduled_time\n";
+    std::fs::write(&path, format!("{header}{pods}")).unwrap();
+    path
+}
+
 #[test]
 fn simulate_replays_alibabas_gpu_sharing_pods_packing_shares_onto_one_gpu() {
     let dir = tempfile::tempdir().unwrap();
-    let trace = dir.path().join("openb_pod_list.csv");
     // One 8-GPU node: a 7-GPU pod, four quarters of a GPU (the eighth GPU), a CPU-only pod
     // (left out), then a half that finds no GPU with room until the 7-GPU pod ends.
-    std::fs::write(
-        &trace,
-        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n\
-         seven,1000,1024,7,1000,,LS,Succeeded,1000,1100,1000\n\
+    let trace = pod_list(
+        dir.path(),
+        "seven,1000,1024,7,1000,,LS,Succeeded,1000,1100,1000\n\
          q1,1000,1024,1,250,,BE,Succeeded,1000,1200,1000\n\
          q2,1000,1024,1,250,,BE,Succeeded,1000,1200,1000\n\
          q3,1000,1024,1,250,,BE,Succeeded,1000,1200,1000\n\
          q4,1000,1024,1,250,,BE,Succeeded,1000,1200,1000\n\
          cpu,1000,1024,0,0,,BE,Succeeded,1000,1200,1000\n\
          half,1000,1024,1,500,,LS,Succeeded,1001,1101,1001\n",
-    )
-    .unwrap();
+    );
     let out = dir.path().join("out");
     let run = gpuledger(&[
         "simulate",
@@ -378,22 +385,19 @@ fn simulate_on_alibabas_node_list_holds_each_pod_to_its_gpu_types() {
          n4,96000,786432,1,G2\n",
     )
     .unwrap();
-    let trace = dir.path().join("openb_pod_list.csv");
     // Half a V100 and a pod of two V100s at once: the two-V100 pod waits although a T4 is
     // free; a pod of any type takes that T4; one asking only for A10s is refused; one asking
     // for the undisclosed type runs on its node, and a second waits for it.
-    std::fs::write(
-        &trace,
-        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n\
-         t4pod,1,1,1,1000,T4,LS,Succeeded,1000,1100,1000\n\
+    let trace = pod_list(
+        dir.path(),
+        "t4pod,1,1,1,1000,T4,LS,Succeeded,1000,1100,1000\n\
          vpod,1,1,2,1000,V100M16|V100M32,LS,Succeeded,1000,1100,1000\n\
          v2,1,1,1,500,V100M32,BE,Succeeded,1000,1100,1000\n\
          any,1,1,1,1000,,BE,Succeeded,1001,1101,1001\n\
          a10,1,1,1,1000,A10,BE,Succeeded,1001,1101,1001\n\
          g2pod,1,1,1,1000,G2,LS,Succeeded,1000,1100,1000\n\
          g2next,1,1,1,1000,G2|A10,LS,Succeeded,1002,1102,1002\n",
-    )
-    .unwrap();
+    );
     let out = dir.path().join("out");
     let run = gpuledger(&[
         "simulate",
@@ -709,7 +713,7 @@ fn completions_and_man_pages_come_from_the_command_line_itself() {
 
 #[test]
 fn check_config_passes_every_shipped_example_and_tells_their_kinds_apart() {
-    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
     let mut checked = 0;
     for entry in std::fs::read_dir(&examples).unwrap() {
         let path = entry.unwrap().path();
