@@ -20,6 +20,7 @@ pub mod cluster;
 pub mod core;
 pub mod fairshare;
 mod plan;
+mod releases;
 pub mod reservation;
 pub mod sim;
 pub mod trace;

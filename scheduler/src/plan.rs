@@ -8,11 +8,13 @@ use std::borrow::Cow;
 use std::cell::RefCell;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::sync::Arc;
 
 use gpuledger_model::time::UnixSeconds;
 use gpuledger_model::JobId;
 
 use crate::cluster::{Cluster, Placement, Shape, Slot, Stamp};
+use crate::releases::{Release, ReleaseBook};
 
 /// A planned start: these GPUs are spoken for during `[start, end)`.
 #[derive(Clone, Debug)]
@@ -38,29 +40,6 @@ impl Hold {
 struct Search {
     prune: bool,
     not_before: UnixSeconds,
-}
-
-/// A running job gives its GPUs back.
-#[derive(Clone, Debug)]
-struct Release {
-    at: UnixSeconds,
-    job: JobId,
-    placement: Placement,
-    /// GPUs it touches, a part of a GPU counted as the GPU (counted once, read by every
-    /// search's free count).
-    gpus: i64,
-}
-
-impl Release {
-    fn new(at: UnixSeconds, job: JobId, placement: Placement) -> Self {
-        let gpus = placement.0.iter().map(|s| s.mask.count_ones()).sum::<u32>();
-        Release {
-            at,
-            job,
-            placement,
-            gpus: i64::from(gpus),
-        }
-    }
 }
 
 #[derive(Clone, Debug, Default)]
@@ -198,16 +177,28 @@ impl NodeBounds {
 }
 
 impl Plan {
+    /// A plan at `now` from running jobs' releases in any order (tests).
+    #[cfg(test)]
     pub fn new(
         now: UnixSeconds,
         releases: Vec<(UnixSeconds, JobId, Placement)>,
-        mut boundaries: Vec<UnixSeconds>,
+        boundaries: Vec<UnixSeconds>,
     ) -> Self {
         let mut releases: Vec<Release> = releases
             .into_iter()
-            .map(|(at, job, placement)| Release::new(at, job, placement))
+            .map(|(at, job, placement)| Release::new(at, job, Arc::new(placement)))
             .collect();
         releases.sort_by(|a, b| (a.at, &a.job).cmp(&(b.at, &b.job)));
+        Self::sorted(now, releases, boundaries)
+    }
+
+    /// A plan at `now` from the running jobs' releases as the scheduler keeps them.
+    pub fn from_book(now: UnixSeconds, book: &ReleaseBook, boundaries: Vec<UnixSeconds>) -> Self {
+        Self::sorted(now, book.releases(), boundaries)
+    }
+
+    /// `releases` by time, then job.
+    fn sorted(now: UnixSeconds, releases: Vec<Release>, mut boundaries: Vec<UnixSeconds>) -> Self {
         boundaries.retain(|t| *t > now);
         boundaries.sort_unstable();
         boundaries.dedup();
@@ -239,7 +230,8 @@ impl Plan {
             .releases
             .partition_point(|r| (r.at, &r.job) < (end, &id));
         self.shares |= placement.has_share();
-        self.releases.insert(at, Release::new(end, id, placement));
+        self.releases
+            .insert(at, Release::new(end, id, Arc::new(placement)));
         *self.bounds.get_mut() = None;
         *self.profile.get_mut() = None;
         *self.checkpoints.get_mut() = None;
@@ -1151,7 +1143,7 @@ mod tests {
                 if *event == 0 {
                     if let Some(r) = plans[0].releases.get(k % plans[0].releases.len().max(1)).cloned() {
                         for plan in plans.iter_mut() {
-                            plan.released_at(&r.job, r.at / 2, r.placement.clone());
+                            plan.released_at(&r.job, r.at / 2, (*r.placement).clone());
                         }
                     }
                 }

@@ -1457,3 +1457,38 @@ proptest! {
         drive(&mut h, submitted);
     }
 }
+
+#[test]
+fn a_job_restored_while_being_preempted_gives_its_gpus_back_at_its_kill_deadline() {
+    // After a restart the service puts back a job that was being preempted, on its GPUs and
+    // with its kill deadline: plans count its GPUs free then, not at its time limit.
+    let mut h = harness(1, "fifo+backfill");
+    let victim = h.spec("a", 8, 10, 0);
+    let by = JobId::new("preemptor").unwrap();
+    let allocation: gpuledger_model::Allocation = "n001:0-7".parse().unwrap();
+    h.sched
+        .restore_running(
+            victim.clone(),
+            0,
+            &allocation,
+            0,
+            None,
+            Some(gpuledger_scheduler::Preempting {
+                by,
+                signal_s: 100,
+                kill_s: 400,
+            }),
+        )
+        .expect("its GPUs are free");
+    h.sched.check_invariants().expect("invariants hold");
+    let waiting = h.submit("b", 8, 1, 150);
+    h.step(200);
+    assert!(!h.is_running(&waiting));
+    assert_eq!(
+        h.pending_job(&waiting).unwrap().estimated_start_s,
+        Some(400)
+    );
+    h.finish(&victim.id, 390);
+    h.step(390);
+    assert!(h.is_running(&waiting));
+}

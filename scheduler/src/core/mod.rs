@@ -19,6 +19,7 @@ use gpuledger_model::{AccountId, Allocation, JobId, ProjectId, SHARE_UNITS_PER_G
 use crate::cluster::{Cluster, NodeFilter, Placement, Shape};
 use crate::fairshare::{account_factors, FairShareParams, UsageLedger};
 use crate::plan::Plan;
+use crate::releases::ReleaseBook;
 use crate::reservation::{AdvanceReservation, ReservationError, ReservationRequest, Reservations};
 use crate::windows::{day_of, gpu_hours_verdict, DaySpread, UsageWindows, WindowKey, DAY_S};
 
@@ -68,6 +69,8 @@ pub struct Scheduler {
     pending: Queue,
     pending_ids: HashSet<JobId>,
     running: BTreeMap<JobId, RunningJob>,
+    /// When each running job gives its GPUs back (kept with `running`).
+    releases: ReleaseBook,
     running_per_account: HashMap<AccountId, u32>,
     running_per_project: HashMap<(AccountId, ProjectId), u32>,
     /// What running jobs hold per account (project `None`) and project, for `max_gpus`, in
@@ -193,6 +196,7 @@ impl Scheduler {
             pending: Queue::default(),
             pending_ids: HashSet::new(),
             running: BTreeMap::new(),
+            releases: ReleaseBook::default(),
             running_per_account: HashMap::new(),
             running_per_project: HashMap::new(),
             gpus_held: HashMap::new(),
@@ -337,6 +341,8 @@ impl Scheduler {
         if let Some(job) = self.running.get_mut(&pending.spec.id) {
             job.last_checkpoint_s = last_checkpoint_s;
             job.preempting = preempting;
+            self.releases
+                .set(&job.spec.id, job.release_key(), &job.placement);
         }
         Ok(())
     }
@@ -402,6 +408,7 @@ impl Scheduler {
     /// A running job ended for good (finished, failed, killed at its limit, cancelled).
     pub fn finish(&mut self, id: &JobId, now: UnixSeconds) -> Option<RunningJob> {
         let mut job = self.running.remove(id)?;
+        self.releases.remove(id);
         // Its GPUs come free before the last plans counted on them.
         self.plans_spoiled |= job.release_s(self.last_cycle_s) > now;
         accrue(&mut self.ledger, &mut self.windows, &mut job, now);
@@ -860,14 +867,7 @@ impl Scheduler {
     }
 
     fn build_plan(&self, now: UnixSeconds) -> Plan {
-        Plan::new(
-            now,
-            self.running
-                .values()
-                .map(|j| (j.release_s(now), j.spec.id.clone(), j.placement.clone()))
-                .collect(),
-            self.reservations.boundaries(),
-        )
+        Plan::from_book(now, &self.releases, self.reservations.boundaries())
     }
 
     /// A planned start for `spec`: the last cycle's where it still stands (see `kept`), else
@@ -933,6 +933,11 @@ impl Scheduler {
             gpus: placement.gpu_count(),
             backfilled,
         };
+        self.releases.set(
+            &job.spec.id,
+            now.saturating_add(job.spec.time_limit_s as i64),
+            &placement,
+        );
         self.running.insert(
             job.spec.id.clone(),
             RunningJob {
@@ -996,6 +1001,7 @@ impl Scheduler {
             };
             accrue(&mut self.ledger, &mut self.windows, r, now);
             r.placement.extend(&extra);
+            self.releases.set(&id, r.release_key(), &r.placement);
             cycle.resized.push(Resized {
                 job_id: id,
                 allocation: self.cluster.to_allocation(&r.placement),
@@ -1010,7 +1016,24 @@ impl Scheduler {
     pub fn check_invariants(&self) -> Result<(), String> {
         self.pending.check()?;
         let mut rebuilt = self.cluster.empty_like();
+        if self.releases.len() != self.running.len() {
+            return Err(format!(
+                "{} releases booked for {} running jobs",
+                self.releases.len(),
+                self.running.len()
+            ));
+        }
         for job in self.running.values() {
+            let booked = self.releases.of(&job.spec.id);
+            if booked.map(|r| (r.at, &*r.placement)) != Some((job.release_key(), &job.placement)) {
+                return Err(format!(
+                    "job {} is booked to give back {:?}, not {:?} at {}",
+                    job.spec.id,
+                    booked,
+                    job.placement,
+                    job.release_key()
+                ));
+            }
             if !rebuilt.is_free(&job.placement) {
                 return Err(format!(
                     "job {} holds a GPU that another job holds",

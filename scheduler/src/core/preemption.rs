@@ -221,6 +221,7 @@ impl Scheduler {
                         allocation: self.cluster.to_allocation(&r.placement),
                         gpus: r.placement.gpu_count(),
                     });
+                    self.releases.set(&c.id, r.release_key(), &r.placement);
                     if let Some(plan) = plan.as_mut() {
                         plan.released_at(&c.id, r.release_s(now), r.placement.clone());
                     }
@@ -242,6 +243,7 @@ impl Scheduler {
                         by: job.spec.id.clone(),
                         kill_s,
                     });
+                    self.releases.set(&c.id, kill_s, &r.placement);
                     if let Some(plan) = plan.as_mut() {
                         plan.released_at(&c.id, kill_s, r.placement.clone());
                     }

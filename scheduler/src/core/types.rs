@@ -329,11 +329,19 @@ impl RunningJob {
     }
 
     /// When its GPUs are expected back: at its kill deadline when it is being preempted, at
-    /// its time limit otherwise.
+    /// its time limit otherwise (or now, when that is past).
     pub(crate) fn release_s(&self, now: UnixSeconds) -> UnixSeconds {
         match &self.preempting {
             Some(p) => p.kill_s,
             None => self.limit_end_s().max(now),
+        }
+    }
+
+    /// Its place in the scheduler's release book: `release_s` before any time is applied.
+    pub(crate) fn release_key(&self) -> UnixSeconds {
+        match &self.preempting {
+            Some(p) => p.kill_s,
+            None => self.limit_end_s(),
         }
     }
 
