@@ -192,9 +192,10 @@ pub use gpuledger_model::config::MAX_GPU_TYPES;
 /// What the node set is, worked out once: one per cluster, shared by its copies.
 #[derive(Debug)]
 struct NodeFacts {
-    /// Node indices by GPUs, the largest first (ties in node order), where nodes differ in
-    /// size: the order whole-node placement visits them in. Empty on a uniform cluster.
-    largest_first: Vec<usize>,
+    /// Where nodes differ in size, the nodes of each size as a bit per node, the largest size
+    /// first: whole-node placement takes the largest free nodes first (ties in node order),
+    /// visiting only the wholly free ones. Empty on a uniform cluster.
+    by_size: Vec<Vec<u64>>,
     /// The GPU types the nodes have, in the order first met.
     types: Vec<GpuType>,
     /// The nodes of each type, in node order: a job asking for some types looks at those.
@@ -318,6 +319,26 @@ fn counts(free: &[u64]) -> Vec<u8> {
     free.iter().map(|m| m.count_ones() as u8).collect()
 }
 
+/// The indices of the set bits of `mask`, lowest first.
+pub(crate) fn set_bits(mut mask: u64) -> impl Iterator<Item = usize> {
+    std::iter::from_fn(move || {
+        (mask != 0).then(|| {
+            let b = mask.trailing_zeros() as usize;
+            mask &= mask - 1;
+            b
+        })
+    })
+}
+
+/// The nodes set in `nodes` (a bit per node), only those also set in `within` when given,
+/// in node order.
+fn nodes_in<'a>(nodes: &'a [u64], within: Option<&'a [u64]>) -> impl Iterator<Item = usize> + 'a {
+    nodes.iter().enumerate().flat_map(move |(w, bits)| {
+        let bits = within.map_or(*bits, |within| bits & within[w]);
+        set_bits(bits).map(move |b| w * 64 + b)
+    })
+}
+
 fn full_mask(gpus: u32) -> u64 {
     if gpus >= 64 {
         u64::MAX
@@ -377,10 +398,25 @@ impl Cluster {
             })
             .collect();
         let uniform = meta.iter().all(|m| m.spec.gpus == gpus_per_node_max);
-        let mut largest_first: Vec<usize> = Vec::new();
+        let mut by_size: Vec<Vec<u64>> = Vec::new();
         if !uniform {
-            largest_first = (0..meta.len()).collect();
-            largest_first.sort_by_key(|idx| std::cmp::Reverse(meta[*idx].spec.gpus));
+            let mut sizes: Vec<u32> = meta.iter().map(|m| m.spec.gpus).collect();
+            sizes.sort_unstable_by(|a, b| b.cmp(a));
+            sizes.dedup();
+            by_size = sizes
+                .iter()
+                .map(|size| {
+                    let mut bits = vec![0u64; meta.len().div_ceil(64)];
+                    for (idx, _) in meta
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, m)| m.spec.gpus == *size)
+                    {
+                        bits[idx / 64] |= 1 << (idx % 64);
+                    }
+                    bits
+                })
+                .collect();
         }
         let total_gpus = meta.iter().map(|m| m.spec.gpus).sum();
         let mut nodes_of_type = vec![Vec::new(); types.len()];
@@ -388,7 +424,7 @@ impl Cluster {
             nodes_of_type[m.type_bit.trailing_zeros() as usize].push(idx);
         }
         let facts = NodeFacts {
-            largest_first,
+            by_size,
             types,
             nodes_of_type,
             gpus_per_node_max,
@@ -843,6 +879,9 @@ impl Cluster {
         ))
     }
 
+    /// Whole free nodes for `gpus`, visiting only the wholly free nodes: in node order on a
+    /// uniform cluster; the largest first on a mixed one, so a job spans as few nodes as it
+    /// can (ties in node order).
     fn find_whole_nodes(
         &self,
         gpus: u32,
@@ -850,35 +889,50 @@ impl Cluster {
         filter: &NodeFilter,
         shape: &Shape,
     ) -> Option<Placement> {
-        let types = self.type_mask(shape);
         if self.whole_node_gpus < gpus {
             return None;
         }
-        // Node order on a uniform cluster, only the nodes wholly free (no allocation on the
-        // hot path); the largest nodes first on a mixed one, so a job spans as few nodes as it
-        // can.
-        let whole_nodes = self.whole_nodes.iter().enumerate().flat_map(|(w, bits)| {
-            let mut bits = *bits;
-            std::iter::from_fn(move || {
-                (bits != 0).then(|| {
-                    let b = bits.trailing_zeros() as usize;
-                    bits &= bits - 1;
-                    w * 64 + b
-                })
-            })
-        });
-        let order = whole_nodes
-            .take_while(|_| self.facts.uniform)
-            .chain(self.facts.largest_first.iter().copied());
+        // Two loops of one body rather than one chained iterator: this runs for every planned
+        // start tried, and the uniform cluster's loop stays as plain as before.
+        if self.facts.by_size.is_empty() {
+            self.take_whole_nodes(
+                nodes_in(&self.whole_nodes, None),
+                gpus,
+                account,
+                filter,
+                shape,
+            )
+        } else {
+            let by_size = self.facts.by_size.iter();
+            self.take_whole_nodes(
+                by_size.flat_map(|nodes| nodes_in(&self.whole_nodes, Some(nodes))),
+                gpus,
+                account,
+                filter,
+                shape,
+            )
+        }
+    }
+
+    /// The first wholly free nodes of `order` the job may use, until they hold `gpus`.
+    fn take_whole_nodes(
+        &self,
+        order: impl Iterator<Item = usize>,
+        gpus: u32,
+        account: &AccountId,
+        filter: &NodeFilter,
+        shape: &Shape,
+    ) -> Option<Placement> {
+        let types = self.type_mask(shape);
         let mut slots = Vec::new();
         let mut left = gpus;
         for idx in order {
             if left == 0 {
                 break;
             }
-            // A plain test rather than an iterator filter: this loop runs for every planned
-            // start tried, and the closure was not always inlined.
-            if self.free[idx] != self.meta[idx].all || !self.allowed(idx, account, filter, types) {
+            debug_assert_eq!(self.free[idx], self.meta[idx].all);
+            // A plain test rather than an iterator filter (the closure was not always inlined).
+            if !self.allowed(idx, account, filter, types) {
                 continue;
             }
             let take = left.min(self.meta[idx].spec.gpus);
@@ -1459,6 +1513,57 @@ mod tests {
                     .map(|(_, n)| n);
                 let found = c.find_on_one_node(gpus, &a, &any, &shape);
                 proptest::prop_assert_eq!(found.map(|p| p.0[0].node), walk);
+            }
+        }
+
+        /// A job spanning nodes takes the wholly free nodes a walk of every node, the largest
+        /// first and ties in node order, would take: on clusters of one size and of several
+        /// (more than 64 nodes, so the nodes' bits span words), of its types only.
+        #[test]
+        fn whole_node_search_is_the_largest_first_walk(
+            nodes in proptest::collection::vec((0usize..3, prop_oneof_gpus(), proptest::bool::weighted(0.4)), 1..140),
+            uniform in proptest::bool::ANY,
+            asks in proptest::collection::vec((1u32..80, 1u8..8, proptest::option::of(1u32..6)), 1..12),
+        ) {
+            let models = [GpuModel::A100, GpuModel::H100Sxm, GpuModel::T4];
+            let size = |g: u32| if uniform { 8 } else { g };
+            let specs = nodes
+                .iter()
+                .enumerate()
+                .map(|(i, (m, g, _))| node(i + 1, size(*g), models[*m]))
+                .collect();
+            let mut c = Cluster::new(specs);
+            for (i, (_, _, busy)) in nodes.iter().enumerate() {
+                if *busy {
+                    c.take(&Placement(vec![Slot::whole(i, 1)]));
+                }
+            }
+            let a = AccountId::new("a").unwrap();
+            let any = NodeFilter::none();
+            for (gpus, which, max_nodes) in asks {
+                let gpu_types: Vec<GpuType> = (0..3)
+                    .filter(|t| which & (1 << t) != 0)
+                    .map(|t| models[t].into())
+                    .collect();
+                let shape = Shape { gpu_types, max_nodes, ..Shape::default() };
+                let mut order: Vec<usize> = (0..c.node_count()).collect();
+                order.sort_by_key(|n| std::cmp::Reverse(c.node_spec(*n).gpus));
+                let mut walk = Vec::new();
+                let mut left = gpus;
+                for n in order {
+                    let spec = c.node_spec(n);
+                    if left == 0 || c.free_on(n) != spec.gpus || !shape.allows_type(&spec.gpu_type) {
+                        continue;
+                    }
+                    let take = left.min(spec.gpus);
+                    walk.push((n, take));
+                    left -= take;
+                }
+                let fits = left == 0 && max_nodes.is_none_or(|m| walk.len() <= m as usize);
+                let found = c
+                    .find_whole_nodes(gpus, &a, &any, &shape)
+                    .map(|p| p.0.iter().map(|s| (s.node, s.mask.count_ones())).collect::<Vec<_>>());
+                proptest::prop_assert_eq!(found, fits.then_some(walk));
             }
         }
 

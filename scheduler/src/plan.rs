@@ -13,7 +13,7 @@ use std::sync::Arc;
 use gpuledger_model::time::UnixSeconds;
 use gpuledger_model::JobId;
 
-use crate::cluster::{Cluster, Placement, Shape, Slot, Stamp};
+use crate::cluster::{set_bits, Cluster, Placement, Shape, Slot, Stamp};
 use crate::releases::{Release, ReleaseBook};
 
 /// A planned start: these GPUs are spoken for during `[start, end)`.
@@ -797,7 +797,7 @@ impl<'p> Sweep<'p> {
                     .iter_mut()
                     .for_each(|h| *h += 1),
                 None => {
-                    for b in bits(slot.mask) {
+                    for b in set_bits(slot.mask) {
                         self.counts.holders[first + b] += 1;
                     }
                 }
@@ -821,7 +821,7 @@ impl<'p> Sweep<'p> {
                     unheld <<= from;
                 }
                 None => {
-                    for b in bits(slot.mask) {
+                    for b in set_bits(slot.mask) {
                         let holders = &mut self.counts.holders[first + b];
                         *holders -= 1;
                         if *holders == 0 {
@@ -873,17 +873,6 @@ fn run_of(mask: u64) -> Option<(usize, usize)> {
     let from = mask.trailing_zeros();
     let shifted = mask >> from;
     (shifted & shifted.wrapping_add(1) == 0).then(|| (from as usize, mask.count_ones() as usize))
-}
-
-/// The indices of the set bits of `mask`, lowest first.
-fn bits(mut mask: u64) -> impl Iterator<Item = usize> {
-    std::iter::from_fn(move || {
-        (mask != 0).then(|| {
-            let b = mask.trailing_zeros() as usize;
-            mask &= mask - 1;
-            b
-        })
-    })
 }
 
 /// Two sorted sequences as one sorted sequence (ties: the first's item first).
