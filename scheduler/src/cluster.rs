@@ -200,6 +200,9 @@ struct NodeFacts {
     types: Vec<GpuType>,
     /// The nodes of each type, in node order: a job asking for some types looks at those.
     nodes_of_type: Vec<Vec<usize>>,
+    /// The same as a bit per node: a whole-node search of a job asking for some types visits
+    /// the wholly free nodes of those types only.
+    type_bits: Vec<Vec<u64>>,
     gpus_per_node_max: u32,
     total_gpus: u32,
     /// Whether every node has as many GPUs (whole-node placement need not prefer any).
@@ -330,13 +333,16 @@ pub(crate) fn set_bits(mut mask: u64) -> impl Iterator<Item = usize> {
     })
 }
 
-/// The nodes set in `nodes` (a bit per node), only those also set in `within` when given,
+/// The nodes set in `nodes` (a bit per node) and in `within` (its word of 64 nodes by index),
 /// in node order.
-fn nodes_in<'a>(nodes: &'a [u64], within: Option<&'a [u64]>) -> impl Iterator<Item = usize> + 'a {
-    nodes.iter().enumerate().flat_map(move |(w, bits)| {
-        let bits = within.map_or(*bits, |within| bits & within[w]);
-        set_bits(bits).map(move |b| w * 64 + b)
-    })
+fn nodes_in<'a>(
+    nodes: &'a [u64],
+    within: impl Fn(usize) -> u64 + 'a,
+) -> impl Iterator<Item = usize> + 'a {
+    nodes
+        .iter()
+        .enumerate()
+        .flat_map(move |(w, bits)| set_bits(bits & within(w)).map(move |b| w * 64 + b))
 }
 
 fn full_mask(gpus: u32) -> u64 {
@@ -420,13 +426,17 @@ impl Cluster {
         }
         let total_gpus = meta.iter().map(|m| m.spec.gpus).sum();
         let mut nodes_of_type = vec![Vec::new(); types.len()];
+        let mut type_bits = vec![vec![0u64; meta.len().div_ceil(64)]; types.len()];
         for (idx, m) in meta.iter().enumerate() {
-            nodes_of_type[m.type_bit.trailing_zeros() as usize].push(idx);
+            let t = m.type_bit.trailing_zeros() as usize;
+            nodes_of_type[t].push(idx);
+            type_bits[t][idx / 64] |= 1 << (idx % 64);
         }
         let facts = NodeFacts {
             by_size,
             types,
             nodes_of_type,
+            type_bits,
             gpus_per_node_max,
             total_gpus,
             uniform,
@@ -892,23 +902,41 @@ impl Cluster {
         if self.whole_node_gpus < gpus {
             return None;
         }
+        let types = self.type_mask(shape);
+        // Per word of 64 nodes, the nodes of the job's types.
+        let of_types = |w: usize| {
+            if types == u64::MAX {
+                return u64::MAX;
+            }
+            let mut bits = 0;
+            for (t, nodes) in self.facts.type_bits.iter().enumerate() {
+                if types & (1 << t) != 0 {
+                    bits |= nodes[w];
+                }
+            }
+            bits
+        };
         // Two loops of one body rather than one chained iterator: this runs for every planned
         // start tried, and the uniform cluster's loop stays as plain as before.
         if self.facts.by_size.is_empty() {
             self.take_whole_nodes(
-                nodes_in(&self.whole_nodes, None),
+                nodes_in(&self.whole_nodes, of_types),
                 gpus,
                 account,
                 filter,
+                types,
                 shape,
             )
         } else {
             let by_size = self.facts.by_size.iter();
             self.take_whole_nodes(
-                by_size.flat_map(|nodes| nodes_in(&self.whole_nodes, Some(nodes))),
+                by_size.flat_map(|of_size| {
+                    nodes_in(&self.whole_nodes, move |w| of_size[w] & of_types(w))
+                }),
                 gpus,
                 account,
                 filter,
+                types,
                 shape,
             )
         }
@@ -921,9 +949,9 @@ impl Cluster {
         gpus: u32,
         account: &AccountId,
         filter: &NodeFilter,
+        types: u64,
         shape: &Shape,
     ) -> Option<Placement> {
-        let types = self.type_mask(shape);
         let mut slots = Vec::new();
         let mut left = gpus;
         for idx in order {
