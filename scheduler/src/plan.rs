@@ -8,7 +8,6 @@ use std::borrow::Cow;
 use std::cell::RefCell;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-use std::sync::Arc;
 
 use gpuledger_model::time::UnixSeconds;
 use gpuledger_model::JobId;
@@ -137,7 +136,7 @@ impl NodeBounds {
         let mut whole = vec![(plan.now, whole_free)];
         for release in &plan.releases {
             let at = release.at.max(plan.now);
-            for slot in &release.placement.0 {
+            for slot in &release.placement().0 {
                 // A part of a GPU counts as the whole GPU freed: an upper bound of what is free.
                 let was_whole = free[slot.node] == full_node(cluster, slot.node);
                 free[slot.node] |= slot.mask;
@@ -186,9 +185,9 @@ impl Plan {
     ) -> Self {
         let mut releases: Vec<Release> = releases
             .into_iter()
-            .map(|(at, job, placement)| Release::new(at, job, Arc::new(placement)))
+            .map(|(at, job, placement)| Release::new(at, job, placement))
             .collect();
-        releases.sort_by(|a, b| (a.at, &a.job).cmp(&(b.at, &b.job)));
+        releases.sort_by(|a, b| (a.at, a.job()).cmp(&(b.at, b.job())));
         Self::sorted(now, releases, boundaries)
     }
 
@@ -202,7 +201,7 @@ impl Plan {
         boundaries.retain(|t| *t > now);
         boundaries.sort_unstable();
         boundaries.dedup();
-        let shares = releases.iter().any(|r| r.placement.has_share());
+        let shares = releases.iter().any(|r| r.placement().has_share());
         Plan {
             now,
             releases,
@@ -228,10 +227,9 @@ impl Plan {
     pub fn started(&mut self, id: JobId, end: UnixSeconds, placement: Placement) {
         let at = self
             .releases
-            .partition_point(|r| (r.at, &r.job) < (end, &id));
+            .partition_point(|r| (r.at, r.job()) < (end, &id));
         self.shares |= placement.has_share();
-        self.releases
-            .insert(at, Release::new(end, id, Arc::new(placement)));
+        self.releases.insert(at, Release::new(end, id, placement));
         *self.bounds.get_mut() = None;
         *self.profile.get_mut() = None;
         *self.checkpoints.get_mut() = None;
@@ -262,7 +260,7 @@ impl Plan {
             let k = checkpoints.taken.len();
             let mut next = checkpoints.taken.last().unwrap_or(cluster).clone();
             for release in &self.releases[k * every..(k + 1) * every] {
-                for slot in &release.placement.0 {
+                for slot in &release.placement().0 {
                     next.free_held_gpus(slot.node, slot.mask);
                 }
             }
@@ -279,7 +277,7 @@ impl Plan {
 
     /// A running job now gives its GPUs back at `end` (it is being preempted, or shrank).
     pub fn released_at(&mut self, id: &JobId, end: UnixSeconds, placement: Placement) {
-        self.releases.retain(|r| &r.job != id);
+        self.releases.retain(|r| r.job() != id);
         self.started(id.clone(), end, placement);
     }
 
@@ -431,7 +429,7 @@ impl Plan {
             .iter()
             .filter(|r| {
                 !typed
-                    || r.placement
+                    || r.placement()
                         .0
                         .iter()
                         .any(|s| cluster.type_bit(s.node) & types != 0)
@@ -640,7 +638,7 @@ impl<'p> Copies<'p> {
             if r.at > t {
                 break;
             }
-            self.future.release(&r.placement);
+            self.future.release(r.placement());
             self.next_release += 1;
         }
         // Releases only add GPUs and holds only take some: a cluster with too few free
@@ -767,7 +765,7 @@ impl<'p> Sweep<'p> {
             if r.at > t {
                 break;
             }
-            for slot in &r.placement.0 {
+            for slot in &r.placement().0 {
                 let held = self.counts.held(slot.node, slot.mask);
                 self.counts.freed[slot.node] |= held;
                 self.window.free_held_gpus(slot.node, slot.mask & !held);
@@ -1002,7 +1000,7 @@ mod tests {
             return plan.now;
         }
         for release in &plan.releases {
-            for slot in &release.placement.0 {
+            for slot in &release.placement().0 {
                 free[slot.node] |= slot.mask;
                 if fits(&free) {
                     return release.at.max(plan.now);
@@ -1132,7 +1130,7 @@ mod tests {
                 if *event == 0 {
                     if let Some(r) = plans[0].releases.get(k % plans[0].releases.len().max(1)).cloned() {
                         for plan in plans.iter_mut() {
-                            plan.released_at(&r.job, r.at / 2, (*r.placement).clone());
+                            plan.released_at(r.job(), r.at / 2, r.placement().clone());
                         }
                     }
                 }

@@ -16,23 +16,36 @@ use crate::cluster::Placement;
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Release {
     pub at: UnixSeconds,
-    pub job: JobId,
-    /// Shared between the book and the plans made from it.
-    pub placement: Arc<Placement>,
     /// GPUs it touches, a part of a GPU counted as the GPU (counted once, read by every
     /// search's free count).
     pub gpus: i64,
+    /// Shared between the book and the plans made from it: a plan's copy of a release is one
+    /// reference count, not a placement.
+    what: Arc<Released>,
+}
+
+#[derive(Debug, PartialEq)]
+struct Released {
+    job: JobId,
+    placement: Placement,
 }
 
 impl Release {
-    pub fn new(at: UnixSeconds, job: JobId, placement: Arc<Placement>) -> Self {
+    pub fn new(at: UnixSeconds, job: JobId, placement: Placement) -> Self {
         let gpus = placement.0.iter().map(|s| s.mask.count_ones()).sum::<u32>();
         Release {
             at,
-            job,
-            placement,
             gpus: i64::from(gpus),
+            what: Arc::new(Released { job, placement }),
         }
+    }
+
+    pub fn job(&self) -> &JobId {
+        &self.what.job
+    }
+
+    pub fn placement(&self) -> &Placement {
+        &self.what.placement
     }
 }
 
@@ -51,7 +64,7 @@ impl ReleaseBook {
         self.at_of.insert(job.clone(), at);
         self.by_time.insert(
             (at, job.clone()),
-            Release::new(at, job.clone(), Arc::new(placement.clone())),
+            Release::new(at, job.clone(), placement.clone()),
         );
     }
 
@@ -100,7 +113,7 @@ mod tests {
         let order = |book: &ReleaseBook| {
             book.releases()
                 .iter()
-                .map(|r| (r.at, r.job.to_string(), r.gpus))
+                .map(|r| (r.at, r.job().to_string(), r.gpus))
                 .collect::<Vec<_>>()
         };
         assert_eq!(

@@ -1025,7 +1025,7 @@ impl Scheduler {
         }
         for job in self.running.values() {
             let booked = self.releases.of(&job.spec.id);
-            if booked.map(|r| (r.at, &*r.placement)) != Some((job.release_key(), &job.placement)) {
+            if booked.map(|r| (r.at, r.placement())) != Some((job.release_key(), &job.placement)) {
                 return Err(format!(
                     "job {} is booked to give back {:?}, not {:?} at {}",
                     job.spec.id,
