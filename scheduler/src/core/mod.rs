@@ -1186,13 +1186,17 @@ fn accrue(
         job.placement.gpu_equivalent() * secs as f64,
         now,
     );
-    windows.record(
-        &job.spec.account,
-        job.spec.project.as_ref(),
-        job.placement.share_units(),
-        job.accrued_until,
-        now,
-    );
+    // This runs for every running job at every simulated event: the placement is walked
+    // again only where some account has a GPU-hour quota.
+    if windows.is_tracking() {
+        windows.record(
+            &job.spec.account,
+            job.spec.project.as_ref(),
+            job.placement.share_units(),
+            job.accrued_until,
+            now,
+        );
+    }
     job.accrued_until = now;
 }
 
