@@ -183,7 +183,7 @@ impl SharedGpu {
 struct NodeMeta {
     spec: NodeSpec,
     all: u64,
-    /// The index of its GPU type in `Cluster::types`.
+    /// Its GPU type as one bit: the type's index in `NodeFacts::types`.
     type_bit: u64,
 }
 
@@ -198,15 +198,22 @@ struct NodeFacts {
     by_size: Vec<Vec<u64>>,
     /// The GPU types the nodes have, in the order first met.
     types: Vec<GpuType>,
-    /// The nodes of each type, in node order: a job asking for some types looks at those.
+    /// The nodes of each type, in node order: the one-node search of a job asking for some
+    /// types walks those (walking `type_bits` instead took a third more instructions in
+    /// `Cluster::find` on the Alibaba-like replay).
     nodes_of_type: Vec<Vec<usize>>,
     /// The same as a bit per node: a whole-node search of a job asking for some types visits
     /// the wholly free nodes of those types only.
     type_bits: Vec<Vec<u64>>,
     gpus_per_node_max: u32,
     total_gpus: u32,
+}
+
+impl NodeFacts {
     /// Whether every node has as many GPUs (whole-node placement need not prefer any).
-    uniform: bool,
+    fn uniform(&self) -> bool {
+        self.by_size.is_empty()
+    }
 }
 
 /// Free and held GPUs of every node.
@@ -305,7 +312,6 @@ fn all_nodes(nodes: usize) -> Vec<u64> {
         .collect()
 }
 
-/// How many GPUs each mask holds.
 /// Free GPUs of each of `types` GPU types; none kept for one type.
 fn free_by_type(meta: &[NodeMeta], types: usize, free: &[u64]) -> Vec<u32> {
     if types < 2 {
@@ -318,6 +324,7 @@ fn free_by_type(meta: &[NodeMeta], types: usize, free: &[u64]) -> Vec<u32> {
     by_type
 }
 
+/// How many GPUs each mask holds.
 fn counts(free: &[u64]) -> Vec<u8> {
     free.iter().map(|m| m.count_ones() as u8).collect()
 }
@@ -333,16 +340,22 @@ pub(crate) fn set_bits(mut mask: u64) -> impl Iterator<Item = usize> {
     })
 }
 
-/// The nodes set in `nodes` (a bit per node) and in `within` (its word of 64 nodes by index),
+/// The nodes of a set given as `words` words of a bit per node (`word(w)`: nodes `64 w..`),
 /// in node order.
-fn nodes_in<'a>(
-    nodes: &'a [u64],
-    within: impl Fn(usize) -> u64 + 'a,
+fn nodes_where<'a>(
+    words: usize,
+    word: impl Fn(usize) -> u64 + 'a,
 ) -> impl Iterator<Item = usize> + 'a {
-    nodes
-        .iter()
-        .enumerate()
-        .flat_map(move |(w, bits)| set_bits(bits & within(w)).map(move |b| w * 64 + b))
+    (0..words).flat_map(move |w| set_bits(word(w)).map(move |b| w * 64 + b))
+}
+
+/// A set of nodes as a bit per node, `nodes` of `count`.
+fn node_set(count: usize, nodes: impl Iterator<Item = usize>) -> Vec<u64> {
+    let mut bits = vec![0u64; count.div_ceil(64)];
+    for idx in nodes {
+        bits[idx / 64] |= 1 << (idx % 64);
+    }
+    bits
 }
 
 fn full_mask(gpus: u32) -> u64 {
@@ -412,26 +425,25 @@ impl Cluster {
             by_size = sizes
                 .iter()
                 .map(|size| {
-                    let mut bits = vec![0u64; meta.len().div_ceil(64)];
-                    for (idx, _) in meta
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, m)| m.spec.gpus == *size)
-                    {
-                        bits[idx / 64] |= 1 << (idx % 64);
-                    }
-                    bits
+                    node_set(
+                        meta.len(),
+                        (0..meta.len()).filter(|i| meta[*i].spec.gpus == *size),
+                    )
                 })
                 .collect();
         }
         let total_gpus = meta.iter().map(|m| m.spec.gpus).sum();
-        let mut nodes_of_type = vec![Vec::new(); types.len()];
-        let mut type_bits = vec![vec![0u64; meta.len().div_ceil(64)]; types.len()];
-        for (idx, m) in meta.iter().enumerate() {
-            let t = m.type_bit.trailing_zeros() as usize;
-            nodes_of_type[t].push(idx);
-            type_bits[t][idx / 64] |= 1 << (idx % 64);
-        }
+        let nodes_of_type: Vec<Vec<usize>> = (0..types.len())
+            .map(|t| {
+                (0..meta.len())
+                    .filter(|i| meta[*i].type_bit == 1 << t)
+                    .collect()
+            })
+            .collect();
+        let type_bits = nodes_of_type
+            .iter()
+            .map(|nodes| node_set(meta.len(), nodes.iter().copied()))
+            .collect();
         let facts = NodeFacts {
             by_size,
             types,
@@ -439,7 +451,6 @@ impl Cluster {
             type_bits,
             gpus_per_node_max,
             total_gpus,
-            uniform,
         };
         Self::hollow_of(meta, Arc::new(facts)).empty_like()
     }
@@ -627,6 +638,21 @@ impl Cluster {
         }
     }
 
+    /// Word `w` (nodes `64 w..`) of the set of nodes of the types in `types` (a
+    /// [`Cluster::type_mask`]), a bit per node.
+    fn type_word(&self, types: u64, w: usize) -> u64 {
+        if types == u64::MAX {
+            return u64::MAX;
+        }
+        let mut bits = 0;
+        for (t, nodes) in self.facts.type_bits.iter().enumerate() {
+            if types & (1 << t) != 0 {
+                bits |= nodes[w];
+            }
+        }
+        bits
+    }
+
     /// The types `shape` may use, a bit per type of `types` (every bit when it names none).
     pub(crate) fn type_mask(&self, shape: &Shape) -> u64 {
         if shape.gpu_types.is_empty() {
@@ -703,7 +729,7 @@ impl Cluster {
             }
             // Where every node is as large, a whole free node would have been found above:
             // only smaller nodes together can hold a job that fits one node.
-            if self.facts.uniform {
+            if self.facts.uniform() {
                 return None;
             }
         }
@@ -903,24 +929,14 @@ impl Cluster {
             return None;
         }
         let types = self.type_mask(shape);
-        // Per word of 64 nodes, the nodes of the job's types.
-        let of_types = |w: usize| {
-            if types == u64::MAX {
-                return u64::MAX;
-            }
-            let mut bits = 0;
-            for (t, nodes) in self.facts.type_bits.iter().enumerate() {
-                if types & (1 << t) != 0 {
-                    bits |= nodes[w];
-                }
-            }
-            bits
-        };
+        let of_types = |w: usize| self.type_word(types, w);
         // Two loops of one body rather than one chained iterator: this runs for every planned
         // start tried, and the uniform cluster's loop stays as plain as before.
-        if self.facts.by_size.is_empty() {
+        if self.facts.uniform() {
             self.take_whole_nodes(
-                nodes_in(&self.whole_nodes, of_types),
+                nodes_where(self.whole_nodes.len(), |w| {
+                    self.whole_nodes[w] & of_types(w)
+                }),
                 gpus,
                 account,
                 filter,
@@ -931,7 +947,9 @@ impl Cluster {
             let by_size = self.facts.by_size.iter();
             self.take_whole_nodes(
                 by_size.flat_map(|of_size| {
-                    nodes_in(&self.whole_nodes, move |w| of_size[w] & of_types(w))
+                    nodes_where(self.whole_nodes.len(), move |w| {
+                        self.whole_nodes[w] & of_size[w] & of_types(w)
+                    })
                 }),
                 gpus,
                 account,

@@ -933,26 +933,21 @@ impl Scheduler {
             gpus: placement.gpu_count(),
             backfilled,
         };
-        self.releases.set(
-            &job.spec.id,
-            now.saturating_add(job.spec.time_limit_s as i64),
-            &placement,
-        );
-        self.running.insert(
-            job.spec.id.clone(),
-            RunningJob {
-                spec: job.spec.clone(),
-                tier: job.tier,
-                start_s: now,
-                placement,
-                last_checkpoint_s: None,
-                preempting: None,
-                preemptions: job.preemptions,
-                backfilled,
-                accrued_until: now,
-                usage_slot: self.ledger.slot(&job.spec.account),
-            },
-        );
+        let running = RunningJob {
+            spec: job.spec.clone(),
+            tier: job.tier,
+            start_s: now,
+            placement,
+            last_checkpoint_s: None,
+            preempting: None,
+            preemptions: job.preemptions,
+            backfilled,
+            accrued_until: now,
+            usage_slot: self.ledger.slot(&job.spec.account),
+        };
+        self.releases
+            .set(&job.spec.id, running.release_key(), &running.placement);
+        self.running.insert(job.spec.id.clone(), running);
         started
     }
 
