@@ -232,6 +232,12 @@ pub struct Cluster {
     /// How many bits of each node's `free` are set (read per node by every placement
     /// search; written only through `set_free`).
     free_on: Vec<u8>,
+    /// How many nodes have each number of GPUs free (`free_on` tallied, written only through
+    /// `set_free`), and a bit per number some node has: the most any one node has free is
+    /// read in one step, which rules out most start times a plan search tries for a job of
+    /// several GPUs on a fragmented cluster without looking at any node.
+    nodes_by_free: Vec<u32>,
+    free_sizes: u128,
     free_count: u32,
     /// The GPUs of nodes with every GPU free (written only through `set_free`): a job that
     /// needs whole nodes cannot fit in fewer, which rules out most start times a plan search
@@ -275,6 +281,8 @@ impl Clone for Cluster {
             free_by_type: self.free_by_type.clone(),
             free: self.free.clone(),
             free_on: self.free_on.clone(),
+            nodes_by_free: self.nodes_by_free.clone(),
+            free_sizes: self.free_sizes,
             free_count: self.free_count,
             whole_node_gpus: self.whole_node_gpus,
             whole_nodes: self.whole_nodes.clone(),
@@ -327,6 +335,24 @@ fn free_by_type(meta: &[NodeMeta], types: usize, free: &[u64]) -> Vec<u32> {
 /// How many GPUs each mask holds.
 fn counts(free: &[u64]) -> Vec<u8> {
     free.iter().map(|m| m.count_ones() as u8).collect()
+}
+
+/// How many nodes have each number of GPUs free, from none to `most`.
+fn nodes_by_free(free: &[u64], most: u32) -> Vec<u32> {
+    let mut tally = vec![0; most as usize + 1];
+    for mask in free {
+        tally[mask.count_ones() as usize] += 1;
+    }
+    tally
+}
+
+/// A bit per number of free GPUs some node has.
+fn free_sizes(nodes_by_free: &[u32]) -> u128 {
+    nodes_by_free
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| **n > 0)
+        .fold(0, |bits, (k, _)| bits | 1 << k)
 }
 
 /// The indices of the set bits of `mask`, lowest first.
@@ -466,6 +492,8 @@ impl Cluster {
             whole_node_gpus: self.facts.total_gpus,
             whole_nodes: all_nodes(free.len()),
             free_on: counts(&free),
+            nodes_by_free: nodes_by_free(&free, self.facts.gpus_per_node_max),
+            free_sizes: free_sizes(&nodes_by_free(&free, self.facts.gpus_per_node_max)),
             free,
             shared: Vec::new(),
             shared_used: 0,
@@ -487,6 +515,8 @@ impl Cluster {
             free_by_type: Vec::new(),
             free: Vec::new(),
             free_on: Vec::new(),
+            nodes_by_free: Vec::new(),
+            free_sizes: 0,
             free_count: 0,
             whole_node_gpus: 0,
             whole_nodes: Vec::new(),
@@ -505,6 +535,8 @@ impl Cluster {
             free_by_type,
             free,
             free_on,
+            nodes_by_free,
+            free_sizes,
             free_count,
             whole_node_gpus,
             whole_nodes,
@@ -517,6 +549,8 @@ impl Cluster {
         self.free_by_type.clone_from(free_by_type);
         self.free.clone_from(free);
         self.free_on.clone_from(free_on);
+        self.nodes_by_free.clone_from(nodes_by_free);
+        self.free_sizes = *free_sizes;
         self.free_count = *free_count;
         self.whole_node_gpus = *whole_node_gpus;
         self.whole_nodes.clone_from(whole_nodes);
@@ -571,6 +605,14 @@ impl Cluster {
         }
         self.free[node] = mask;
         self.free_on[node] = now as u8;
+        if now != was {
+            self.nodes_by_free[was as usize] -= 1;
+            if self.nodes_by_free[was as usize] == 0 {
+                self.free_sizes &= !(1 << was);
+            }
+            self.nodes_by_free[now as usize] += 1;
+            self.free_sizes |= 1 << now;
+        }
         self.free_count = self.free_count + now - was;
         if !self.free_by_type.is_empty() {
             let of_type =
@@ -587,6 +629,11 @@ impl Cluster {
     /// GPUs no job holds any part of.
     pub fn free_gpus(&self) -> u32 {
         self.free_count
+    }
+
+    /// The most GPUs free on any one node.
+    pub fn most_free_on_a_node(&self) -> u32 {
+        (128 - self.free_sizes.leading_zeros()).saturating_sub(1)
     }
 
     /// What jobs hold, in share units ([`SHARE_UNITS_PER_GPU`] to a GPU): a GPU held in parts
@@ -634,8 +681,14 @@ impl Cluster {
                             && types & self.meta[g.node].type_bit != 0
                     })
             }
-            None => free >= gpus,
+            None => free >= gpus && (shape.gpus_per_node.is_some() || self.may_place(gpus)),
         }
+    }
+
+    /// Whether the default placement of `gpus` (one node with that many free, else whole free
+    /// nodes; see `find`) could succeed, by the counts alone.
+    fn may_place(&self, gpus: u32) -> bool {
+        self.most_free_on_a_node() >= gpus || self.whole_node_gpus >= gpus
     }
 
     /// Word `w` (nodes `64 w..`) of the set of nodes of the types in `types` (a
@@ -724,8 +777,10 @@ impl Cluster {
             return self.find_per_node(gpus, per_node, account, filter, shape);
         }
         if gpus <= self.facts.gpus_per_node_max {
-            if let Some(p) = self.find_on_one_node(gpus, account, filter, shape) {
-                return Some(p);
+            if gpus <= self.most_free_on_a_node() {
+                if let Some(p) = self.find_on_one_node(gpus, account, filter, shape) {
+                    return Some(p);
+                }
             }
             // Where every node is as large, a whole free node would have been found above:
             // only smaller nodes together can hold a job that fits one node.
@@ -1173,7 +1228,10 @@ impl Cluster {
                     bits
                 },
             );
+        let by_free = nodes_by_free(&self.free, self.facts.gpus_per_node_max);
         self.free_on == counts(&self.free)
+            && self.nodes_by_free == by_free
+            && self.free_sizes == free_sizes(&by_free)
             && self.free_count == self.free.iter().map(|m| m.count_ones()).sum::<u32>()
             && self.whole_node_gpus == whole_node_gpus
             && self.whole_nodes == whole_nodes
@@ -1339,6 +1397,53 @@ mod tests {
                 })
                 .collect(),
         )
+    }
+
+    #[test]
+    fn too_few_gpus_on_every_node_rule_a_job_out_by_count() {
+        let a = AccountId::new("a").unwrap();
+        let any = NodeFilter::none();
+        let free_form = Shape::default();
+        let per_node = Shape {
+            gpus_per_node: Some(2),
+            ..Shape::default()
+        };
+        let mut c = mixed();
+        assert_eq!(c.most_free_on_a_node(), 8);
+        // 3 GPUs taken on each 8-GPU node, one on each 2-GPU node: 14 free, at most 5 on a
+        // node, no node wholly free.
+        for node in 0..6 {
+            let gpus = if node < 4 { 1 } else { 3 };
+            c.take(&Placement(vec![Slot::whole(node, (1 << gpus) - 1)]));
+        }
+        assert!(c.counts_agree());
+        assert_eq!((c.free_gpus(), c.most_free_on_a_node()), (14, 5));
+        assert!(c.may_fit(5, &free_form) && c.find(5, &a, &any, &free_form).is_some());
+        for gpus in [6, 8, 9, 14] {
+            assert!(!c.may_fit(gpus, &free_form), "{gpus} GPUs");
+            assert!(c.find(gpus, &a, &any, &free_form).is_none(), "{gpus} GPUs");
+        }
+        // Two GPUs on each of two nodes is not one node's count.
+        assert!(c.may_fit(6, &per_node) && c.find(4, &a, &any, &per_node).is_some());
+        // A node wholly free again: whole nodes count, for a job larger than any node too.
+        c.release(&Placement(vec![Slot::whole(0, 1)]));
+        c.release(&Placement(vec![Slot::whole(1, 1)]));
+        assert!(c.counts_agree());
+        assert_eq!(c.most_free_on_a_node(), 5);
+        assert!(c.may_fit(4, &free_form) && !c.may_fit(6, &free_form));
+        c.release(&Placement(vec![Slot::whole(4, 0b111)]));
+        assert!(c.counts_agree());
+        assert!(c.may_fit(12, &free_form) && !c.may_fit(13, &free_form));
+        assert!(c.find(12, &a, &any, &free_form).is_some());
+        c.take(&Placement(vec![Slot::whole(4, u64::from(u8::MAX))]));
+        c.take(&Placement(vec![Slot::whole(5, 0b1111_1000)]));
+        c.take(&Placement(vec![Slot::whole(0, 0b11)]));
+        c.take(&Placement(vec![Slot::whole(1, 0b11)]));
+        c.take(&Placement(vec![Slot::whole(2, 0b10)]));
+        c.take(&Placement(vec![Slot::whole(3, 0b10)]));
+        assert!(c.counts_agree());
+        assert_eq!((c.free_gpus(), c.most_free_on_a_node()), (0, 0));
+        assert!(!c.may_fit(1, &free_form));
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! backfill many.
 
 use std::borrow::Cow;
-use std::cell::RefCell;
+use std::cell::{Ref, RefCell};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
@@ -404,7 +404,7 @@ impl Plan {
         search: Search,
         mut find: impl FnMut(&Cluster, UnixSeconds) -> Option<Placement>,
     ) -> Option<(UnixSeconds, Placement)> {
-        let low =
+        let mut low =
             (search.prune && shape.gpu_share.is_none()).then(|| self.low_stretches(cluster, gpus));
         // Candidates before this time are known to fail (the free count dips below `gpus`,
         // no node is free enough yet, or the caller knows).
@@ -449,7 +449,7 @@ impl Plan {
             }
             last = Some(t);
             let end = t.saturating_add(limit_s as i64);
-            if let Some(low) = &low {
+            if let Some(low) = &mut low {
                 if let Some(until) = low.within(t, end) {
                     fails_before = until;
                     continue;
@@ -467,14 +467,25 @@ impl Plan {
         None
     }
 
-    /// When fewer than `gpus` whole GPUs are free at most (see `free_profile`).
-    fn low_stretches(&self, cluster: &Cluster, gpus: u32) -> LowStretches {
-        let mut profile = self.profile.borrow_mut();
-        let profile = match &mut *profile {
-            Some(p) if p.stamp == cluster.stamp() => p,
-            other => other.insert(self.free_profile(cluster)),
-        };
-        profile.below(gpus)
+    /// When fewer than `gpus` whole GPUs are free at most (see `free_profile`), read as a
+    /// search asks, for rising start times.
+    fn low_stretches(&self, cluster: &Cluster, gpus: u32) -> LowStretches<'_> {
+        {
+            let mut profile = self.profile.borrow_mut();
+            if !profile.as_ref().is_some_and(|p| p.stamp == cluster.stamp()) {
+                *profile = Some(self.free_profile(cluster));
+            }
+        }
+        let steps = Ref::map(self.profile.borrow(), |p| match p {
+            Some(p) => p.steps.as_slice(),
+            None => &[],
+        });
+        LowStretches {
+            steps,
+            gpus: i64::from(gpus),
+            scanned: 0,
+            next: None,
+        }
     }
 
     /// An upper bound of the whole GPUs free at every time from now on: free now, plus what
@@ -930,35 +941,56 @@ impl FreeProfile {
         self.steps.insert(k, (at, count));
         k
     }
-
-    /// The stretches of time when fewer than `gpus` are free.
-    fn below(&self, gpus: u32) -> LowStretches {
-        let mut stretches: Vec<(UnixSeconds, UnixSeconds)> = Vec::new();
-        for (k, (from, count)) in self.steps.iter().enumerate() {
-            if *count >= i64::from(gpus) {
-                continue;
-            }
-            let until = self.steps.get(k + 1).map_or(UnixSeconds::MAX, |s| s.0);
-            match stretches.last_mut() {
-                Some(last) if last.1 == *from => last.1 = until,
-                _ => stretches.push((*from, until)),
-            }
-        }
-        LowStretches { stretches }
-    }
 }
 
-/// When too few GPUs are free for one job size: disjoint `[from, until)`, sorted.
-struct LowStretches {
-    stretches: Vec<(UnixSeconds, UnixSeconds)>,
+/// When too few GPUs are free for one job size: the stretches of a free count's steps below
+/// `gpus`, found as a search's rising start times reach them. A search usually ends within
+/// the first few of hundreds of steps, so it does not walk them all.
+struct LowStretches<'p> {
+    steps: Ref<'p, [(UnixSeconds, i64)]>,
+    gpus: i64,
+    /// Steps before this one have been looked at.
+    scanned: usize,
+    /// The last stretch found, `[from, until)`.
+    next: Option<(UnixSeconds, UnixSeconds)>,
 }
 
-impl LowStretches {
+impl LowStretches<'_> {
     /// Where the count falls too low somewhere in `[start, end)`: the end of that low stretch
-    /// (a job starting before then fails too), or `None` when it never does.
-    fn within(&self, start: UnixSeconds, end: UnixSeconds) -> Option<UnixSeconds> {
-        let first = self.stretches.partition_point(|s| s.1 <= start);
-        self.stretches.get(first).filter(|s| s.0 < end).map(|s| s.1)
+    /// (a job starting before then fails too), or `None` when it never does. `start` must not
+    /// fall from one call to the next.
+    fn within(&mut self, start: UnixSeconds, end: UnixSeconds) -> Option<UnixSeconds> {
+        loop {
+            if let Some((from, until)) = self.next.filter(|s| s.1 > start) {
+                return (from < end).then_some(until);
+            }
+            self.next = Some(self.next_stretch()?);
+        }
+    }
+
+    /// The next stretch of steps below `gpus`, after those found so far.
+    fn next_stretch(&mut self) -> Option<(UnixSeconds, UnixSeconds)> {
+        let steps = &self.steps[self.scanned..];
+        let Some(low) = steps.iter().position(|s| s.1 < self.gpus) else {
+            self.scanned += steps.len();
+            return None;
+        };
+        let high = steps[low..]
+            .iter()
+            .position(|s| s.1 >= self.gpus)
+            .map_or(steps.len(), |k| low + k);
+        let stretch = (
+            steps[low].0,
+            steps.get(high).map_or(UnixSeconds::MAX, |s| s.0),
+        );
+        self.scanned += high;
+        Some(stretch)
+    }
+
+    /// Every stretch (tests).
+    #[cfg(test)]
+    fn all(mut self) -> Vec<(UnixSeconds, UnixSeconds)> {
+        std::iter::from_fn(|| self.next_stretch()).collect()
     }
 }
 
@@ -1036,6 +1068,32 @@ mod tests {
         }
     }
 
+    /// The stretches below `gpus`, walking every step.
+    fn below_reference(profile: &FreeProfile, gpus: u32) -> Vec<(UnixSeconds, UnixSeconds)> {
+        let mut stretches: Vec<(UnixSeconds, UnixSeconds)> = Vec::new();
+        for (k, (from, count)) in profile.steps.iter().enumerate() {
+            if *count >= i64::from(gpus) {
+                continue;
+            }
+            let until = profile.steps.get(k + 1).map_or(UnixSeconds::MAX, |s| s.0);
+            match stretches.last_mut() {
+                Some(last) if last.1 == *from => last.1 = until,
+                _ => stretches.push((*from, until)),
+            }
+        }
+        stretches
+    }
+
+    /// `LowStretches::within` looked up in the whole list of stretches.
+    fn within_reference(
+        stretches: &[(UnixSeconds, UnixSeconds)],
+        start: UnixSeconds,
+        end: UnixSeconds,
+    ) -> Option<UnixSeconds> {
+        let first = stretches.partition_point(|s| s.1 <= start);
+        stretches.get(first).filter(|s| s.0 < end).map(|s| s.1)
+    }
+
     #[test]
     fn runs_of_bits_are_found_and_gaps_are_not() {
         assert_eq!(run_of(0), None);
@@ -1094,10 +1152,21 @@ mod tests {
                     // The kept free count, brought up to date as plans are added, is the
                     // one worked out afresh.
                     prop_assert_eq!(
-                        plans[0].low_stretches(&cluster, g).stretches,
-                        free_profile_reference(&plans[0], &cluster).below(g).stretches,
+                        plans[0].low_stretches(&cluster, g).all(),
+                        below_reference(&free_profile_reference(&plans[0], &cluster), g),
                         "free count below {} GPUs before job {}", g, k
                     );
+                    // Read lazily for rising start times, as a search does.
+                    let stretches = below_reference(&free_profile_reference(&plans[0], &cluster), g);
+                    let mut low = plans[0].low_stretches(&cluster, g);
+                    for start in (0..4_000).step_by(70 + 13 * g as usize) {
+                        let end = start + 50 * i64::from(g) + 30 * k as i64;
+                        prop_assert_eq!(
+                            low.within(start, end),
+                            within_reference(&stretches, start, end),
+                            "low stretch within [{}, {}) for {} GPUs before job {}", start, end, g, k
+                        );
+                    }
                 }
                 // The window of a job starting now, from the copies of the first plans held,
                 // is the cluster with every overlapping plan but the job's own held afresh.
