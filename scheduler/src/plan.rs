@@ -223,6 +223,12 @@ impl Plan {
         !self.holds.is_empty()
     }
 
+    /// Whether a running job or a plan holds a part of a GPU (where placement depends on the
+    /// order parts were taken in).
+    pub fn has_shares(&self) -> bool {
+        self.shares
+    }
+
     /// A job started now and gives its GPUs back at `end`.
     pub fn started(&mut self, id: JobId, end: UnixSeconds, placement: Placement) {
         let at = self
@@ -529,11 +535,9 @@ impl Plan {
         bounds.first(gpus, gpus <= cluster.gpus_per_node_max())
     }
 
-    /// Forgets `job`'s planned start (it started).
-    pub fn forget(&mut self, job: &JobId) {
-        let Some(k) = self.holds.iter().position(|h| &h.job == job) else {
-            return;
-        };
+    /// Forgets `job`'s planned start (it started), and returns it.
+    pub fn forget(&mut self, job: &JobId) -> Option<Hold> {
+        let k = self.holds.iter().position(|h| &h.job == job)?;
         let hold = self.holds.remove(k);
         if let Ok(e) = self.hold_ends.binary_search(&hold.end) {
             self.hold_ends.remove(e);
@@ -542,6 +546,7 @@ impl Plan {
         if let Some(prefixes) = self.held_prefixes.get_mut() {
             prefixes.taken.retain(|(n, _)| *n <= k);
         }
+        Some(hold)
     }
 
     /// Plans `job`'s start. A multi-node placement holds its nodes whole, so that the

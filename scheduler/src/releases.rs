@@ -55,12 +55,18 @@ pub(crate) struct ReleaseBook {
     by_time: BTreeMap<(UnixSeconds, JobId), Release>,
     /// Each job's key in `by_time`.
     at_of: HashMap<JobId, UnixSeconds>,
+    /// The release times booked, in booking order, from booking number `log_from` on: a plan
+    /// kept from the last cycle asks whether every job that started since it was made gives
+    /// its GPUs back by its start (see `Keeping::kept_placement`).
+    log: Vec<UnixSeconds>,
+    log_from: u64,
 }
 
 impl ReleaseBook {
     /// Job `job` gives `placement` back at `at` (replacing what it was booked for).
     pub fn set(&mut self, job: &JobId, at: UnixSeconds, placement: &Placement) {
         self.remove(job);
+        self.log.push(at);
         self.at_of.insert(job.clone(), at);
         self.by_time.insert(
             (at, job.clone()),
@@ -88,6 +94,27 @@ impl ReleaseBook {
 
     pub fn len(&self) -> usize {
         self.by_time.len()
+    }
+
+    /// How many bookings were made so far (the number the next one gets).
+    pub fn bookings(&self) -> u64 {
+        self.log_from + self.log.len() as u64
+    }
+
+    /// The release times booked from booking number `from` on; `None` where those are
+    /// forgotten.
+    pub fn booked_since(&self, from: u64) -> Option<&[UnixSeconds]> {
+        let skip = usize::try_from(from.checked_sub(self.log_from)?).ok()?;
+        self.log.get(skip..)
+    }
+
+    /// Forgets the release times booked before booking number `before`.
+    pub fn forget_bookings_before(&mut self, before: u64) {
+        let n = usize::try_from(before.saturating_sub(self.log_from))
+            .unwrap_or(usize::MAX)
+            .min(self.log.len());
+        self.log.drain(..n);
+        self.log_from += n as u64;
     }
 }
 
@@ -139,5 +166,28 @@ mod tests {
         assert_eq!(book.len(), 2);
         assert!(book.of(&id("c")).is_none());
         assert_eq!(book.of(&id("b")).map(|r| r.at), Some(50));
+    }
+
+    #[test]
+    fn bookings_are_numbered_and_their_times_kept_until_forgotten() {
+        let mut book = ReleaseBook::default();
+        assert_eq!(book.bookings(), 0);
+        assert_eq!(book.booked_since(0), Some(&[][..]));
+        book.set(&id("a"), 300, &on(0, 0b1));
+        let mark = book.bookings();
+        book.set(&id("b"), 100, &on(1, 0b1));
+        book.set(&id("a"), 200, &on(0, 0b1));
+        book.remove(&id("b"));
+        assert_eq!(book.bookings(), 3);
+        assert_eq!(book.booked_since(mark), Some(&[100, 200][..]));
+        assert_eq!(book.booked_since(3), Some(&[][..]));
+        book.forget_bookings_before(mark);
+        assert_eq!(book.booked_since(mark), Some(&[100, 200][..]));
+        // What was forgotten is not known any more.
+        assert_eq!(book.booked_since(0), None);
+        book.forget_bookings_before(10);
+        assert_eq!((book.bookings(), book.booked_since(3)), (3, Some(&[][..])));
+        book.set(&id("c"), 50, &on(2, 0b1));
+        assert_eq!(book.booked_since(3), Some(&[50][..]));
     }
 }

@@ -86,6 +86,8 @@ pub struct Scheduler {
     kept: Option<KeptPlans>,
     /// GPUs came free earlier than the last cycle's plans counted on.
     plans_spoiled: bool,
+    /// The release book's bookings when the last cycle began (see `Keeping::kept_placement`).
+    bookings_at_last_cycle: u64,
     /// Whether plans are kept between cycles at all (a test compares with and without).
     keep_plans: bool,
 }
@@ -205,6 +207,7 @@ impl Scheduler {
             last_cycle_s: 0,
             kept: None,
             plans_spoiled: false,
+            bookings_at_last_cycle: 0,
             keep_plans: true,
         }
     }
@@ -451,6 +454,10 @@ impl Scheduler {
         let spoiled = std::mem::take(&mut self.plans_spoiled);
         let last_plans = self.kept.take().filter(|_| self.keep_plans && !spoiled);
         let mut keeping = Keeping::new(last_plans, now);
+        // The last cycle's plans ask about the jobs started since they were made, no further.
+        self.releases
+            .forget_bookings_before(self.bookings_at_last_cycle);
+        self.bookings_at_last_cycle = self.releases.bookings();
         self.last_cycle_s = now;
         self.order_pending(now);
         let depth = match self.options.backfill {
@@ -727,7 +734,12 @@ impl Scheduler {
             &running.placement,
         );
         if let Some(plan) = plan.as_mut() {
-            plan.forget(&started.job_id);
+            let dropped = plan.forget(&started.job_id);
+            if dropped.is_some_and(|h| h.start != now || h.placement != running.placement) {
+                // Its planned GPUs come free before the plan's end: the plans searched with
+                // them held may start earlier now.
+                keeping.spoil();
+            }
             plan.started(
                 started.job_id.clone(),
                 running.limit_end_s().max(now),
@@ -887,7 +899,13 @@ impl Scheduler {
         };
         let mut planned = None;
         if let Some(t) = keeping.kept_start(&spec.id, min, limit, now, not_before) {
-            match plan.place_at(&self.cluster, min, &spec.shape, limit, t, find) {
+            let unchanged = (!plan.has_shares())
+                .then(|| keeping.kept_placement(&spec.id, t, &self.releases))
+                .flatten()
+                .cloned();
+            let placed = unchanged
+                .or_else(|| plan.place_at(&self.cluster, min, &spec.shape, limit, t, find));
+            match placed {
                 Some(p) => planned = Some((t, p)),
                 // Nothing before it can place the job either.
                 None => not_before = t,
@@ -901,6 +919,7 @@ impl Scheduler {
             (*t, t.saturating_add(limit as i64)),
             (min, limit),
             p,
+            self.releases.bookings(),
         );
         Some(planned)
     }
