@@ -233,11 +233,10 @@ pub struct Cluster {
     /// search; written only through `set_free`).
     free_on: Vec<u8>,
     /// How many nodes have each number of GPUs free (`free_on` tallied, written only through
-    /// `set_free`), and a bit per number some node has: the most any one node has free is
-    /// read in one step, which rules out most start times a plan search tries for a job of
-    /// several GPUs on a fragmented cluster without looking at any node.
+    /// `set_free`): whether some node has enough free is read in a few steps, which rules out
+    /// most start times a plan search tries for a job of several GPUs on a fragmented cluster
+    /// without looking at any node.
     nodes_by_free: Vec<u32>,
-    free_sizes: u128,
     free_count: u32,
     /// The GPUs of nodes with every GPU free (written only through `set_free`): a job that
     /// needs whole nodes cannot fit in fewer, which rules out most start times a plan search
@@ -282,7 +281,6 @@ impl Clone for Cluster {
             free: self.free.clone(),
             free_on: self.free_on.clone(),
             nodes_by_free: self.nodes_by_free.clone(),
-            free_sizes: self.free_sizes,
             free_count: self.free_count,
             whole_node_gpus: self.whole_node_gpus,
             whole_nodes: self.whole_nodes.clone(),
@@ -344,15 +342,6 @@ fn nodes_by_free(free: &[u64], most: u32) -> Vec<u32> {
         tally[mask.count_ones() as usize] += 1;
     }
     tally
-}
-
-/// A bit per number of free GPUs some node has.
-fn free_sizes(nodes_by_free: &[u32]) -> u128 {
-    nodes_by_free
-        .iter()
-        .enumerate()
-        .filter(|(_, n)| **n > 0)
-        .fold(0, |bits, (k, _)| bits | 1 << k)
 }
 
 /// The indices of the set bits of `mask`, lowest first.
@@ -493,7 +482,6 @@ impl Cluster {
             whole_nodes: all_nodes(free.len()),
             free_on: counts(&free),
             nodes_by_free: nodes_by_free(&free, self.facts.gpus_per_node_max),
-            free_sizes: free_sizes(&nodes_by_free(&free, self.facts.gpus_per_node_max)),
             free,
             shared: Vec::new(),
             shared_used: 0,
@@ -516,7 +504,6 @@ impl Cluster {
             free: Vec::new(),
             free_on: Vec::new(),
             nodes_by_free: Vec::new(),
-            free_sizes: 0,
             free_count: 0,
             whole_node_gpus: 0,
             whole_nodes: Vec::new(),
@@ -536,7 +523,6 @@ impl Cluster {
             free,
             free_on,
             nodes_by_free,
-            free_sizes,
             free_count,
             whole_node_gpus,
             whole_nodes,
@@ -550,7 +536,6 @@ impl Cluster {
         self.free.clone_from(free);
         self.free_on.clone_from(free_on);
         self.nodes_by_free.clone_from(nodes_by_free);
-        self.free_sizes = *free_sizes;
         self.free_count = *free_count;
         self.whole_node_gpus = *whole_node_gpus;
         self.whole_nodes.clone_from(whole_nodes);
@@ -605,14 +590,8 @@ impl Cluster {
         }
         self.free[node] = mask;
         self.free_on[node] = now as u8;
-        if now != was {
-            self.nodes_by_free[was as usize] -= 1;
-            if self.nodes_by_free[was as usize] == 0 {
-                self.free_sizes &= !(1 << was);
-            }
-            self.nodes_by_free[now as usize] += 1;
-            self.free_sizes |= 1 << now;
-        }
+        self.nodes_by_free[was as usize] -= 1;
+        self.nodes_by_free[now as usize] += 1;
         self.free_count = self.free_count + now - was;
         if !self.free_by_type.is_empty() {
             let of_type =
@@ -633,7 +612,14 @@ impl Cluster {
 
     /// The most GPUs free on any one node.
     pub fn most_free_on_a_node(&self) -> u32 {
-        (128 - self.free_sizes.leading_zeros()).saturating_sub(1)
+        let most = self.nodes_by_free.iter().rposition(|n| *n > 0);
+        most.unwrap_or(0) as u32
+    }
+
+    /// Whether some node has `gpus` GPUs free or more.
+    fn some_node_has(&self, gpus: u32) -> bool {
+        let enough = self.nodes_by_free.get(gpus as usize..);
+        enough.is_some_and(|tally| tally.iter().any(|n| *n > 0))
     }
 
     /// What jobs hold, in share units ([`SHARE_UNITS_PER_GPU`] to a GPU): a GPU held in parts
@@ -688,7 +674,7 @@ impl Cluster {
     /// Whether the default placement of `gpus` (one node with that many free, else whole free
     /// nodes; see `find`) could succeed, by the counts alone.
     fn may_place(&self, gpus: u32) -> bool {
-        self.most_free_on_a_node() >= gpus || self.whole_node_gpus >= gpus
+        self.some_node_has(gpus) || self.whole_node_gpus >= gpus
     }
 
     /// Word `w` (nodes `64 w..`) of the set of nodes of the types in `types` (a
@@ -777,7 +763,7 @@ impl Cluster {
             return self.find_per_node(gpus, per_node, account, filter, shape);
         }
         if gpus <= self.facts.gpus_per_node_max {
-            if gpus <= self.most_free_on_a_node() {
+            if self.some_node_has(gpus) {
                 if let Some(p) = self.find_on_one_node(gpus, account, filter, shape) {
                     return Some(p);
                 }
@@ -1231,7 +1217,6 @@ impl Cluster {
         let by_free = nodes_by_free(&self.free, self.facts.gpus_per_node_max);
         self.free_on == counts(&self.free)
             && self.nodes_by_free == by_free
-            && self.free_sizes == free_sizes(&by_free)
             && self.free_count == self.free.iter().map(|m| m.count_ones()).sum::<u32>()
             && self.whole_node_gpus == whole_node_gpus
             && self.whole_nodes == whole_nodes
