@@ -430,8 +430,15 @@ impl Plan {
         // in their own right), so it is not tried. The cluster still takes the release.
         let types = cluster.type_mask(shape);
         let typed = search.prune && types != u64::MAX;
-        let release_times = self
+        // Times before the first that may succeed are not walked (on a busy cluster most of
+        // the releases come before it).
+        let start = fails_before;
+        let first_release = self
             .releases
+            .partition_point(|r| r.at.max(self.now) < start);
+        let first_end = self.hold_ends.partition_point(|t| *t < start);
+        let first_boundary = self.boundaries.partition_point(|t| *t < start);
+        let release_times = self.releases[first_release..]
             .iter()
             .filter(|r| {
                 !typed
@@ -442,10 +449,10 @@ impl Plan {
             })
             .map(|r| r.at.max(self.now));
         let others = merge_sorted(
-            std::iter::once(self.now),
+            std::iter::once(self.now).filter(|now| *now >= start),
             merge_sorted(
-                self.hold_ends.iter().copied(),
-                self.boundaries.iter().copied(),
+                self.hold_ends[first_end..].iter().copied(),
+                self.boundaries[first_boundary..].iter().copied(),
             ),
         );
         let mut last = None;
