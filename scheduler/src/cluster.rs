@@ -610,8 +610,9 @@ impl Cluster {
         self.free_count
     }
 
-    /// The most GPUs free on any one node.
-    pub fn most_free_on_a_node(&self) -> u32 {
+    /// The most GPUs free on any one node (tests; searches ask `some_node_has`).
+    #[cfg(test)]
+    fn most_free_on_a_node(&self) -> u32 {
         let most = self.nodes_by_free.iter().rposition(|n| *n > 0);
         most.unwrap_or(0) as u32
     }
