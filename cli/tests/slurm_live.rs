@@ -78,12 +78,7 @@ fn slurm_reports(jobcomp: &str) -> BTreeMap<String, (String, String, i64, i64, i
     out
 }
 
-fn follower(
-    slurm: &Slurm,
-    aggregator: &str,
-    state: &std::path::Path,
-    once: bool,
-) -> std::process::Child {
+fn follower(slurm: &Slurm, aggregator: &str, state: &std::path::Path, once: bool) -> Process {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpuledger"));
     cmd.args([
         "slurm",
@@ -104,7 +99,11 @@ fn follower(
     if once {
         cmd.arg("--once");
     }
-    cmd.spawn().unwrap()
+    // A Process, so that a failing test does not leave the follower running.
+    Process {
+        child: cmd.spawn().unwrap(),
+        url: String::new(),
+    }
 }
 
 #[test]
@@ -151,7 +150,7 @@ fn a_real_slurm_cluster_is_billed_its_jobs_gpus_times_elapsed() {
         Stdio::inherit(),
     );
     let state = dir.path().join("follow.json");
-    let mut follow = follower(&slurm, &aggregator.url, &state, false);
+    let follow = follower(&slurm, &aggregator.url, &state, false);
 
     let gpus: BTreeMap<String, u32> = [
         (slurm.sbatch("teama", "gpu:h100:3", 2, "sleep 5"), 3),
@@ -199,12 +198,8 @@ fn a_real_slurm_cluster_is_billed_its_jobs_gpus_times_elapsed() {
                 "gpuledger_jobs_finished_total{account=\"teamb\",outcome=\"cancelled\"} 2",
             )
     });
-    let pid = follow.id().to_string();
-    Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-    assert!(
-        follow.wait().unwrap().success(),
-        "the follower stops cleanly on SIGTERM"
-    );
+    // The follower stops cleanly on SIGTERM.
+    terminate(follow);
     terminate(exporter);
 
     // What Slurm reports, and what gpuledger must bill from it.
@@ -338,6 +333,7 @@ fn a_real_slurm_cluster_is_billed_its_jobs_gpus_times_elapsed() {
         &dir.path().join("fresh.json"),
         true,
     )
+    .child
     .wait()
     .unwrap();
     assert!(status.success());

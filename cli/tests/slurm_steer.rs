@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use common::ingest::{agent, batch_of};
 use common::slurm::Slurm;
-use common::{add_token, spawn, terminate, wait_for};
+use common::{add_token, spawn, terminate, wait_for, Process};
 
 const CONFIG: &str = r#"version = 1
 [cluster]
@@ -239,11 +239,15 @@ fn measured_usage_reorders_slurms_queue_and_gpu_hour_quotas_hold_and_release_job
 
     // With steering: team B used nothing, team A 800 GPU-seconds: B's job goes first.
     let state = dir.path().join("steer.json");
-    let mut steer = steer_command(&slurm, &aggregator.url, &token_file, &config, &state, &[])
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
+    // A Process, so that a failing test does not leave steer running.
+    let steer = Process {
+        child: steer_command(&slurm, &aggregator.url, &token_file, &config, &state, &[])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+        url: String::new(),
+    };
     slurm.wait_state(&b1, &["COMPLETED"]);
     let blocker = slurm.sbatch("teamb", "gpu:8", 1, "sleep 6");
     slurm.wait_state(&blocker, &["RUNNING"]);
@@ -278,11 +282,8 @@ fn measured_usage_reorders_slurms_queue_and_gpu_hour_quotas_hold_and_release_job
         let j = jobs(&slurm);
         j[&c1].2 == "JobHeldAdmin" && j[&c1].3 == "gpuledger: AssocGrpGPUHoursPerDay"
     });
-    Command::new("kill")
-        .args(["-TERM", &steer.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(steer.wait().unwrap().success(), "steer stops on SIGTERM");
+    // Steer stops cleanly on SIGTERM.
+    terminate(steer);
     let saved = std::fs::read_to_string(&state).unwrap();
     assert!(saved.contains(&format!("\"{c1}\"")), "{saved}");
 

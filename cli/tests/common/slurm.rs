@@ -42,7 +42,32 @@ impl Slurm {
     }
 
     /// As [`Slurm::start`], with `extra` lines added to slurm.conf (before the node line).
+    ///
+    /// A start whose node does not come up is tried again from scratch, on new ports, up to
+    /// three times: the ports are free when chosen but a daemon binds its own a moment later,
+    /// and another process may have taken one in between (slurmd then exits).
     pub fn start_with(account_map: &str, extra: &str) -> Slurm {
+        let mut failures = Vec::new();
+        for _ in 0..3 {
+            match Slurm::try_start(account_map, extra) {
+                Ok(slurm) => {
+                    for failure in &failures {
+                        eprintln!("an earlier Slurm start failed: {failure}");
+                    }
+                    return slurm;
+                }
+                Err(failure) => failures.push(failure),
+            }
+        }
+        panic!(
+            "Slurm did not start in three tries:\n{}",
+            failures.join("\n")
+        );
+    }
+
+    /// One start: the cluster once its node is idle, or why it is not (the daemons are
+    /// stopped and the directory removed).
+    fn try_start(account_map: &str, extra: &str) -> Result<Slurm, String> {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().to_path_buf();
         for sub in ["dev", "state", "spool", "log", "out", "jobs", "munge"] {
@@ -143,7 +168,7 @@ impl Slurm {
             daemon("slurmctld", &["-D", "-c", "-f", conf_arg]),
             daemon("slurmd", &["-D", "-f", conf_arg]),
         ];
-        let slurm = Slurm {
+        let mut slurm = Slurm {
             dir,
             conf: conf.clone(),
             node,
@@ -157,16 +182,51 @@ impl Slurm {
         loop {
             let state = slurm.command("sinfo", &["-h", "-o", "%T"]);
             if state.trim() == "idle" {
-                break;
+                return Ok(slurm);
             }
-            if Instant::now() > until {
-                let log = std::fs::read_to_string(slurm.dir.join("log/slurmctld.log"))
-                    .unwrap_or_default();
-                panic!("the Slurm node never became idle (sinfo: {state:?}):\n{log}");
+            let exited: Vec<String> = slurm
+                .daemons
+                .iter_mut()
+                .zip(["slurmctld", "slurmd"])
+                .filter_map(|(d, name)| {
+                    d.try_wait()
+                        .ok()
+                        .flatten()
+                        .map(|status| format!("{name} exited ({status})"))
+                })
+                .collect();
+            if !exited.is_empty() || Instant::now() > until {
+                return Err(format!(
+                    "the Slurm node did not become idle (sinfo: {state:?}; {})\n{}",
+                    if exited.is_empty() {
+                        "both daemons run".to_owned()
+                    } else {
+                        exited.join(", ")
+                    },
+                    slurm.diagnosis()
+                ));
             }
             std::thread::sleep(Duration::from_millis(300));
         }
-        slurm
+    }
+
+    /// What a failing test prints: the node's and the queue's state with Slurm's reasons, and
+    /// the end of each daemon's log.
+    pub fn diagnosis(&self) -> String {
+        let mut out = String::new();
+        for (program, args) in [
+            ("sinfo", &["-N", "-o", "%N %T %E %H"][..]),
+            ("squeue", &["--states=all", "-o", "%i %T %r %S %b"][..]),
+        ] {
+            out += &format!("{program}:\n{}", self.command(program, args));
+        }
+        for log in ["slurmctld.log", "slurmd.log"] {
+            let text = std::fs::read_to_string(self.dir.join("log").join(log)).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = lines[lines.len().saturating_sub(40)..].join("\n");
+            out += &format!("{log} (last 40 lines):\n{tail}\n");
+        }
+        out
     }
 
     /// Runs a Slurm client command against this cluster; its standard output.
@@ -240,7 +300,8 @@ impl Slurm {
             }
             assert!(
                 Instant::now() < until,
-                "job {job} stayed {s}, waiting for {states:?}"
+                "job {job} stayed {s}, waiting for {states:?}\n{}",
+                self.diagnosis()
             );
             std::thread::sleep(Duration::from_millis(200));
         }
