@@ -167,7 +167,7 @@ fn first_fit(c: &Cluster, gpus: u32, shape: &Shape) -> Option<Placement> {
                 (node, lowest_bits(c.free_mask(node), 1))
             }
         };
-        return Some(Placement(vec![Slot {
+        return Some(Placement::from(vec![Slot {
             node,
             mask,
             share: Some(share),
@@ -181,10 +181,11 @@ fn first_fit(c: &Cluster, gpus: u32, shape: &Shape) -> Option<Placement> {
             .take(want)
             .map(|n| slot(*n, per_node))
             .collect();
-        return (fits.len() == want && gpus.is_multiple_of(per_node)).then_some(Placement(fits));
+        return (fits.len() == want && gpus.is_multiple_of(per_node))
+            .then_some(Placement::from(fits));
     }
     if let Some(n) = nodes.iter().find(|n| c.free_on(**n) >= gpus) {
-        return Some(Placement(vec![slot(*n, gpus)]));
+        return Some(Placement::from(vec![slot(*n, gpus)]));
     }
     let mut slots = Vec::new();
     let mut left = gpus;
@@ -200,7 +201,7 @@ fn first_fit(c: &Cluster, gpus: u32, shape: &Shape) -> Option<Placement> {
         left -= take;
     }
     let too_many = shape.max_nodes.is_some_and(|m| slots.len() > m as usize);
-    (left == 0 && !too_many).then_some(Placement(slots))
+    (left == 0 && !too_many).then_some(Placement::from(slots))
 }
 
 /// What one run ended with.

@@ -16,6 +16,8 @@
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::Arc;
 
+use smallvec::{smallvec, SmallVec};
+
 use gpuledger_model::config::NodeSpec;
 use gpuledger_model::{
     AccountId, Allocation, GpuShare, GpuType, NodeGpus, ShareMode, SHARE_UNITS_PER_GPU,
@@ -41,9 +43,19 @@ impl Slot {
     }
 }
 
-/// The GPUs a job holds, by node index.
+/// The GPUs a job holds, by node index. Most jobs hold one node: its slot is kept inline, so
+/// that a search's placements and the plans' copies of them allocate nothing.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Placement(pub Vec<Slot>);
+pub struct Placement(pub Slots);
+
+/// A placement's slots.
+pub type Slots = SmallVec<[Slot; 1]>;
+
+impl From<Vec<Slot>> for Placement {
+    fn from(slots: Vec<Slot>) -> Self {
+        Placement(Slots::from_vec(slots))
+    }
+}
 
 impl Placement {
     pub fn gpu_count(&self) -> u32 {
@@ -84,7 +96,7 @@ impl Placement {
     /// Removes GPUs until `keep` remain, last slots first, and returns what was removed (an
     /// elastic job shrinking). Whole slots go first, so a multi-node job gives back whole nodes.
     pub fn shrink_to(&mut self, keep: u32) -> Placement {
-        let mut removed = Vec::new();
+        let mut removed = Slots::new();
         let mut excess = self.gpu_count().saturating_sub(keep);
         while excess > 0 {
             let Some(last) = self.0.last_mut() else { break };
@@ -821,7 +833,7 @@ impl Cluster {
             }
         }
         let (_, idx) = best?;
-        Some(Placement(vec![Slot::whole(
+        Some(Placement(smallvec![Slot::whole(
             idx,
             lowest_bits(self.free[idx], gpus),
         )]))
@@ -857,7 +869,7 @@ impl Cluster {
                 slot
             }
         };
-        Some(Placement(vec![slot]))
+        Some(Placement(smallvec![slot]))
     }
 
     fn shared_index(&self, node: usize, mask: u64) -> Option<usize> {
@@ -1012,7 +1024,7 @@ impl Cluster {
         types: u64,
         shape: &Shape,
     ) -> Option<Placement> {
-        let mut slots = Vec::new();
+        let mut slots = Slots::new();
         let mut left = gpus;
         for idx in order {
             if left == 0 {
@@ -1049,10 +1061,14 @@ impl Cluster {
         if single_node {
             let node = held.0[0].node;
             let n = self.free_on(node).min(more);
-            return (n > 0)
-                .then(|| Placement(vec![Slot::whole(node, lowest_bits(self.free[node], n))]));
+            return (n > 0).then(|| {
+                Placement(smallvec![Slot::whole(
+                    node,
+                    lowest_bits(self.free[node], n)
+                )])
+            });
         }
-        let mut slots = Vec::new();
+        let mut slots = Slots::new();
         let mut left = more;
         for (idx, meta) in self.meta.iter().enumerate() {
             if left < meta.spec.gpus {
@@ -1280,7 +1296,7 @@ impl Cluster {
                     share: ng.share,
                 })
             })
-            .collect::<Option<Vec<_>>>()
+            .collect::<Option<Slots>>()
             .map(Placement)
     }
 }
@@ -1400,7 +1416,7 @@ mod tests {
         // node, no node wholly free.
         for node in 0..6 {
             let gpus = if node < 4 { 1 } else { 3 };
-            c.take(&Placement(vec![Slot::whole(node, (1 << gpus) - 1)]));
+            c.take(&Placement(smallvec![Slot::whole(node, (1 << gpus) - 1)]));
         }
         assert!(c.counts_agree());
         assert_eq!((c.free_gpus(), c.most_free_on_a_node()), (14, 5));
@@ -1412,21 +1428,21 @@ mod tests {
         // Two GPUs on each of two nodes is not one node's count.
         assert!(c.may_fit(6, &per_node) && c.find(4, &a, &any, &per_node).is_some());
         // A node wholly free again: whole nodes count, for a job larger than any node too.
-        c.release(&Placement(vec![Slot::whole(0, 1)]));
-        c.release(&Placement(vec![Slot::whole(1, 1)]));
+        c.release(&Placement(smallvec![Slot::whole(0, 1)]));
+        c.release(&Placement(smallvec![Slot::whole(1, 1)]));
         assert!(c.counts_agree());
         assert_eq!(c.most_free_on_a_node(), 5);
         assert!(c.may_fit(4, &free_form) && !c.may_fit(6, &free_form));
-        c.release(&Placement(vec![Slot::whole(4, 0b111)]));
+        c.release(&Placement(smallvec![Slot::whole(4, 0b111)]));
         assert!(c.counts_agree());
         assert!(c.may_fit(12, &free_form) && !c.may_fit(13, &free_form));
         assert!(c.find(12, &a, &any, &free_form).is_some());
-        c.take(&Placement(vec![Slot::whole(4, u64::from(u8::MAX))]));
-        c.take(&Placement(vec![Slot::whole(5, 0b1111_1000)]));
-        c.take(&Placement(vec![Slot::whole(0, 0b11)]));
-        c.take(&Placement(vec![Slot::whole(1, 0b11)]));
-        c.take(&Placement(vec![Slot::whole(2, 0b10)]));
-        c.take(&Placement(vec![Slot::whole(3, 0b10)]));
+        c.take(&Placement(smallvec![Slot::whole(4, u64::from(u8::MAX))]));
+        c.take(&Placement(smallvec![Slot::whole(5, 0b1111_1000)]));
+        c.take(&Placement(smallvec![Slot::whole(0, 0b11)]));
+        c.take(&Placement(smallvec![Slot::whole(1, 0b11)]));
+        c.take(&Placement(smallvec![Slot::whole(2, 0b10)]));
+        c.take(&Placement(smallvec![Slot::whole(3, 0b10)]));
         assert!(c.counts_agree());
         assert_eq!((c.free_gpus(), c.most_free_on_a_node()), (0, 0));
         assert!(!c.may_fit(1, &free_form));
@@ -1582,7 +1598,7 @@ mod tests {
         c.take(&quarter);
         let mut planning = c.clone();
         // A plan of the whole node, as a multi-node plan holds its nodes.
-        planning.hold(&Placement(vec![Slot::whole(0, 0xff)]));
+        planning.hold(&Placement(smallvec![Slot::whole(0, 0xff)]));
         assert!(planning.find(1, &a, &any, &share("250m")).is_none());
         assert_eq!(
             planning.held_share_units(),
@@ -1591,7 +1607,10 @@ mod tests {
         assert!(planning.counts_agree());
         // Only where the plan holds: the running share's GPU is open again off the node's plan.
         let mut others = c.clone();
-        others.hold(&Placement(vec![Slot::whole(0, 0xff & !quarter.0[0].mask)]));
+        others.hold(&Placement(smallvec![Slot::whole(
+            0,
+            0xff & !quarter.0[0].mask
+        )]));
         let next = others.find(1, &a, &any, &share("250m")).unwrap();
         assert_eq!(next.0[0].mask, quarter.0[0].mask);
     }
@@ -1631,7 +1650,7 @@ mod tests {
             for (i, (_, g, taken)) in nodes.iter().enumerate() {
                 let mask = taken & full_mask(*g);
                 if mask != 0 {
-                    c.take(&Placement(vec![Slot::whole(i, mask)]));
+                    c.take(&Placement(smallvec![Slot::whole(i, mask)]));
                 }
             }
             let a = AccountId::new("a").unwrap();
@@ -1672,7 +1691,7 @@ mod tests {
             let mut c = Cluster::new(specs);
             for (i, (_, _, busy)) in nodes.iter().enumerate() {
                 if *busy {
-                    c.take(&Placement(vec![Slot::whole(i, 1)]));
+                    c.take(&Placement(smallvec![Slot::whole(i, 1)]));
                 }
             }
             let a = AccountId::new("a").unwrap();

@@ -122,13 +122,14 @@ impl ReleaseBook {
 mod tests {
     use super::*;
     use crate::cluster::Slot;
+    use smallvec::smallvec;
 
     fn id(s: &str) -> JobId {
         JobId::new(s).unwrap()
     }
 
     fn on(node: usize, mask: u64) -> Placement {
-        Placement(vec![Slot::whole(node, mask)])
+        Placement(smallvec![Slot::whole(node, mask)])
     }
 
     #[test]

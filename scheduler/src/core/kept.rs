@@ -26,7 +26,7 @@
 //! far in this cycle that the last cycle had not made before this one stays off its run
 //! (`Keeping::kept_placement`; whole GPUs only).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 
 use gpuledger_model::time::UnixSeconds;
 use gpuledger_model::JobId;
@@ -58,12 +58,26 @@ pub(super) struct KeptPlans {
     index: HashMap<JobId, usize>,
 }
 
+impl KeptPlans {
+    /// Empty, for a cycle at `at`, keeping the buffers: a cycle's plans are written into the
+    /// ones of the cycle before last rather than into new ones (allocating and freeing
+    /// buffers of every plan each cycle cost the allocator more than the copies did).
+    fn cleared(mut self, at: UnixSeconds) -> Self {
+        self.at = at;
+        self.made.clear();
+        self.index.clear();
+        self
+    }
+}
+
 /// What a cycle takes from the last cycle's plans and what it leaves the next.
 #[derive(Debug, Default)]
 pub(super) struct Keeping {
     last: KeptPlans,
-    /// Positions in `last` not made again (identically) so far in this cycle.
-    missing: BTreeSet<usize>,
+    /// Per position in `last`, whether it was made again (identically) so far in this cycle.
+    made_again: Vec<bool>,
+    /// The first position in `last` not made again.
+    first_missing: usize,
     /// GPUs came free within this cycle (a preemption or a shrink): nothing more is kept.
     spoiled: bool,
     this: KeptPlans,
@@ -71,18 +85,16 @@ pub(super) struct Keeping {
 
 impl Keeping {
     /// A cycle at `now`; `last`: the last cycle's plans, `None` when nothing may be kept from
-    /// them. Nothing is kept for a cycle at an earlier time (its searches would try times the
-    /// last ones did not).
-    pub fn new(last: Option<KeptPlans>, now: UnixSeconds) -> Self {
+    /// them; `spare`: buffers for this cycle's (see `into_next`). Nothing is kept for a cycle
+    /// at an earlier time (its searches would try times the last ones did not).
+    pub fn new(last: Option<KeptPlans>, spare: KeptPlans, now: UnixSeconds) -> Self {
         let last = last.filter(|l| l.at <= now).unwrap_or_default();
         Keeping {
-            missing: (0..last.made.len()).collect(),
+            made_again: vec![false; last.made.len()],
+            first_missing: 0,
             last,
             spoiled: false,
-            this: KeptPlans {
-                at: now,
-                ..KeptPlans::default()
-            },
+            this: spare.cleared(now),
         }
     }
 
@@ -102,7 +114,7 @@ impl Keeping {
         let &k = self.last.index.get(job)?;
         let made = &self.last.made[k];
         let same_job = made.min == min && made.limit_s == limit_s;
-        let all_before_made = self.missing.range(..k).next().is_none();
+        let all_before_made = self.first_missing >= k;
         (same_job && all_before_made && made.start >= now && made.start >= not_before)
             .then_some(made.start)
     }
@@ -185,7 +197,10 @@ impl Keeping {
         let was = &self.last.made[k];
         let same = was.start == start && was.end == end && &was.placement == placement;
         same.then(|| {
-            self.missing.remove(&k);
+            self.made_again[k] = true;
+            while self.made_again.get(self.first_missing) == Some(&true) {
+                self.first_missing += 1;
+            }
             k
         })
     }
@@ -195,9 +210,14 @@ impl Keeping {
         self.spoiled = true;
     }
 
-    /// What the next cycle may keep, when nothing came free in this one.
-    pub fn into_next(self) -> Option<KeptPlans> {
-        (!self.spoiled).then_some(self.this)
+    /// What the next cycle may keep, when nothing came free in this one, and buffers for the
+    /// plans it makes.
+    pub fn into_next(self) -> (Option<KeptPlans>, KeptPlans) {
+        if self.spoiled {
+            (None, self.this)
+        } else {
+            (Some(self.this), self.last)
+        }
     }
 }
 
@@ -205,24 +225,25 @@ impl Keeping {
 mod tests {
     use super::*;
     use crate::cluster::Slot;
+    use smallvec::smallvec;
 
     fn id(s: &str) -> JobId {
         JobId::new(s).unwrap()
     }
 
     fn on(node: usize) -> Placement {
-        Placement(vec![Slot::whole(node, 0b11)])
+        Placement(smallvec![Slot::whole(node, 0b11)])
     }
 
     #[test]
     fn a_plan_is_kept_only_while_every_plan_made_before_it_is_made_again() {
-        let mut first = Keeping::new(None, 0);
+        let mut first = Keeping::new(None, KeptPlans::default(), 0);
         first.made(&id("a"), (100, 200), (2, 100), &on(0), 0);
         first.made(&id("b"), (200, 300), (2, 100), &on(0), 0);
         first.made(&id("c"), (300, 400), (2, 100), &on(1), 0);
-        let last = first.into_next();
+        let (last, _) = first.into_next();
 
-        let mut next = Keeping::new(last.clone(), 50);
+        let mut next = Keeping::new(last.clone(), KeptPlans::default(), 50);
         // The first plan stands; the second only once the first is made again.
         assert_eq!(
             next.kept_start(&id("a"), 2, 100, 50, UnixSeconds::MIN),
@@ -246,7 +267,7 @@ mod tests {
 
         // Not for another size or limit, not before now or the caller's floor, not once
         // GPUs came free.
-        let next = Keeping::new(last.clone(), 50);
+        let next = Keeping::new(last.clone(), KeptPlans::default(), 50);
         assert_eq!(
             next.kept_start(&id("a"), 4, 100, 50, UnixSeconds::MIN),
             None
@@ -257,15 +278,15 @@ mod tests {
             None
         );
         assert_eq!(next.kept_start(&id("a"), 2, 100, 50, 150), None);
-        let mut next = Keeping::new(last.clone(), 50);
+        let mut next = Keeping::new(last.clone(), KeptPlans::default(), 50);
         next.spoil();
         assert_eq!(
             next.kept_start(&id("a"), 2, 100, 50, UnixSeconds::MIN),
             None
         );
-        assert!(next.into_next().is_none());
+        assert!(next.into_next().0.is_none());
         // Not for a cycle at an earlier time.
-        let next = Keeping::new(last.clone(), -1);
+        let next = Keeping::new(last.clone(), KeptPlans::default(), -1);
         assert_eq!(
             next.kept_start(&id("a"), 2, 100, -1, UnixSeconds::MIN),
             None
@@ -273,21 +294,50 @@ mod tests {
 
         // A job that starts now on its planned GPUs until its planned end counts as its plan,
         // unless it spans nodes (its plan held them whole).
-        let mut next = Keeping::new(last, 100);
+        let mut next = Keeping::new(last, KeptPlans::default(), 100);
         next.started(&id("a"), 100, 200, &on(0));
         assert_eq!(
             next.kept_start(&id("b"), 2, 100, 100, UnixSeconds::MIN),
             Some(200)
         );
-        let mut wide = Keeping::new(None, 0);
-        let two_nodes = Placement(vec![Slot::whole(0, 0b11), Slot::whole(1, 0b11)]);
+        let mut wide = Keeping::new(None, KeptPlans::default(), 0);
+        let two_nodes = Placement(smallvec![Slot::whole(0, 0b11), Slot::whole(1, 0b11)]);
         wide.made(&id("a"), (100, 200), (4, 100), &two_nodes, 0);
         wide.made(&id("b"), (200, 300), (2, 100), &on(0), 0);
-        let mut next = Keeping::new(wide.into_next(), 100);
+        let mut next = Keeping::new(wide.into_next().0, KeptPlans::default(), 100);
         next.started(&id("a"), 100, 200, &two_nodes);
         assert_eq!(
             next.kept_start(&id("b"), 2, 100, 100, UnixSeconds::MIN),
             None
         );
+    }
+
+    #[test]
+    fn a_spare_lends_its_buffers_and_nothing_it_held() {
+        let mut first = Keeping::new(None, KeptPlans::default(), 0);
+        first.made(&id("a"), (100, 200), (2, 100), &on(0), 0);
+        let (last, _) = first.into_next();
+        // The last cycle's plans as the spare of a cycle that keeps nothing.
+        let mut next = Keeping::new(None, last.clone().unwrap(), 50);
+        assert_eq!(
+            next.kept_start(&id("a"), 2, 100, 50, UnixSeconds::MIN),
+            None
+        );
+        next.made(&id("b"), (200, 300), (2, 100), &on(1), 0);
+        let (kept, spare) = next.into_next();
+        let kept = kept.unwrap();
+        assert_eq!(kept.at, 50);
+        assert_eq!(kept.index.keys().collect::<Vec<_>>(), [&id("b")]);
+        assert_eq!(kept.made.len(), 1);
+        // What this cycle kept from goes back as the next spare.
+        assert!(spare.made.is_empty());
+        let mut again = Keeping::new(Some(kept), last.unwrap(), 60);
+        assert_eq!(
+            again.kept_start(&id("b"), 2, 100, 60, UnixSeconds::MIN),
+            Some(200)
+        );
+        again.made(&id("b"), (200, 300), (2, 100), &on(1), 0);
+        let (kept, _) = again.into_next();
+        assert_eq!(kept.unwrap().made.len(), 1, "the spare's old plan is gone");
     }
 }

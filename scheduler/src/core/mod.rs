@@ -84,6 +84,8 @@ pub struct Scheduler {
     last_cycle_s: UnixSeconds,
     /// The last cycle's planned starts, for the next to keep (see `kept`).
     kept: Option<KeptPlans>,
+    /// Buffers for the next cycle's plans (see `KeptPlans::cleared`).
+    kept_spare: KeptPlans,
     /// GPUs came free earlier than the last cycle's plans counted on.
     plans_spoiled: bool,
     /// The release book's bookings when the last cycle began (see `Keeping::kept_placement`).
@@ -206,6 +208,7 @@ impl Scheduler {
             drained: BTreeSet::new(),
             last_cycle_s: 0,
             kept: None,
+            kept_spare: KeptPlans::default(),
             plans_spoiled: false,
             bookings_at_last_cycle: 0,
             keep_plans: true,
@@ -453,7 +456,8 @@ impl Scheduler {
     pub fn schedule(&mut self, now: UnixSeconds) -> Cycle {
         let spoiled = std::mem::take(&mut self.plans_spoiled);
         let last_plans = self.kept.take().filter(|_| self.keep_plans && !spoiled);
-        let mut keeping = Keeping::new(last_plans, now);
+        let spare = std::mem::take(&mut self.kept_spare);
+        let mut keeping = Keeping::new(last_plans, spare, now);
         // The last cycle's plans ask about the jobs started since they were made, no further.
         self.releases
             .forget_bookings_before(self.bookings_at_last_cycle);
@@ -669,7 +673,9 @@ impl Scheduler {
         }
         pending.end_cycle(&started, waiting_from);
         self.pending = pending;
-        self.kept = keeping.into_next().filter(|_| self.keep_plans);
+        let (next, spare) = keeping.into_next();
+        self.kept = next.filter(|_| self.keep_plans);
+        self.kept_spare = spare;
         if !self.pending.hot().any(|p| p.reason().waits_for_gpus()) {
             self.grow_elastic(now, &mut cycle);
         }
