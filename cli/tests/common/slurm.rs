@@ -43,9 +43,9 @@ impl Slurm {
 
     /// As [`Slurm::start`], with `extra` lines added to slurm.conf (before the node line).
     ///
-    /// A start whose node does not come up is tried again from scratch, on new ports, up to
-    /// three times: the ports are free when chosen but a daemon binds its own a moment later,
-    /// and another process may have taken one in between (slurmd then exits).
+    /// A start whose node does not come up is made again from scratch on new ports, three
+    /// starts in all: the ports are free when chosen but a daemon binds its own a moment
+    /// later, and another process may have taken one in between (slurmd then exits).
     pub fn start_with(account_map: &str, extra: &str) -> Slurm {
         let mut failures = Vec::new();
         for _ in 0..3 {
