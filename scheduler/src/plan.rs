@@ -39,6 +39,10 @@ impl Hold {
 struct Search {
     prune: bool,
     not_before: UnixSeconds,
+    /// Times in `[skip.0, skip.1)` are not tried (known to fail).
+    skip: (UnixSeconds, UnixSeconds),
+    /// Times from this one on are not tried.
+    before: UnixSeconds,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -368,11 +372,70 @@ impl Plan {
         not_before: UnixSeconds,
         find: impl FnMut(&Cluster, UnixSeconds) -> Option<Placement>,
     ) -> Option<(UnixSeconds, Placement)> {
+        self.earliest_skipping(cluster, gpus, shape, limit_s, not_before, (0, 0), find)
+    }
+
+    /// `earliest`, not trying the times in `[skip.0, skip.1)` (the caller knows they fail).
+    #[allow(clippy::too_many_arguments)]
+    pub fn earliest_skipping(
+        &self,
+        cluster: &Cluster,
+        gpus: u32,
+        shape: &Shape,
+        limit_s: u64,
+        not_before: UnixSeconds,
+        skip: (UnixSeconds, UnixSeconds),
+        find: impl FnMut(&Cluster, UnixSeconds) -> Option<Placement>,
+    ) -> Option<(UnixSeconds, Placement)> {
         let search = Search {
             prune: true,
             not_before,
+            skip,
+            before: UnixSeconds::MAX,
         };
         self.earliest_with(cluster, gpus, shape, limit_s, search, find)
+    }
+
+    /// `earliest`, trying only the times in `[from, before)`.
+    pub fn earliest_within(
+        &self,
+        cluster: &Cluster,
+        gpus: u32,
+        shape: &Shape,
+        limit_s: u64,
+        (from, before): (UnixSeconds, UnixSeconds),
+        find: impl FnMut(&Cluster, UnixSeconds) -> Option<Placement>,
+    ) -> Option<(UnixSeconds, Placement)> {
+        let search = Search {
+            prune: true,
+            not_before: from,
+            skip: (0, 0),
+            before,
+        };
+        self.earliest_with(cluster, gpus, shape, limit_s, search, find)
+    }
+
+    /// Whether a search of a job shaped `shape` tries `t`: now, a release on a type it may
+    /// use, a plan's end or a reservation boundary (see `earliest_with`).
+    pub fn tries(&self, cluster: &Cluster, shape: &Shape, t: UnixSeconds) -> bool {
+        if t <= self.now {
+            return t == self.now;
+        }
+        let types = cluster.type_mask(shape);
+        let from = self.releases.partition_point(|r| r.at < t);
+        let released = self.releases[from..]
+            .iter()
+            .take_while(|r| r.at == t)
+            .any(|r| {
+                types == u64::MAX
+                    || r.placement()
+                        .0
+                        .iter()
+                        .any(|s| cluster.type_bit(s.node) & types != 0)
+            });
+        released
+            || self.hold_ends.binary_search(&t).is_ok()
+            || self.boundaries.binary_search(&t).is_ok()
     }
 
     /// Where `find` places the job when it starts at `t`, on the cluster as a search sees it
@@ -457,7 +520,10 @@ impl Plan {
         );
         let mut last = None;
         for t in merge_sorted(release_times, others) {
-            if last == Some(t) || t < fails_before {
+            if t >= search.before {
+                break;
+            }
+            if last == Some(t) || t < fails_before || (search.skip.0..search.skip.1).contains(&t) {
                 continue;
             }
             last = Some(t);
@@ -1229,7 +1295,7 @@ mod tests {
                     .iter()
                     .zip([true, false])
                     .map(|(plan, prune)| {
-                        plan.earliest_with(&cluster, *gpus, &shape, limit, Search { prune, not_before: UnixSeconds::MIN }, |c, _| {
+                        plan.earliest_with(&cluster, *gpus, &shape, limit, Search { prune, not_before: UnixSeconds::MIN, skip: (0, 0), before: UnixSeconds::MAX }, |c, _| {
                             c.find(*gpus, &a, &any, &shape)
                         })
                     })

@@ -31,7 +31,7 @@ mod queue;
 mod types;
 
 use admission::has_gpu_hour_quota;
-use kept::{Keeping, KeptPlans};
+use kept::{Freed, Keeping, KeptPlans, KeptStart};
 use preemption::{PreemptionGate, Victims};
 use queue::{Hot, Queue};
 pub use types::*;
@@ -86,8 +86,11 @@ pub struct Scheduler {
     kept: Option<KeptPlans>,
     /// Buffers for the next cycle's plans (see `KeptPlans::cleared`).
     kept_spare: KeptPlans,
-    /// GPUs came free earlier than the last cycle's plans counted on.
+    /// Something changed that no kept plan survives (a node drained or back, a reservation).
     plans_spoiled: bool,
+    /// Running jobs ended before the last cycle's plans counted on them: from the first such
+    /// end to the latest time they were counted on (see `Freed`).
+    ended_early: Option<Freed>,
     /// The release book's bookings when the last cycle began (see `Keeping::kept_placement`).
     bookings_at_last_cycle: u64,
     /// Whether plans are kept between cycles at all (a test compares with and without).
@@ -210,6 +213,7 @@ impl Scheduler {
             kept: None,
             kept_spare: KeptPlans::default(),
             plans_spoiled: false,
+            ended_early: None,
             bookings_at_last_cycle: 0,
             keep_plans: true,
         }
@@ -415,8 +419,17 @@ impl Scheduler {
     pub fn finish(&mut self, id: &JobId, now: UnixSeconds) -> Option<RunningJob> {
         let mut job = self.running.remove(id)?;
         self.releases.remove(id);
-        // Its GPUs come free before the last plans counted on them.
-        self.plans_spoiled |= job.release_s(self.last_cycle_s) > now;
+        // Its GPUs come free before the last plans counted on them: the runs that overlap
+        // `[now, then)` are searched again.
+        let counted_on = job.release_s(self.last_cycle_s);
+        if counted_on > now {
+            let freed = self.ended_early.get_or_insert(Freed {
+                from: now,
+                until: counted_on,
+            });
+            freed.from = freed.from.min(now);
+            freed.until = freed.until.max(counted_on);
+        }
         accrue(&mut self.ledger, &mut self.windows, &mut job, now);
         self.cluster.release(&job.placement);
         self.count_held(&job.spec, -(job.placement.share_units() as i64));
@@ -457,7 +470,8 @@ impl Scheduler {
         let spoiled = std::mem::take(&mut self.plans_spoiled);
         let last_plans = self.kept.take().filter(|_| self.keep_plans && !spoiled);
         let spare = std::mem::take(&mut self.kept_spare);
-        let mut keeping = Keeping::new(last_plans, spare, now);
+        let ended_early = self.ended_early.take();
+        let mut keeping = Keeping::new(last_plans, spare, now, ended_early);
         // The last cycle's plans ask about the jobs started since they were made, no further.
         self.releases
             .forget_bookings_before(self.bookings_at_last_cycle);
@@ -741,10 +755,11 @@ impl Scheduler {
         );
         if let Some(plan) = plan.as_mut() {
             let dropped = plan.forget(&started.job_id);
-            if dropped.is_some_and(|h| h.start != now || h.placement != running.placement) {
+            if let Some(h) = dropped.filter(|h| h.start != now || h.placement != running.placement)
+            {
                 // Its planned GPUs come free before the plan's end: the plans searched with
                 // them held may start earlier now.
-                keeping.spoil();
+                keeping.freed(h.start, h.end);
             }
             plan.started(
                 started.job_id.clone(),
@@ -895,7 +910,7 @@ impl Scheduler {
         plan: &Plan,
         spec: &JobSpec,
         now: UnixSeconds,
-        mut not_before: UnixSeconds,
+        not_before: UnixSeconds,
         keeping: &mut Keeping,
     ) -> Option<(UnixSeconds, Placement)> {
         let (min, limit) = (spec.min_size(), spec.time_limit_s);
@@ -903,29 +918,58 @@ impl Scheduler {
             let filter = self.filter_for(spec, t, t.saturating_add(limit as i64));
             cluster.find(min, &spec.account, &filter, &spec.shape)
         };
-        let mut planned = None;
-        if let Some(t) = keeping.kept_start(&spec.id, min, limit, now, not_before) {
-            let unchanged = (!plan.has_shares())
-                .then(|| keeping.kept_placement(&spec.id, t, &self.releases))
-                .flatten()
-                .cloned();
-            let placed = unchanged
-                .or_else(|| plan.place_at(&self.cluster, min, &spec.shape, limit, t, find));
-            match placed {
-                Some(p) => planned = Some((t, p)),
-                // Nothing before it can place the job either.
-                None => not_before = t,
+        let search_from = |from| plan.earliest(&self.cluster, min, &spec.shape, limit, from, find);
+        let kept = keeping.kept_start(&spec.id, min, limit, now, not_before);
+        let planned = match kept {
+            // Only the times what was freed since may have opened are tried before the kept
+            // start (every other one fails as it did), in one search that goes on from it.
+            Some(KeptStart {
+                start,
+                recheck: Some((from, until)),
+                touched: true,
+                ..
+            }) => plan.earliest_skipping(
+                &self.cluster,
+                min,
+                &spec.shape,
+                limit,
+                from,
+                (until, start),
+                find,
+            ),
+            // The run from the kept start finds what it found: where the times freed may have
+            // opened fail, the kept start stands, looked up at once (or taken as it was) where
+            // it is still a time searches try (the job it waited for may have ended early).
+            Some(kept) => {
+                let earlier = kept.recheck.and_then(|times| {
+                    plan.earliest_within(&self.cluster, min, &spec.shape, limit, times, find)
+                });
+                let t = kept.start;
+                let placed = || {
+                    let unchanged = (!plan.has_shares())
+                        .then(|| keeping.kept_placement(&kept, &self.releases))
+                        .flatten()
+                        .cloned();
+                    unchanged
+                        .or_else(|| plan.place_at(&self.cluster, min, &spec.shape, limit, t, find))
+                };
+                earlier.or_else(|| {
+                    let at_t = plan.tries(&self.cluster, &spec.shape, t).then(placed);
+                    match at_t.flatten() {
+                        Some(p) => Some((t, p)),
+                        None => search_from(t),
+                    }
+                })
             }
-        }
-        let planned = planned
-            .or_else(|| plan.earliest(&self.cluster, min, &spec.shape, limit, not_before, find))?;
+            None => search_from(not_before),
+        }?;
         let (t, p) = &planned;
         keeping.made(
             &spec.id,
             (*t, t.saturating_add(limit as i64)),
             (min, limit),
             p,
-            self.releases.bookings(),
+            (self.releases.bookings(), kept.as_ref()),
         );
         Some(planned)
     }
