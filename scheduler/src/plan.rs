@@ -33,16 +33,42 @@ impl Hold {
     }
 }
 
-/// How `Plan::earliest_with` searches: with the free-count pruning or not (a test compares
-/// both), and from which time on.
+/// Which times a plan search tries: from `not_before` on, with the free-count pruning (a test
+/// compares with and without it), skipping a stretch the caller knows fails, and before a
+/// bound.
 #[derive(Clone, Copy, Debug)]
-struct Search {
+pub(crate) struct Search {
     prune: bool,
     not_before: UnixSeconds,
-    /// Times in `[skip.0, skip.1)` are not tried (known to fail).
+    /// Times in `[skip.0, skip.1)` are not tried.
     skip: (UnixSeconds, UnixSeconds),
     /// Times from this one on are not tried.
     before: UnixSeconds,
+}
+
+impl Search {
+    /// Every time from `not_before` on.
+    pub fn from(not_before: UnixSeconds) -> Search {
+        Search {
+            prune: true,
+            not_before,
+            skip: (0, 0),
+            before: UnixSeconds::MAX,
+        }
+    }
+
+    /// Not the times in `[from, until)` (the caller knows they fail).
+    pub fn skipping(self, (from, until): (UnixSeconds, UnixSeconds)) -> Search {
+        Search {
+            skip: (from, until),
+            ..self
+        }
+    }
+
+    /// Only the times before `before`.
+    pub fn before(self, before: UnixSeconds) -> Search {
+        Search { before, ..self }
+    }
 }
 
 #[derive(Clone, Debug, Default)]
@@ -360,63 +386,8 @@ impl Plan {
         window
     }
 
-    /// The earliest time at or after now (and `not_before`) when `find` places the job on the
-    /// cluster as it will be for its whole run, and the placement. `find` gets that cluster
-    /// and the start time.
-    pub fn earliest(
-        &self,
-        cluster: &Cluster,
-        gpus: u32,
-        shape: &Shape,
-        limit_s: u64,
-        not_before: UnixSeconds,
-        find: impl FnMut(&Cluster, UnixSeconds) -> Option<Placement>,
-    ) -> Option<(UnixSeconds, Placement)> {
-        self.earliest_skipping(cluster, gpus, shape, limit_s, not_before, (0, 0), find)
-    }
-
-    /// `earliest`, not trying the times in `[skip.0, skip.1)` (the caller knows they fail).
-    #[allow(clippy::too_many_arguments)]
-    pub fn earliest_skipping(
-        &self,
-        cluster: &Cluster,
-        gpus: u32,
-        shape: &Shape,
-        limit_s: u64,
-        not_before: UnixSeconds,
-        skip: (UnixSeconds, UnixSeconds),
-        find: impl FnMut(&Cluster, UnixSeconds) -> Option<Placement>,
-    ) -> Option<(UnixSeconds, Placement)> {
-        let search = Search {
-            prune: true,
-            not_before,
-            skip,
-            before: UnixSeconds::MAX,
-        };
-        self.earliest_with(cluster, gpus, shape, limit_s, search, find)
-    }
-
-    /// `earliest`, trying only the times in `[from, before)`.
-    pub fn earliest_within(
-        &self,
-        cluster: &Cluster,
-        gpus: u32,
-        shape: &Shape,
-        limit_s: u64,
-        (from, before): (UnixSeconds, UnixSeconds),
-        find: impl FnMut(&Cluster, UnixSeconds) -> Option<Placement>,
-    ) -> Option<(UnixSeconds, Placement)> {
-        let search = Search {
-            prune: true,
-            not_before: from,
-            skip: (0, 0),
-            before,
-        };
-        self.earliest_with(cluster, gpus, shape, limit_s, search, find)
-    }
-
     /// Whether a search of a job shaped `shape` tries `t`: now, a release on a type it may
-    /// use, a plan's end or a reservation boundary (see `earliest_with`).
+    /// use, a plan's end or a reservation boundary (see `earliest`).
     pub fn tries(&self, cluster: &Cluster, shape: &Shape, t: UnixSeconds) -> bool {
         if t <= self.now {
             return t == self.now;
@@ -461,10 +432,12 @@ impl Plan {
         placed
     }
 
-    /// `earliest`, skipping the times the free count rules out when `search.prune` (a test
-    /// compares both). Pruned searches of whole GPUs move one copy of the cluster forward
-    /// (`Sweep`); the others copy it for every time they try (`Copies`).
-    fn earliest_with(
+    /// The earliest time at or after now, among those `search` tries, when `find` places the
+    /// job on the cluster as it will be for its whole run, and the placement. `find` gets that
+    /// cluster and the start time. Times the free count rules out are skipped when
+    /// `search.prune` (a test compares both). Pruned searches of whole GPUs move one copy of
+    /// the cluster forward (`Sweep`); the others copy it for every time they try (`Copies`).
+    pub fn earliest(
         &self,
         cluster: &Cluster,
         gpus: u32,
@@ -1295,7 +1268,7 @@ mod tests {
                     .iter()
                     .zip([true, false])
                     .map(|(plan, prune)| {
-                        plan.earliest_with(&cluster, *gpus, &shape, limit, Search { prune, not_before: UnixSeconds::MIN, skip: (0, 0), before: UnixSeconds::MAX }, |c, _| {
+                        plan.earliest(&cluster, *gpus, &shape, limit, Search { prune, ..Search::from(UnixSeconds::MIN) }, |c, _| {
                             c.find(*gpus, &a, &any, &shape)
                         })
                     })

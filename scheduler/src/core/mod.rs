@@ -18,7 +18,7 @@ use gpuledger_model::{AccountId, Allocation, JobId, ProjectId, SHARE_UNITS_PER_G
 
 use crate::cluster::{Cluster, NodeFilter, Placement, Shape};
 use crate::fairshare::{account_factors, FairShareParams, UsageLedger};
-use crate::plan::Plan;
+use crate::plan::{Plan, Search};
 use crate::releases::ReleaseBook;
 use crate::reservation::{AdvanceReservation, ReservationError, ReservationRequest, Reservations};
 use crate::windows::{day_of, gpu_hours_verdict, DaySpread, UsageWindows, WindowKey, DAY_S};
@@ -918,7 +918,7 @@ impl Scheduler {
             let filter = self.filter_for(spec, t, t.saturating_add(limit as i64));
             cluster.find(min, &spec.account, &filter, &spec.shape)
         };
-        let search_from = |from| plan.earliest(&self.cluster, min, &spec.shape, limit, from, find);
+        let search = |times| plan.earliest(&self.cluster, min, &spec.shape, limit, times, find);
         let kept = keeping.kept_start(&spec.id, min, limit, now, not_before);
         let planned = match kept {
             // Only the times what was freed since may have opened are tried before the kept
@@ -928,22 +928,14 @@ impl Scheduler {
                 recheck: Some((from, until)),
                 touched: true,
                 ..
-            }) => plan.earliest_skipping(
-                &self.cluster,
-                min,
-                &spec.shape,
-                limit,
-                from,
-                (until, start),
-                find,
-            ),
+            }) => search(Search::from(from).skipping((until, start))),
             // The run from the kept start finds what it found: where the times freed may have
             // opened fail, the kept start stands, looked up at once (or taken as it was) where
             // it is still a time searches try (the job it waited for may have ended early).
             Some(kept) => {
-                let earlier = kept.recheck.and_then(|times| {
-                    plan.earliest_within(&self.cluster, min, &spec.shape, limit, times, find)
-                });
+                let earlier = kept
+                    .recheck
+                    .and_then(|(from, until)| search(Search::from(from).before(until)));
                 let t = kept.start;
                 let placed = || {
                     let unchanged = (!plan.has_shares())
@@ -957,11 +949,11 @@ impl Scheduler {
                     let at_t = plan.tries(&self.cluster, &spec.shape, t).then(placed);
                     match at_t.flatten() {
                         Some(p) => Some((t, p)),
-                        None => search_from(t),
+                        None => search(Search::from(t)),
                     }
                 })
             }
-            None => search_from(not_before),
+            None => search(Search::from(not_before)),
         }?;
         let (t, p) = &planned;
         keeping.made(
