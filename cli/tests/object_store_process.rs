@@ -101,11 +101,45 @@ fn start_writer(data_dir: &str, state: &std::path::Path, id: &str, nodes: &str) 
     )
 }
 
+/// An hour before `now_ms` on the second, or earlier where the batches' 15 minutes from then
+/// would cross midnight UTC: the report below reads one day and the invoice one month (CI
+/// failed on a run at 00:58 UTC, the report holding the 1.8 GPU-hours before midnight).
+fn start_within_one_day(now_ms: i64) -> i64 {
+    const DAY_MS: i64 = 86_400_000;
+    let span_ms = BATCHES as i64 * (ROWS / 8) as i64 * 1000;
+    let t0_ms = now_ms - now_ms.rem_euclid(1000) - 3_600_000;
+    let midnight = (t0_ms + span_ms - 1).div_euclid(DAY_MS) * DAY_MS;
+    if t0_ms < midnight {
+        midnight - span_ms
+    } else {
+        t0_ms
+    }
+}
+
+#[test]
+fn the_batches_never_cross_midnight() {
+    let day = |ms: i64| ms.div_euclid(86_400_000);
+    let span_ms = BATCHES as i64 * (ROWS / 8) as i64 * 1000;
+    // 2026-12-04 00:58:00 UTC, the CI run that failed, and times around midnight.
+    let midnight = 1_796_342_400_000;
+    for now_ms in [
+        midnight + 58 * 60_000,
+        midnight + 3_600_000,
+        midnight + 3_600_000 + span_ms - 1,
+        midnight + 3_600_000 + span_ms,
+        midnight + 12 * 3_600_000 + 123,
+    ] {
+        let t0 = start_within_one_day(now_ms);
+        assert_eq!(day(t0), day(t0 + span_ms - 1), "now {now_ms}");
+        assert!(t0 <= now_ms - 3_600_000 && t0 > now_ms - 3_600_000 - span_ms - 1000);
+        assert_eq!(t0.rem_euclid(1000), 0);
+    }
+}
+
 /// Two writers into `data_dir`; `agg-a` is killed half-way and restarted, every batch is
 /// re-sent; then the tables are read back through the URL, in the test and by `report`.
 fn two_writers_and_a_kill_9(data_dir: &str, state: &std::path::Path) {
-    let now_ms = chrono::Utc::now().timestamp_millis();
-    let t0_ms = now_ms - now_ms.rem_euclid(1000) - 3_600_000;
+    let t0_ms = start_within_one_day(chrono::Utc::now().timestamp_millis());
     let nodes = ["gpu001", "gpu002", "gpu003", "gpu004"];
     let mut a = start_writer(data_dir, &state.join("a"), "agg-a", "gpu001,gpu002");
     let b = start_writer(data_dir, &state.join("b"), "agg-b", "gpu003,gpu004");

@@ -13,12 +13,15 @@
 //! - plans made in this cycle that the last had not made only take more.
 //!
 //! When nothing freed overlaps a run from any time before the kept start, the search begins
-//! at the kept start, and the placement is looked up there at once. Otherwise the search
-//! tries the times whose runs overlap something freed (`KeptStart::recheck`), skips the
-//! others before the kept start, and goes on from it. Either way plans are exactly what a
-//! fresh search makes (a test drives two schedulers, one keeping plans and one not, and
-//! compares every cycle), parts of GPUs among them. What nothing can bound is not kept: a node back from a drain, a reservation changed
-//! (the scheduler marks that, `Scheduler::plans_spoiled`), a preemption or a shrink within the
+//! at the kept start, and the placement is looked up there at once. Otherwise the times whose
+//! runs overlap something freed (`KeptStart::recheck`) are tried first; where none places the
+//! job, the kept start stands as above, unless its own run overlaps something freed
+//! (`KeptStart::touched`): then one search tries those times, skips the others before the
+//! kept start and goes on from it. Past 16 things freed before a job it is searched as afresh.
+//! Either way plans are exactly what a fresh search makes (a test drives two schedulers, one
+//! keeping plans and one not, and compares every cycle), parts of GPUs among them. What
+//! nothing can bound keeps nothing: a node back from a drain, a reservation changed (the
+//! scheduler marks that, `Scheduler::plans_spoiled`), a preemption or a shrink within the
 //! cycle.
 //!
 //! Looking a kept start up again means holding every plan its run overlaps on a copy of the
@@ -222,10 +225,10 @@ impl Keeping {
         })
     }
 
-    /// The GPUs the last cycle planned `job` on at `t`, where the cluster its search saw
-    /// for the run is provably the one a search sees now, so that looking the placement up
-    /// again would find the same: nothing freed overlaps the run (`KeptStart::touched`);
-    /// every job started since that plan was made gives its GPUs back by `t` (`book`'s
+    /// The GPUs the last cycle planned a kept start on, where the cluster its search saw for
+    /// the run is provably the one a search sees now, so that looking the placement up again
+    /// would find the same: nothing freed overlaps the run (`KeptStart::touched`); every job
+    /// started since that plan was made gives its GPUs back by the start (`book`'s
     /// bookings); and every plan made so far in this cycle that the last cycle had not made
     /// before it is off its run.
     pub fn kept_placement(&self, kept: &KeptStart, book: &ReleaseBook) -> Option<&Placement> {
