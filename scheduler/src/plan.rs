@@ -397,13 +397,7 @@ impl Plan {
         let released = self.releases[from..]
             .iter()
             .take_while(|r| r.at == t)
-            .any(|r| {
-                types == u64::MAX
-                    || r.placement()
-                        .0
-                        .iter()
-                        .any(|s| cluster.type_bit(s.node) & types != 0)
-            });
+            .any(|r| gives_back_some_of(cluster, r, types));
         released
             || self.hold_ends.binary_search(&t).is_ok()
             || self.boundaries.binary_search(&t).is_ok()
@@ -476,13 +470,7 @@ impl Plan {
         let first_boundary = self.boundaries.partition_point(|t| *t < start);
         let release_times = self.releases[first_release..]
             .iter()
-            .filter(|r| {
-                !typed
-                    || r.placement()
-                        .0
-                        .iter()
-                        .any(|s| cluster.type_bit(s.node) & types != 0)
-            })
+            .filter(|r| !typed || gives_back_some_of(cluster, r, types))
             .map(|r| r.at.max(self.now));
         let others = merge_sorted(
             std::iter::once(self.now).filter(|now| *now >= start),
@@ -923,6 +911,17 @@ impl Drop for Sweep<'_> {
         let window = std::mem::replace(&mut self.window, hollow);
         *self.plan.sweep_window.borrow_mut() = Some(window);
     }
+}
+
+/// Whether `release` gives back GPUs of a type in `types` (a [`Cluster::type_mask`]): a
+/// typed search tries only the releases that do.
+fn gives_back_some_of(cluster: &Cluster, release: &Release, types: u64) -> bool {
+    types == u64::MAX
+        || release
+            .placement()
+            .0
+            .iter()
+            .any(|s| cluster.type_bit(s.node) & types != 0)
 }
 
 /// Where `mask`'s bits form one run: (its lowest bit, how many).

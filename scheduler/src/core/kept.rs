@@ -90,6 +90,11 @@ pub(super) struct Freed {
 }
 
 impl Freed {
+    /// Whether a run of `limit_s` from `start` overlaps it.
+    fn overlaps_run(self, start: UnixSeconds, limit_s: u64) -> bool {
+        start.saturating_add(limit_s as i64) > self.from && start < self.until
+    }
+
     /// The starts of runs of `limit_s` that overlap it, within `[floor, before)`.
     fn starts_touched(
         self,
@@ -190,9 +195,7 @@ impl Keeping {
         let mut recheck: Option<(UnixSeconds, UnixSeconds)> = None;
         let mut touched = false;
         let mut add = |freed: Freed| {
-            touched |= freed
-                .starts_touched(limit_s, start, start.saturating_add(1))
-                .is_some();
+            touched |= freed.overlaps_run(start, limit_s);
             if let Some((lo, hi)) = freed.starts_touched(limit_s, floor, start) {
                 recheck = Some(recheck.map_or((lo, hi), |(l, h)| (l.min(lo), h.max(hi))));
             }
