@@ -207,7 +207,7 @@ struct NodeFacts {
     /// Where nodes differ in size, the nodes of each size as a bit per node, the largest size
     /// first: whole-node placement takes the largest free nodes first (ties in node order),
     /// visiting only the wholly free ones. Empty on a uniform cluster.
-    by_size: Vec<Vec<u64>>,
+    by_size: Vec<(u32, Vec<u64>)>,
     /// The GPU types the nodes have, in the order first met.
     types: Vec<GpuType>,
     /// The nodes of each type, in node order: the one-node search of a job asking for some
@@ -265,6 +265,14 @@ pub struct Cluster {
     /// gets a new one) and how many times what is free changed since. Equal stamps, equal
     /// clusters, so what was worked out from one (a planner's bounds) holds for the other.
     stamp: Stamp,
+}
+
+/// The nodes with every GPU free, a bit per node (`nodes[w]`: nodes `64 w..`), and how many
+/// GPUs they have.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct WholeNodes<'a> {
+    pub nodes: &'a [u64],
+    pub gpus: u32,
 }
 
 /// See [`Cluster::stamp`].
@@ -444,7 +452,7 @@ impl Cluster {
             })
             .collect();
         let uniform = meta.iter().all(|m| m.spec.gpus == gpus_per_node_max);
-        let mut by_size: Vec<Vec<u64>> = Vec::new();
+        let mut by_size: Vec<(u32, Vec<u64>)> = Vec::new();
         if !uniform {
             let mut sizes: Vec<u32> = meta.iter().map(|m| m.spec.gpus).collect();
             sizes.sort_unstable_by(|a, b| b.cmp(a));
@@ -452,10 +460,8 @@ impl Cluster {
             by_size = sizes
                 .iter()
                 .map(|size| {
-                    node_set(
-                        meta.len(),
-                        (0..meta.len()).filter(|i| meta[*i].spec.gpus == *size),
-                    )
+                    let nodes = (0..meta.len()).filter(|i| meta[*i].spec.gpus == *size);
+                    (*size, node_set(meta.len(), nodes))
                 })
                 .collect();
         }
@@ -969,9 +975,7 @@ impl Cluster {
         ))
     }
 
-    /// Whole free nodes for `gpus`, visiting only the wholly free nodes: in node order on a
-    /// uniform cluster; the largest first on a mixed one, so a job spans as few nodes as it
-    /// can (ties in node order).
+    /// Whole free nodes for `gpus` (see `find_whole_nodes_in`).
     fn find_whole_nodes(
         &self,
         gpus: u32,
@@ -979,7 +983,61 @@ impl Cluster {
         filter: &NodeFilter,
         shape: &Shape,
     ) -> Option<Placement> {
-        if self.whole_node_gpus < gpus {
+        let whole = WholeNodes {
+            nodes: &self.whole_nodes,
+            gpus: self.whole_node_gpus,
+        };
+        self.find_whole_nodes_in(whole, gpus, account, filter, shape)
+    }
+
+    /// Whether `find` places a job of `gpus` shaped `shape` on wholly free nodes only (it
+    /// asks for more GPUs than any node has, in no layout of its own): where it goes then
+    /// depends only on which nodes are wholly free.
+    pub(crate) fn needs_whole_nodes(&self, gpus: u32, shape: &Shape) -> bool {
+        shape.gpu_share.is_none()
+            && shape.gpus_per_node.is_none()
+            && gpus > self.facts.gpus_per_node_max
+    }
+
+    /// The nodes with every GPU free, a bit per node, and their GPUs.
+    pub(crate) fn whole_nodes(&self) -> WholeNodes<'_> {
+        WholeNodes {
+            nodes: &self.whole_nodes,
+            gpus: self.whole_node_gpus,
+        }
+    }
+
+    /// The GPUs of the nodes in `nodes`, a bit per node.
+    pub(crate) fn gpus_of(&self, nodes: &[u64]) -> u32 {
+        let count = |of: &[u64]| -> u32 {
+            nodes
+                .iter()
+                .zip(of)
+                .map(|(n, of)| (n & of).count_ones())
+                .sum()
+        };
+        if self.facts.uniform() {
+            let all: u32 = nodes.iter().map(|n| n.count_ones()).sum();
+            all * self.facts.gpus_per_node_max
+        } else {
+            let by_size = self.facts.by_size.iter();
+            by_size.map(|(size, of_size)| size * count(of_size)).sum()
+        }
+    }
+
+    /// Whole free nodes for `gpus` where `whole` are the wholly free nodes (this cluster's
+    /// own, or those a plan search works out for a time ahead), visiting only those: in node
+    /// order on a uniform cluster; the largest first on a mixed one, so a job spans as few
+    /// nodes as it can (ties in node order).
+    pub(crate) fn find_whole_nodes_in(
+        &self,
+        whole: WholeNodes<'_>,
+        gpus: u32,
+        account: &AccountId,
+        filter: &NodeFilter,
+        shape: &Shape,
+    ) -> Option<Placement> {
+        if whole.gpus < gpus {
             return None;
         }
         let types = self.type_mask(shape);
@@ -988,9 +1046,7 @@ impl Cluster {
         // start tried, and the uniform cluster's loop stays as plain as before.
         if self.facts.uniform() {
             self.take_whole_nodes(
-                nodes_where(self.whole_nodes.len(), |w| {
-                    self.whole_nodes[w] & of_types(w)
-                }),
+                nodes_where(whole.nodes.len(), |w| whole.nodes[w] & of_types(w)),
                 gpus,
                 account,
                 filter,
@@ -1000,9 +1056,9 @@ impl Cluster {
         } else {
             let by_size = self.facts.by_size.iter();
             self.take_whole_nodes(
-                by_size.flat_map(|of_size| {
-                    nodes_where(self.whole_nodes.len(), move |w| {
-                        self.whole_nodes[w] & of_size[w] & of_types(w)
+                by_size.flat_map(|(_, of_size)| {
+                    nodes_where(whole.nodes.len(), move |w| {
+                        whole.nodes[w] & of_size[w] & of_types(w)
                     })
                 }),
                 gpus,
@@ -1030,13 +1086,13 @@ impl Cluster {
             if left == 0 {
                 break;
             }
-            debug_assert_eq!(self.free[idx], self.meta[idx].all);
             // A plain test rather than an iterator filter (the closure was not always inlined).
             if !self.allowed(idx, account, filter, types) {
                 continue;
             }
+            // Wholly free (now or at the time a plan search tries): every GPU.
             let take = left.min(self.meta[idx].spec.gpus);
-            slots.push(Slot::whole(idx, lowest_bits(self.free[idx], take)));
+            slots.push(Slot::whole(idx, lowest_bits(self.meta[idx].all, take)));
             left -= take;
         }
         let too_many = shape.max_nodes.is_some_and(|m| slots.len() > m as usize);

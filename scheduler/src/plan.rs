@@ -10,9 +10,9 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use gpuledger_model::time::UnixSeconds;
-use gpuledger_model::JobId;
+use gpuledger_model::{AccountId, JobId};
 
-use crate::cluster::{set_bits, Cluster, Placement, Shape, Slot, Stamp};
+use crate::cluster::{set_bits, Cluster, NodeFilter, Placement, Shape, Slot, Stamp, WholeNodes};
 use crate::releases::{Release, ReleaseBook};
 
 /// A planned start: these GPUs are spoken for during `[start, end)`.
@@ -71,6 +71,37 @@ impl Search {
     }
 }
 
+/// The cluster as a job starting at some time would find it for its whole run, as a search
+/// hands it to its `find`: every GPU, or for a job placed on wholly free nodes only (see
+/// [`Cluster::needs_whole_nodes`]) which nodes are wholly free then.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Window<'a> {
+    Cluster(&'a Cluster),
+    WholeNodes {
+        /// The cluster now (what every node is).
+        cluster: &'a Cluster,
+        whole: WholeNodes<'a>,
+    },
+}
+
+impl Window<'_> {
+    /// Where [`Cluster::find`] places the job on this window.
+    pub fn find(
+        self,
+        gpus: u32,
+        account: &AccountId,
+        filter: &NodeFilter,
+        shape: &Shape,
+    ) -> Option<Placement> {
+        match self {
+            Window::Cluster(cluster) => cluster.find(gpus, account, filter, shape),
+            Window::WholeNodes { cluster, whole } => {
+                cluster.find_whole_nodes_in(whole, gpus, account, filter, shape)
+            }
+        }
+    }
+}
+
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Plan {
     now: UnixSeconds,
@@ -98,6 +129,9 @@ pub(crate) struct Plan {
     sweep_window: RefCell<Option<Cluster>>,
     /// A sweep's heap of overlapping plans, kept empty between searches for its buffer.
     sweep_active: RefCell<BinaryHeap<Reverse<(UnixSeconds, usize)>>>,
+    /// What searches of jobs of whole nodes count with, kept between them (see
+    /// `WholeSweep`).
+    whole_counts: RefCell<Option<WholeCounts>>,
     /// The cluster as the releases alone leave it at points along them, taken as searches
     /// need them and kept until the releases or the cluster change (see `Checkpoints`).
     checkpoints: RefCell<Option<Checkpoints>>,
@@ -138,13 +172,15 @@ struct Checkpoints {
 }
 
 /// When the running jobs' releases first leave one node with `g` GPUs free (for every `g` up
-/// to the largest node), and how many GPUs whole free nodes hold after each release that
-/// frees a node, from the cluster with stamp `stamp`. Both only grow with time.
+/// to the largest node), how many GPUs whole free nodes hold after each release that frees a
+/// node, and which node that is, from the cluster with stamp `stamp`. All only grow with time.
 #[derive(Clone, Debug)]
 struct NodeBounds {
     stamp: Stamp,
     one_node: Vec<UnixSeconds>,
     whole: Vec<(UnixSeconds, u32)>,
+    /// The nodes the releases leave wholly free (not free now), by time.
+    became_whole: Vec<(UnixSeconds, usize)>,
 }
 
 impl NodeBounds {
@@ -164,6 +200,7 @@ impl NodeBounds {
         }
         one_node[..=most as usize].fill(plan.now);
         let mut whole = vec![(plan.now, whole_free)];
+        let mut became_whole = Vec::new();
         for release in &plan.releases {
             let at = release.at.max(plan.now);
             for slot in &release.placement().0 {
@@ -174,6 +211,7 @@ impl NodeBounds {
                 if !was_whole && free[slot.node] == full_node(cluster, slot.node) {
                     whole_free += count;
                     whole.push((at, whole_free));
+                    became_whole.push((at, slot.node));
                 }
                 if count > most {
                     one_node[most as usize + 1..=count as usize].fill(at);
@@ -185,6 +223,7 @@ impl NodeBounds {
             stamp: cluster.stamp(),
             one_node,
             whole,
+            became_whole,
         }
     }
 
@@ -244,6 +283,7 @@ impl Plan {
             sweep_counts: RefCell::new(None),
             sweep_window: RefCell::new(None),
             sweep_active: RefCell::new(BinaryHeap::new()),
+            whole_counts: RefCell::new(None),
             checkpoints: RefCell::new(None),
             held_prefixes: RefCell::new(None),
         }
@@ -412,18 +452,33 @@ impl Plan {
         shape: &Shape,
         limit_s: u64,
         t: UnixSeconds,
-        mut find: impl FnMut(&Cluster, UnixSeconds) -> Option<Placement>,
+        mut find: impl FnMut(Window<'_>, UnixSeconds) -> Option<Placement>,
     ) -> Option<Placement> {
         let end = t.saturating_add(limit_s as i64);
-        let mut ahead = if !self.shares && shape.gpu_share.is_none() {
-            Ahead::Sweep(Sweep::new(self, cluster))
-        } else {
-            Ahead::Copies(Copies::new(self, cluster))
-        };
+        let mut ahead = self.ahead(cluster, gpus, shape, true);
         let placed = ahead
             .at(t, end, gpus, shape)
             .and_then(|window| find(window, t));
         placed
+    }
+
+    /// How a search sees the cluster ahead: node by node where the job needs whole nodes,
+    /// one copy moved forward where whole GPUs are held (and `sweep`), else a copy per time.
+    fn ahead<'p>(
+        &'p self,
+        cluster: &'p Cluster,
+        gpus: u32,
+        shape: &Shape,
+        sweep: bool,
+    ) -> Ahead<'p> {
+        let whole_gpus = sweep && !self.shares && shape.gpu_share.is_none();
+        if whole_gpus && cluster.needs_whole_nodes(gpus, shape) {
+            Ahead::Whole(WholeSweep::new(self, cluster))
+        } else if whole_gpus {
+            Ahead::Sweep(Sweep::new(self, cluster))
+        } else {
+            Ahead::Copies(Copies::new(self, cluster))
+        }
     }
 
     /// The earliest time at or after now, among those `search` tries, when `find` places the
@@ -438,7 +493,7 @@ impl Plan {
         shape: &Shape,
         limit_s: u64,
         search: Search,
-        mut find: impl FnMut(&Cluster, UnixSeconds) -> Option<Placement>,
+        mut find: impl FnMut(Window<'_>, UnixSeconds) -> Option<Placement>,
     ) -> Option<(UnixSeconds, Placement)> {
         let mut low =
             (search.prune && shape.gpu_share.is_none()).then(|| self.low_stretches(cluster, gpus));
@@ -450,11 +505,7 @@ impl Plan {
         }
         // The cluster as the releases up to the candidate leave it, brought forward only when
         // a candidate gets past the counts: most are ruled out before.
-        let mut ahead = if search.prune && !self.shares && shape.gpu_share.is_none() {
-            Ahead::Sweep(Sweep::new(self, cluster))
-        } else {
-            Ahead::Copies(Copies::new(self, cluster))
-        };
+        let mut ahead = self.ahead(cluster, gpus, shape, search.prune);
         // A release only on nodes of types the job may not use leaves what it may use as it
         // was: that time would fail as the time tried before it did (plans ending are tried
         // in their own right), so it is not tried. The cluster still takes the release.
@@ -561,12 +612,22 @@ impl Plan {
     /// fragmentation: on a busy cluster the GPUs free add up long before a node is free
     /// enough, and every candidate time in between would be copied and searched in vain.
     fn node_bound(&self, cluster: &Cluster, gpus: u32) -> UnixSeconds {
-        let mut bounds = self.bounds.borrow_mut();
-        let bounds = match &mut *bounds {
-            Some(b) if b.stamp == cluster.stamp() => b,
-            other => other.insert(NodeBounds::of(self, cluster)),
-        };
-        bounds.first(gpus, gpus <= cluster.gpus_per_node_max())
+        self.bounds(cluster)
+            .first(gpus, gpus <= cluster.gpus_per_node_max())
+    }
+
+    /// The node bounds of the releases on `cluster`, worked out when they are not known.
+    fn bounds(&self, cluster: &Cluster) -> Ref<'_, NodeBounds> {
+        {
+            let mut bounds = self.bounds.borrow_mut();
+            if !bounds.as_ref().is_some_and(|b| b.stamp == cluster.stamp()) {
+                *bounds = Some(NodeBounds::of(self, cluster));
+            }
+        }
+        Ref::map(self.bounds.borrow(), |b| match b {
+            Some(b) => b,
+            None => unreachable!("worked out above"),
+        })
     }
 
     /// Forgets `job`'s planned start (it started), and returns it.
@@ -640,6 +701,7 @@ impl Plan {
 enum Ahead<'p> {
     Sweep(Sweep<'p>),
     Copies(Copies<'p>),
+    Whole(WholeSweep<'p>),
 }
 
 impl Ahead<'_> {
@@ -649,10 +711,16 @@ impl Ahead<'_> {
         end: UnixSeconds,
         gpus: u32,
         shape: &Shape,
-    ) -> Option<&Cluster> {
+    ) -> Option<Window<'_>> {
         match self {
-            Ahead::Sweep(s) => Some(s.at(t, end)).filter(|c| c.may_fit(gpus, shape)),
-            Ahead::Copies(c) => c.at(t, end, gpus, shape),
+            Ahead::Sweep(s) => Some(s.at(t, end))
+                .filter(|c| c.may_fit(gpus, shape))
+                .map(Window::Cluster),
+            Ahead::Copies(c) => c.at(t, end, gpus, shape).map(Window::Cluster),
+            Ahead::Whole(w) => Some(w.at(t, end)).filter(|w| match w {
+                Window::WholeNodes { whole, .. } => whole.gpus >= gpus,
+                Window::Cluster(c) => c.may_fit(gpus, shape),
+            }),
         }
     }
 }
@@ -910,6 +978,144 @@ impl Drop for Sweep<'_> {
         let hollow = self.window.hollow();
         let window = std::mem::replace(&mut self.window, hollow);
         *self.plan.sweep_window.borrow_mut() = Some(window);
+    }
+}
+
+/// Jobs of whole nodes only (see [`Cluster::needs_whole_nodes`]): which nodes are wholly free
+/// for a run is all `find` reads, so the search moves a bit per node forward rather than a
+/// copy of every GPU. A node is wholly free for a run from `t` when the releases by `t` leave
+/// it so (`NodeBounds::became_whole`) and no plan overlapping the run holds any of its GPUs
+/// (counted per node as plans come to overlap the run and stop).
+struct WholeSweep<'p> {
+    plan: &'p Plan,
+    base: &'p Cluster,
+    became: Ref<'p, [(UnixSeconds, usize)]>,
+    next_became: usize,
+    fresh: bool,
+    /// Borrowed from the plan for the search and given back clean.
+    counts: WholeCounts,
+    next_hold: usize,
+    /// The overlapping plans, by end.
+    active: BinaryHeap<Reverse<(UnixSeconds, usize)>>,
+}
+
+/// A whole-node search's state per node. `holders` and `held` are all zero between searches
+/// (a search clears what its overlapping plans still hold when it ends).
+#[derive(Clone, Debug, Default)]
+struct WholeCounts {
+    /// Per node, how many plans overlapping the run hold some of its GPUs.
+    holders: Vec<u32>,
+    /// The nodes some overlapping plan holds, a bit per node.
+    held: Vec<u64>,
+    /// The nodes the releases up to the time tried leave wholly free, a bit per node.
+    released: Vec<u64>,
+    /// `released` less `held`: what `find` reads.
+    whole: Vec<u64>,
+}
+
+impl<'p> WholeSweep<'p> {
+    fn new(plan: &'p Plan, cluster: &'p Cluster) -> Self {
+        let words = cluster.whole_nodes().nodes.len();
+        let counts = plan
+            .whole_counts
+            .borrow_mut()
+            .take()
+            .filter(|c| c.holders.len() == cluster.node_count())
+            .unwrap_or_else(|| WholeCounts {
+                holders: vec![0; cluster.node_count()],
+                held: vec![0; words],
+                released: vec![0; words],
+                whole: vec![0; words],
+            });
+        let became = Ref::map(plan.bounds(cluster), |b| b.became_whole.as_slice());
+        WholeSweep {
+            plan,
+            base: cluster,
+            became,
+            next_became: 0,
+            fresh: true,
+            counts,
+            next_hold: 0,
+            active: std::mem::take(&mut *plan.sweep_active.borrow_mut()),
+        }
+    }
+
+    fn at(&mut self, t: UnixSeconds, end: UnixSeconds) -> Window<'_> {
+        let counts = &mut self.counts;
+        if std::mem::take(&mut self.fresh) {
+            counts
+                .released
+                .copy_from_slice(self.base.whole_nodes().nodes);
+        }
+        while let Some(&Reverse((ends, k))) = self.active.peek() {
+            if ends > t {
+                break;
+            }
+            self.active.pop();
+            for slot in self.plan.holds[k]
+                .placement
+                .0
+                .iter()
+                .filter(|s| s.mask != 0)
+            {
+                let holders = &mut counts.holders[slot.node];
+                *holders -= 1;
+                if *holders == 0 {
+                    counts.held[slot.node / 64] &= !(1 << (slot.node % 64));
+                }
+            }
+        }
+        while let Some(&(at, node)) = self.became.get(self.next_became) {
+            if at > t {
+                break;
+            }
+            counts.released[node / 64] |= 1 << (node % 64);
+            self.next_became += 1;
+        }
+        while let Some(hold) = self.plan.holds.get(self.next_hold) {
+            if hold.start >= end {
+                break;
+            }
+            if hold.end > t {
+                for slot in hold.placement.0.iter().filter(|s| s.mask != 0) {
+                    counts.holders[slot.node] += 1;
+                    counts.held[slot.node / 64] |= 1 << (slot.node % 64);
+                }
+                self.active.push(Reverse((hold.end, self.next_hold)));
+            }
+            self.next_hold += 1;
+        }
+        let words = counts
+            .whole
+            .iter_mut()
+            .zip(&counts.released)
+            .zip(&counts.held);
+        for ((whole, released), held) in words {
+            *whole = released & !held;
+        }
+        Window::WholeNodes {
+            cluster: self.base,
+            whole: WholeNodes {
+                nodes: &counts.whole,
+                gpus: self.base.gpus_of(&counts.whole),
+            },
+        }
+    }
+}
+
+impl Drop for WholeSweep<'_> {
+    /// Clears what the plans still overlapping hold and gives the counts and the emptied heap
+    /// back to the plan.
+    fn drop(&mut self) {
+        let mut counts = std::mem::take(&mut self.counts);
+        for Reverse((_, k)) in self.active.drain() {
+            for slot in &self.plan.holds[k].placement.0 {
+                counts.holders[slot.node] = 0;
+            }
+        }
+        counts.held.fill(0);
+        *self.plan.whole_counts.borrow_mut() = Some(counts);
+        *self.plan.sweep_active.borrow_mut() = std::mem::take(&mut self.active);
     }
 }
 

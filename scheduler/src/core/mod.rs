@@ -18,7 +18,7 @@ use gpuledger_model::{AccountId, Allocation, JobId, ProjectId, SHARE_UNITS_PER_G
 
 use crate::cluster::{Cluster, NodeFilter, Placement, Shape};
 use crate::fairshare::{account_factors, FairShareParams, UsageLedger};
-use crate::plan::{Plan, Search};
+use crate::plan::{Plan, Search, Window};
 use crate::releases::ReleaseBook;
 use crate::reservation::{AdvanceReservation, ReservationError, ReservationRequest, Reservations};
 use crate::windows::{day_of, gpu_hours_verdict, DaySpread, UsageWindows, WindowKey, DAY_S};
@@ -914,9 +914,9 @@ impl Scheduler {
         keeping: &mut Keeping,
     ) -> Option<(UnixSeconds, Placement)> {
         let (min, limit) = (spec.min_size(), spec.time_limit_s);
-        let find = |cluster: &Cluster, t: UnixSeconds| {
+        let find = |window: Window<'_>, t: UnixSeconds| {
             let filter = self.filter_for(spec, t, t.saturating_add(limit as i64));
-            cluster.find(min, &spec.account, &filter, &spec.shape)
+            window.find(min, &spec.account, &filter, &spec.shape)
         };
         let search = |times| plan.earliest(&self.cluster, min, &spec.shape, limit, times, find);
         let kept = keeping.kept_start(&spec.id, min, limit, now, not_before);
