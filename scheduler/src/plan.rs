@@ -181,6 +181,11 @@ struct NodeBounds {
     whole: Vec<(UnixSeconds, u32)>,
     /// The nodes the releases leave wholly free (not free now), by time.
     became_whole: Vec<(UnixSeconds, usize)>,
+    /// The nodes wholly free after the first `(k + 1) * whole_every` of `became_whole`, a bit
+    /// per node: a whole-node search starts from the last one due by its first time instead of
+    /// walking every node that came free before it.
+    whole_after: Vec<Vec<u64>>,
+    whole_every: usize,
 }
 
 impl NodeBounds {
@@ -219,11 +224,24 @@ impl NodeBounds {
                 }
             }
         }
+        // A copy costs a word per 64 nodes, walking a node that came free about as much.
+        let now = cluster.whole_nodes().nodes;
+        let whole_every = now.len().max(64);
+        let mut nodes = now.to_vec();
+        let mut whole_after = Vec::new();
+        for (k, (_, node)) in became_whole.iter().enumerate() {
+            nodes[node / 64] |= 1 << (node % 64);
+            if (k + 1) % whole_every == 0 {
+                whole_after.push(nodes.clone());
+            }
+        }
         NodeBounds {
             stamp: cluster.stamp(),
             one_node,
             whole,
             became_whole,
+            whole_after,
+            whole_every,
         }
     }
 
@@ -989,7 +1007,7 @@ impl Drop for Sweep<'_> {
 struct WholeSweep<'p> {
     plan: &'p Plan,
     base: &'p Cluster,
-    became: Ref<'p, [(UnixSeconds, usize)]>,
+    bounds: Ref<'p, NodeBounds>,
     next_became: usize,
     fresh: bool,
     /// Borrowed from the plan for the search and given back clean.
@@ -1027,11 +1045,10 @@ impl<'p> WholeSweep<'p> {
                 released: vec![0; words],
                 whole: vec![0; words],
             });
-        let became = Ref::map(plan.bounds(cluster), |b| b.became_whole.as_slice());
         WholeSweep {
             plan,
             base: cluster,
-            became,
+            bounds: plan.bounds(cluster),
             next_became: 0,
             fresh: true,
             counts,
@@ -1042,10 +1059,16 @@ impl<'p> WholeSweep<'p> {
 
     fn at(&mut self, t: UnixSeconds, end: UnixSeconds) -> Window<'_> {
         let counts = &mut self.counts;
+        let bounds = &*self.bounds;
         if std::mem::take(&mut self.fresh) {
-            counts
-                .released
-                .copy_from_slice(self.base.whole_nodes().nodes);
+            let due = bounds.became_whole.partition_point(|(at, _)| *at <= t);
+            let taken = due / bounds.whole_every;
+            let from = match taken.checked_sub(1) {
+                Some(k) => &bounds.whole_after[k],
+                None => self.base.whole_nodes().nodes,
+            };
+            counts.released.copy_from_slice(from);
+            self.next_became = taken * bounds.whole_every;
         }
         while let Some(&Reverse((ends, k))) = self.active.peek() {
             if ends > t {
@@ -1065,7 +1088,7 @@ impl<'p> WholeSweep<'p> {
                 }
             }
         }
-        while let Some(&(at, node)) = self.became.get(self.next_became) {
+        while let Some(&(at, node)) = bounds.became_whole.get(self.next_became) {
             if at > t {
                 break;
             }
@@ -1359,6 +1382,75 @@ mod tests {
         assert_eq!(run_of(u64::MAX << 63), Some((63, 1)));
         assert_eq!(run_of(0b1011), None);
         assert_eq!(run_of(1 | 1 << 63), None);
+    }
+
+    proptest! {
+        /// Jobs of whole nodes on clusters large enough that their searches start from the
+        /// copies of which nodes are wholly free taken along the releases (`whole_after`),
+        /// with plans of one node and of several held: every search finds the start and the
+        /// nodes that a copy of the whole cluster per time tried finds.
+        #[test]
+        fn whole_node_searches_find_what_copies_of_the_cluster_find(
+            node_count in 130usize..300,
+            mixed in any::<bool>(),
+            seed in any::<u64>(),
+            queries in proptest::collection::vec((9u32..100, 1i64..60, 0i64..3_000), 1..12),
+        ) {
+            let mut rng = gpuledger_model::rng::SplitMix64::new(seed);
+            let nodes = (0..node_count)
+                .map(|i| NodeSpec {
+                    id: NodeId::new(format!("n{i}")).unwrap(),
+                    gpus: if mixed && i % 3 == 0 { 4 } else { 8 },
+                    gpu_model: GpuModel::H100Sxm,
+                    gpu_type: GpuModel::H100Sxm.into(),
+                    pool: "p".into(),
+                    dedicated_to: None,
+                })
+                .collect();
+            let a = AccountId::new("a").unwrap();
+            let any = NodeFilter::none();
+            let mut cluster = Cluster::new(nodes);
+            // Most nodes run one or two jobs that end at different times; a few are free.
+            let mut releases = Vec::new();
+            for node in 0..node_count {
+                let all = full_node(&cluster, node);
+                let parts = match rng.range_u64(0, 9) {
+                    0 => vec![],
+                    1..=5 => vec![all],
+                    _ => vec![all & 0b11, all & !0b11],
+                };
+                for mask in parts {
+                    let p = Placement(smallvec::smallvec![Slot::whole(node, mask)]);
+                    cluster.take(&p);
+                    let at = rng.range_u64(1, 300) as i64 * 10;
+                    releases.push((at, JobId::new(format!("r{}", releases.len())).unwrap(), p));
+                }
+            }
+            let mut plan = Plan::new(0, releases, Vec::new());
+            for k in 0..rng.range_u64(0, 40) {
+                let start = rng.range_u64(0, 3_000) as i64;
+                let end = start + rng.range_u64(10, 1_500) as i64;
+                let first = rng.range_u64(0, node_count as u64 - 1) as usize;
+                let width = rng.range_u64(1, 5) as usize;
+                let slots = (first..(first + width).min(node_count))
+                    .map(|n| Slot::whole(n, full_node(&cluster, n) & 0b1111))
+                    .collect();
+                plan.hold(JobId::new(format!("h{k}")).unwrap(), start, end, Placement(slots), &cluster);
+            }
+            for (gpus, limit, from) in queries {
+                let shape = Shape::default();
+                let found: Vec<Option<(UnixSeconds, Placement)>> = [true, false]
+                    .into_iter()
+                    .map(|prune| {
+                        let search = Search { prune, ..Search::from(from) };
+                        plan.earliest(&cluster, gpus, &shape, limit as u64 * 10, search, |w, _| {
+                            w.find(gpus, &a, &any, &shape)
+                        })
+                    })
+                    .collect();
+                prop_assert_eq!(&found[0], &found[1], "{} GPUs from {}", gpus, from);
+            }
+        }
     }
 
     proptest! {
