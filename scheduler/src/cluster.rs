@@ -1229,6 +1229,12 @@ impl Cluster {
         self.set_free(node, self.free[node] & !mask);
     }
 
+    /// Sets which whole GPUs of one node are free (one taken before, given back as it was).
+    pub(crate) fn set_free_mask(&mut self, node: usize, mask: u64) {
+        self.stamp.changes += 1;
+        self.set_free(node, mask);
+    }
+
     /// Frees whole GPUs of one node, whichever of them are held.
     pub(crate) fn free_held_gpus(&mut self, node: usize, mask: u64) {
         self.stamp.changes += 1;

@@ -11,6 +11,7 @@ use std::collections::BinaryHeap;
 
 use gpuledger_model::time::UnixSeconds;
 use gpuledger_model::{AccountId, JobId};
+use smallvec::SmallVec;
 
 use crate::cluster::{set_bits, Cluster, NodeFilter, Placement, Shape, Slot, Stamp, WholeNodes};
 use crate::releases::{Release, ReleaseBook};
@@ -375,14 +376,17 @@ impl Plan {
         self.started(id.clone(), end, placement);
     }
 
-    /// The cluster as job `job` starting now and running `limit_s` would find it: what is free
-    /// now, less what other jobs' planned starts within its run hold.
-    pub fn window_now<'c>(
+    /// `f` of the cluster as job `job` starting now and running `limit_s` would find it: what
+    /// is free now, less what other jobs' planned starts within its run hold. Where a copy of
+    /// the first plans held is kept (see `HeldPrefixes`), the few plans after those are held
+    /// on that copy for `f` and lifted again, rather than copied with it.
+    pub fn with_window_now<R>(
         &self,
-        cluster: &'c Cluster,
+        cluster: &Cluster,
         limit_s: u64,
         job: &JobId,
-    ) -> Cow<'c, Cluster> {
+        f: impl FnOnce(&Cluster) -> R,
+    ) -> R {
         let end = self.now.saturating_add(limit_s as i64);
         let overlapping = self.holds.partition_point(|h| h.start < end);
         let prefix = &self.holds[..overlapping];
@@ -391,7 +395,7 @@ impl Plan {
             && overlapping >= HeldPrefixes::EVERY
             && prefix.iter().all(|h| &h.job != job && h.end > self.now);
         if !is_prefix {
-            return self.window_holding(cluster, end, job);
+            return f(&self.window_holding(cluster, end, job));
         }
         let mut prefixes = self.held_prefixes.borrow_mut();
         let prefixes = match &mut *prefixes {
@@ -414,15 +418,29 @@ impl Plan {
             prefixes.taken.push((next, copy));
         }
         let before = prefixes.taken.partition_point(|(n, _)| *n <= overlapping);
-        let (held, from) = match before.checked_sub(1) {
-            Some(k) => (prefixes.taken[k].0, &prefixes.taken[k].1),
-            None => (0, cluster),
+        let Some((held, copy)) = before
+            .checked_sub(1)
+            .and_then(|k| prefixes.taken.get_mut(k))
+        else {
+            return f(&self.window_holding(cluster, end, job));
         };
-        let mut window = from.clone();
-        for hold in &self.holds[held..overlapping] {
-            window.hold(&hold.placement);
+        // Whole GPUs only (no part of a GPU is held or running): each node's free GPUs as
+        // they were bring it back exactly.
+        let mut was: SmallVec<[(usize, u64); 16]> = SmallVec::new();
+        for hold in &self.holds[*held..overlapping] {
+            was.extend(
+                hold.placement
+                    .0
+                    .iter()
+                    .map(|s| (s.node, copy.free_mask(s.node))),
+            );
+            copy.hold(&hold.placement);
         }
-        Cow::Owned(window)
+        let result = f(copy);
+        for (node, free) in was.into_iter().rev() {
+            copy.set_free_mask(node, free);
+        }
+        result
     }
 
     /// `window_now`'s window made afresh: every plan overlapping `[now, end)` but `job`'s held on
@@ -1426,19 +1444,24 @@ mod tests {
                     releases.push((at, JobId::new(format!("r{}", releases.len())).unwrap(), p));
                 }
             }
+            // Plans as the planner makes them (the free count's bound assumes plans running
+            // at the same time hold GPUs apart, free when they start): jobs of one node and of
+            // several, each at the earliest start a copy of the cluster per time finds.
             let mut plan = Plan::new(0, releases, Vec::new());
+            let shape = Shape::default();
             for k in 0..rng.range_u64(0, 40) {
-                let start = rng.range_u64(0, 3_000) as i64;
-                let end = start + rng.range_u64(10, 1_500) as i64;
-                let first = rng.range_u64(0, node_count as u64 - 1) as usize;
-                let width = rng.range_u64(1, 5) as usize;
-                let slots = (first..(first + width).min(node_count))
-                    .map(|n| Slot::whole(n, full_node(&cluster, n) & 0b1111))
-                    .collect();
-                plan.hold(JobId::new(format!("h{k}")).unwrap(), start, end, Placement(slots), &cluster);
+                let gpus = rng.range_u64(1, 40) as u32;
+                let limit = rng.range_u64(1, 150) * 10;
+                let search = Search { prune: false, ..Search::from(rng.range_u64(0, 2_000) as i64) };
+                let found = plan.earliest(&cluster, gpus, &shape, limit, search, |w, _| {
+                    w.find(gpus, &a, &any, &shape)
+                });
+                if let Some((t, p)) = found {
+                    let id = JobId::new(format!("h{k}")).unwrap();
+                    plan.hold(id, t, t + limit as i64, p, &cluster);
+                }
             }
             for (gpus, limit, from) in queries {
-                let shape = Shape::default();
                 let found: Vec<Option<(UnixSeconds, Placement)>> = [true, false]
                     .into_iter()
                     .map(|prune| {
@@ -1521,8 +1544,9 @@ mod tests {
                 for (limit, of) in [(50, k), (450, k), (1_500, k / 2), (1_000_000, k)] {
                     let id = JobId::new(format!("q{of}")).unwrap();
                     let end = plans[0].now + limit as i64;
+                    let afresh = plans[0].window_holding(&cluster, end, &id);
                     prop_assert!(
-                        plans[0].window_now(&cluster, limit, &id).same_free(&plans[0].window_holding(&cluster, end, &id)),
+                        plans[0].with_window_now(&cluster, limit, &id, |w| w.same_free(&afresh)),
                         "window of q{} for {} s before job {}", of, limit, k
                     );
                 }
@@ -1538,8 +1562,10 @@ mod tests {
                 // plan's own changes).
                 if *event == 2 {
                     let outside = JobId::new("outside").unwrap();
-                    let window = plans[0].window_now(&cluster, 1_000_000, &outside);
-                    if let Some(p) = window.find(1, &a, &any, &Shape::default()) {
+                    let found = plans[0].with_window_now(&cluster, 1_000_000, &outside, |w| {
+                        w.find(1, &a, &any, &Shape::default())
+                    });
+                    if let Some(p) = found {
                         cluster.take(&p);
                     }
                 }

@@ -4,7 +4,6 @@
 //! and elastic jobs. Pure and synchronous: time is an argument, so the simulator and a live
 //! service run the same code.
 
-use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 
@@ -871,32 +870,34 @@ impl Scheduler {
         }
         let limit = spec.time_limit_s;
         let filter = self.filter_for(spec, now, now.saturating_add(limit as i64));
-        let window = match plan {
-            Some(p) => p.window_now(&self.cluster, limit, &spec.id),
-            None => Cow::Borrowed(&self.cluster),
-        };
         let mut candidates = sizes(spec, self.cluster.gpus_per_node_max());
         if let Some(room) = self.gpu_room(spec) {
             candidates.retain(|g| spec.share_units_of(*g) <= room);
         }
-        if !self.reservations.is_empty() {
-            let end = now.saturating_add(limit as i64);
-            if let Some(mut reserved) =
-                self.reservations
-                    .usable_reserved(&self.cluster, &spec.account, now, end)
-            {
-                self.block_drained(&mut reserved);
-                if let Some(p) = candidates
-                    .iter()
-                    .find_map(|g| window.find(*g, &spec.account, &reserved, &spec.shape))
+        let place = |window: &Cluster| {
+            if !self.reservations.is_empty() {
+                let end = now.saturating_add(limit as i64);
+                if let Some(mut reserved) =
+                    self.reservations
+                        .usable_reserved(&self.cluster, &spec.account, now, end)
                 {
-                    return Some(p);
+                    self.block_drained(&mut reserved);
+                    if let Some(p) = candidates
+                        .iter()
+                        .find_map(|g| window.find(*g, &spec.account, &reserved, &spec.shape))
+                    {
+                        return Some(p);
+                    }
                 }
             }
+            candidates
+                .iter()
+                .find_map(|g| window.find(*g, &spec.account, &filter, &spec.shape))
+        };
+        match plan {
+            Some(p) => p.with_window_now(&self.cluster, limit, &spec.id, place),
+            None => place(&self.cluster),
         }
-        candidates
-            .into_iter()
-            .find_map(|g| window.find(g, &spec.account, &filter, &spec.shape))
     }
 
     fn build_plan(&self, now: UnixSeconds) -> Plan {

@@ -116,9 +116,10 @@ impl Scheduler {
         }
         // The cluster as it is now with the other jobs' planned starts held.
         let mut trial = match plan.as_ref() {
-            Some(p) => p
-                .window_now(&self.cluster, job.spec.time_limit_s, &job.spec.id)
-                .into_owned(),
+            Some(p) => {
+                let limit = job.spec.time_limit_s;
+                p.with_window_now(&self.cluster, limit, &job.spec.id, Cluster::clone)
+            }
             None => self.cluster.clone(),
         };
         candidates.sort_by(|a, b| {
