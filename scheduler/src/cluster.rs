@@ -219,6 +219,9 @@ struct NodeFacts {
     type_bits: Vec<Vec<u64>>,
     gpus_per_node_max: u32,
     total_gpus: u32,
+    /// Every node's GPUs as a mask, in one array (read per node by the planner's bounds,
+    /// where a node's whole description is a cache line or more).
+    full_masks: Vec<u64>,
 }
 
 impl NodeFacts {
@@ -484,6 +487,7 @@ impl Cluster {
             type_bits,
             gpus_per_node_max,
             total_gpus,
+            full_masks: meta.iter().map(|m| m.all).collect(),
         };
         Self::hollow_of(meta, Arc::new(facts)).empty_like()
     }
@@ -573,6 +577,11 @@ impl Cluster {
 
     pub fn gpus_per_node_max(&self) -> u32 {
         self.facts.gpus_per_node_max
+    }
+
+    /// Node `node`'s GPUs as a mask of their indices.
+    pub(crate) fn full_mask(&self, node: usize) -> u64 {
+        self.facts.full_masks[node]
     }
 
     pub fn total_gpus(&self) -> u32 {

@@ -200,7 +200,7 @@ impl NodeBounds {
         for (n, mask) in free.iter().enumerate() {
             let count = mask.count_ones();
             most = most.max(count);
-            if *mask == full_node(cluster, n) {
+            if *mask == cluster.full_mask(n) {
                 whole_free += count;
             }
         }
@@ -211,10 +211,10 @@ impl NodeBounds {
             let at = release.at.max(plan.now);
             for slot in &release.placement().0 {
                 // A part of a GPU counts as the whole GPU freed: an upper bound of what is free.
-                let was_whole = free[slot.node] == full_node(cluster, slot.node);
+                let was_whole = free[slot.node] == cluster.full_mask(slot.node);
                 free[slot.node] |= slot.mask;
                 let count = free[slot.node].count_ones();
-                if !was_whole && free[slot.node] == full_node(cluster, slot.node) {
+                if !was_whole && free[slot.node] == cluster.full_mask(slot.node) {
                     whole_free += count;
                     whole.push((at, whole_free));
                     became_whole.push((at, slot.node));
@@ -701,7 +701,7 @@ impl Plan {
                 placement
                     .0
                     .iter()
-                    .map(|s| Slot::whole(s.node, full_node(cluster, s.node)))
+                    .map(|s| Slot::whole(s.node, cluster.full_mask(s.node)))
                     .collect(),
             )
         } else {
@@ -1291,15 +1291,6 @@ impl LowStretches<'_> {
     }
 }
 
-fn full_node(cluster: &Cluster, node: usize) -> u64 {
-    let gpus = cluster.node_spec(node).gpus;
-    if gpus >= 64 {
-        u64::MAX
-    } else {
-        (1u64 << gpus) - 1
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1318,7 +1309,7 @@ mod tests {
         let whole = |free: &[u64]| -> u32 {
             free.iter()
                 .enumerate()
-                .filter(|(n, m)| **m == full_node(cluster, *n))
+                .filter(|(n, m)| **m == cluster.full_mask(*n))
                 .map(|(_, m)| m.count_ones())
                 .sum()
         };
@@ -1431,7 +1422,7 @@ mod tests {
             // Most nodes run one or two jobs that end at different times; a few are free.
             let mut releases = Vec::new();
             for node in 0..node_count {
-                let all = full_node(&cluster, node);
+                let all = cluster.full_mask(node);
                 let parts = match rng.range_u64(0, 9) {
                     0 => vec![],
                     1..=5 => vec![all],

@@ -140,19 +140,19 @@ impl Scheduler {
     }
 
     pub(super) fn order_pending(&mut self, now: UnixSeconds) {
-        let fair = self.options.policy == Policy::FairShare;
-        if fair {
+        let mut descents = None;
+        if self.options.policy == Policy::FairShare {
             let fair_share = self.fair_share_factors(now);
             let mut pending = std::mem::take(&mut self.pending);
-            pending.set_priorities(|job| {
+            descents = Some(pending.set_priorities(|job| {
                 let fs = fair_share.get(job.account).copied().unwrap_or(0.0);
                 self.job_priority(job.submit_s, job.min, fs, job.quota_priority, now)
-            });
+            }));
             self.pending = pending;
         }
         // Under FIFO the queue stays in order as jobs arrive (see `Queue`); under fair share
         // it is mostly in order already: checking is cheaper than moving thousands of jobs.
-        self.pending.arrange(fair);
+        self.pending.arrange(descents);
     }
 }
 

@@ -35,8 +35,9 @@ pub(super) struct Hot {
     pub(super) limited: bool,
     /// It asks for no particular shape (GPUs per node, node count, model, share).
     pub(super) plain: bool,
-    /// Its id as a number in id order, where it is short enough ([`id_key`]).
-    id_key: Option<u128>,
+    /// Its id as a number in id order, where it is short enough ([`id_key`]), in two halves
+    /// (a `u128` would align every slot to 16 bytes); `[0, 0]` where it is not.
+    id_key: [u64; 2],
     reason: PendingReason,
     estimated_start_s: Option<UnixSeconds>,
 }
@@ -58,7 +59,7 @@ impl Hot {
                 || limits.gpu_hours_limited
                 || limits.storage_limited,
             plain: spec.shape == Default::default(),
-            id_key: id_key(&spec.id),
+            id_key: id_key(&spec.id).map_or([0, 0], |k| [(k >> 64) as u64, k as u64]),
             reason: job.reason,
             estimated_start_s: job.estimated_start_s,
         }
@@ -85,7 +86,7 @@ struct Slot {
 /// (in the boxes) only break ties.
 fn slot_order(a: &Slot, b: &Slot) -> Ordering {
     queue_order(&a.hot, &b.hot).then_with(|| match (a.hot.id_key, b.hot.id_key) {
-        (Some(x), Some(y)) => x.cmp(&y),
+        (x, y) if x != [0, 0] && y != [0, 0] => x.cmp(&y),
         _ => id_order(&a.job.spec.id, &b.job.spec.id),
     })
 }
@@ -210,31 +211,32 @@ impl Queue {
         Some(*slot.job)
     }
 
-    /// Sets every job's priority from what the queue keeps of it.
-    pub(super) fn set_priorities(&mut self, priority: impl Fn(&Hot) -> f64) {
-        for slot in &mut self.jobs {
-            slot.hot.priority = priority(&slot.hot);
+    /// Sets every job's priority from what the queue keeps of it, and returns how many jobs
+    /// now come before one they should follow (`arrange` sorts unless none does). One walk of
+    /// the queue for both: on a deep queue a cycle's time is mostly walks of it.
+    pub(super) fn set_priorities(&mut self, priority: impl Fn(&Hot) -> f64) -> usize {
+        let slots = self.jobs.make_contiguous();
+        let mut descents = 0;
+        for i in 0..slots.len() {
+            slots[i].hot.priority = priority(&slots[i].hot);
+            if i > 0 && slot_order(&slots[i - 1], &slots[i]).is_gt() {
+                descents += 1;
+            }
         }
+        descents
     }
 
-    /// Puts the queue in scheduling order unless it is known to be in it already. With
-    /// `priorities_changed` the queue is checked (a walk, cheaper than moving jobs).
-    pub(super) fn arrange(&mut self, priorities_changed: bool) {
-        let mut descents = 0;
-        if priorities_changed {
-            descents = self
-                .jobs
-                .iter()
-                .zip(self.jobs.iter().skip(1))
-                .filter(|(a, b)| slot_order(a, b).is_gt())
-                .count();
+    /// Puts the queue in scheduling order unless it is known to be in it already: `descents`,
+    /// from `set_priorities`, where the priorities were set again.
+    pub(super) fn arrange(&mut self, descents: Option<usize>) {
+        if let Some(descents) = descents {
             self.in_order = descents == 0;
         }
         if !self.in_order {
             // A few jobs out of place (arrivals): the sort finds the ordered stretches between
             // them. Many: accounts changed places (or tied ones parted), and the sort falls
             // back to partitioning ten thousand jobs; their accounts' runs merge cheaper.
-            let many = descents * 64 > self.jobs.len();
+            let many = descents.unwrap_or(0) * 64 > self.jobs.len();
             if !(many && self.merge_accounts()) {
                 self.jobs.make_contiguous().sort_by(slot_order);
             }
@@ -344,6 +346,10 @@ impl Queue {
         }
     }
 
+    /// Jobs started in a cycle up to which each is taken out on its own rather than the whole
+    /// queue walked once (a cycle usually starts a few of a deep queue).
+    const REMOVED_ONE_BY_ONE: usize = 8;
+
     /// Ends a cycle: drops the jobs that started (`started`, ascending positions) and
     /// records that the jobs from `waiting_from` on (a position before the drop, behind every
     /// job that started) were left waiting behind a blocked job (`wait_behind`).
@@ -359,7 +365,14 @@ impl Queue {
             .take_while(|(k, i)| k == *i)
             .count();
         self.jobs.drain(..leading);
-        if leading < started.len() {
+        let rest = &started[leading..];
+        if rest.len() <= Self::REMOVED_ONE_BY_ONE {
+            // Each removal moves the jobs on the shorter side of it; the last first, so the
+            // positions before it stay as they are.
+            for &i in rest.iter().rev() {
+                self.jobs.remove(i - leading);
+            }
+        } else {
             let mut next = leading;
             let mut pos = leading;
             self.jobs.retain(|_| {
@@ -478,7 +491,7 @@ mod tests {
         for (id, t) in [(1, 10), (2, 20), (3, 5)] {
             q.push(job(id, t));
         }
-        q.arrange(false);
+        q.arrange(None);
         assert_eq!(ids(&q), ["3", "1", "2"]);
         // In order as they come: nothing moves, and nothing is checked.
         q.push(job(4, 30));
@@ -551,14 +564,14 @@ mod tests {
                 (
                     proptest::collection::vec(0u32..4, 4),
                     proptest::collection::vec((0usize..4, 0i64..50, 1u32..3, 0u8..8), 0..30),
-                    0usize..3,
+                    (0usize..20, 1usize..5, 0usize..3),
                 ),
                 1..12,
             )
         ) {
             let mut q = Queue::default();
             let mut next = 0u32;
-            for (cycle, (factors, arrivals, starts)) in cycles.into_iter().enumerate() {
+            for (cycle, (factors, arrivals, (starts, every, first))) in cycles.into_iter().enumerate() {
                 for (account, submit, tier, own) in arrivals {
                     let mut j = job(next, submit);
                     j.limits.account = account;
@@ -567,19 +580,30 @@ mod tests {
                     q.push(j);
                     next += 1;
                 }
-                q.set_priorities(|hot| {
+                let descents = q.set_priorities(|hot| {
                     f64::from(factors[hot.account]) * 1_000.0 - hot.submit_s as f64
                         + hot.quota_priority * 40.0 * cycle as f64
                 });
-                q.arrange(true);
+                q.arrange(Some(descents));
                 let mut sorted: Vec<&Slot> = q.jobs.iter().collect();
                 sorted.sort_by(|a, b| slot_order(a, b));
                 let expected: Vec<&JobId> = sorted.iter().map(|s| &s.job.spec.id).collect();
                 let got: Vec<&JobId> = q.iter().map(|j| &j.spec.id).collect();
                 proptest::prop_assert_eq!(got, expected);
                 q.check().unwrap();
-                let started: Vec<usize> = (0..starts.min(q.len())).collect();
+                // Jobs started anywhere in the queue, a few (taken out one by one) or many (the
+                // queue walked once): the others stay, in order.
+                let started: Vec<usize> = (first..q.len()).step_by(every).take(starts).collect();
+                let left: Vec<JobId> = q
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| !started.contains(i))
+                    .map(|(_, j)| j.spec.id.clone())
+                    .collect();
                 q.end_cycle(&started, None);
+                let after: Vec<JobId> = q.iter().map(|j| j.spec.id.clone()).collect();
+                proptest::prop_assert_eq!(after, left);
+                q.check().unwrap();
             }
         }
     }
