@@ -251,17 +251,14 @@ impl Queue {
     /// change places each account's jobs are still a few ordered runs (the jobs that arrived
     /// since fall in among them), while the queue as a whole is thousands of short ones.
     fn merge_accounts(&mut self) -> bool {
-        let accounts = self
-            .jobs
-            .iter()
-            .map(|s| s.hot.account + 1)
-            .max()
-            .unwrap_or(0);
+        // Compared through one slice (indexing the ring buffer costs a wrap test each time).
+        let slots: &[Slot] = self.jobs.make_contiguous();
+        let accounts = slots.iter().map(|s| s.hot.account + 1).max().unwrap_or(0);
         let mut runs: Vec<Vec<u32>> = Vec::new();
         // Per account, its last job and the run it is in.
         let mut open: Vec<Option<(&Slot, usize)>> = vec![None; accounts];
-        let most = (self.jobs.len() / 16).max(accounts);
-        for (i, slot) in self.jobs.iter().enumerate() {
+        let most = (slots.len() / 16).max(accounts);
+        for (i, slot) in slots.iter().enumerate() {
             let run = match open[slot.hot.account] {
                 Some((prev, run)) if slot_order(prev, slot).is_le() => run,
                 _ => {
@@ -280,7 +277,7 @@ impl Queue {
             let mut pairs = runs.into_iter();
             while let Some(a) = pairs.next() {
                 merged.push(match pairs.next() {
-                    Some(b) => self.merge_two(&a, &b),
+                    Some(b) => Self::merge_two(slots, &a, &b),
                     None => a,
                 });
             }
@@ -308,9 +305,9 @@ impl Queue {
         true
     }
 
-    /// Two ordered runs of positions as one.
-    fn merge_two(&self, a: &[u32], b: &[u32]) -> Vec<u32> {
-        let slot = |i: u32| &self.jobs[i as usize];
+    /// Two ordered runs of positions in `slots` as one.
+    fn merge_two(slots: &[Slot], a: &[u32], b: &[u32]) -> Vec<u32> {
+        let slot = |i: u32| &slots[i as usize];
         let mut out = Vec::with_capacity(a.len() + b.len());
         let (mut x, mut y) = (0, 0);
         while x < a.len() && y < b.len() {
