@@ -1373,12 +1373,12 @@ impl Cluster {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use gpuledger_model::{GpuModel, NodeId};
 
     /// Node `n{i:03}` with `gpus` GPUs of `model`.
-    fn node(i: usize, gpus: u32, model: GpuModel) -> NodeSpec {
+    pub(crate) fn node(i: usize, gpus: u32, model: GpuModel) -> NodeSpec {
         NodeSpec {
             id: NodeId::new(format!("n{i:03}")).unwrap(),
             gpus,

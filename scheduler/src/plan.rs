@@ -1294,10 +1294,10 @@ impl LowStretches<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuledger_model::config::NodeSpec;
-    use gpuledger_model::{AccountId, GpuModel, NodeId};
+    use gpuledger_model::{AccountId, GpuModel};
     use proptest::prelude::*;
 
+    use crate::cluster::tests::node;
     use crate::cluster::NodeFilter;
 
     /// The node bound worked out for one size on its own, walking the releases.
@@ -1407,14 +1407,7 @@ mod tests {
         ) {
             let mut rng = gpuledger_model::rng::SplitMix64::new(seed);
             let nodes = (0..node_count)
-                .map(|i| NodeSpec {
-                    id: NodeId::new(format!("n{i}")).unwrap(),
-                    gpus: if mixed && i % 3 == 0 { 4 } else { 8 },
-                    gpu_model: GpuModel::H100Sxm,
-                    gpu_type: GpuModel::H100Sxm.into(),
-                    pool: "p".into(),
-                    dedicated_to: None,
-                })
+                .map(|i| node(i, if mixed && i % 3 == 0 { 4 } else { 8 }, GpuModel::H100Sxm))
                 .collect();
             let a = AccountId::new("a").unwrap();
             let any = NodeFilter::none();
@@ -1482,15 +1475,7 @@ mod tests {
                 .iter()
                 .enumerate()
                 .map(|(i, (g, a100))| {
-                    let model = if *a100 { GpuModel::A100 } else { GpuModel::H100Sxm };
-                    NodeSpec {
-                        id: NodeId::new(format!("n{i}")).unwrap(),
-                        gpus: *g,
-                        gpu_model: model,
-                        gpu_type: model.into(),
-                        pool: "p".into(),
-                        dedicated_to: None,
-                    }
+                    node(i, *g, if *a100 { GpuModel::A100 } else { GpuModel::H100Sxm })
                 })
                 .collect();
             let a = AccountId::new("a").unwrap();
