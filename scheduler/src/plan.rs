@@ -32,6 +32,15 @@ impl Hold {
     fn overlaps(&self, start: UnixSeconds, end: UnixSeconds) -> bool {
         self.start < end && self.end > start
     }
+
+    /// The nodes it holds GPUs of.
+    fn nodes(&self) -> impl Iterator<Item = usize> + '_ {
+        self.placement
+            .0
+            .iter()
+            .filter(|s| s.mask != 0)
+            .map(|s| s.node)
+    }
 }
 
 /// Which times a plan search tries: from `not_before` on, with the free-count pruning (a test
@@ -142,7 +151,7 @@ pub(crate) struct Plan {
 }
 
 /// Copies of the cluster with stamp `stamp` holding the first plans by start, taken every
-/// [`HeldPrefixes::EVERY`] plans as `Plan::window_now` reaches them. A job starting now would
+/// [`HeldPrefixes::EVERY`] plans as `Plan::with_window_now` reaches them. A job starting now would
 /// overlap exactly the plans that start before it would end (all plans end after now), a
 /// prefix of them: its window is the copy of the longest prefix within that one, with the few
 /// plans after it held, instead of the cluster with every overlapping plan held again for each
@@ -443,7 +452,7 @@ impl Plan {
         result
     }
 
-    /// `window_now`'s window made afresh: every plan overlapping `[now, end)` but `job`'s held on
+    /// `with_window_now`'s window made afresh: every plan overlapping `[now, end)` but `job`'s held on
     /// the cluster.
     fn window_holding<'c>(
         &self,
@@ -507,10 +516,10 @@ impl Plan {
         shape: &Shape,
         sweep: bool,
     ) -> Ahead<'p> {
-        let whole_gpus = sweep && !self.shares && shape.gpu_share.is_none();
-        if whole_gpus && cluster.needs_whole_nodes(gpus, shape) {
+        let whole_gpus_only = sweep && !self.shares && shape.gpu_share.is_none();
+        if whole_gpus_only && cluster.needs_whole_nodes(gpus, shape) {
             Ahead::Whole(WholeSweep::new(self, cluster))
-        } else if whole_gpus {
+        } else if whole_gpus_only {
             Ahead::Sweep(Sweep::new(self, cluster))
         } else {
             Ahead::Copies(Copies::new(self, cluster))
@@ -753,10 +762,11 @@ impl Ahead<'_> {
                 .filter(|c| c.may_fit(gpus, shape))
                 .map(Window::Cluster),
             Ahead::Copies(c) => c.at(t, end, gpus, shape).map(Window::Cluster),
-            Ahead::Whole(w) => Some(w.at(t, end)).filter(|w| match w {
-                Window::WholeNodes { whole, .. } => whole.gpus >= gpus,
-                Window::Cluster(c) => c.may_fit(gpus, shape),
-            }),
+            Ahead::Whole(w) => {
+                let cluster = w.base;
+                let whole = w.at(t, end);
+                (whole.gpus >= gpus).then_some(Window::WholeNodes { cluster, whole })
+            }
         }
     }
 }
@@ -1049,6 +1059,22 @@ struct WholeCounts {
     whole: Vec<u64>,
 }
 
+impl WholeCounts {
+    /// One more overlapping plan holds GPUs of `node`.
+    fn hold(&mut self, node: usize) {
+        self.holders[node] += 1;
+        self.held[node / 64] |= 1 << (node % 64);
+    }
+
+    /// One plan holding GPUs of `node` no longer overlaps.
+    fn lift(&mut self, node: usize) {
+        self.holders[node] -= 1;
+        if self.holders[node] == 0 {
+            self.held[node / 64] &= !(1 << (node % 64));
+        }
+    }
+}
+
 impl<'p> WholeSweep<'p> {
     fn new(plan: &'p Plan, cluster: &'p Cluster) -> Self {
         let words = cluster.whole_nodes().nodes.len();
@@ -1075,7 +1101,7 @@ impl<'p> WholeSweep<'p> {
         }
     }
 
-    fn at(&mut self, t: UnixSeconds, end: UnixSeconds) -> Window<'_> {
+    fn at(&mut self, t: UnixSeconds, end: UnixSeconds) -> WholeNodes<'_> {
         let counts = &mut self.counts;
         let bounds = &*self.bounds;
         if std::mem::take(&mut self.fresh) {
@@ -1093,18 +1119,9 @@ impl<'p> WholeSweep<'p> {
                 break;
             }
             self.active.pop();
-            for slot in self.plan.holds[k]
-                .placement
-                .0
-                .iter()
-                .filter(|s| s.mask != 0)
-            {
-                let holders = &mut counts.holders[slot.node];
-                *holders -= 1;
-                if *holders == 0 {
-                    counts.held[slot.node / 64] &= !(1 << (slot.node % 64));
-                }
-            }
+            self.plan.holds[k]
+                .nodes()
+                .for_each(|node| counts.lift(node));
         }
         while let Some(&(at, node)) = bounds.became_whole.get(self.next_became) {
             if at > t {
@@ -1118,10 +1135,7 @@ impl<'p> WholeSweep<'p> {
                 break;
             }
             if hold.end > t {
-                for slot in hold.placement.0.iter().filter(|s| s.mask != 0) {
-                    counts.holders[slot.node] += 1;
-                    counts.held[slot.node / 64] |= 1 << (slot.node % 64);
-                }
+                hold.nodes().for_each(|node| counts.hold(node));
                 self.active.push(Reverse((hold.end, self.next_hold)));
             }
             self.next_hold += 1;
@@ -1134,12 +1148,9 @@ impl<'p> WholeSweep<'p> {
         for ((whole, released), held) in words {
             *whole = released & !held;
         }
-        Window::WholeNodes {
-            cluster: self.base,
-            whole: WholeNodes {
-                nodes: &counts.whole,
-                gpus: self.base.gpus_of(&counts.whole),
-            },
+        WholeNodes {
+            nodes: &counts.whole,
+            gpus: self.base.gpus_of(&counts.whole),
         }
     }
 }
@@ -1150,9 +1161,9 @@ impl Drop for WholeSweep<'_> {
     fn drop(&mut self) {
         let mut counts = std::mem::take(&mut self.counts);
         for Reverse((_, k)) in self.active.drain() {
-            for slot in &self.plan.holds[k].placement.0 {
-                counts.holders[slot.node] = 0;
-            }
+            self.plan.holds[k]
+                .nodes()
+                .for_each(|node| counts.holders[node] = 0);
         }
         counts.held.fill(0);
         *self.plan.whole_counts.borrow_mut() = Some(counts);
