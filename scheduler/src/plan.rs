@@ -1156,16 +1156,17 @@ impl<'p> WholeSweep<'p> {
 }
 
 impl Drop for WholeSweep<'_> {
-    /// Clears what the plans still overlapping hold and gives the counts and the emptied heap
+    /// Clears what the plans still overlapping hold (the nodes with a holder are the ones
+    /// `held` has, without reading the plans again) and gives the counts and the emptied heap
     /// back to the plan.
     fn drop(&mut self) {
         let mut counts = std::mem::take(&mut self.counts);
-        for Reverse((_, k)) in self.active.drain() {
-            self.plan.holds[k]
-                .nodes()
-                .for_each(|node| counts.holders[node] = 0);
+        self.active.clear();
+        for (w, word) in counts.held.iter_mut().enumerate() {
+            for b in set_bits(std::mem::take(word)) {
+                counts.holders[w * 64 + b] = 0;
+            }
         }
-        counts.held.fill(0);
         *self.plan.whole_counts.borrow_mut() = Some(counts);
         *self.plan.sweep_active.borrow_mut() = std::mem::take(&mut self.active);
     }
