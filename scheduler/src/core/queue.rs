@@ -343,10 +343,6 @@ impl Queue {
         }
     }
 
-    /// Jobs started in a cycle up to which each is taken out on its own rather than the whole
-    /// queue walked once (a cycle usually starts a few of a deep queue).
-    const REMOVED_ONE_BY_ONE: usize = 8;
-
     /// Ends a cycle: drops the jobs that started (`started`, ascending positions) and
     /// records that the jobs from `waiting_from` on (a position before the drop, behind every
     /// job that started) were left waiting behind a blocked job (`wait_behind`).
@@ -363,9 +359,16 @@ impl Queue {
             .count();
         self.jobs.drain(..leading);
         let rest = &started[leading..];
-        if rest.len() <= Self::REMOVED_ONE_BY_ONE {
-            // Each removal moves the jobs on the shorter side of it; the last first, so the
-            // positions before it stay as they are.
+        // Taken out one by one, each moves the jobs on the shorter side of it; one walk moves
+        // every job after the first. A cycle usually starts a few jobs of a deep queue.
+        let len = self.jobs.len();
+        let one_by_one: usize = rest
+            .iter()
+            .map(|i| (i - leading).min(len - (i - leading)))
+            .sum();
+        let walk = rest.first().map_or(0, |i| len - (i - leading));
+        if one_by_one <= walk {
+            // The last first, so the positions before it stay as they are.
             for &i in rest.iter().rev() {
                 self.jobs.remove(i - leading);
             }
