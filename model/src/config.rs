@@ -224,6 +224,12 @@ pub struct SchedulerConfig {
     /// not left waiting while smaller jobs of accounts over theirs take every GPU that frees
     /// up.
     pub plan_to_share: bool,
+    /// Under fair share with the `fair_tree` formula, the accounts holding less than their
+    /// fair share of the cluster now (the split `plan_to_share` plans up to) rank above every
+    /// account holding its share or more, and by share over decayed usage among themselves.
+    /// Without it an account that used much last week ranks below one that used little
+    /// while holding several times its share today, and waits its payback out week after week.
+    pub below_share_first: bool,
     /// Fair-share preemption (Kueue's reclaim within a cohort), under the fair-share policy:
     /// a job of an account below its fair share of the cluster now that stays within it once
     /// started, waiting at least `fair_share_preemption_after`, may preempt jobs of its tier
@@ -255,6 +261,7 @@ impl Default for SchedulerConfig {
             max_wait_plans: 0,
             plan_each_account: true,
             plan_to_share: true,
+            below_share_first: true,
             fair_share_preemption: false,
             fair_share_preemption_after: DurationSpec::from_secs(3600),
             job_history: DurationSpec::from_secs(30 * 86_400),

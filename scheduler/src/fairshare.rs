@@ -40,17 +40,19 @@ pub fn slurm_classic_factor(usage_share: f64, normalised_share: f64) -> f64 {
 /// Each account's fair-share factor in [0, 1] under `formula`, from its weight, its decayed
 /// GPU-hours and whether it has running or waiting work (all in the same order): Fair Tree's
 /// rank ([`fair_tree_factors`]), the design's `weight / (1 + usage / factor)` over the largest
-/// weight, or Slurm's classic `2^(-usage share / normalised share)`. gpuledger's scheduler and
-/// `gpuledger slurm steer` both rank accounts with this one function.
+/// weight, or Slurm's classic `2^(-usage share / normalised share)`. Under `fair_tree`, the
+/// accounts marked in `below_share` (empty: none) rank above all others. gpuledger's scheduler
+/// and `gpuledger slurm steer` both rank accounts with this one function.
 pub fn account_factors(
     formula: FairShareFormula,
     factor_gpu_hours: f64,
     weights: &[f64],
     usage: &[f64],
     has_demand: &[bool],
+    below_share: &[bool],
 ) -> Vec<f64> {
     match formula {
-        FairShareFormula::FairTree => fair_tree_factors(weights, usage, has_demand),
+        FairShareFormula::FairTree => fair_tree_factors(weights, usage, has_demand, below_share),
         FairShareFormula::Weighted => {
             let max_weight = weights.iter().copied().fold(1.0, f64::max);
             weights
@@ -84,7 +86,18 @@ pub fn account_factors(
 /// without any is taken as if it joined them). Accounts are ranked by it, highest first, and the
 /// `r`-th of `n` (from 0, ties sharing the rank of the first) gets `(n - r) / n`: under its
 /// share (`S/U > 1`) always above over it (`S/U < 1`). No usage at all ranks first.
-pub fn fair_tree_factors(weights: &[f64], usage: &[f64], has_demand: &[bool]) -> Vec<f64> {
+///
+/// Accounts marked in `below_share` (an empty slice marks none) rank above every unmarked one,
+/// by level among themselves. The scheduler marks those holding less than their share of the
+/// cluster now, so that an account that used much last week but holds little today is not
+/// passed over by one that used little but holds several times its share today: usage
+/// decides the order within each group, and who gets what the shares leave.
+pub fn fair_tree_factors(
+    weights: &[f64],
+    usage: &[f64],
+    has_demand: &[bool],
+    below_share: &[bool],
+) -> Vec<f64> {
     let n = weights.len();
     let sum_over = |values: &[f64]| -> f64 {
         values
@@ -108,12 +121,20 @@ pub fn fair_tree_factors(weights: &[f64], usage: &[f64], has_demand: &[bool]) ->
             }
         })
         .collect();
+    // Below the share first; by level within each group.
+    let first = |i: usize| below_share.get(i).copied().unwrap_or(false);
+    let rank_order = |a: usize, b: usize| {
+        first(b)
+            .cmp(&first(a))
+            .then_with(|| level[b].total_cmp(&level[a]))
+    };
     let mut order: Vec<usize> = (0..n).collect();
-    order.sort_by(|&a, &b| level[b].total_cmp(&level[a]));
+    order.sort_by(|&a, &b| rank_order(a, b));
     let mut factors = vec![0.0; n];
     let mut rank = 0;
     for (k, &i) in order.iter().enumerate() {
-        if k > 0 && level[i] != level[order[k - 1]] {
+        let prev = k.checked_sub(1).map(|p| order[p]);
+        if prev.is_some_and(|p| rank_order(p, i) != std::cmp::Ordering::Equal) {
             rank = k;
         }
         factors[i] = (n - rank) as f64 / n as f64;
@@ -251,6 +272,21 @@ mod tests {
     }
 
     #[test]
+    fn accounts_below_their_share_now_rank_above_the_others_then_by_level() {
+        // a used much (level 0.3), b and c little (levels 4 and 2), d least (level 8).
+        let (weights, usage, demand) = ([1.0; 4], [30.0, 2.5, 5.0, 1.25], [true; 4]);
+        let by_usage = fair_tree_factors(&weights, &usage, &demand, &[]);
+        assert_eq!(by_usage, vec![0.25, 0.75, 0.5, 1.0]);
+        // a and c hold less than their share now, b and d their share or more: c, then a
+        // (by level), then d and b.
+        let f = fair_tree_factors(&weights, &usage, &demand, &[true, false, true, false]);
+        assert_eq!(f, vec![0.75, 0.25, 1.0, 0.5]);
+        // Equal levels either side of the line do not share a rank.
+        let f = fair_tree_factors(&[1.0, 1.0], &[1.0, 1.0], &[true, true], &[false, true]);
+        assert_eq!(f, vec![0.5, 1.0]);
+    }
+
+    #[test]
     fn usage_halves_every_half_life() {
         let params = FairShareParams {
             half_life_s: 7.0 * 86_400.0,
@@ -272,15 +308,16 @@ mod tests {
             &[64.0, 16.0, 4.0],
             &[72.0, 24.0, 500.0],
             &[true, true, false],
+            &[],
         );
         assert!(factors[0] > factors[1], "{factors:?}");
         // Swap the usage: now the small one is under.
-        let factors = fair_tree_factors(&[64.0, 16.0], &[90.0, 2.0], &[true, true]);
+        let factors = fair_tree_factors(&[64.0, 16.0], &[90.0, 2.0], &[true, true], &[]);
         assert!(factors[1] > factors[0], "{factors:?}");
         assert_eq!(factors, vec![0.5, 1.0]);
         // No usage ranks first; equal standing shares a rank.
         assert_eq!(
-            fair_tree_factors(&[2.0, 1.0, 1.0], &[0.0, 4.0, 4.0], &[true, true, true]),
+            fair_tree_factors(&[2.0, 1.0, 1.0], &[0.0, 4.0, 4.0], &[true, true, true], &[]),
             vec![1.0, 2.0 / 3.0, 2.0 / 3.0]
         );
     }

@@ -1084,6 +1084,44 @@ fn an_account_below_its_share_gets_planned_starts_up_to_its_share_not_one_at_a_t
 }
 
 #[test]
+fn an_account_below_its_share_now_goes_before_one_above_it_whatever_their_past_use() {
+    // c used the whole cluster for 100 hours; b then takes it all for a few hours while c
+    // waits with nothing running. Both ask for one node more: b's light past use ranks it
+    // first by usage alone, but it already holds twice its share of the two nodes.
+    let run = |below_share_first: bool| {
+        let source = format!(
+            "{}[scheduler]\nbelow_share_first = {below_share_first}\n",
+            config_source(2)
+        );
+        let config = ClusterConfig::from_toml_str(&source, "t.toml").unwrap();
+        let mut h = Harness::with_config(&config, "fairshare+backfill");
+        let heavy: Vec<JobId> = (0..2).map(|_| h.submit("c", 8, 100, 0)).collect();
+        h.step(0);
+        h.sched.accrue_usage(100 * H);
+        for id in &heavy {
+            h.finish(id, 100 * H);
+        }
+        let first = h.submit("b", 8, 10, 100 * H);
+        let second = h.submit("b", 8, 20, 100 * H);
+        h.step(100 * H);
+        assert!(h.is_running(&first) && h.is_running(&second));
+        let from_b = h.submit("b", 8, 10, 100 * H + 60);
+        let from_c = h.submit("c", 8, 10, 100 * H + 60);
+        h.step(100 * H + 60);
+        h.sched.accrue_usage(110 * H);
+        h.finish(&first, 110 * H);
+        h.step(110 * H);
+        (h.is_running(&from_b), h.is_running(&from_c))
+    };
+    assert_eq!(
+        run(true),
+        (false, true),
+        "c, holding nothing, takes the node"
+    );
+    assert_eq!(run(false), (true, false), "by usage alone b goes first");
+}
+
+#[test]
 fn fair_share_preemption_takes_back_an_accounts_share_and_no_more() {
     // Two nodes, b and c of equal weight. b took all 16 GPUs with one-GPU jobs while c was
     // idle; c now asks for a whole node: its share is half the cluster.

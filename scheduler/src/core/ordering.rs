@@ -8,7 +8,8 @@ impl Scheduler {
     /// Each account's fair-share factor in [0, 1], in `account_ids` order: Fair Tree's rank
     /// by share over usage among the accounts with work ([`fair_tree_factors`]), the design's
     /// `weight / (1 + usage / factor)` over the largest weight, or Slurm's classic
-    /// `2^(-usage share / normalised share)`.
+    /// `2^(-usage share / normalised share)`. With `below_share_first` the accounts holding
+    /// less than their share now rank first (under `fair_tree`).
     pub fn fair_share_factors(&self, now: UnixSeconds) -> Vec<f64> {
         let weights: Vec<f64> = self
             .account_ids
@@ -20,12 +21,19 @@ impl Scheduler {
             .iter()
             .map(|id| self.ledger.gpu_hours(id, now))
             .collect();
+        let below_share: Vec<bool> =
+            if self.knobs.below_share_first && self.formula == FairShareFormula::FairTree {
+                self.share_gaps().into_iter().map(|gap| gap > 0).collect()
+            } else {
+                Vec::new()
+            };
         account_factors(
             self.formula,
             self.ledger.params().factor_gpu_hours,
             &weights,
             &usage,
             &self.accounts_with_demand(),
+            &below_share,
         )
     }
 

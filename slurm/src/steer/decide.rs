@@ -160,6 +160,7 @@ fn factors(jobs: &[QueuedJob], known: &Known, accounts: &[Account]) -> BTreeMap<
         &weights,
         &usage,
         &demand,
+        &[],
     );
     ids.into_iter().zip(f).collect()
 }
