@@ -20,6 +20,9 @@ use common::ingest::{agent, batch_of};
 use common::slurm::Slurm;
 use common::{add_token, spawn, terminate, wait_for, Process};
 
+/// Ranked by usage alone (`below_share_first = false`): the test's blocker is team B's, so
+/// team B holds the node while its next job waits, and ranking accounts below their share now
+/// first would put team A first. `decide`'s unit tests cover that ranking.
 const CONFIG: &str = r#"version = 1
 [cluster]
 name = "gpuledgertest"
@@ -53,6 +56,8 @@ id = "teamc"
 name = "Team C"
 weight = 1
 quota = { gpu_hours_per_day = 1 }
+[scheduler]
+below_share_first = false
 "#;
 
 /// Multifactor priority with no term of its own that could tell the two accounts apart (no

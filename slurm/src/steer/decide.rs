@@ -11,7 +11,7 @@ use gpuledger_model::quota::Quota;
 use gpuledger_model::tenant::Account;
 use gpuledger_model::usage::{UsageFeed, WindowGpuSeconds};
 use gpuledger_model::AccountId;
-use gpuledger_scheduler::fairshare::account_factors;
+use gpuledger_scheduler::fairshare::{account_factors, water_fill};
 use gpuledger_scheduler::windows::{day_of, gpu_hours_verdict, DaySpread, DAY_S};
 use gpuledger_scheduler::PendingReason;
 
@@ -73,22 +73,31 @@ pub const COMMENT_PREFIX: &str = "gpuledger: ";
 pub struct Policy {
     pub accounts: Vec<Account>,
     pub fair_share: FairShareConfig,
+    /// The cluster's GPUs, where accounts holding less than their share of them now rank
+    /// first (`[scheduler] below_share_first`, as gpuledger's scheduler ranks them); `None`
+    /// ranks by usage alone.
+    pub below_share_of_gpus: Option<u64>,
 }
 
 impl Policy {
-    /// The cluster config's accounts and fair share.
+    /// The cluster config's accounts and fair share, and its GPUs when it ranks accounts
+    /// below their share first.
     pub fn from_config(config: &ClusterConfig) -> Policy {
         Policy {
             accounts: config.accounts.clone(),
             fair_share: config.fair_share.clone(),
+            below_share_of_gpus: Some(config.total_gpus())
+                .filter(|gpus| config.scheduler.below_share_first && *gpus > 0),
         }
     }
 
-    /// No config: every Slurm account weighs 1 and has no quota; the default formula.
+    /// No config: every Slurm account weighs 1 and has no quota; the default formula, by
+    /// usage alone (the cluster's size is not known).
     pub fn without_config() -> Policy {
         Policy {
             accounts: Vec::new(),
             fair_share: FairShareConfig::default(),
+            below_share_of_gpus: None,
         }
     }
 
@@ -154,15 +163,59 @@ fn factors(jobs: &[QueuedJob], known: &Known, accounts: &[Account]) -> BTreeMap<
         .map(|id| feed.accounts.get(id).map_or(0.0, |u| u.decayed_gpu_hours))
         .collect();
     let demand: Vec<bool> = ids.iter().map(|id| busy.contains(id)).collect();
+    let below_share = policy
+        .below_share_of_gpus
+        .map(|gpus| below_share_now(jobs, map, accounts, gpus))
+        .unwrap_or_default();
     let f = account_factors(
         policy.fair_share.formula,
         policy.fair_share.usage_factor_gpu_hours as f64,
         &weights,
         &usage,
         &demand,
-        &[],
+        &below_share,
     );
     ids.into_iter().zip(f).collect()
+}
+
+/// Which accounts hold fewer GPUs in running jobs than their fair share of the cluster's
+/// `gpus` now: split by weight among the accounts with running or pending jobs, none given
+/// more than those ask for ([`water_fill`], as gpuledger's scheduler splits it).
+fn below_share_now(
+    jobs: &[QueuedJob],
+    map: &AccountMap,
+    accounts: &[Account],
+    gpus: u64,
+) -> Vec<bool> {
+    let mut held = vec![0u64; accounts.len()];
+    let mut asks = vec![0u64; accounts.len()];
+    for job in jobs.iter().filter(|j| !j.is_held()) {
+        let Some((account, _)) = owner(job, map, accounts) else {
+            continue;
+        };
+        let Some(i) = accounts.iter().position(|a| a.id == account.id) else {
+            continue;
+        };
+        let job_gpus = u64::from(job.gpus);
+        match job.state {
+            State::Running => {
+                held[i] += job_gpus;
+                asks[i] += job_gpus;
+            }
+            State::Pending => asks[i] += job_gpus,
+            _ => {}
+        }
+    }
+    let claims: Vec<(f64, f64)> = accounts
+        .iter()
+        .zip(&asks)
+        .map(|(a, asks)| (f64::from(a.weight), *asks as f64))
+        .collect();
+    water_fill(gpus as f64, &claims)
+        .into_iter()
+        .zip(held)
+        .map(|(share, held)| (held as f64) < share.floor())
+        .collect()
 }
 
 /// The quota scopes a job falls under: its account's, and its project's when it has one.
@@ -550,6 +603,56 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
             NOW,
         );
         assert!(again.is_empty(), "nothing moved: {again:?}");
+    }
+
+    #[test]
+    fn an_account_holding_less_than_its_share_now_ranks_first_as_the_scheduler_ranks_it() {
+        // heavy used much but holds nothing; other (a Slurm account the config lacks: weight
+        // 1, no usage) holds the one node. Each asks for a node more: their shares of the 8
+        // GPUs are 4 each. light has no jobs.
+        let jobs = vec![
+            job("1", "heavy", State::Pending, 8),
+            job("2", "other", State::Running, 8),
+            job("3", "other", State::Pending, 8),
+        ];
+        let values = |policy: &Policy| -> BTreeMap<String, i64> {
+            run(
+                &jobs,
+                &BTreeMap::new(),
+                &feed(500.0, 0),
+                policy,
+                &SteerState::default(),
+                settings(),
+                NOW,
+            )
+            .into_iter()
+            .filter_map(|a| match a {
+                Action::Set { job, value, .. } => Some((job, value)),
+                _ => None,
+            })
+            .collect()
+        };
+        let config = config();
+        let policy = Policy::from_config(&config);
+        assert_eq!(policy.below_share_of_gpus, Some(8));
+        assert_eq!(
+            values(&policy),
+            [("1".into(), 10_000), ("3".into(), 6_667)].into()
+        );
+        let by_usage = Policy {
+            below_share_of_gpus: None,
+            ..policy
+        };
+        assert_eq!(
+            values(&by_usage),
+            [("1".into(), 3_333), ("3".into(), 10_000)].into()
+        );
+        let off = ClusterConfig::from_toml_str(
+            &format!("{CONFIG}[scheduler]\nbelow_share_first = false\n"),
+            "t",
+        )
+        .unwrap();
+        assert_eq!(Policy::from_config(&off).below_share_of_gpus, None);
     }
 
     #[test]
