@@ -476,12 +476,19 @@ impl Scheduler {
             .forget_bookings_before(self.bookings_at_last_cycle);
         self.bookings_at_last_cycle = self.releases.bookings();
         self.last_cycle_s = now;
-        self.order_pending(now);
         let depth = match self.options.backfill {
             Backfill::Off => 0,
             Backfill::Easy => 1,
             Backfill::Conservative => self.knobs.backfill_depth.max(1) as usize,
         };
+        // Each account's distance below its fair share (held), worked out once: the order,
+        // the plans up to the share and fair-share preemption all read it.
+        let fair = self.options.policy == Policy::FairShare;
+        let reclaim = fair && self.knobs.fair_share_preemption;
+        let plan_to_share = fair && depth > 0 && self.knobs.plan_to_share;
+        let gaps = (reclaim || plan_to_share || (fair && self.ranks_below_share_first()))
+            .then(|| self.share_gaps());
+        self.order_pending(now, gaps.as_deref());
         let mut cycle = Cycle::default();
         let mut blocked = false;
         // Within a cycle placement only gets harder (jobs start, plans are added), so a job of
@@ -490,16 +497,10 @@ impl Scheduler {
         let mut account_planned = vec![false; self.account_ids.len().max(1)];
         let mut plan_floors: Vec<Vec<(u32, u64, UnixSeconds)>> =
             vec![Vec::new(); self.account_ids.len().max(1)];
-        // Each account's distance below its fair share (held), and what is left of it once
-        // plans are counted too.
-        let fair = self.options.policy == Policy::FairShare;
-        let reclaim = fair && self.knobs.fair_share_preemption;
-        let plan_to_share = fair && depth > 0 && self.knobs.plan_to_share;
-        let mut share_gap = if reclaim || plan_to_share {
-            self.share_gaps()
-        } else {
-            Vec::new()
-        };
+        // What is left of each account's distance below its share once plans count too.
+        let mut share_gap = gaps
+            .filter(|_| reclaim || plan_to_share)
+            .unwrap_or_default();
         let mut share_room = if plan_to_share {
             share_gap.clone()
         } else {

@@ -11,6 +11,17 @@ impl Scheduler {
     /// `2^(-usage share / normalised share)`. With `below_share_first` the accounts holding
     /// less than their share now rank first (under `fair_tree`).
     pub fn fair_share_factors(&self, now: UnixSeconds) -> Vec<f64> {
+        self.fair_share_factors_given(now, None)
+    }
+
+    /// Whether accounts below their share now rank first (`below_share_first`, `fair_tree`).
+    pub(super) fn ranks_below_share_first(&self) -> bool {
+        self.knobs.below_share_first && self.formula == FairShareFormula::FairTree
+    }
+
+    /// [`Scheduler::fair_share_factors`] with [`Scheduler::share_gaps`] already worked out
+    /// this cycle (`None`: worked out here when needed).
+    fn fair_share_factors_given(&self, now: UnixSeconds, gaps: Option<&[i64]>) -> Vec<f64> {
         let weights: Vec<f64> = self
             .account_ids
             .iter()
@@ -21,12 +32,11 @@ impl Scheduler {
             .iter()
             .map(|id| self.ledger.gpu_hours(id, now))
             .collect();
-        let below_share: Vec<bool> =
-            if self.knobs.below_share_first && self.formula == FairShareFormula::FairTree {
-                self.share_gaps().into_iter().map(|gap| gap > 0).collect()
-            } else {
-                Vec::new()
-            };
+        let below_share: Vec<bool> = match gaps {
+            _ if !self.ranks_below_share_first() => Vec::new(),
+            Some(gaps) => gaps.iter().map(|gap| *gap > 0).collect(),
+            None => self.share_gaps().into_iter().map(|gap| gap > 0).collect(),
+        };
         account_factors(
             self.formula,
             self.ledger.params().factor_gpu_hours,
@@ -147,10 +157,12 @@ impl Scheduler {
             + f64::from(k.weight_quota_priority) * quota_priority
     }
 
-    pub(super) fn order_pending(&mut self, now: UnixSeconds) {
+    /// Sets priorities and puts the queue in order; `gaps` are this cycle's
+    /// [`Scheduler::share_gaps`] where the cycle needs them anyway.
+    pub(super) fn order_pending(&mut self, now: UnixSeconds, gaps: Option<&[i64]>) {
         let mut descents = None;
         if self.options.policy == Policy::FairShare {
-            let fair_share = self.fair_share_factors(now);
+            let fair_share = self.fair_share_factors_given(now, gaps);
             let mut pending = std::mem::take(&mut self.pending);
             descents = Some(pending.set_priorities(|job| {
                 let fs = fair_share.get(job.account).copied().unwrap_or(0.0);
