@@ -269,13 +269,18 @@ fn simulate_replays_a_philly_trace_and_writes_jobs_csv() {
     // cluster and is refused at submission.
     assert_eq!(
         jobs,
-        "job_id,account,gpus,submit,start,end,wait_s,jct_s,outcome,backfilled,preemptions,lost_gpu_s,gpu_share\n\
-         p000001,vc-aaa,8,0,0,100,0,100,completed,false,0,0,\n\
-         p000002,vc-bbb,8,1,100,200,99,199,completed,false,0,0,\n\
-         p000003,vc-aaa,16,2,,,,,refused,false,0,0,\n"
+        "job_id,account,gpus,submit,start,end,wait_s,jct_s,outcome,backfilled,preemptions,lost_gpu_s,gpu_share,own_backlog_s\n\
+         p000001,vc-aaa,8,0,0,100,0,100,completed,false,0,0,,0\n\
+         p000002,vc-bbb,8,1,100,200,99,199,completed,false,0,0,,0\n\
+         p000003,vc-aaa,16,2,,,,,refused,false,0,0,,\n"
     );
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(report.contains("| 3 | 1 | 50 |"), "{report}");
+    // vc-bbb had nothing of its own ahead: all of its 99 s wait was for vc-aaa's job.
+    assert!(
+        report.contains("the longest 99 s (p000002, vc-bbb)"),
+        "{report}"
+    );
     for svg in ["utilization.svg", "wait-by-account.svg"] {
         let text = std::fs::read_to_string(out.join(svg)).unwrap();
         assert!(
@@ -357,14 +362,17 @@ fn simulate_replays_alibabas_gpu_sharing_pods_packing_shares_onto_one_gpu() {
     assert_eq!(
         rows[1..],
         [
-            "q1,qos-be,1,0,0,200,0,200,completed,false,0,0,250m",
-            "q2,qos-be,1,0,0,200,0,200,completed,false,0,0,250m",
-            "q3,qos-be,1,0,0,200,0,200,completed,false,0,0,250m",
-            "q4,qos-be,1,0,0,200,0,200,completed,false,0,0,250m",
-            "seven,qos-ls,7,0,0,100,0,100,completed,false,0,0,",
-            "half,qos-ls,1,1,100,200,99,199,completed,false,0,0,500m",
+            "q1,qos-be,1,0,0,200,0,200,completed,false,0,0,250m,0",
+            "q2,qos-be,1,0,0,200,0,200,completed,false,0,0,250m,50",
+            "q3,qos-be,1,0,0,200,0,200,completed,false,0,0,250m,100",
+            "q4,qos-be,1,0,0,200,0,200,completed,false,0,0,250m,150",
+            "seven,qos-ls,7,0,0,100,0,100,completed,false,0,0,,0",
+            "half,qos-ls,1,1,100,200,99,199,completed,false,0,0,500m,99",
         ]
     );
+    // Own backlogs count parts of GPUs as their fraction: qos-be is owed the 1 GPU it asks for,
+    // so each quarter-GPU job has the 50 GPU-s of each earlier one ahead of it (though all four
+    // share one GPU at once); "half" has 99 s of "seven" left at qos-ls's 7 GPUs.
     // Busy GPU-seconds count parts: 7 x 100 + 4 x 0.25 x 200 + 0.5 x 100 = 950 of 8 x 200.
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(report.contains("59.4%"), "{report}");
@@ -424,15 +432,17 @@ fn simulate_on_alibabas_node_list_holds_each_pod_to_its_gpu_types() {
     assert_eq!(
         rows,
         [
-            "g2pod,qos-ls,1,0,0,100,0,100,completed,true,0,0,",
-            "t4pod,qos-ls,1,0,0,100,0,100,completed,true,0,0,",
-            "v2,qos-be,1,0,0,100,0,100,completed,false,0,0,500m",
-            "vpod,qos-ls,2,0,100,200,100,200,completed,false,0,0,",
-            "a10,qos-be,1,1,,,,,refused,false,0,0,",
-            "any,qos-be,1,1,1,101,0,100,completed,true,0,0,",
-            "g2next,qos-ls,1,2,100,200,98,198,completed,false,0,0,",
+            "g2pod,qos-ls,1,0,0,100,0,100,completed,true,0,0,,0",
+            "t4pod,qos-ls,1,0,0,100,0,100,completed,true,0,0,,29",
+            "v2,qos-be,1,0,0,100,0,100,completed,false,0,0,500m,0",
+            "vpod,qos-ls,2,0,100,200,100,200,completed,false,0,0,,57",
+            "a10,qos-be,1,1,,,,,refused,false,0,0,,",
+            "any,qos-be,1,1,1,101,0,100,completed,true,0,0,,33",
+            "g2next,qos-ls,1,2,100,200,98,198,completed,false,0,0,,116",
         ]
     );
+    // t4pod's own backlog: g2pod's 100 GPU-s at qos-ls's share of the 5 GPUs (4 over the
+    // first second, 3.5 once "any" asks too; the refused a10 asks for nothing): 29 s.
 
     // A name that cannot be a GPU type is refused with its file, line and field.
     std::fs::write(&nodes, "sn,cpu_milli,memory_mib,gpu,model\nn1,1,1,2,G 9\n").unwrap();

@@ -5,7 +5,7 @@
 //! starved for a week and served later; this does not. The split is the scheduler's own
 //! ([`water_fill`]), the one its plans and fair-share preemption aim at.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use gpuledger_scheduler::fairshare::water_fill;
 use gpuledger_scheduler::SimResult;
@@ -46,29 +46,17 @@ impl AccountWeek {
 /// Every account-week from the first submission to the horizon, for the accounts in `weights`
 /// (account id to fair-share weight), in account then week order.
 pub fn weekly_shares(result: &SimResult, weights: &BTreeMap<String, u32>) -> Vec<AccountWeek> {
-    let index: BTreeMap<&str, usize> = weights
-        .keys()
-        .enumerate()
-        .map(|(i, a)| (a.as_str(), i))
-        .collect();
+    let index = account_index(weights);
     let start = result.start_s;
     let weeks =
         usize::try_from((result.horizon_s - start).max(1).div_euclid(WEEK_S) + 1).unwrap_or(1);
     let n = weights.len();
     let mut fair = vec![vec![0.0f64; weeks]; n];
     let mut received = vec![vec![0.0f64; weeks]; n];
-    // Demand changes: +gpus at submission, -gpus at the job's final end.
-    let mut changes: Vec<(i64, usize, f64)> = Vec::new();
     for r in &result.records {
         let Some(&a) = index.get(r.spec.account.as_str()) else {
             continue;
         };
-        let gpus = r.spec.gpu_equivalent();
-        let end = r.end_s.unwrap_or(result.horizon_s).min(result.horizon_s);
-        if end > r.spec.submit_s {
-            changes.push((r.spec.submit_s, a, gpus));
-            changes.push((end, a, -gpus));
-        }
         for run in &r.runs {
             let run_end = run.end_s.unwrap_or(result.horizon_s).min(result.horizon_s);
             spread(
@@ -80,10 +68,76 @@ pub fn weekly_shares(result: &SimResult, weights: &BTreeMap<String, u32>) -> Vec
             );
         }
     }
+    for_each_fair_stretch(result, weights, |from, to, shares| {
+        for (a, share) in shares.iter().enumerate() {
+            if *share > 0.0 {
+                spread(start, from, to, *share, &mut fair[a]);
+            }
+        }
+    });
+    let mut out = Vec::new();
+    for (a, account) in weights.keys().enumerate() {
+        for week in 0..weeks {
+            out.push(AccountWeek {
+                account: account.clone(),
+                week,
+                fair_gpu_s: fair[a][week],
+                received_gpu_s: received[a][week],
+            });
+        }
+    }
+    out
+}
+
+/// Each account's position in `weights` (the order of the shares [`for_each_fair_stretch`]
+/// gives).
+pub(crate) fn account_index(weights: &BTreeMap<String, u32>) -> BTreeMap<&str, usize> {
+    weights
+        .keys()
+        .enumerate()
+        .map(|(i, a)| (a.as_str(), i))
+        .collect()
+}
+
+/// The jobs the scheduler refused at submission: they never wait and are no one's demand.
+pub(crate) fn refused(result: &SimResult) -> HashSet<&str> {
+    result
+        .refused
+        .iter()
+        .map(|(spec, _)| spec.id.as_str())
+        .collect()
+}
+
+/// The fair split through the run: `visit(from, to, shares)` for each stretch between two
+/// changes of demand, in time order, with each account's GPUs (in `weights`' order). Demand is
+/// a job's GPUs from its submission to its final end (the horizon when it has none); a refused
+/// job is none.
+pub(crate) fn for_each_fair_stretch(
+    result: &SimResult,
+    weights: &BTreeMap<String, u32>,
+    mut visit: impl FnMut(i64, i64, &[f64]),
+) {
+    let index = account_index(weights);
+    let refused = refused(result);
+    let mut changes: Vec<(i64, usize, f64)> = Vec::new();
+    for r in &result.records {
+        let Some(&a) = index.get(r.spec.account.as_str()) else {
+            continue;
+        };
+        if refused.contains(r.spec.id.as_str()) {
+            continue;
+        }
+        let end = r.end_s.unwrap_or(result.horizon_s).min(result.horizon_s);
+        if end > r.spec.submit_s {
+            let gpus = r.spec.gpu_equivalent();
+            changes.push((r.spec.submit_s, a, gpus));
+            changes.push((end, a, -gpus));
+        }
+    }
     changes.sort_by_key(|c| c.0);
     let claims_weight: Vec<f64> = weights.values().map(|w| f64::from(*w)).collect();
     let capacity = f64::from(result.total_gpus);
-    let mut demand = vec![0.0f64; n];
+    let mut demand = vec![0.0f64; weights.len()];
     let mut k = 0;
     while k < changes.len() {
         let t = changes[k].0;
@@ -99,24 +153,8 @@ pub fn weekly_shares(result: &SimResult, weights: &BTreeMap<String, u32>) -> Vec
             .zip(&demand)
             .map(|(w, d)| (*w, d.max(0.0)))
             .collect();
-        for (a, share) in water_fill(capacity, &claims).into_iter().enumerate() {
-            if share > 0.0 {
-                spread(start, t, next, share, &mut fair[a]);
-            }
-        }
+        visit(t, next, &water_fill(capacity, &claims));
     }
-    let mut out = Vec::new();
-    for (a, account) in weights.keys().enumerate() {
-        for week in 0..weeks {
-            out.push(AccountWeek {
-                account: account.clone(),
-                week,
-                fair_gpu_s: fair[a][week],
-                received_gpu_s: received[a][week],
-            });
-        }
-    }
-    out
 }
 
 /// Adds `rate` GPUs held over `[from, to)` to the weeks they fall in.
@@ -166,4 +204,85 @@ pub fn summarize(weeks: &[AccountWeek]) -> BTreeMap<String, WeeklySummary> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuledger_model::{AccountId, Allocation, JobId};
+    use gpuledger_scheduler::{JobRecord, JobSpec, Refusal, Run, SchedulerOptions};
+
+    fn record(
+        id: &str,
+        account: &str,
+        gpus: u32,
+        submit: i64,
+        run: Option<(i64, i64)>,
+    ) -> JobRecord {
+        JobRecord {
+            spec: JobSpec::new(
+                JobId::new(id).unwrap(),
+                AccountId::new(account).unwrap(),
+                gpus,
+                3600,
+                submit,
+            ),
+            start_s: run.map(|r| r.0),
+            end_s: run.map(|r| r.1),
+            runs: run
+                .iter()
+                .map(|(s, e)| Run {
+                    start_s: *s,
+                    end_s: Some(*e),
+                    allocation: Allocation(Vec::new()),
+                    gpus,
+                })
+                .collect(),
+            outcome: None,
+            backfilled: false,
+            preemptions: 0,
+            lost_gpu_s: 0,
+        }
+    }
+
+    #[test]
+    fn a_job_refused_at_submission_is_no_one_s_demand() {
+        // a holds the whole cluster for its week; b's only job was refused (larger than the
+        // cluster): b is owed nothing and a all of it.
+        let records = vec![
+            record("a1", "a", 8, 0, Some((0, WEEK_S))),
+            record("b1", "b", 16, 0, None),
+        ];
+        let refused = vec![(
+            records[1].spec.clone(),
+            Refusal::LargerThanCluster {
+                asked: 16,
+                capacity: 8,
+            },
+        )];
+        let result = SimResult {
+            options: SchedulerOptions::parse("fairshare").unwrap(),
+            records,
+            refused,
+            events: Vec::new(),
+            busy_gpus: Vec::new(),
+            total_gpus: 8,
+            start_s: 0,
+            horizon_s: WEEK_S,
+        };
+        let weights: BTreeMap<String, u32> = [("a".to_string(), 1), ("b".to_string(), 1)].into();
+        let weeks = weekly_shares(&result, &weights);
+        let a = weeks
+            .iter()
+            .find(|w| w.account == "a" && w.week == 0)
+            .unwrap();
+        let b = weeks
+            .iter()
+            .find(|w| w.account == "b" && w.week == 0)
+            .unwrap();
+        assert_eq!(a.fair_gpu_s, 8.0 * WEEK_S as f64);
+        assert_eq!(a.ratio(), Some(1.0));
+        assert_eq!(b.fair_gpu_s, 0.0);
+        assert_eq!(crate::backlog::own_backlogs(&result, &weights)[1], None);
+    }
 }

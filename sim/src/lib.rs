@@ -8,11 +8,15 @@
 //!   `jobs.csv` and its SVG plots;
 //! - [`fairness`]: each account's fair share week by week (weighted max-min among accounts
 //!   with demand) against what it received;
+//! - [`backlog`]: each job's own backlog, i.e. how long its account's fair share took to
+//!   deliver the work the account submitted before it, to tell a wait its account's demand
+//!   forced from one the policy caused;
 //! - [`replay`]: what a trace replay runs, from the trace and the files given with it;
 //! - [`seed`]: the seed scenario embedded in the binary.
 //!
 //! The end-to-end tests drive [`demo::run`] as `gpuledger demo` does.
 
+pub mod backlog;
 pub mod demo;
 pub mod fairness;
 pub mod replay;

@@ -16,6 +16,7 @@ use gpuledger_model::tenant::Account;
 use gpuledger_model::{AccountId, ClusterConfig, Currency, DurationSpec, GpuModel, GpuType, Quota};
 use gpuledger_scheduler::{SimJob, SimResult};
 
+use crate::backlog::{own_backlogs, OwnBacklog};
 use crate::{Error, Result};
 
 /// The fair-share weight of each account of a Philly trace: its VC's nodes (1 where the VC has
@@ -202,19 +203,16 @@ pub fn wait_stats<'a>(
 pub fn write_outputs(out: &Path, config: &ClusterConfig, result: &SimResult) -> Result<String> {
     std::fs::create_dir_all(out).map_err(Error::io(format!("creating {}", out.display())))?;
     let t0 = result.start_s;
-    let refused: std::collections::HashSet<&str> = result
-        .refused
-        .iter()
-        .map(|(spec, _)| spec.id.as_str())
-        .collect();
+    let refused = crate::fairness::refused(result);
+    let backlogs = own_backlogs(result, &account_weights(config));
     let mut csv = String::from(
-        "job_id,account,gpus,submit,start,end,wait_s,jct_s,outcome,backfilled,preemptions,lost_gpu_s,gpu_share\n",
+        "job_id,account,gpus,submit,start,end,wait_s,jct_s,outcome,backfilled,preemptions,lost_gpu_s,gpu_share,own_backlog_s\n",
     );
-    for r in &result.records {
+    for (r, backlog) in result.records.iter().zip(&backlogs) {
         let opt = |x: Option<i64>| x.map(|v| (v - t0).to_string()).unwrap_or_default();
         let _ = writeln!(
             csv,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             r.spec.id,
             r.spec.account,
             r.spec.gpus,
@@ -239,7 +237,11 @@ pub fn write_outputs(out: &Path, config: &ClusterConfig, result: &SimResult) -> 
                 .shape
                 .gpu_share
                 .map(|s| s.to_string())
-                .unwrap_or_default()
+                .unwrap_or_default(),
+            match backlog {
+                Some(OwnBacklog::Served(s)) => s.to_string(),
+                Some(OwnBacklog::BeyondHorizon) | None => String::new(),
+            }
         );
     }
     let jobs_path = out.join("jobs.csv");
@@ -277,16 +279,18 @@ pub fn write_outputs(out: &Path, config: &ClusterConfig, result: &SimResult) -> 
         .map(|r| r.spec.submit_s)
         .max()
         .unwrap_or(t0);
-    let waited = |days: i64| {
+    let admitted = || {
         result
             .records
             .iter()
+            .filter(|r| !refused.contains(r.spec.id.as_str()))
+    };
+    let waited = |days: i64| {
+        admitted()
             .filter(|r| waited_s(r, result.horizon_s) > days * 86_400)
             .count()
     };
-    let longest = result
-        .records
-        .iter()
+    let longest = admitted()
         .map(|r| waited_s(r, result.horizon_s))
         .max()
         .unwrap_or(0);
@@ -350,6 +354,7 @@ pub fn write_outputs(out: &Path, config: &ClusterConfig, result: &SimResult) -> 
         );
     }
     weekly_section(out, config, result, &mut md)?;
+    backlog_section(config, result, &refused, &backlogs, &mut md);
     let preemptions: u32 = result.records.iter().map(|r| r.preemptions).sum();
     let lost: i64 = result.records.iter().map(|r| r.lost_gpu_s).sum();
     let _ = writeln!(
@@ -368,7 +373,8 @@ pub fn write_outputs(out: &Path, config: &ClusterConfig, result: &SimResult) -> 
     Ok(md)
 }
 
-/// How long a job waited for its first start (to the horizon when it never started).
+/// How long a job waited for its first start (to the horizon when it never started; a job
+/// refused at submission never waited, and callers leave it out).
 fn waited_s(r: &gpuledger_scheduler::JobRecord, horizon_s: i64) -> i64 {
     r.start_s.unwrap_or(horizon_s) - r.spec.submit_s
 }
@@ -382,12 +388,7 @@ fn weekly_section(
     md: &mut String,
 ) -> Result<()> {
     use crate::fairness::{summarize, weekly_shares, MIN_FAIR_GPU_S};
-    let weights: BTreeMap<String, u32> = config
-        .accounts
-        .iter()
-        .map(|a| (a.id.to_string(), a.weight))
-        .collect();
-    let weeks = weekly_shares(result, &weights);
+    let weeks = weekly_shares(result, &account_weights(config));
     let mut csv = String::from("account,week,fair_gpu_hours,received_gpu_hours,ratio\n");
     for w in weeks
         .iter()
@@ -452,6 +453,128 @@ fn weekly_section(
         percent_of(all_weeks - all_low, all_weeks)
     );
     Ok(())
+}
+
+/// The accounts' fair-share weights, by account id.
+fn account_weights(config: &ClusterConfig) -> BTreeMap<String, u32> {
+    config
+        .accounts
+        .iter()
+        .map(|a| (a.id.to_string(), a.weight))
+        .collect()
+}
+
+/// The report's long waits set against each job's own backlog ([`crate::backlog`]): how many
+/// waited over a week because their account had more than a week of its own work ahead at its
+/// fair share, and how long any job waited beyond that.
+fn backlog_section(
+    config: &ClusterConfig,
+    result: &SimResult,
+    refused: &std::collections::HashSet<&str>,
+    backlogs: &[Option<OwnBacklog>],
+    md: &mut String,
+) {
+    const WEEK: i64 = 7 * 86_400;
+    let horizon = result.horizon_s;
+    let beyond = |r: &gpuledger_scheduler::JobRecord, b: &Option<OwnBacklog>| -> i64 {
+        match b {
+            Some(OwnBacklog::Served(s)) => (waited_s(r, horizon) - s).max(0),
+            Some(OwnBacklog::BeyondHorizon) => 0,
+            None => waited_s(r, horizon),
+        }
+    };
+    let own_week = |r: &gpuledger_scheduler::JobRecord, b: &Option<OwnBacklog>| {
+        b.is_some_and(|b| b.longer_than(WEEK, r.spec.submit_s, horizon))
+    };
+    let jobs: Vec<_> = result
+        .records
+        .iter()
+        .zip(backlogs)
+        .filter(|(r, _)| !refused.contains(r.spec.id.as_str()))
+        .collect();
+    let long: Vec<_> = jobs
+        .iter()
+        .filter(|(r, _)| waited_s(r, horizon) > WEEK)
+        .collect();
+    let beyond_over = |days: i64| {
+        jobs.iter()
+            .filter(|(r, b)| beyond(r, b) > days * 86_400)
+            .count()
+    };
+    let longest_beyond = jobs
+        .iter()
+        .map(|(r, b)| (beyond(r, b), r.spec.id.as_str(), r.spec.account.as_str()))
+        .max_by_key(|x| x.0);
+    let _ = writeln!(
+        md,
+        "## Long waits and each account's own backlog\n\n\
+         A job's own backlog (`own_backlog_s` in `jobs.csv`; empty when not served by the end) is \
+         how long its account's fair share, as split above, took from its submission to deliver \
+         the work the account had submitted before it and not yet done: a wait that long only \
+         more than the account's share could have shortened. The rest of a wait is the wait \
+         beyond the own backlog.\n"
+    );
+    let _ = writeln!(
+        md,
+        "Jobs waiting more than 7 days: {}, of which {} had more than 7 days of their account's \
+         own backlog ahead. Jobs waiting beyond their own backlog by more than 1 day: {}; 3 days: \
+         {}; 7 days: {}; the longest {}.\n",
+        long.len(),
+        long.iter().filter(|(r, b)| own_week(r, b)).count(),
+        beyond_over(1),
+        beyond_over(3),
+        beyond_over(7),
+        longest_beyond
+            .filter(|x| x.0 > 0)
+            .map(|(s, id, account)| format!("{} ({id}, {account})", span(s)))
+            .unwrap_or_else(|| "0 s".into())
+    );
+    if long.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "| account | jobs waiting over 7 days | with over 7 days of own backlog | longest wait, days | longest beyond own backlog, days |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|");
+    for account in &config.accounts {
+        let mine: Vec<_> = jobs
+            .iter()
+            .filter(|(r, _)| r.spec.account == account.id)
+            .collect();
+        let over = mine
+            .iter()
+            .filter(|(r, _)| waited_s(r, horizon) > WEEK)
+            .count();
+        if over == 0 {
+            continue;
+        }
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {:.1} | {:.1} |",
+            account.id,
+            over,
+            mine.iter()
+                .filter(|(r, b)| waited_s(r, horizon) > WEEK && own_week(r, b))
+                .count(),
+            mine.iter()
+                .map(|(r, _)| waited_s(r, horizon))
+                .max()
+                .unwrap_or(0) as f64
+                / 86_400.0,
+            mine.iter().map(|(r, b)| beyond(r, b)).max().unwrap_or(0) as f64 / 86_400.0,
+        );
+    }
+    let _ = writeln!(md);
+}
+
+/// A wait in words: seconds under an hour, hours under a day, days beyond.
+fn span(seconds: i64) -> String {
+    match seconds {
+        s if s < 3_600 => format!("{s} s"),
+        s if s < 86_400 => format!("{:.1} hours", s as f64 / 3_600.0),
+        s => format!("{:.1} days", s as f64 / 86_400.0),
+    }
 }
 
 fn percent_of(part: usize, whole: usize) -> String {

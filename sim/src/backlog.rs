@@ -1,0 +1,417 @@
+//! Why a job waited: its own account's earlier work, served at the account's fair share.
+//!
+//! A tenant that submits more than its share buys it for months can only be served by taking
+//! other tenants' shares, so a fair scheduler must leave its latest jobs waiting. To tell that
+//! wait from one the policy caused, each job gets its *own backlog*: the work its account
+//! submitted before it (in submission order) and had not yet done when it was submitted,
+//! measured in how long the account's fair share (the split of [`crate::fairness`], from the
+//! demand of the run itself) took to deliver that many GPU-seconds from the job's submission
+//! on. A job that waited longer than its own backlog waited for other tenants' work, or for
+//! the policy; the rest of its wait only more than its account's share could have shortened.
+//!
+//! The measure takes the run as it went (the demand, the runs held and their lengths, redone
+//! work included) and reads submission order as the order within an account: it explains one
+//! run, it is not a bound on every schedule.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BinaryHeap};
+
+use gpuledger_scheduler::SimResult;
+
+use crate::fairness::{account_index, for_each_fair_stretch, refused};
+
+/// One job's own backlog.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum OwnBacklog {
+    /// Seconds from its submission until its account's fair share had delivered the work
+    /// ahead of it (zero when nothing was ahead).
+    Served(i64),
+    /// The fair share had not delivered it by the horizon.
+    BeyondHorizon,
+}
+
+impl OwnBacklog {
+    /// Whether the backlog was longer than `seconds`; one beyond the horizon is when the
+    /// horizon is more than `seconds` after `submit_s`.
+    pub fn longer_than(self, seconds: i64, submit_s: i64, horizon_s: i64) -> bool {
+        match self {
+            OwnBacklog::Served(s) => s > seconds,
+            OwnBacklog::BeyondHorizon => horizon_s - submit_s > seconds,
+        }
+    }
+}
+
+/// Each record's own backlog, in `result.records`' order; `None` for a job refused at
+/// submission or whose account is not in `weights` (account id to fair-share weight).
+pub fn own_backlogs(
+    result: &SimResult,
+    weights: &BTreeMap<String, u32>,
+) -> Vec<Option<OwnBacklog>> {
+    let index = account_index(weights);
+    let refused = refused(result);
+    let accounts: Vec<Option<usize>> = result
+        .records
+        .iter()
+        .map(|r| {
+            if refused.contains(r.spec.id.as_str()) {
+                None
+            } else {
+                index.get(r.spec.account.as_str()).copied()
+            }
+        })
+        .collect();
+    let ahead = work_ahead(result, &accounts, weights.len());
+    let mut out: Vec<Option<OwnBacklog>> = accounts
+        .iter()
+        .zip(&ahead)
+        .map(|(a, w)| a.map(|_| served_at_once(*w)))
+        .collect();
+
+    // Jobs with work ahead, by submission: they wait in their account's heap, lowest target
+    // first, for the account's integrated fair share to reach the target.
+    let mut asking: Vec<usize> = (0..result.records.len())
+        .filter(|&i| accounts[i].is_some() && ahead[i] > 0.0)
+        .collect();
+    asking.sort_by_key(|&i| (result.records[i].spec.submit_s, i));
+    let mut next_asking = asking.iter().peekable();
+    let mut delivered = vec![0.0f64; weights.len()];
+    let mut waiting: Vec<BinaryHeap<Target>> = vec![BinaryHeap::new(); weights.len()];
+    for_each_fair_stretch(result, weights, |from, to, shares| {
+        while let Some(&&i) = next_asking.peek() {
+            let submit = result.records[i].spec.submit_s;
+            if submit >= to {
+                break;
+            }
+            next_asking.next();
+            let Some(a) = accounts[i] else { continue };
+            let at_submit = delivered[a] + shares[a] * (submit.max(from) - from) as f64;
+            waiting[a].push(Target {
+                gpu_s: at_submit + ahead[i],
+                record: i,
+            });
+        }
+        for (a, heap) in waiting.iter_mut().enumerate() {
+            let rate = shares[a];
+            if rate <= 0.0 {
+                continue;
+            }
+            let at_end = delivered[a] + rate * (to - from) as f64;
+            while heap.peek().is_some_and(|t| t.gpu_s <= at_end) {
+                let Some(t) = heap.pop() else { break };
+                // Rounded up to the second, a hair of float error aside.
+                let reached =
+                    from + ((t.gpu_s - delivered[a]) / rate - 1e-9).ceil().max(0.0) as i64;
+                let submit = result.records[t.record].spec.submit_s;
+                out[t.record] = Some(OwnBacklog::Served((reached - submit).max(0)));
+            }
+            delivered[a] = at_end;
+        }
+    });
+    // What is still waiting, or was submitted after the last change, stays beyond the horizon.
+    out
+}
+
+/// Until the sweep says otherwise: nothing ahead is served at once, anything else is beyond the
+/// horizon.
+fn served_at_once(ahead: f64) -> OwnBacklog {
+    if ahead > 0.0 {
+        OwnBacklog::BeyondHorizon
+    } else {
+        OwnBacklog::Served(0)
+    }
+}
+
+/// For each record, the GPU-seconds its account still had to do at its submission of work
+/// submitted before it: the work of the earlier jobs (by submission, then record order) less
+/// what the account had held up to then (only earlier jobs can have run by then). Work is
+/// GPU-seconds held to the horizon, redone work included; a job that never ran adds none.
+fn work_ahead(result: &SimResult, accounts: &[Option<usize>], n: usize) -> Vec<f64> {
+    let horizon = result.horizon_s;
+    let mut by_account: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for (i, a) in accounts.iter().enumerate() {
+        if let Some(a) = a {
+            by_account[*a].push(i);
+        }
+    }
+    let mut ahead = vec![0.0f64; result.records.len()];
+    for jobs in &mut by_account {
+        jobs.sort_by_key(|&i| (result.records[i].spec.submit_s, i));
+        // Holding changes: (time, GPUs), to integrate what was held up to each submission.
+        let mut changes: Vec<(i64, f64)> = Vec::new();
+        let mut work = vec![0.0f64; jobs.len()];
+        for (k, &i) in jobs.iter().enumerate() {
+            for run in &result.records[i].runs {
+                let end = run.end_s.unwrap_or(horizon).min(horizon);
+                if end > run.start_s {
+                    let gpus = run.gpu_equivalent();
+                    changes.push((run.start_s, gpus));
+                    changes.push((end, -gpus));
+                    work[k] += gpus * (end - run.start_s) as f64;
+                }
+            }
+        }
+        changes.sort_by_key(|x| x.0);
+        let (mut held, mut rate, mut at, mut c) = (0.0f64, 0.0f64, i64::MIN, 0);
+        let mut submitted = 0.0f64;
+        for (k, &i) in jobs.iter().enumerate() {
+            let submit = result.records[i].spec.submit_s;
+            while c < changes.len() && changes[c].0 <= submit {
+                if at != i64::MIN {
+                    held += rate * (changes[c].0 - at) as f64;
+                }
+                at = changes[c].0;
+                rate += changes[c].1;
+                c += 1;
+            }
+            let held_by_submit = if at == i64::MIN {
+                0.0
+            } else {
+                held + rate * (submit - at) as f64
+            };
+            // Below a GPU-second is rounding, not work.
+            ahead[i] = (submitted - held_by_submit).max(0.0);
+            if ahead[i] < 1.0 {
+                ahead[i] = 0.0;
+            }
+            submitted += work[k];
+        }
+    }
+    ahead
+}
+
+/// A job waiting for its account's delivered fair share to reach `gpu_s`; the heap's top is the
+/// lowest.
+#[derive(Clone, Copy, Debug)]
+struct Target {
+    gpu_s: f64,
+    record: usize,
+}
+
+impl PartialEq for Target {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl Eq for Target {}
+
+impl PartialOrd for Target {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Target {
+    fn cmp(&self, other: &Self) -> Ordering {
+        other
+            .gpu_s
+            .total_cmp(&self.gpu_s)
+            .then(other.record.cmp(&self.record))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuledger_model::{AccountId, Allocation, JobId};
+    use gpuledger_scheduler::fairshare::water_fill;
+    use gpuledger_scheduler::{JobRecord, JobSpec, Run, SchedulerOptions};
+    use proptest::prelude::*;
+
+    fn record(id: &str, account: &str, gpus: u32, submit: i64, runs: &[(i64, i64)]) -> JobRecord {
+        JobRecord {
+            spec: JobSpec::new(
+                JobId::new(id).unwrap(),
+                AccountId::new(account).unwrap(),
+                gpus,
+                3600,
+                submit,
+            ),
+            start_s: runs.first().map(|r| r.0),
+            end_s: runs.last().map(|r| r.1),
+            runs: runs
+                .iter()
+                .map(|(s, e)| Run {
+                    start_s: *s,
+                    end_s: Some(*e),
+                    allocation: Allocation(Vec::new()),
+                    gpus,
+                })
+                .collect(),
+            outcome: None,
+            backfilled: false,
+            preemptions: 0,
+            lost_gpu_s: 0,
+        }
+    }
+
+    fn result(records: Vec<JobRecord>, total_gpus: u32, horizon_s: i64) -> SimResult {
+        SimResult {
+            options: SchedulerOptions::parse("fairshare+backfill").unwrap(),
+            records,
+            refused: Vec::new(),
+            events: Vec::new(),
+            busy_gpus: Vec::new(),
+            total_gpus,
+            start_s: 0,
+            horizon_s,
+        }
+    }
+
+    fn weights(accounts: &[&str]) -> BTreeMap<String, u32> {
+        accounts.iter().map(|a| (a.to_string(), 1)).collect()
+    }
+
+    #[test]
+    fn an_account_s_own_queue_explains_its_waits_and_the_other_s_wait_is_beyond_its_backlog() {
+        // 8 GPUs, a and b weighted alike: a queues four whole-cluster jobs at once, b one.
+        // While both wait each is owed 4 GPUs; once b is done a is owed all 8.
+        let run = result(
+            vec![
+                record("a1", "a", 8, 0, &[(0, 100)]),
+                record("b1", "b", 8, 0, &[(100, 200)]),
+                record("a2", "a", 8, 0, &[(200, 300)]),
+                record("a3", "a", 8, 0, &[(300, 400)]),
+                record("a4", "a", 8, 0, &[(400, 500)]),
+            ],
+            8,
+            500,
+        );
+        let backlogs = own_backlogs(&run, &weights(&["a", "b"]));
+        let served = |s| Some(OwnBacklog::Served(s));
+        // a2 waits for a1's 800 GPU-s at 4 GPUs; a3 for 1,600 (800 by 200, then 8 GPUs);
+        // b1 has nothing of its own ahead, so its 100 s wait is all beyond its backlog.
+        assert_eq!(
+            backlogs,
+            vec![served(0), served(0), served(200), served(300), served(400)]
+        );
+    }
+
+    #[test]
+    fn work_done_before_a_submission_is_not_ahead_of_it_and_an_unserved_backlog_is_beyond_the_horizon(
+    ) {
+        // a1 holds all 8 GPUs over [0, 100); a2 comes at 50 with 400 GPU-s of a1 left. Alone, a is
+        // owed 8 GPUs: served at 100. With b waiting all along, a is owed 4: not by the horizon.
+        let alone = result(
+            vec![
+                record("a1", "a", 8, 0, &[(0, 100)]),
+                record("a2", "a", 8, 50, &[]),
+            ],
+            8,
+            100,
+        );
+        let backlogs = own_backlogs(&alone, &weights(&["a", "b"]));
+        assert_eq!(backlogs[1], Some(OwnBacklog::Served(50)));
+
+        let mut shared = alone.clone();
+        shared.records.push(record("b1", "b", 8, 0, &[]));
+        let backlogs = own_backlogs(&shared, &weights(&["a", "b"]));
+        assert_eq!(backlogs[1], Some(OwnBacklog::BeyondHorizon));
+        let beyond = OwnBacklog::BeyondHorizon;
+        assert!(beyond.longer_than(49, 50, 100));
+        assert!(!beyond.longer_than(50, 50, 100));
+        // An account without a weight is not measured.
+        assert_eq!(own_backlogs(&shared, &weights(&["a"]))[2], None);
+    }
+
+    /// The same measure second by second, straight from its definition.
+    fn reference(run: &SimResult, weights: &BTreeMap<String, u32>) -> Vec<Option<OwnBacklog>> {
+        let accounts: Vec<&String> = weights.keys().collect();
+        let of = |r: &JobRecord| accounts.iter().position(|a| **a == r.spec.account.as_str());
+        let held = |r: &JobRecord, t: i64| {
+            r.runs
+                .iter()
+                .filter(|x| x.start_s <= t && t < x.end_s.unwrap_or(run.horizon_s))
+                .map(|x| f64::from(x.gpus))
+                .sum::<f64>()
+        };
+        let share_at = |t: i64| {
+            let claims: Vec<(f64, f64)> = accounts
+                .iter()
+                .enumerate()
+                .map(|(a, _)| {
+                    let demand: f64 = run
+                        .records
+                        .iter()
+                        .filter(|r| of(r) == Some(a))
+                        .filter(|r| r.spec.submit_s <= t && t < r.end_s.unwrap_or(run.horizon_s))
+                        .map(|r| f64::from(r.spec.gpus))
+                        .sum();
+                    (1.0, demand)
+                })
+                .collect();
+            water_fill(f64::from(run.total_gpus), &claims)
+        };
+        let shares: Vec<Vec<f64>> = (0..run.horizon_s).map(share_at).collect();
+        let work = |r: &JobRecord| (0..run.horizon_s).map(|t| held(r, t)).sum::<f64>();
+        run.records
+            .iter()
+            .enumerate()
+            .map(|(j, job)| {
+                let a = of(job)?;
+                let s = job.spec.submit_s;
+                let before =
+                    |i: usize, r: &JobRecord| of(r) == Some(a) && (r.spec.submit_s, i) < (s, j);
+                let submitted: f64 = run
+                    .records
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, r)| before(*i, r))
+                    .map(|(_, r)| work(r))
+                    .sum();
+                let done: f64 = run
+                    .records
+                    .iter()
+                    .filter(|r| of(r) == Some(a))
+                    .map(|r| (0..s).map(|t| held(r, t)).sum::<f64>())
+                    .sum();
+                let ahead = submitted - done;
+                if ahead < 1.0 {
+                    return Some(OwnBacklog::Served(0));
+                }
+                let mut delivered = 0.0;
+                for t in s..run.horizon_s {
+                    delivered += shares[t as usize][a];
+                    if delivered >= ahead - 1e-9 {
+                        return Some(OwnBacklog::Served(t + 1 - s));
+                    }
+                }
+                Some(OwnBacklog::BeyondHorizon)
+            })
+            .collect()
+    }
+
+    fn job() -> impl Strategy<Value = (u8, u32, i64, Option<(i64, i64)>)> {
+        (
+            0u8..3,
+            1u32..=8,
+            0i64..60,
+            prop::option::of((0i64..60, 1i64..40)),
+        )
+    }
+
+    proptest! {
+        #[test]
+        fn agrees_with_a_second_by_second_reference(jobs in prop::collection::vec(job(), 1..10)) {
+            let horizon = 120;
+            let records: Vec<JobRecord> = jobs
+                .iter()
+                .enumerate()
+                .map(|(i, (a, gpus, submit, run))| {
+                    let account = ["a", "b", "c"][usize::from(*a)];
+                    let runs: Vec<(i64, i64)> = run
+                        .map(|(after, len)| {
+                            let start = (submit + after).min(horizon - 1);
+                            (start, (start + len).min(horizon))
+                        })
+                        .into_iter()
+                        .collect();
+                    record(&format!("j{i}"), account, *gpus, *submit, &runs)
+                })
+                .collect();
+            let run = result(records, 8, horizon);
+            let weights = weights(&["a", "b"]);
+            prop_assert_eq!(own_backlogs(&run, &weights), reference(&run, &weights));
+        }
+    }
+}
