@@ -213,49 +213,13 @@ impl Ord for Target {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuledger_model::{AccountId, Allocation, JobId};
+    use crate::test_records::{record, replay};
     use gpuledger_scheduler::fairshare::water_fill;
-    use gpuledger_scheduler::{JobRecord, JobSpec, Run, SchedulerOptions};
+    use gpuledger_scheduler::JobRecord;
     use proptest::prelude::*;
 
-    fn record(id: &str, account: &str, gpus: u32, submit: i64, runs: &[(i64, i64)]) -> JobRecord {
-        JobRecord {
-            spec: JobSpec::new(
-                JobId::new(id).unwrap(),
-                AccountId::new(account).unwrap(),
-                gpus,
-                3600,
-                submit,
-            ),
-            start_s: runs.first().map(|r| r.0),
-            end_s: runs.last().map(|r| r.1),
-            runs: runs
-                .iter()
-                .map(|(s, e)| Run {
-                    start_s: *s,
-                    end_s: Some(*e),
-                    allocation: Allocation(Vec::new()),
-                    gpus,
-                })
-                .collect(),
-            outcome: None,
-            backfilled: false,
-            preemptions: 0,
-            lost_gpu_s: 0,
-        }
-    }
-
     fn result(records: Vec<JobRecord>, total_gpus: u32, horizon_s: i64) -> SimResult {
-        SimResult {
-            options: SchedulerOptions::parse("fairshare+backfill").unwrap(),
-            records,
-            refused: Vec::new(),
-            events: Vec::new(),
-            busy_gpus: Vec::new(),
-            total_gpus,
-            start_s: 0,
-            horizon_s,
-        }
+        replay(records, Vec::new(), total_gpus, horizon_s)
     }
 
     fn weights(accounts: &[&str]) -> BTreeMap<String, u32> {

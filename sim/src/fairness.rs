@@ -209,49 +209,16 @@ pub fn summarize(weeks: &[AccountWeek]) -> BTreeMap<String, WeeklySummary> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuledger_model::{AccountId, Allocation, JobId};
-    use gpuledger_scheduler::{JobRecord, JobSpec, Refusal, Run, SchedulerOptions};
-
-    fn record(
-        id: &str,
-        account: &str,
-        gpus: u32,
-        submit: i64,
-        run: Option<(i64, i64)>,
-    ) -> JobRecord {
-        JobRecord {
-            spec: JobSpec::new(
-                JobId::new(id).unwrap(),
-                AccountId::new(account).unwrap(),
-                gpus,
-                3600,
-                submit,
-            ),
-            start_s: run.map(|r| r.0),
-            end_s: run.map(|r| r.1),
-            runs: run
-                .iter()
-                .map(|(s, e)| Run {
-                    start_s: *s,
-                    end_s: Some(*e),
-                    allocation: Allocation(Vec::new()),
-                    gpus,
-                })
-                .collect(),
-            outcome: None,
-            backfilled: false,
-            preemptions: 0,
-            lost_gpu_s: 0,
-        }
-    }
+    use crate::test_records::{record, replay};
+    use gpuledger_scheduler::Refusal;
 
     #[test]
     fn a_job_refused_at_submission_is_no_one_s_demand() {
         // a holds the whole cluster for its week; b's only job was refused (larger than the
         // cluster): b is owed nothing and a all of it.
         let records = vec![
-            record("a1", "a", 8, 0, Some((0, WEEK_S))),
-            record("b1", "b", 16, 0, None),
+            record("a1", "a", 8, 0, &[(0, WEEK_S)]),
+            record("b1", "b", 16, 0, &[]),
         ];
         let refused = vec![(
             records[1].spec.clone(),
@@ -260,16 +227,7 @@ mod tests {
                 capacity: 8,
             },
         )];
-        let result = SimResult {
-            options: SchedulerOptions::parse("fairshare").unwrap(),
-            records,
-            refused,
-            events: Vec::new(),
-            busy_gpus: Vec::new(),
-            total_gpus: 8,
-            start_s: 0,
-            horizon_s: WEEK_S,
-        };
+        let result = replay(records, refused, 8, WEEK_S);
         let weights: BTreeMap<String, u32> = [("a".to_string(), 1), ("b".to_string(), 1)].into();
         let weeks = weekly_shares(&result, &weights);
         let a = weeks

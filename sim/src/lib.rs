@@ -22,6 +22,8 @@ pub mod fairness;
 pub mod replay;
 pub mod report;
 pub mod seed;
+#[cfg(test)]
+mod test_records;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -714,43 +714,15 @@ pub fn gpu_seconds_within(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuledger_model::{AccountId, Allocation, JobId};
-    use gpuledger_scheduler::{JobRecord, JobSpec, Run};
-
-    fn record(id: &str, gpus: u32, submit: i64, runs: &[(i64, i64)]) -> JobRecord {
-        JobRecord {
-            spec: JobSpec::new(
-                JobId::new(id).unwrap(),
-                AccountId::new("a").unwrap(),
-                gpus,
-                3600,
-                submit,
-            ),
-            start_s: runs.first().map(|r| r.0),
-            end_s: runs.last().map(|r| r.1),
-            runs: runs
-                .iter()
-                .map(|(s, e)| Run {
-                    start_s: *s,
-                    end_s: Some(*e),
-                    allocation: Allocation(Vec::new()),
-                    gpus,
-                })
-                .collect(),
-            outcome: None,
-            backfilled: false,
-            preemptions: runs.len() as u32 - 1,
-            lost_gpu_s: 0,
-        }
-    }
+    use crate::test_records::record;
 
     #[test]
     fn contention_is_when_some_job_waits_and_shares_are_counted_inside_it() {
         let records = vec![
-            record("1", 8, 0, &[(0, 100)]),
-            record("2", 4, 10, &[(100, 200)]),
+            record("1", "a", 8, 0, &[(0, 100)]),
+            record("2", "a", 4, 10, &[(100, 200)]),
             // Preempted at 160, back at 170.
-            record("3", 2, 150, &[(150, 160), (170, 200)]),
+            record("3", "a", 2, 150, &[(150, 160), (170, 200)]),
         ];
         let contended = contended_intervals(&records);
         assert_eq!(contended, vec![(10, 100), (160, 170)]);
