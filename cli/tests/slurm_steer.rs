@@ -7,7 +7,9 @@
 //! - an account past its GPU-hours for the day has its new job held with the reason in its
 //!   comment, kept held across a restart without a second action, and released with its comment
 //!   put back when the window rolls (a pass `--at` the next UTC day); a job its user held is
-//!   never touched.
+//!   never touched;
+//! - with `below_share_first` (the default), an account holding less than its share of the
+//!   config's GPUs now goes first, though it used more and its job is younger.
 
 mod common;
 
@@ -22,7 +24,7 @@ use common::{add_token, spawn, terminate, wait_for, Process};
 
 /// Ranked by usage alone (`below_share_first = false`): the test's blocker is team B's, so
 /// team B holds the node while its next job waits, and ranking accounts below their share now
-/// first would put team A first. `decide`'s unit tests cover that ranking.
+/// first would put team A first; the test's last part turns it back on to see that it does.
 const CONFIG: &str = r#"version = 1
 [cluster]
 name = "gpuledgertest"
@@ -369,6 +371,41 @@ fn measured_usage_reorders_slurms_queue_and_gpu_hour_quotas_hold_and_release_job
     let saved: Value = serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
     assert_eq!(saved["holds"], serde_json::json!({}), "{saved}");
     slurm.command("scancel", &[&blocker]);
+    slurm.wait_state(&c1, &["COMPLETED"]);
+
+    // With the default `below_share_first`: team B holds the node (more than its half of the 8
+    // GPUs), team A nothing. Team B's job is older and its account used less, so Slurm's order
+    // and usage alone both put it first; team A's goes first because it is below its share now.
+    let config = dir.path().join("cluster-below-share.toml");
+    std::fs::write(&config, CONFIG.replace("below_share_first = false\n", "")).unwrap();
+    let blocker = slurm.sbatch("teamb", "gpu:8", 1, "sleep 6");
+    slurm.wait_state(&blocker, &["RUNNING"]);
+    let b3 = slurm.sbatch("teamb", "gpu:8", 1, "sleep 2");
+    std::thread::sleep(Duration::from_millis(1100));
+    let a3 = slurm.sbatch("teama", "gpu:8", 1, "sleep 2");
+    let state = dir.path().join("steer-below-share.json");
+    let out = steer_command(
+        &slurm,
+        &aggregator.url,
+        &token_file,
+        &config,
+        &state,
+        &["--once"],
+    )
+    .output()
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let f = site_factors(&slurm);
+    assert!(f[&a3] > f[&b3], "team A below its share ranks first: {f:?}");
+    assert_eq!(
+        first_to_start(&slurm, &blocker, &a3, &b3),
+        a3,
+        "the account holding nothing starts first, whatever its past use"
+    );
     terminate(aggregator);
 }
 
