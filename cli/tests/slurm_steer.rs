@@ -135,7 +135,7 @@ fn steer_command(
     slurm: &Slurm,
     aggregator: &str,
     token: &std::path::Path,
-    config: &std::path::Path,
+    config: Option<&std::path::Path>,
     state: &std::path::Path,
     extra: &[&str],
 ) -> Command {
@@ -147,15 +147,15 @@ fn steer_command(
         aggregator,
         "--aggregator-token-file",
         token.to_str().unwrap(),
-        "--config",
-        config.to_str().unwrap(),
         "--state-file",
         state.to_str().unwrap(),
         "--interval",
         "300ms",
-    ])
-    .args(extra)
-    .env("SLURM_CONF", &slurm.conf);
+    ]);
+    if let Some(config) = config {
+        cmd.args(["--config", config.to_str().unwrap()]);
+    }
+    cmd.args(extra).env("SLURM_CONF", &slurm.conf);
     cmd
 }
 
@@ -248,11 +248,18 @@ fn measured_usage_reorders_slurms_queue_and_gpu_hour_quotas_hold_and_release_job
     let state = dir.path().join("steer.json");
     // A Process, so that a failing test does not leave steer running.
     let steer = Process {
-        child: steer_command(&slurm, &aggregator.url, &token_file, &config, &state, &[])
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
+        child: steer_command(
+            &slurm,
+            &aggregator.url,
+            &token_file,
+            Some(&config),
+            &state,
+            &[],
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap(),
         url: String::new(),
     };
     slurm.wait_state(&b1, &["COMPLETED"]);
@@ -299,7 +306,7 @@ fn measured_usage_reorders_slurms_queue_and_gpu_hour_quotas_hold_and_release_job
         &slurm,
         &aggregator.url,
         &token_file,
-        &config,
+        Some(&config),
         &state,
         &["--once", "--dry-run"],
     )
@@ -319,7 +326,7 @@ fn measured_usage_reorders_slurms_queue_and_gpu_hour_quotas_hold_and_release_job
         &slurm,
         &aggregator.url,
         &token_file,
-        &config,
+        Some(&config),
         &state,
         &["--once"],
     )
@@ -339,7 +346,7 @@ fn measured_usage_reorders_slurms_queue_and_gpu_hour_quotas_hold_and_release_job
         &slurm,
         &aggregator.url,
         &token_file,
-        &config,
+        Some(&config),
         &state,
         &["--dry-run", "--at", &at],
     )
@@ -356,7 +363,7 @@ fn measured_usage_reorders_slurms_queue_and_gpu_hour_quotas_hold_and_release_job
         &slurm,
         &aggregator.url,
         &token_file,
-        &config,
+        Some(&config),
         &state,
         &["--once", "--at", &at],
     )
@@ -376,31 +383,47 @@ fn measured_usage_reorders_slurms_queue_and_gpu_hour_quotas_hold_and_release_job
     // With the default `below_share_first`: team B holds the node (more than its half of the 8
     // GPUs), team A nothing. Team B's job is older and its account used less, so Slurm's order
     // and usage alone both put it first; team A's goes first because it is below its share now.
+    // Without a config the same holds of the GPUs `sinfo` shows (the node's 8).
     let config = dir.path().join("cluster-below-share.toml");
     std::fs::write(&config, CONFIG.replace("below_share_first = false\n", "")).unwrap();
-    let blocker = slurm.sbatch("teamb", "gpu:8", 1, "sleep 6");
+    let blocker = slurm.sbatch("teamb", "gpu:8", 1, "sleep 10");
     slurm.wait_state(&blocker, &["RUNNING"]);
     let b3 = slurm.sbatch("teamb", "gpu:8", 1, "sleep 2");
     std::thread::sleep(Duration::from_millis(1100));
     let a3 = slurm.sbatch("teama", "gpu:8", 1, "sleep 2");
-    let state = dir.path().join("steer-below-share.json");
-    let out = steer_command(
-        &slurm,
-        &aggregator.url,
-        &token_file,
-        &config,
-        &state,
-        &["--once"],
-    )
-    .output()
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let f = site_factors(&slurm);
-    assert!(f[&a3] > f[&b3], "team A below its share ranks first: {f:?}");
+    for (n, config) in [(0, Some(&config)), (1, None)] {
+        if n > 0 {
+            // Back to Slurm's own order, for the next pass to set again.
+            for job in [&a3, &b3] {
+                slurm.command(
+                    "scontrol",
+                    &["update", &format!("JobId={job}"), "SiteFactor=0"],
+                );
+            }
+            assert_eq!(site_factors(&slurm)[&a3], 0);
+        }
+        let out = steer_command(
+            &slurm,
+            &aggregator.url,
+            &token_file,
+            config.map(|c| c.as_path()),
+            &dir.path().join(format!("steer-below-share-{n}.json")),
+            &["--once"],
+        )
+        .output()
+        .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let f = site_factors(&slurm);
+        assert!(
+            f[&a3] > f[&b3],
+            "team A below its share ranks first ({}): {f:?}",
+            if config.is_some() { "config" } else { "sinfo" }
+        );
+    }
     assert_eq!(
         first_to_start(&slurm, &blocker, &a3, &b3),
         a3,

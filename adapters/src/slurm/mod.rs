@@ -54,6 +54,35 @@ pub fn gres_gpus(text: &str) -> Option<u64> {
     total
 }
 
+/// The `sinfo` format [`cluster_gpus`] reads: each node and its GRES, one line per node and
+/// partition.
+pub const SINFO_GPUS_ARGS: [&str; 3] = ["--noheader", "--Node", "--format=%N|%G"];
+
+/// The cluster's GPUs from `sinfo` run with [`SINFO_GPUS_ARGS`]: each node's GPUs (its GRES,
+/// `gpu:h100:8(S:0-1)`, `(null)` for none) counted once, whatever the partitions it is in. A
+/// line without a node and its GRES is an error naming its line.
+pub fn cluster_gpus(text: &str, source: &str) -> Result<u64, String> {
+    let mut nodes: BTreeMap<&str, u64> = BTreeMap::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        let Some((node, gres)) = line.split_once('|') else {
+            return Err(format!(
+                "{source} line {}: expected `NODE|GRES`, read `{line}`",
+                i + 1
+            ));
+        };
+        let node = node.trim();
+        if node.is_empty() {
+            return Err(format!("{source} line {}: no node name", i + 1));
+        }
+        nodes.insert(node, gres_gpus(gres.trim()).unwrap_or(0));
+    }
+    Ok(nodes.values().sum())
+}
+
 /// A Slurm duration in seconds: minutes (`90`), `MM:SS`, `HH:MM:SS`, `D-HH`, `D-HH:MM`,
 /// `D-HH:MM:SS`; `UNLIMITED`, `INFINITE` and `Partition_Limit` are `None`.
 pub fn duration(text: &str) -> Option<Result<u64, String>> {
@@ -188,6 +217,18 @@ pub fn index_list(text: &str) -> Vec<u16> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cluster_s_gpus_count_each_node_once_whatever_its_partitions() {
+        let text = "gpu001|gpu:h100:8(S:0-1)\ngpu001|gpu:h100:8(S:0-1)\n\
+                    gpu002|gpu:a100:4,gpu:h100:4\ncpu001|(null)\n\n";
+        assert_eq!(cluster_gpus(text, "sinfo"), Ok(16));
+        assert_eq!(cluster_gpus("", "sinfo"), Ok(0));
+        let e = cluster_gpus("gpu001|gpu:8\ngpu002 gpu:8\n", "sinfo").unwrap_err();
+        assert!(e.contains("sinfo line 2") && e.contains("NODE|GRES"), "{e}");
+        let e = cluster_gpus("|gpu:8\n", "sinfo").unwrap_err();
+        assert!(e.contains("line 1: no node name"), "{e}");
+    }
 
     #[test]
     fn tres_and_gres_give_gpus() {

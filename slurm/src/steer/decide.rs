@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use gpuledger_adapters::slurm::jobs::{AccountMap, State};
 use gpuledger_adapters::slurm::queue::QueuedJob;
-use gpuledger_model::config::{ClusterConfig, FairShareConfig};
+use gpuledger_model::config::{ClusterConfig, FairShareConfig, SchedulerConfig};
 use gpuledger_model::quota::Quota;
 use gpuledger_model::tenant::Account;
 use gpuledger_model::usage::{UsageFeed, WindowGpuSeconds};
@@ -75,8 +75,11 @@ pub struct Policy {
     pub fair_share: FairShareConfig,
     /// The cluster's GPUs, where accounts holding less than their share of them now rank
     /// first (`[scheduler] below_share_first`, as gpuledger's scheduler ranks them); `None`
-    /// ranks by usage alone.
+    /// ranks by usage alone, unless `below_share_of_slurm_gpus`.
     pub below_share_of_gpus: Option<u64>,
+    /// No config: accounts below their share now of the GPUs Slurm's nodes have (`sinfo`, each
+    /// pass) rank first, the default of gpuledger's scheduler.
+    pub below_share_of_slurm_gpus: bool,
 }
 
 impl Policy {
@@ -88,17 +91,28 @@ impl Policy {
             fair_share: config.fair_share.clone(),
             below_share_of_gpus: Some(config.total_gpus())
                 .filter(|gpus| config.scheduler.below_share_first && *gpus > 0),
+            below_share_of_slurm_gpus: false,
         }
     }
 
-    /// No config: every Slurm account weighs 1 and has no quota; the default formula, by
-    /// usage alone (the cluster's size is not known).
+    /// No config: every Slurm account weighs 1 and has no quota; the default formula, with
+    /// the accounts below their share of the GPUs Slurm's nodes have ranked first.
     pub fn without_config() -> Policy {
         Policy {
             accounts: Vec::new(),
             fair_share: FairShareConfig::default(),
             below_share_of_gpus: None,
+            below_share_of_slurm_gpus: SchedulerConfig::default().below_share_first,
         }
+    }
+
+    /// This policy with the cluster's GPUs as Slurm counts them, where it asks for them.
+    pub fn with_slurm_gpus(&self, gpus: u64) -> Policy {
+        let mut policy = self.clone();
+        if policy.below_share_of_slurm_gpus && gpus > 0 {
+            policy.below_share_of_gpus = Some(gpus);
+        }
+        policy
     }
 
     /// The policy's accounts and, after them, each Slurm account of `jobs` it does not name as
@@ -641,7 +655,7 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
         );
         let by_usage = Policy {
             below_share_of_gpus: None,
-            ..policy
+            ..policy.clone()
         };
         assert_eq!(
             values(&by_usage),
@@ -653,6 +667,22 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
         )
         .unwrap();
         assert_eq!(Policy::from_config(&off).below_share_of_gpus, None);
+        // Without a config the cluster's size is what Slurm's nodes have; a config's stands.
+        let slurm = Policy::without_config().with_slurm_gpus(8);
+        assert_eq!(slurm.below_share_of_gpus, Some(8));
+        assert_eq!(
+            Policy::without_config()
+                .with_slurm_gpus(0)
+                .below_share_of_gpus,
+            None
+        );
+        assert_eq!(policy.with_slurm_gpus(100).below_share_of_gpus, Some(8));
+        assert_eq!(
+            Policy::from_config(&off)
+                .with_slurm_gpus(8)
+                .below_share_of_gpus,
+            None
+        );
     }
 
     #[test]

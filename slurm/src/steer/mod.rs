@@ -3,8 +3,10 @@
 //! operator token), and then, for the jobs of the config's accounts:
 //!
 //! - sets each pending job's fair-share factor, computed from the feed's decayed GPU-hours
-//!   with the very function gpuledger's scheduler ranks accounts with, as its `SiteFactor`
-//!   (or, with `--target priority`, its whole `Priority`), where it moved;
+//!   with the very function gpuledger's scheduler ranks accounts with (the accounts below their
+//!   share of the cluster now first: of the config's GPUs, or without one of the GPUs `sinfo`
+//!   shows), as its `SiteFactor` (or, with `--target priority`, its whole `Priority`), where
+//!   it moved;
 //! - holds (`scontrol hold`, reason in the job's comment) a pending job whose account or
 //!   project would pass its GPU-hours per day or week by starting, decided as gpuledger's
 //!   scheduler decides (used + what running jobs may still use today + the job's today), and
@@ -23,6 +25,7 @@ use std::time::Duration;
 
 use gpuledger_adapters::slurm::jobs::AccountMap;
 use gpuledger_adapters::slurm::queue::{parse_squeue_json, QueuedJob};
+use gpuledger_adapters::slurm::{cluster_gpus, SINFO_GPUS_ARGS};
 use gpuledger_model::config::ClusterConfig;
 use gpuledger_model::units::DurationSpecMs;
 use gpuledger_model::usage::{UsageFeed, USAGE_PATH};
@@ -42,8 +45,9 @@ pub struct SteerOptions {
     /// feed of every account needs an operator).
     #[arg(long, env = "GPULEDGER_AGGREGATOR_TOKEN_FILE")]
     pub aggregator_token_file: Option<PathBuf>,
-    /// The cluster config: accounts, weights, quotas and the fair-share formula. Slurm accounts
-    /// it does not name (all of them, without it) are steered with weight 1 and no quota.
+    /// The cluster config: accounts, weights, quotas, the fair-share formula and the cluster's
+    /// GPUs. Slurm accounts it does not name (all of them, without it) are steered with weight 1
+    /// and no quota; without it the cluster's GPUs are those `sinfo` shows.
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Which gpuledger account and project each Slurm account books to (from `gpuledger
@@ -100,6 +104,8 @@ struct Reading {
     jobs: Vec<QueuedJob>,
     site_factors: BTreeMap<String, i64>,
     feed: UsageFeed,
+    /// The GPUs of Slurm's nodes, read where the policy asks for them.
+    cluster_gpus: Option<u64>,
 }
 
 struct Steer {
@@ -151,10 +157,17 @@ impl Steer {
         } else {
             BTreeMap::new()
         };
+        let cluster_gpus = if self.settings.fair_share && self.policy.below_share_of_slurm_gpus {
+            let text = run_command("sinfo", &SINFO_GPUS_ARGS)?;
+            Some(cluster_gpus(&text, "sinfo").map_err(Error::Slurm)?)
+        } else {
+            None
+        };
         Ok(Reading {
             jobs,
             site_factors,
             feed: self.feed(at_s)?,
+            cluster_gpus,
         })
     }
 
@@ -223,13 +236,17 @@ impl Steer {
     /// One pass: read, decide, act (or print, in a dry run).
     fn pass(&self, state: &mut SteerState, now_s: i64) -> Result<Vec<Action>> {
         let reading = self.read(now_s)?;
+        let policy = match reading.cluster_gpus {
+            Some(gpus) => self.policy.with_slurm_gpus(gpus),
+            None => self.policy.clone(),
+        };
         let actions = decide::decide(
             &reading.jobs,
             &reading.site_factors,
             &decide::Known {
                 feed: &reading.feed,
                 map: &self.map,
-                policy: &self.policy,
+                policy: &policy,
             },
             state,
             self.settings,
