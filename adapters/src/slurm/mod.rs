@@ -48,7 +48,7 @@ pub fn gres_gpus(text: &str) -> Option<u64> {
             (false, c) => c,
         };
         if let Some(c) = count {
-            total = Some(total.unwrap_or(0) + c);
+            total = Some(total.unwrap_or(0u64).saturating_add(c));
         }
     }
     total
@@ -80,7 +80,10 @@ pub fn cluster_gpus(text: &str, source: &str) -> Result<u64, String> {
         }
         nodes.insert(node, gres_gpus(gres.trim()).unwrap_or(0));
     }
-    Ok(nodes.values().sum())
+    nodes
+        .values()
+        .try_fold(0u64, |sum, gpus| sum.checked_add(*gpus))
+        .ok_or_else(|| format!("{source}: the nodes' GPUs add up past {}", u64::MAX))
 }
 
 /// A Slurm duration in seconds: minutes (`90`), `MM:SS`, `HH:MM:SS`, `D-HH`, `D-HH:MM`,
@@ -228,6 +231,14 @@ mod tests {
         assert!(e.contains("sinfo line 2") && e.contains("NODE|GRES"), "{e}");
         let e = cluster_gpus("|gpu:8\n", "sinfo").unwrap_err();
         assert!(e.contains("line 1: no node name"), "{e}");
+        let huge = format!("a|gpu:{}\nb|gpu:1\n", u64::MAX);
+        assert!(cluster_gpus(&huge, "sinfo")
+            .unwrap_err()
+            .contains("add up past"));
+        assert_eq!(
+            gres_gpus(&format!("gpu:{0},gpu:{0}", u64::MAX)),
+            Some(u64::MAX)
+        );
     }
 
     #[test]
