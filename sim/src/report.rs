@@ -474,7 +474,7 @@ fn backlog_section(
     backlogs: &[Option<OwnBacklog>],
     md: &mut String,
 ) {
-    const WEEK: i64 = 7 * 86_400;
+    use crate::fairness::WEEK_S as WEEK;
     let horizon = result.horizon_s;
     let beyond = |r: &gpuledger_scheduler::JobRecord, b: &Option<OwnBacklog>| -> i64 {
         match b {
