@@ -204,10 +204,8 @@ fn below_share_now(
     let mut held = vec![0u64; accounts.len()];
     let mut asks = vec![0u64; accounts.len()];
     for job in jobs.iter().filter(|j| !j.is_held()) {
-        let Some((account, _)) = owner(job, map, accounts) else {
-            continue;
-        };
-        let Some(i) = accounts.iter().position(|a| a.id == account.id) else {
+        let (name, _) = map.resolve(&job.account);
+        let Some(i) = accounts.iter().position(|a| a.id.as_str() == name) else {
             continue;
         };
         let job_gpus = u64::from(job.gpus);

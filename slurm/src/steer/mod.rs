@@ -237,8 +237,8 @@ impl Steer {
     fn pass(&self, state: &mut SteerState, now_s: i64) -> Result<Vec<Action>> {
         let reading = self.read(now_s)?;
         let policy = match reading.cluster_gpus {
-            Some(gpus) => self.policy.with_slurm_gpus(gpus),
-            None => self.policy.clone(),
+            Some(gpus) => std::borrow::Cow::Owned(self.policy.with_slurm_gpus(gpus)),
+            None => std::borrow::Cow::Borrowed(&self.policy),
         };
         let actions = decide::decide(
             &reading.jobs,
