@@ -151,23 +151,20 @@ fn work_ahead(result: &SimResult, accounts: &[Option<usize>], n: usize) -> Vec<f
             }
         }
         changes.sort_by_key(|x| x.0);
-        let (mut held, mut rate, mut at, mut c) = (0.0f64, 0.0f64, i64::MIN, 0);
+        // `at`: the time of the last change of rate taken in; none before the first.
+        let (mut held, mut rate, mut at, mut c) = (0.0f64, 0.0f64, None::<i64>, 0);
         let mut submitted = 0.0f64;
         for (k, &i) in jobs.iter().enumerate() {
             let submit = result.records[i].spec.submit_s;
             while c < changes.len() && changes[c].0 <= submit {
-                if at != i64::MIN {
+                if let Some(at) = at {
                     held += rate * (changes[c].0 - at) as f64;
                 }
-                at = changes[c].0;
+                at = Some(changes[c].0);
                 rate += changes[c].1;
                 c += 1;
             }
-            let held_by_submit = if at == i64::MIN {
-                0.0
-            } else {
-                held + rate * (submit - at) as f64
-            };
+            let held_by_submit = at.map_or(0.0, |at| held + rate * (submit - at) as f64);
             // Below a GPU-second is rounding, not work.
             ahead[i] = (submitted - held_by_submit).max(0.0);
             if ahead[i] < 1.0 {
