@@ -234,7 +234,9 @@ pub struct SchedulerConfig {
     /// a job of an account below its fair share of the cluster now that stays within it once
     /// started, waiting at least `fair_share_preemption_after`, may preempt jobs of its tier
     /// or lower of accounts above theirs, only as far as each of those stays at or above its
-    /// share. Off by default: a preempted job loses its work since its last checkpoint.
+    /// share. An account's room below its share goes to its waiting jobs in queue order: one
+    /// that does not fit the room yet keeps it from the account's later jobs. Off by default:
+    /// a preempted job loses its work since its last checkpoint.
     pub fair_share_preemption: bool,
     /// How long a job waits before it may preempt for its account's fair share.
     pub fair_share_preemption_after: DurationSpec,

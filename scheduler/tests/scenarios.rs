@@ -1190,6 +1190,46 @@ fn fair_share_preemption_takes_back_an_accounts_share_and_no_more() {
 }
 
 #[test]
+fn an_accounts_share_goes_to_its_first_waiting_job_before_later_ones_preempt() {
+    // Four nodes, b and c of equal weight: a share of 16 GPUs each. b holds three nodes, c
+    // one (its job ends at 2 h). c waits with a two-node job and, submitted after it, a
+    // one-node job. c's room below its share (8 GPUs) is too small for the wide job and just
+    // enough for the later one; the later one must not take it by preemption, or the wide
+    // job waits until c's later work is done, however long it waited.
+    let source = format!(
+        "{}[scheduler]\nfair_share_preemption = true\nfair_share_preemption_after = \"1h\"\n",
+        config_source(4)
+    );
+    let config = ClusterConfig::from_toml_str(&source, "t.toml").unwrap();
+    let mut h = Harness::with_config(&config, "fairshare+backfill");
+    let b: Vec<JobId> = (0..3).map(|_| h.submit("b", 8, 10, 0)).collect();
+    let held = h.submit("c", 8, 2, 0);
+    h.step(0);
+    assert!(b.iter().chain([&held]).all(|id| h.is_running(id)));
+    let wide = h.submit("c", 16, 10, 60);
+    let later = h.submit("c", 8, 10, 120);
+    for t in [3660, 3720, 5400] {
+        let cycle = h.cycle(t);
+        assert!(
+            cycle.preempted.is_empty(),
+            "c's later job took its share's room at {t}: {:?}",
+            cycle.preempted
+        );
+    }
+    // c's first job ends: its room is the wide job's size, and the wide job takes it.
+    h.finish(&held, 7200);
+    let cycle = h.cycle(7200);
+    assert_eq!(cycle.preempted.len(), 1, "{:?}", cycle.preempted);
+    assert_eq!(cycle.preempted[0].by, wide);
+    for p in &cycle.preempted {
+        h.requeue(&p.job_id, p.kill_s);
+    }
+    h.step(7200 + 300);
+    assert!(h.is_running(&wide));
+    assert!(!h.is_running(&later), "c holds its share");
+}
+
+#[test]
 fn a_job_past_max_wait_keeps_its_planned_gpus_from_every_later_job() {
     // One node; team b keeps two urgent 4-GPU jobs queued at all times (a higher tier, ahead
     // of anything of a's), so whenever GPUs free up a b job takes them: a's whole-node job

@@ -112,6 +112,16 @@ fn take_room(room: &mut [i64], account: usize, units: u64) {
     }
 }
 
+/// Keeps an account's room below its share, when smaller than `units`, for a job of that
+/// size: none of it is left to the account's later jobs this cycle.
+fn keep_room_for(room: &mut [i64], account: usize, units: u64) {
+    if let Some(r) = room.get_mut(account) {
+        if *r < units as i64 {
+            *r = (*r).min(0);
+        }
+    }
+}
+
 /// Candidate sizes of a job, largest first: its size, or for an elastic job every size from
 /// its maximum down to its minimum (whole nodes above one node).
 fn sizes(spec: &JobSpec, gpus_per_node: u32) -> Vec<u32> {
@@ -486,8 +496,15 @@ impl Scheduler {
         let fair = self.options.policy == Policy::FairShare;
         let reclaim = fair && self.knobs.fair_share_preemption;
         let plan_to_share = fair && depth > 0 && self.knobs.plan_to_share;
-        let gaps = (reclaim || plan_to_share || (fair && self.ranks_below_share_first()))
-            .then(|| self.share_gaps());
+        let split = (reclaim || plan_to_share || (fair && self.ranks_below_share_first()))
+            .then(|| self.fair_shares());
+        let gaps: Option<Vec<i64>> = split
+            .as_ref()
+            .map(|s| s.iter().map(|(share, held)| share - held).collect());
+        let shares: Vec<i64> = split
+            .filter(|_| reclaim)
+            .map(|s| s.into_iter().map(|(share, _)| share).collect())
+            .unwrap_or_default();
         self.order_pending(now, gaps.as_deref());
         let mut cycle = Cycle::default();
         let mut blocked = false;
@@ -630,6 +647,17 @@ impl Scheduler {
                         take_room(&mut share_room, account, units);
                         take_room(&mut share_gap, account, units);
                     }
+                }
+                // Its account's room below its share, too small for it yet, is kept for it:
+                // the account's later jobs do not preempt into it, or a job wider than the
+                // room waits until all the account's later work is done. Not for a job wider
+                // than the whole share, which no room would ever fit.
+                if reclaim
+                    && !job.has_preempted
+                    && now - hot.submit_s >= reclaim_after
+                    && shares.get(account).is_some_and(|s| *s >= units as i64)
+                {
+                    keep_room_for(&mut share_gap, account, units);
                 }
             }
             if !hopeless && hot.plain {

@@ -54,6 +54,15 @@ impl Scheduler {
     /// preempted no longer counts for its account, a preemptor waiting for its victims
     /// already does. What `plan_to_share` plans up to and `fair_share_preemption` takes back.
     pub(super) fn share_gaps(&self) -> Vec<i64> {
+        self.fair_shares()
+            .into_iter()
+            .map(|(share, held)| share - held)
+            .collect()
+    }
+
+    /// Each account's fair share of the cluster now and what it holds, in share units, in
+    /// `account_ids` order ([`Scheduler::share_gaps`] is their difference).
+    pub(super) fn fair_shares(&self) -> Vec<(i64, i64)> {
         let unit = u64::from(SHARE_UNITS_PER_GPU);
         let mut held: Vec<i64> = self
             .account_ids
@@ -95,7 +104,7 @@ impl Scheduler {
         water_fill(total as f64, &claims)
             .into_iter()
             .zip(held)
-            .map(|(share, held)| share.floor() as i64 - held.max(0))
+            .map(|(share, held)| (share.floor() as i64, held.max(0)))
             .collect()
     }
 
