@@ -1121,15 +1121,20 @@ fn an_account_below_its_share_now_goes_before_one_above_it_whatever_their_past_u
     assert_eq!(run(false), (true, false), "by usage alone b goes first");
 }
 
+/// `nodes` nodes with fair-share preemption on after an hour's wait.
+fn fair_share_preemption_config(nodes: u32) -> ClusterConfig {
+    let source = format!(
+        "{}[scheduler]\nfair_share_preemption = true\nfair_share_preemption_after = \"1h\"\n",
+        config_source(nodes)
+    );
+    ClusterConfig::from_toml_str(&source, "t.toml").unwrap()
+}
+
 #[test]
 fn fair_share_preemption_takes_back_an_accounts_share_and_no_more() {
     // Two nodes, b and c of equal weight. b took all 16 GPUs with one-GPU jobs while c was
     // idle; c now asks for a whole node: its share is half the cluster.
-    let source = format!(
-        "{}[scheduler]\nfair_share_preemption = true\nfair_share_preemption_after = \"1h\"\n",
-        config_source(2)
-    );
-    let config = ClusterConfig::from_toml_str(&source, "t.toml").unwrap();
+    let config = fair_share_preemption_config(2);
     let run = |b_urgent: bool| {
         let mut h = Harness::with_config(&config, "fairshare+backfill");
         let b: Vec<JobId> = (0..16)
@@ -1196,11 +1201,7 @@ fn an_accounts_share_goes_to_its_first_waiting_job_before_later_ones_preempt() {
     // one-node job. c's room below its share (8 GPUs) is too small for the wide job and just
     // enough for the later one; the later one must not take it by preemption, or the wide
     // job waits until c's later work is done, however long it waited.
-    let source = format!(
-        "{}[scheduler]\nfair_share_preemption = true\nfair_share_preemption_after = \"1h\"\n",
-        config_source(4)
-    );
-    let config = ClusterConfig::from_toml_str(&source, "t.toml").unwrap();
+    let config = fair_share_preemption_config(4);
     let mut h = Harness::with_config(&config, "fairshare+backfill");
     let b: Vec<JobId> = (0..3).map(|_| h.submit("b", 8, 10, 0)).collect();
     let held = h.submit("c", 8, 2, 0);
