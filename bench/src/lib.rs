@@ -90,7 +90,7 @@ pub enum BenchCommand {
         #[arg(long, default_value = "fifo,fairshare+backfill,fairshare+conservative")]
         policies: String,
         /// The config's `[scheduler] plan_each_account` (each account's first waiting job
-        /// gets a planned start under backfill), to see what it costs.
+        /// gets a planned start under fair share with backfill), to see what it costs.
         #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
         plan_each_account: bool,
     },

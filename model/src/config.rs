@@ -214,8 +214,10 @@ pub struct SchedulerConfig {
     /// Philly months one at a time tripled the mean wait, and all at once turned the queue into
     /// FIFO by age (docs/benchmarks.md).
     pub max_wait_plans: u32,
-    /// Under backfill, each account's first waiting job gets a planned start too, so that a
-    /// small tenant's large job is not skipped for ever by smaller ones of others.
+    /// Under fair share with backfill, each account's first waiting job gets a planned start
+    /// too, so that a small tenant's large job is not skipped for ever by smaller ones of
+    /// others. Under FIFO, where age alone brings a job to the head, EASY plans each
+    /// partition's first waiting job instead, whatever this says.
     pub plan_each_account: bool,
     /// Under fair share with backfill, the waiting jobs of an account holding less than its
     /// fair share of the cluster now (the cluster split by weight among the accounts with

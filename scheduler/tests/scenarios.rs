@@ -519,14 +519,26 @@ fn conservative_backfill_plans_every_job_and_delays_none() {
         Some(10 * H)
     );
     assert_eq!(h.pending_job(&mid).unwrap().estimated_start_s, Some(15 * H));
-    // Under EASY the first job waiting has a plan, and each account's first waiting job
-    // (the starvation bound); c's second job has none.
-    let mut easy = harness(2, "fifo+backfill");
+    // Under EASY the first job waiting has a plan, and so has the first waiting job of each
+    // other partition (its queue's head); nothing else, whatever its account.
+    let source = config_source(2).replace(
+        "[fair_share]",
+        "[[partitions]]\nname = \"debug\"\npriority_tier = 20\n[fair_share]",
+    );
+    let config = ClusterConfig::from_toml_str(&source, "t.toml").unwrap();
+    let mut easy = Harness::with_config(&config, "fifo+backfill");
     easy.submit("a", 8, 10, 0);
     easy.step(0);
     let w = easy.submit("b", 16, 5, 1);
-    let m = easy.submit("c", 8, 20, 2);
-    let m2 = easy.submit("c", 8, 20, 2);
+    let in_debug = |h: &mut Harness, account: &str| {
+        let mut spec = h.spec(account, 8, 20, 2);
+        spec.partition = Some("debug".into());
+        h.submit_spec(spec)
+    };
+    let m = in_debug(&mut easy, "c");
+    let m2 = in_debug(&mut easy, "c");
+    let other_account = in_debug(&mut easy, "a");
+    let same_partition = easy.submit("c", 8, 20, 2);
     easy.step(3);
     assert_eq!(
         easy.pending_job(&w).unwrap().estimated_start_s,
@@ -536,7 +548,13 @@ fn conservative_backfill_plans_every_job_and_delays_none() {
         easy.pending_job(&m).unwrap().estimated_start_s,
         Some(15 * H)
     );
-    assert_eq!(easy.pending_job(&m2).unwrap().estimated_start_s, None);
+    for id in [&m2, &other_account, &same_partition] {
+        assert_eq!(
+            easy.pending_job(id).unwrap().estimated_start_s,
+            None,
+            "{id}"
+        );
+    }
     h.finish(&first, 10 * H);
     h.finish(&short, 3 + 4 * H);
 }
@@ -998,7 +1016,7 @@ fn a_drained_node_takes_no_new_job_nor_a_plan_and_its_running_job_runs_on() {
 }
 
 #[test]
-fn the_starvation_bound_plans_each_accounts_first_job_and_every_job_past_max_wait() {
+fn the_starvation_bound_plans_every_job_past_max_wait() {
     let planned = |plan_each_account: bool, max_wait: &str, at: i64| {
         let source = format!(
             "{}[scheduler]\nplan_each_account = {plan_each_account}\nplan_to_share = false\nmax_wait = \"{max_wait}\"\nmax_wait_plans = 3\n",
@@ -1021,13 +1039,38 @@ fn the_starvation_bound_plans_each_accounts_first_job_and_every_job_past_max_wai
         );
         [b, c].map(|id| h.pending_job(&id).unwrap().estimated_start_s)
     };
-    // EASY alone plans only the head: b's and c's jobs have no planned start.
+    // EASY plans only the queue's head: b's and c's jobs have no planned start. Under FIFO
+    // each account's first job is no one's to plan (see the fair-share test below).
     assert_eq!(planned(false, "1d", 3), [None, None]);
-    // Each account's first waiting job gets one, after the head's run.
-    assert_eq!(planned(true, "1d", 3), [Some(20 * 3600), Some(20 * 3600)]);
+    assert_eq!(planned(true, "1d", 3), [None, None]);
     // Past max_wait, every job gets one whatever its place.
     assert_eq!(planned(false, "1m", 3), [None, None]);
     assert_eq!(planned(false, "1m", 63), [Some(20 * 3600), Some(20 * 3600)]);
+}
+
+#[test]
+fn under_fair_share_each_accounts_first_waiting_job_gets_a_planned_start() {
+    // Two nodes held by a until 10 h. b (no usage) waits with a whole-cluster job, then c
+    // with a one-node job, then b with another: EASY plans b's first job; with
+    // `plan_each_account` c's first job is planned too (after b's), and b's second is not.
+    let planned = |plan_each_account: bool| {
+        let source = format!(
+            "{}[scheduler]\nplan_each_account = {plan_each_account}\nplan_to_share = false\n",
+            config_source(2)
+        );
+        let config = ClusterConfig::from_toml_str(&source, "t.toml").unwrap();
+        let mut h = Harness::with_config(&config, "fairshare+backfill");
+        let running = h.submit("a", 16, 10, 0);
+        h.step(0);
+        assert!(h.is_running(&running));
+        let wide = h.submit("b", 16, 1, 1);
+        let c = h.submit("c", 8, 1, 2);
+        let b2 = h.submit("b", 8, 1, 3);
+        h.step(3);
+        [wide, c, b2].map(|id| h.pending_job(&id).unwrap().estimated_start_s)
+    };
+    assert_eq!(planned(false), [Some(10 * H), None, None]);
+    assert_eq!(planned(true), [Some(10 * H), Some(11 * H), None]);
 }
 
 #[test]

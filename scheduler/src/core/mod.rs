@@ -512,6 +512,7 @@ impl Scheduler {
         // an account is hopeless where one no larger and no longer already failed.
         let mut failures: Vec<Vec<(u32, u64)>> = vec![Vec::new(); self.account_ids.len().max(1)];
         let mut account_planned = vec![false; self.account_ids.len().max(1)];
+        let mut partitions_planned: Vec<String> = Vec::new();
         let mut plan_floors: Vec<Vec<(u32, u64, UnixSeconds)>> =
             vec![Vec::new(); self.account_ids.len().max(1)];
         // What is left of each account's distance below its share once plans count too.
@@ -672,13 +673,26 @@ impl Scheduler {
             };
             let reason = self.blocked_reason(&job.spec, planned == 0);
             let claimed = !self.claims.is_empty() && self.claims.contains_key(&job.spec.id);
-            pending.set_reason(i, reason);
-            // Each account's first waiting job gets a planned start too, whatever its place
-            // in the queue (the starvation bound's other half; see `plan_starving`).
-            let first_of_account =
-                depth > 0 && self.knobs.plan_each_account && !account_planned[account];
+            // Under fair share each account's first waiting job gets a planned start too,
+            // whatever its place in the queue (the starvation bound's other half; see
+            // `plan_starving`). Under FIFO each partition's does: EASY's reservation for the
+            // queue's head, per partition, as a blocked job of another partition is not held
+            // up by this one.
+            let partition = job.spec.partition.as_deref();
+            let partition = partition.unwrap_or(&self.default_partition);
+            let first_of_partition = !partitions_planned.iter().any(|p| p == partition);
+            let first_of_its_kind = depth > 0
+                && if fair {
+                    self.knobs.plan_each_account && !account_planned[account]
+                } else {
+                    first_of_partition
+                };
             let below_share = share_room.get(account).is_some_and(|r| *r > 0);
-            let must_plan = claimed || first_of_account || below_share;
+            let must_plan = claimed || first_of_its_kind || below_share;
+            if first_of_partition && (pre_planned || planned < depth || must_plan) {
+                partitions_planned.push(partition.to_owned());
+            }
+            pending.set_reason(i, reason);
             if pre_planned {
                 account_planned[account] = true;
                 take_room(&mut share_room, account, units);
