@@ -1054,11 +1054,10 @@ fn under_fair_share_each_accounts_first_waiting_job_gets_a_planned_start() {
     // with a one-node job, then b with another: EASY plans b's first job; with
     // `plan_each_account` c's first job is planned too (after b's), and b's second is not.
     let planned = |plan_each_account: bool| {
-        let source = format!(
-            "{}[scheduler]\nplan_each_account = {plan_each_account}\nplan_to_share = false\n",
-            config_source(2)
+        let config = config_with_scheduler(
+            2,
+            &format!("plan_each_account = {plan_each_account}\nplan_to_share = false\n"),
         );
-        let config = ClusterConfig::from_toml_str(&source, "t.toml").unwrap();
         let mut h = Harness::with_config(&config, "fairshare+backfill");
         let running = h.submit("a", 16, 10, 0);
         h.step(0);
@@ -1132,11 +1131,8 @@ fn an_account_below_its_share_now_goes_before_one_above_it_whatever_their_past_u
     // waits with nothing running. Both ask for one node more: b's light past use ranks it
     // first by usage alone, but it already holds twice its share of the two nodes.
     let run = |below_share_first: bool| {
-        let source = format!(
-            "{}[scheduler]\nbelow_share_first = {below_share_first}\n",
-            config_source(2)
-        );
-        let config = ClusterConfig::from_toml_str(&source, "t.toml").unwrap();
+        let config =
+            config_with_scheduler(2, &format!("below_share_first = {below_share_first}\n"));
         let mut h = Harness::with_config(&config, "fairshare+backfill");
         let heavy: Vec<JobId> = (0..2).map(|_| h.submit("c", 8, 100, 0)).collect();
         h.step(0);
@@ -1164,13 +1160,18 @@ fn an_account_below_its_share_now_goes_before_one_above_it_whatever_their_past_u
     assert_eq!(run(false), (true, false), "by usage alone b goes first");
 }
 
+/// `nodes` nodes with the `[scheduler]` settings given (TOML lines).
+fn config_with_scheduler(nodes: u32, settings: &str) -> ClusterConfig {
+    let source = format!("{}[scheduler]\n{settings}", config_source(nodes));
+    ClusterConfig::from_toml_str(&source, "t.toml").unwrap()
+}
+
 /// `nodes` nodes with fair-share preemption on after an hour's wait.
 fn fair_share_preemption_config(nodes: u32) -> ClusterConfig {
-    let source = format!(
-        "{}[scheduler]\nfair_share_preemption = true\nfair_share_preemption_after = \"1h\"\n",
-        config_source(nodes)
-    );
-    ClusterConfig::from_toml_str(&source, "t.toml").unwrap()
+    config_with_scheduler(
+        nodes,
+        "fair_share_preemption = true\nfair_share_preemption_after = \"1h\"\n",
+    )
 }
 
 #[test]
