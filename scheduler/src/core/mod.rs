@@ -680,13 +680,11 @@ impl Scheduler {
             // up by this one.
             let partition = job.spec.partition.as_deref();
             let partition = partition.unwrap_or(&self.default_partition);
-            let first_of_partition = !partitions_planned.iter().any(|p| p == partition);
-            let first_of_its_kind = depth > 0
-                && if fair {
-                    self.knobs.plan_each_account && !account_planned[account]
-                } else {
-                    first_of_partition
-                };
+            let first_of_partition =
+                !fair && depth > 0 && !partitions_planned.iter().any(|p| p == partition);
+            let first_of_account =
+                fair && depth > 0 && self.knobs.plan_each_account && !account_planned[account];
+            let first_of_its_kind = first_of_partition || first_of_account;
             let below_share = share_room.get(account).is_some_and(|r| *r > 0);
             let must_plan = claimed || first_of_its_kind || below_share;
             if first_of_partition && (pre_planned || planned < depth || must_plan) {
