@@ -678,17 +678,22 @@ impl Scheduler {
             // `plan_starving`). Under FIFO each partition's does: EASY's reservation for the
             // queue's head, per partition, as a blocked job of another partition is not held
             // up by this one.
-            let partition = job.spec.partition.as_deref();
-            let partition = partition.unwrap_or(&self.default_partition);
+            // Read only under FIFO: a deep queue's hopeless jobs are not otherwise touched.
+            let partition = (!fair && depth > 0).then(|| {
+                let partition = job.spec.partition.as_deref();
+                partition.unwrap_or(&self.default_partition)
+            });
             let first_of_partition =
-                !fair && depth > 0 && !partitions_planned.iter().any(|p| p == partition);
+                partition.is_some_and(|part| !partitions_planned.iter().any(|p| p == part));
             let first_of_account =
                 fair && depth > 0 && self.knobs.plan_each_account && !account_planned[account];
             let first_of_its_kind = first_of_partition || first_of_account;
             let below_share = share_room.get(account).is_some_and(|r| *r > 0);
             let must_plan = claimed || first_of_its_kind || below_share;
-            if first_of_partition && (pre_planned || planned < depth || must_plan) {
-                partitions_planned.push(partition.to_owned());
+            if let Some(part) = partition.filter(|_| first_of_partition) {
+                if pre_planned || planned < depth || must_plan {
+                    partitions_planned.push(part.to_owned());
+                }
             }
             pending.set_reason(i, reason);
             if pre_planned {
