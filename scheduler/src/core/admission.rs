@@ -138,8 +138,10 @@ impl Scheduler {
                 .and_then(|a| a.projects.iter().find(|q| &q.id == p))
                 .map(|q| &q.quota)
         });
+        let partition = spec.partition.as_deref().unwrap_or(&self.default_partition);
         JobLimits {
             account: self.account_index.get(&spec.account).copied().unwrap_or(0),
+            partition: self.partitions.get(partition).map_or(u32::MAX, |p| p.index),
             running_limited: quota.max_running_jobs.is_some()
                 || account.is_some_and(|a| a.quota.max_running_jobs.is_some()),
             gpus_limited: quota.max_gpus.is_some(),

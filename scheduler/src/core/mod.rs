@@ -37,6 +37,8 @@ pub use types::*;
 
 #[derive(Clone, Debug)]
 struct PartitionInfo {
+    /// Its place in the config's list (a waiting job keeps it, see `JobLimits`).
+    index: u32,
     tier: u32,
     max_time_s: Option<u64>,
     grace_s: Option<u64>,
@@ -153,10 +155,12 @@ impl Scheduler {
         let partitions = config
             .partitions
             .iter()
-            .map(|p| {
+            .zip(0u32..)
+            .map(|(p, index)| {
                 (
                     p.name.clone(),
                     PartitionInfo {
+                        index,
                         tier: p.priority_tier,
                         max_time_s: p.max_time.map(|d| d.as_secs()),
                         grace_s: p.grace_time.map(|d| d.as_secs()),
@@ -512,7 +516,7 @@ impl Scheduler {
         // an account is hopeless where one no larger and no longer already failed.
         let mut failures: Vec<Vec<(u32, u64)>> = vec![Vec::new(); self.account_ids.len().max(1)];
         let mut account_planned = vec![false; self.account_ids.len().max(1)];
-        let mut partitions_planned: Vec<String> = Vec::new();
+        let mut partitions_planned = vec![false; self.partitions.len()];
         let mut plan_floors: Vec<Vec<(u32, u64, UnixSeconds)>> =
             vec![Vec::new(); self.account_ids.len().max(1)];
         // What is left of each account's distance below its share once plans count too.
@@ -678,22 +682,16 @@ impl Scheduler {
             // `plan_starving`). Under FIFO each partition's does: EASY's reservation for the
             // queue's head, per partition, as a blocked job of another partition is not held
             // up by this one.
-            // Read only under FIFO: a deep queue's hopeless jobs are not otherwise touched.
-            let partition = (!fair && depth > 0).then(|| {
-                let partition = job.spec.partition.as_deref();
-                partition.unwrap_or(&self.default_partition)
-            });
+            let partition = hot.partition as usize;
             let first_of_partition =
-                partition.is_some_and(|part| !partitions_planned.iter().any(|p| p == part));
+                !fair && depth > 0 && partitions_planned.get(partition).is_some_and(|p| !p);
             let first_of_account =
                 fair && depth > 0 && self.knobs.plan_each_account && !account_planned[account];
             let first_of_its_kind = first_of_partition || first_of_account;
             let below_share = share_room.get(account).is_some_and(|r| *r > 0);
             let must_plan = claimed || first_of_its_kind || below_share;
-            if let Some(part) = partition.filter(|_| first_of_partition) {
-                if pre_planned || planned < depth || must_plan {
-                    partitions_planned.push(part.to_owned());
-                }
+            if first_of_partition && (pre_planned || planned < depth || must_plan) {
+                partitions_planned[partition] = true;
             }
             pending.set_reason(i, reason);
             if pre_planned {

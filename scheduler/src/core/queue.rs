@@ -29,6 +29,8 @@ pub(super) struct Hot {
     pub(super) min: u32,
     pub(super) units: u64,
     pub(super) tier: u32,
+    /// Its partition's index (see `JobLimits`).
+    pub(super) partition: u32,
     pub(super) account: usize,
     pub(super) quota_priority: f64,
     /// Any of its quotas needs a look before it starts.
@@ -52,6 +54,7 @@ impl Hot {
             min: spec.min_size(),
             units: spec.share_units_of(spec.min_size()),
             tier: job.tier,
+            partition: limits.partition,
             account: limits.account,
             quota_priority: limits.quota_priority,
             limited: limits.running_limited

@@ -284,12 +284,14 @@ pub struct PendingJob {
     pub(crate) limits: JobLimits,
 }
 
-/// What a job's quotas say, worked out once when it enters the queue: a cycle looks at every
-/// pending job, and most have no limits worth a lookup.
+/// What a job's quotas and partition say, worked out once when it enters the queue: a cycle
+/// looks at every pending job, and most have no limits worth a lookup.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct JobLimits {
     /// Index of its account in the scheduler's account list.
     pub(crate) account: usize,
+    /// Index of its partition in the config's list (`u32::MAX` for none known).
+    pub(crate) partition: u32,
     pub(crate) running_limited: bool,
     pub(crate) gpus_limited: bool,
     pub(crate) gpu_hours_limited: bool,
