@@ -1018,17 +1018,16 @@ fn a_drained_node_takes_no_new_job_nor_a_plan_and_its_running_job_runs_on() {
 #[test]
 fn the_starvation_bound_plans_every_job_past_max_wait() {
     let planned = |plan_each_account: bool, max_wait: &str, at: i64| {
-        let source = format!(
-            "{}[scheduler]\nplan_each_account = {plan_each_account}\nplan_to_share = false\nmax_wait = \"{max_wait}\"\nmax_wait_plans = 3\n",
-            config_source(2)
+        let config = config_with_scheduler(
+            2,
+            &format!(
+                "plan_each_account = {plan_each_account}\nplan_to_share = false\n\
+                 max_wait = \"{max_wait}\"\nmax_wait_plans = 3\n"
+            ),
         );
-        let config = ClusterConfig::from_toml_str(&source, "t.toml").unwrap();
         // FIFO order: a's running job, a's whole-cluster job at the head (EASY plans it from
         // 10 h), then b's and c's half-cluster jobs behind it.
-        let mut h = Harness::with_config(&config, "fifo+backfill");
-        let running = h.submit("a", 16, 10, 0);
-        h.step(0);
-        assert!(h.is_running(&running));
+        let mut h = held_by_a_until_10_h(&config, "fifo+backfill");
         let head = h.submit("a", 16, 10, 1);
         let b = h.submit("b", 8, 1, 2);
         let c = h.submit("c", 8, 1, 3);
@@ -1058,10 +1057,7 @@ fn under_fair_share_each_accounts_first_waiting_job_gets_a_planned_start() {
             2,
             &format!("plan_each_account = {plan_each_account}\nplan_to_share = false\n"),
         );
-        let mut h = Harness::with_config(&config, "fairshare+backfill");
-        let running = h.submit("a", 16, 10, 0);
-        h.step(0);
-        assert!(h.is_running(&running));
+        let mut h = held_by_a_until_10_h(&config, "fairshare+backfill");
         let wide = h.submit("b", 16, 1, 1);
         let c = h.submit("c", 8, 1, 2);
         let b2 = h.submit("b", 8, 1, 3);
@@ -1161,6 +1157,15 @@ fn an_account_below_its_share_now_goes_before_one_above_it_whatever_their_past_u
 }
 
 /// `nodes` nodes with the `[scheduler]` settings given (TOML lines).
+/// Two nodes (of `config`) held by a's whole-cluster job from 0 to 10 h.
+fn held_by_a_until_10_h(config: &ClusterConfig, policy: &str) -> Harness {
+    let mut h = Harness::with_config(config, policy);
+    let running = h.submit("a", 16, 10, 0);
+    h.step(0);
+    assert!(h.is_running(&running));
+    h
+}
+
 fn config_with_scheduler(nodes: u32, settings: &str) -> ClusterConfig {
     let source = format!("{}[scheduler]\n{settings}", config_source(nodes));
     ClusterConfig::from_toml_str(&source, "t.toml").unwrap()
