@@ -38,7 +38,7 @@ impl DaySpread {
     }
 
     /// The first and last days with any use.
-    fn span(&self) -> Option<(i64, i64)> {
+    pub fn span(&self) -> Option<(i64, i64)> {
         let first = self.by_day.iter().find(|(_, v)| **v > 0)?.0;
         let last = self.by_day.iter().rev().find(|(_, v)| **v > 0)?.0;
         Some((*first, *last))
@@ -59,10 +59,26 @@ pub fn gpu_hours_verdict(
     need: &DaySpread,
 ) -> Option<QuotaDimension> {
     let (first, last) = need.span()?;
+    // Each day's total is worked out once: a week is checked ending on each day from the
+    // first to six after the last, and reaches six days back.
+    let (from, to) = if quota.gpu_hours_per_week.is_some() {
+        (first - 6, last + 6)
+    } else {
+        (first, last)
+    };
+    let totals: Vec<i64> = (from..=to)
+        .map(|day| {
+            used(day)
+                .saturating_add(committed.on(day))
+                .saturating_add(need.on(day))
+        })
+        .collect();
     let total = |day: i64| {
-        used(day)
-            .saturating_add(committed.on(day))
-            .saturating_add(need.on(day))
+        usize::try_from(day - from)
+            .ok()
+            .and_then(|i| totals.get(i))
+            .copied()
+            .unwrap_or(0)
     };
     let over = |limit: u64, gpu_s: i64| {
         gpu_s > i64::try_from(limit.saturating_mul(3600)).unwrap_or(i64::MAX)
@@ -253,6 +269,62 @@ mod tests {
             "45 committed later this week and 6 now"
         );
         assert_eq!(DaySpread::default().on(3), 0);
+    }
+
+    /// The verdict as first written: every total worked out where it is read.
+    fn verdict_by_reference(
+        quota: &Quota,
+        used: impl Fn(i64) -> i64,
+        committed: &DaySpread,
+        need: &DaySpread,
+    ) -> Option<QuotaDimension> {
+        let (first, last) = need.span()?;
+        let total = |day: i64| {
+            used(day)
+                .saturating_add(committed.on(day))
+                .saturating_add(need.on(day))
+        };
+        let over = |limit: u64, gpu_s: i64| gpu_s > (limit * 3600) as i64;
+        if let Some(limit) = quota.gpu_hours_per_day {
+            if (first..=last).any(|day| over(limit, total(day))) {
+                return Some(QuotaDimension::GpuHoursPerDay);
+            }
+        }
+        if let Some(limit) = quota.gpu_hours_per_week {
+            let week = |end: i64| (end - 6..=end).map(total).sum::<i64>();
+            if (first..=last + 6).any(|end| over(limit, week(end))) {
+                return Some(QuotaDimension::GpuHoursPerWeek);
+            }
+        }
+        None
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_verdict_is_the_references(
+            day_limit in proptest::option::of(1u64..200),
+            week_limit in proptest::option::of(1u64..800),
+            used in proptest::collection::vec(0i64..60 * 3600, 30),
+            running in proptest::collection::vec((1u32..9, 0i64..20 * DAY_S, 1i64..4 * DAY_S), 0..4),
+            job in (1u32..9, 0i64..20 * DAY_S, 1i64..9 * DAY_S),
+        ) {
+            let quota = Quota {
+                gpu_hours_per_day: day_limit,
+                gpu_hours_per_week: week_limit,
+                ..Quota::default()
+            };
+            let used_on = |day: i64| usize::try_from(day).ok().and_then(|d| used.get(d)).copied().unwrap_or(0);
+            let mut committed = DaySpread::default();
+            for (gpus, from, secs) in running {
+                committed.add_gpus(gpus, from, from + secs);
+            }
+            let mut need = DaySpread::default();
+            need.add_gpus(job.0, job.1, job.1 + job.2);
+            proptest::prop_assert_eq!(
+                gpu_hours_verdict(&quota, used_on, &committed, &need),
+                verdict_by_reference(&quota, used_on, &committed, &need)
+            );
+        }
     }
 
     #[test]
