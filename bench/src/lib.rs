@@ -79,21 +79,7 @@ pub enum BenchCommand {
         month: String,
     },
     /// One scheduling cycle with `--pending` jobs queued on a full cluster of `--nodes`.
-    Schedule {
-        #[arg(long, default_value_t = 512)]
-        nodes: u32,
-        #[arg(long, default_value_t = 10_000)]
-        pending: usize,
-        #[arg(long, default_value_t = 200)]
-        cycles: usize,
-        /// Comma-separated policies.
-        #[arg(long, default_value = "fifo,fairshare+backfill,fairshare+conservative")]
-        policies: String,
-        /// The config's `[scheduler] plan_each_account` (each account's first waiting job
-        /// gets a planned start under fair share with backfill), to see what it costs.
-        #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-        plan_each_account: bool,
-    },
+    Schedule(schedule::ScheduleArgs),
     /// Placement's fill test: jobs arrive and never end until they stop fitting; the share of
     /// GPUs held then, on a uniform and a mixed cluster, with free-form and shaped jobs.
     Fill(fill::FillArgs),
@@ -119,18 +105,8 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
             rows,
         } => ingest(nodes, batches, rows),
         BenchCommand::Render { gpus, iterations } => render_bench(gpus, iterations),
-        BenchCommand::Schedule {
-            nodes,
-            pending,
-            cycles,
-            policies,
-            plan_each_account,
-        } => {
-            let policies: Vec<String> = policies.split(',').map(str::to_owned).collect();
-            print!(
-                "{}",
-                schedule::run(nodes, pending, cycles, &policies, plan_each_account)?
-            );
+        BenchCommand::Schedule(args) => {
+            print!("{}", schedule::run(&args)?);
             Ok(())
         }
         BenchCommand::Exporter { seconds, gpus } => exporter(seconds, gpus),

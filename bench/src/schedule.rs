@@ -1,7 +1,9 @@
 //! `gpuledger bench schedule`: the time of one scheduling cycle with a deep queue on a full
 //! cluster. The cluster is filled with running jobs, the queue with jobs that cannot all fit;
 //! then at each cycle one running job ends (so the scheduler has GPUs to hand out and a plan
-//! to remake) and the cycle is timed.
+//! to remake) and the cycle is timed, and what it opened of the waiting jobs' records counted
+//! (`Scheduler::records_opened`: the part of a cycle's cost that grows with the queue when it
+//! should not, counted the same on any machine).
 
 use std::fmt::Write as _;
 use std::time::Instant;
@@ -15,7 +17,33 @@ use gpuledger_model::stats::percentile;
 
 const ACCOUNTS: usize = 10;
 
-fn cluster(nodes: u32, plan_each_account: bool) -> anyhow::Result<ClusterConfig> {
+/// What `gpuledger bench schedule` measures.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ScheduleArgs {
+    #[arg(long, default_value_t = 512)]
+    pub nodes: u32,
+    #[arg(long, default_value_t = 10_000)]
+    pub pending: usize,
+    #[arg(long, default_value_t = 200)]
+    pub cycles: usize,
+    /// Comma-separated policies.
+    #[arg(long, default_value = "fifo,fairshare+backfill,fairshare+conservative")]
+    pub policies: String,
+    /// The config's `[scheduler] plan_each_account` (each account's first waiting job
+    /// gets a planned start under fair share with backfill), to see what it costs.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub plan_each_account: bool,
+    /// Every account gets a running-jobs and a weekly GPU-hours quota too large to bind:
+    /// what checking quotas costs a cycle (the schedule is the same as without).
+    #[arg(long)]
+    pub quotas: bool,
+}
+
+/// Quotas no account of the bench reaches.
+const LOOSE_QUOTA: &str =
+    "quota = { max_running_jobs = 1000000, gpu_hours_per_week = 1000000000 }\n";
+
+fn cluster(nodes: u32, plan_each_account: bool, quotas: bool) -> anyhow::Result<ClusterConfig> {
     let mut src = format!(
         "version = 1\n[cluster]\nname = \"bench\"\n[[node_pools]]\nname = \"p\"\nprefix = \"n\"\n\
          count = {nodes}\ngpus_per_node = 8\ngpu_model = \"h100-sxm\"\n\
@@ -28,8 +56,9 @@ fn cluster(nodes: u32, plan_each_account: bool) -> anyhow::Result<ClusterConfig>
     for a in 0..ACCOUNTS {
         let _ = write!(
             src,
-            "[[accounts]]\nid = \"acct-{a}\"\nname = \"Account {a}\"\nweight = {}\n",
-            a + 1
+            "[[accounts]]\nid = \"acct-{a}\"\nname = \"Account {a}\"\nweight = {}\n{}",
+            a + 1,
+            if quotas { LOOSE_QUOTA } else { "" }
         );
     }
     ClusterConfig::from_toml_str(&src, "bench").context("bench cluster")
@@ -51,18 +80,18 @@ fn job(rng: &mut SplitMix64, n: u64, t: i64) -> anyhow::Result<JobSpec> {
 }
 
 /// Runs the measurement and returns a Markdown table row per policy.
-pub fn run(
-    nodes: u32,
-    pending: usize,
-    cycles: usize,
-    policies: &[String],
-    plan_each_account: bool,
-) -> anyhow::Result<String> {
-    let config = cluster(nodes, plan_each_account)?;
+pub fn run(args: &ScheduleArgs) -> anyhow::Result<String> {
+    let ScheduleArgs {
+        nodes,
+        pending,
+        cycles,
+        ..
+    } = *args;
+    let config = cluster(nodes, args.plan_each_account, args.quotas)?;
     let mut out = String::from(
-        "| nodes | pending | policy | cycles | p50 ms | p99 ms | max ms | started per cycle |\n|---|---|---|---|---|---|---|---|\n",
+        "| nodes | pending | policy | cycles | p50 ms | p99 ms | max ms | started per cycle | records opened per cycle |\n|---|---|---|---|---|---|---|---|---|\n",
     );
-    for name in policies {
+    for name in args.policies.split(',') {
         let options =
             SchedulerOptions::parse(name).with_context(|| format!("unknown policy `{name}`"))?;
         let mut sched = Scheduler::new(&config, options);
@@ -86,6 +115,7 @@ pub fn run(
         }
         let mut times = Vec::with_capacity(cycles);
         let mut started = 0usize;
+        let mut opened = 0u64;
         for _ in 0..cycles {
             t += 60;
             let running: Vec<JobId> = sched.running().map(|r| r.spec.id.clone()).collect();
@@ -97,20 +127,23 @@ pub fn run(
                 n += 1;
                 sched.submit(job(&mut rng, n, t)?)?;
             }
+            let records = sched.records_opened();
             let begun = Instant::now();
             let cycle = sched.schedule(t);
             times.push(begun.elapsed().as_micros() as i64);
+            opened += sched.records_opened() - records;
             started += cycle.started.len();
         }
         times.sort_unstable();
         let ms = |us: Option<i64>| us.unwrap_or(0) as f64 / 1000.0;
         let _ = writeln!(
             out,
-            "| {nodes} | {pending} | {name} | {cycles} | {:.2} | {:.2} | {:.2} | {:.1} |",
+            "| {nodes} | {pending} | {name} | {cycles} | {:.2} | {:.2} | {:.2} | {:.1} | {:.0} |",
             ms(percentile(&times, 50.0)),
             ms(percentile(&times, 99.0)),
             ms(times.last().copied()),
-            started as f64 / cycles.max(1) as f64
+            started as f64 / cycles.max(1) as f64,
+            opened as f64 / cycles.max(1) as f64
         );
     }
     Ok(out)

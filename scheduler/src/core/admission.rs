@@ -133,59 +133,83 @@ impl Scheduler {
             .tenants
             .effective_quota(&spec.account, spec.project.as_ref())
             .unwrap_or_default();
-        let project_quota = spec.project.as_ref().and_then(|p| {
-            account
-                .and_then(|a| a.projects.iter().find(|q| &q.id == p))
-                .map(|q| &q.quota)
-        });
+        let project = match &spec.project {
+            None => NO_PROJECT,
+            Some(p) => account
+                .and_then(|a| a.projects.iter().position(|q| &q.id == p))
+                .map_or(UNKNOWN_PROJECT, |i| i as u32),
+        };
         let partition = spec.partition.as_deref().unwrap_or(&self.default_partition);
+        let scope = self.scope_limits(&spec.account, spec.project.as_ref());
         JobLimits {
             account: self.account_index.get(&spec.account).copied().unwrap_or(0),
+            project,
             partition: self.partitions.get(partition).map_or(u32::MAX, |p| p.index),
-            running_limited: quota.max_running_jobs.is_some()
-                || account.is_some_and(|a| a.quota.max_running_jobs.is_some()),
-            gpus_limited: quota.max_gpus.is_some(),
-            gpu_hours_limited: account.is_some_and(|a| has_gpu_hour_quota(&a.quota))
-                || project_quota.is_some_and(has_gpu_hour_quota),
-            storage_limited: account.is_some_and(|a| a.quota.storage.is_some())
-                || project_quota.is_some_and(|q| q.storage.is_some()),
+            running_limited: scope.running,
+            gpus_limited: scope.gpus,
+            gpu_hours_limited: scope.gpu_hours,
+            storage_limited: scope.storage,
             quota_priority: quota.priority.map_or(0.5, |p| f64::from(p) / 100.0),
         }
     }
 
-    /// The quota that keeps a job from starting now, if any.
+    /// Which quotas an account's (or a project's) jobs must be checked against before they
+    /// start.
+    pub(super) fn scope_limits(
+        &self,
+        account: &AccountId,
+        project: Option<&ProjectId>,
+    ) -> ScopeLimits {
+        let of_account = self.tenants.account(account);
+        let quota = self
+            .tenants
+            .effective_quota(account, project)
+            .unwrap_or_default();
+        let project_quota = project.and_then(|p| {
+            of_account
+                .and_then(|a| a.projects.iter().find(|q| &q.id == p))
+                .map(|q| &q.quota)
+        });
+        ScopeLimits {
+            running: quota.max_running_jobs.is_some()
+                || of_account.is_some_and(|a| a.quota.max_running_jobs.is_some()),
+            gpus: quota.max_gpus.is_some(),
+            gpu_hours: of_account.is_some_and(|a| has_gpu_hour_quota(&a.quota))
+                || project_quota.is_some_and(has_gpu_hour_quota),
+            storage: of_account.is_some_and(|a| a.quota.storage.is_some())
+                || project_quota.is_some_and(|q| q.storage.is_some()),
+        }
+    }
+
+    /// The quota that keeps a job from starting now, if any. A cycle asks
+    /// [`Scheduler::quota_hold_in`], which gives the same answer from what it worked out for
+    /// the job's account or project.
     pub(super) fn quota_hold(&self, job: &PendingJob, now: UnixSeconds) -> Option<PendingReason> {
         let spec = &job.spec;
-        if job.limits.running_limited && self.at_job_limit(spec) {
+        let (account, project) = (&spec.account, spec.project.as_ref());
+        if job.limits.running_limited && self.at_job_limit(account, project, Some(&spec.id)) {
             return Some(PendingReason::AssocMaxJobsLimit);
         }
         if job.limits.gpus_limited
             && self
-                .gpu_room(spec)
+                .gpu_room(account, project)
                 .is_some_and(|room| room < spec.share_units_of(spec.min_size()))
         {
             return Some(PendingReason::AssocGrpGres);
         }
-        if job.limits.storage_limited && self.over_storage_quota(spec) {
+        if job.limits.storage_limited && self.over_storage_quota(account, project) {
             return Some(PendingReason::AssocGrpStorage);
         }
         if !job.limits.gpu_hours_limited {
             return None;
         }
-        let account = self.tenants.account(&spec.account)?;
-        let project_quota = spec
-            .project
-            .as_ref()
-            .and_then(|p| account.projects.iter().find(|q| &q.id == p))
-            .map(|p| &p.quota);
-        let scopes = std::iter::once(((spec.account.clone(), None), &account.quota))
-            .chain(project_quota.map(|q| ((spec.account.clone(), spec.project.clone()), q)));
-        for (key, quota) in scopes {
-            if let Some(reason) = self.gpu_hours_hold(spec, &key, quota, now) {
-                return Some(reason);
-            }
-        }
-        None
+        let need =
+            self.gpu_hours_need(spec.share_units_of(spec.min_size()), spec.time_limit_s, now);
+        self.gpu_hour_scopes(account, project)
+            .into_iter()
+            .find_map(|(key, quota)| {
+                self.gpu_hours_hold(&key, &quota, &self.committed(&key), &need)
+            })
     }
 
     /// Bytes an account (project `None`) or a project keeps, as the last storage scan found.
@@ -199,20 +223,24 @@ impl Scheduler {
             .insert((account.clone(), project.cloned()), bytes);
     }
 
-    pub(super) fn over_storage_quota(&self, spec: &JobSpec) -> bool {
-        let Some(account) = self.tenants.account(&spec.account) else {
+    pub(super) fn over_storage_quota(
+        &self,
+        account_id: &AccountId,
+        project: Option<&ProjectId>,
+    ) -> bool {
+        let Some(account) = self.tenants.account(account_id) else {
             return false;
         };
         let used = |project: Option<&ProjectId>| {
             self.storage_used
-                .get(&(spec.account.clone(), project.cloned()))
+                .get(&(account_id.clone(), project.cloned()))
                 .copied()
                 .unwrap_or(0)
         };
         if account.quota.storage.is_some_and(|q| used(None) > q.0) {
             return true;
         }
-        spec.project.as_ref().is_some_and(|p| {
+        project.is_some_and(|p| {
             account
                 .projects
                 .iter()
@@ -222,17 +250,28 @@ impl Scheduler {
         })
     }
 
-    pub(super) fn gpu_hours_hold(
+    /// The GPU-hour quotas a job of the account (or project) is held to: the account's, then
+    /// the project's, each with the usage window it is counted in.
+    pub(super) fn gpu_hour_scopes(
         &self,
-        spec: &JobSpec,
-        key: &WindowKey,
-        quota: &Quota,
-        now: UnixSeconds,
-    ) -> Option<PendingReason> {
-        if quota.gpu_hours_per_day.is_none() && quota.gpu_hours_per_week.is_none() {
-            return None;
-        }
-        // Running jobs count for what they may still use, up to their time limits.
+        account_id: &AccountId,
+        project: Option<&ProjectId>,
+    ) -> Vec<(WindowKey, Quota)> {
+        let Some(account) = self.tenants.account(account_id) else {
+            return Vec::new();
+        };
+        let project_quota = project
+            .and_then(|p| account.projects.iter().find(|q| &q.id == p))
+            .map(|p| ((account_id.clone(), Some(p.id.clone())), p.quota.clone()));
+        std::iter::once(((account_id.clone(), None), account.quota.clone()))
+            .chain(project_quota)
+            .filter(|(_, quota)| has_gpu_hour_quota(quota))
+            .collect()
+    }
+
+    /// What the running jobs of an account (project `None`) or a project may still use, up to
+    /// their time limits, by UTC day.
+    pub(super) fn committed(&self, key: &WindowKey) -> DaySpread {
         let mut committed = DaySpread::default();
         for r in self
             .running
@@ -241,14 +280,27 @@ impl Scheduler {
         {
             committed.add(r.placement.share_units(), r.accrued_until, r.limit_end_s());
         }
+        committed
+    }
+
+    /// What a job of `units` share units and a limit of `limit_s` would use from `now`.
+    pub(super) fn gpu_hours_need(&self, units: u64, limit_s: u64, now: UnixSeconds) -> DaySpread {
         let mut need = DaySpread::default();
-        need.add(
-            spec.share_units_of(spec.min_size()),
-            now,
-            now.saturating_add(spec.time_limit_s as i64),
-        );
+        need.add(units, now, now.saturating_add(limit_s as i64));
+        need
+    }
+
+    /// Whether the GPU-hours `need`s, with what the window `key` used and its running jobs
+    /// may still use (`committed`), pass `quota`.
+    pub(super) fn gpu_hours_hold(
+        &self,
+        key: &WindowKey,
+        quota: &Quota,
+        committed: &DaySpread,
+        need: &DaySpread,
+    ) -> Option<PendingReason> {
         let used = |day: i64| self.windows.day(key, day);
-        gpu_hours_verdict(quota, used, &committed, &need).and_then(PendingReason::of_quota)
+        gpu_hours_verdict(quota, used, committed, need).and_then(PendingReason::of_quota)
     }
 
     /// What the running jobs of an account (project `None`) or a project hold now, in share
@@ -273,17 +325,22 @@ impl Scheduler {
 
     /// How much more a job of `spec` may hold under `max_gpus` (its account's and its
     /// project's, the tighter), in share units; `None` when neither sets one.
-    pub(super) fn gpu_room(&self, spec: &JobSpec) -> Option<u64> {
-        let account = self.tenants.account(&spec.account)?;
+    /// Share units an account's (or project's) `max_gpus` leaves its next job, if it has one.
+    pub(super) fn gpu_room(
+        &self,
+        account_id: &AccountId,
+        project: Option<&ProjectId>,
+    ) -> Option<u64> {
+        let account = self.tenants.account(account_id)?;
         let room = |limit: Option<u32>, key: WindowKey| {
             limit.map(|l| {
                 (u64::from(l) * u64::from(SHARE_UNITS_PER_GPU)).saturating_sub(self.held(&key))
             })
         };
-        let of_account = room(account.quota.max_gpus, (spec.account.clone(), None));
-        let of_project = spec.project.as_ref().and_then(|p| {
+        let of_account = room(account.quota.max_gpus, (account_id.clone(), None));
+        let of_project = project.and_then(|p| {
             let quota = &account.projects.iter().find(|q| &q.id == p)?.quota;
-            room(quota.max_gpus, (spec.account.clone(), Some(p.clone())))
+            room(quota.max_gpus, (account_id.clone(), Some(p.clone())))
         });
         match (of_account, of_project) {
             (Some(a), Some(p)) => Some(a.min(p)),
@@ -291,11 +348,15 @@ impl Scheduler {
         }
     }
 
-    pub(super) fn at_job_limit(&self, spec: &JobSpec) -> bool {
-        let Some(quota) = self
-            .tenants
-            .effective_quota(&spec.account, spec.project.as_ref())
-        else {
+    /// Whether an account (or project) runs as many jobs as its `max_running_jobs` allows,
+    /// claims of preemptors counted, but not `own`'s (the job asking).
+    pub(super) fn at_job_limit(
+        &self,
+        account: &AccountId,
+        project: Option<&ProjectId>,
+        own: Option<&JobId>,
+    ) -> bool {
+        let Some(quota) = self.tenants.effective_quota(account, project) else {
             return true;
         };
         let Some(limit) = quota.max_running_jobs else {
@@ -305,32 +366,23 @@ impl Scheduler {
             self.claims
                 .iter()
                 .filter(|(id, c)| {
-                    *id != &spec.id
-                        && c.account == spec.account
+                    Some(*id) != own
+                        && &c.account == account
                         && (project.is_none() || c.project.as_ref() == project)
                 })
                 .count() as u32
         };
-        let account_running = self
-            .running_per_account
-            .get(&spec.account)
-            .copied()
-            .unwrap_or(0)
-            + claimed(None);
+        let account_running =
+            self.running_per_account.get(account).copied().unwrap_or(0) + claimed(None);
         let account_limit = self
             .tenants
-            .account(&spec.account)
+            .account(account)
             .and_then(|a| a.quota.max_running_jobs)
             .unwrap_or(u32::MAX);
-        let project_running = spec
-            .project
-            .as_ref()
-            .and_then(|p| {
-                self.running_per_project
-                    .get(&(spec.account.clone(), p.clone()))
-            })
+        let project_running = project
+            .and_then(|p| self.running_per_project.get(&(account.clone(), p.clone())))
             .copied()
-            .map(|n| n + claimed(spec.project.as_ref()))
+            .map(|n| n + claimed(project))
             .unwrap_or(account_running);
         account_running >= account_limit || project_running >= limit
     }

@@ -27,12 +27,14 @@ mod kept;
 mod ordering;
 mod preemption;
 mod queue;
+mod quota_scopes;
 mod types;
 
 use admission::has_gpu_hour_quota;
 use kept::{Freed, Keeping, KeptPlans, KeptStart};
 use preemption::{PreemptionGate, Victims};
-use queue::{Hot, Queue};
+use queue::{Hot, JobRef, Queue};
+use quota_scopes::{QuotaScopes, ScopeLimits, NO_PROJECT, UNKNOWN_PROJECT};
 pub use types::*;
 
 #[derive(Clone, Debug)]
@@ -278,6 +280,14 @@ impl Scheduler {
     /// The waiting jobs in the order of the last cycle.
     pub fn pending(&self) -> impl ExactSizeIterator<Item = &PendingJob> {
         self.pending.iter()
+    }
+
+    /// How many times the cycles so far read or wrote a waiting job's own record, beyond
+    /// what the queue keeps of every job at hand: a cycle's cost on a deep queue, where each
+    /// record read is a cache miss, counted rather than timed. A cycle should open the
+    /// records of the jobs it starts, tries or plans, not one per waiting job.
+    pub fn records_opened(&self) -> u64 {
+        self.pending.opened()
     }
 
     pub fn running(&self) -> impl Iterator<Item = &RunningJob> {
@@ -532,8 +542,16 @@ impl Scheduler {
         let mut pending = std::mem::take(&mut self.pending);
         let mut plan: Option<Plan> = None;
         let mut planned = 0usize;
+        // Quota checks by account and project, worked out again after each start.
+        let mut quota_scopes = QuotaScopes::default();
         let starving = if depth > 0 {
-            self.plan_starving(&mut pending, now, &mut plan, &mut keeping)
+            self.plan_starving(
+                &mut pending,
+                now,
+                &mut plan,
+                &mut keeping,
+                &mut quota_scopes,
+            )
         } else {
             HashSet::new()
         };
@@ -568,7 +586,7 @@ impl Scheduler {
             let pre_planned = !starving.is_empty() && starving.contains(&job.spec.id);
             let claimed = !self.claims.is_empty() && self.claims.contains_key(&job.spec.id);
             let quota = if hot.limited {
-                self.quota_hold(job, now)
+                self.quota_hold_in(&hot, job, &mut quota_scopes, now)
             } else {
                 None
             };
@@ -603,6 +621,7 @@ impl Scheduler {
                     take_room(&mut share_gap, account, p.share_units());
                     let start = self.start(job, p, now, backfilled);
                     self.note_start(start, now, &mut plan, &mut gate, &mut cycle, &mut keeping);
+                    quota_scopes.forget_account(account);
                     started.push(i);
                     if pre_planned {
                         // Its planned hold is gone: later starts may come earlier again.
@@ -634,6 +653,8 @@ impl Scheduler {
                     };
                     let before = (self.cluster.stamp(), cycle.preempted.len());
                     let preempted = self.preempt_for(job, now, victims, &mut cycle, &mut plan);
+                    // Its victims' accounts (and, if it starts, its own) hold less now.
+                    quota_scopes.forget();
                     if before != (self.cluster.stamp(), cycle.preempted.len()) {
                         // GPUs freed or to be freed earlier than planned.
                         keeping.spoil();
@@ -675,7 +696,7 @@ impl Scheduler {
             let Some((_, job)) = pending.at(i) else {
                 break;
             };
-            let reason = self.blocked_reason(&job.spec, planned == 0);
+            let reason = self.blocked_reason(job, planned == 0);
             let claimed = !self.claims.is_empty() && self.claims.contains_key(&job.spec.id);
             // Under fair share each account's first waiting job gets a planned start too,
             // whatever its place in the queue (the starvation bound's other half; see
@@ -824,6 +845,7 @@ impl Scheduler {
         now: UnixSeconds,
         plan: &mut Option<Plan>,
         keeping: &mut Keeping,
+        quota_scopes: &mut QuotaScopes,
     ) -> HashSet<JobId> {
         let mut planned = HashSet::new();
         let wanted = self.knobs.max_wait_plans as usize;
@@ -843,10 +865,10 @@ impl Scheduler {
         }
         oldest.sort_unstable();
         for (_, i) in oldest {
-            let Some((_, job)) = pending.at(i) else {
+            let Some((&hot, job)) = pending.at(i) else {
                 continue;
             };
-            if self.quota_hold(job, now).is_some() {
+            if hot.limited && self.quota_hold_in(&hot, job, quota_scopes, now).is_some() {
                 continue;
             }
             let plan = plan.get_or_insert_with(|| self.build_plan(now));
@@ -862,8 +884,9 @@ impl Scheduler {
 
     /// The reason of a job that could not start: the reservation when one is what keeps it
     /// off GPUs it could otherwise use; otherwise `Resources` for the first in line.
-    fn blocked_reason(&self, spec: &JobSpec, first: bool) -> PendingReason {
+    fn blocked_reason(&self, job: JobRef<'_>, first: bool) -> PendingReason {
         if !self.reservations.is_empty() {
+            let spec = &job.spec;
             let unreserved = sizes(spec, self.cluster.gpus_per_node_max())
                 .into_iter()
                 .any(|g| {
@@ -915,7 +938,7 @@ impl Scheduler {
         let limit = spec.time_limit_s;
         let filter = self.filter_for(spec, now, now.saturating_add(limit as i64));
         let mut candidates = sizes(spec, self.cluster.gpus_per_node_max());
-        if let Some(room) = self.gpu_room(spec) {
+        if let Some(room) = self.gpu_room(&spec.account, spec.project.as_ref()) {
             candidates.retain(|g| spec.share_units_of(*g) <= room);
         }
         let place = |window: &Cluster| {
@@ -1078,7 +1101,7 @@ impl Scheduler {
             };
             let filter = self.filter_for(&r.spec, r.start_s, r.limit_end_s());
             let mut more = r.spec.gpus - r.placement.gpu_count();
-            if let Some(room) = self.gpu_room(&r.spec) {
+            if let Some(room) = self.gpu_room(&r.spec.account, r.spec.project.as_ref()) {
                 more = more
                     .min(u32::try_from(room / u64::from(SHARE_UNITS_PER_GPU)).unwrap_or(u32::MAX));
                 if more == 0 {

@@ -9,6 +9,8 @@
 
 use std::cmp::Ordering;
 use std::collections::VecDeque;
+use std::ops::Deref;
+use std::sync::atomic::{AtomicU64, Ordering as MemoryOrder};
 
 use gpuledger_model::time::UnixSeconds;
 use gpuledger_model::JobId;
@@ -32,6 +34,8 @@ pub(super) struct Hot {
     /// Its partition's index (see `JobLimits`).
     pub(super) partition: u32,
     pub(super) account: usize,
+    /// Its project's index in its account's list (see `JobLimits`).
+    pub(super) project: u32,
     pub(super) quota_priority: f64,
     /// Any of its quotas needs a look before it starts.
     pub(super) limited: bool,
@@ -56,6 +60,7 @@ impl Hot {
             tier: job.tier,
             partition: limits.partition,
             account: limits.account,
+            project: limits.project,
             quota_priority: limits.quota_priority,
             limited: limits.running_limited
                 || limits.gpus_limited
@@ -85,6 +90,48 @@ struct Slot {
     job: Box<PendingJob>,
 }
 
+/// A waiting job's box, counted as opened each time it is read ([`Queue::opened`]).
+#[derive(Clone, Copy)]
+pub(super) struct JobRef<'a> {
+    job: &'a PendingJob,
+    opened: &'a Opened,
+}
+
+impl<'a> JobRef<'a> {
+    /// The record, not counted: for checks that only debug builds make.
+    #[cfg(debug_assertions)]
+    pub(super) fn uncounted(&self) -> &'a PendingJob {
+        self.job
+    }
+}
+
+impl Deref for JobRef<'_> {
+    type Target = PendingJob;
+
+    fn deref(&self) -> &PendingJob {
+        self.opened.add(1);
+        self.job
+    }
+}
+
+/// A count that reads can add to: relaxed, as it only measures (a racy add loses a count,
+/// never a job).
+#[derive(Debug, Default)]
+struct Opened(AtomicU64);
+
+impl Opened {
+    fn add(&self, n: u64) {
+        let count = self.0.load(MemoryOrder::Relaxed);
+        self.0.store(count.saturating_add(n), MemoryOrder::Relaxed);
+    }
+}
+
+impl Clone for Opened {
+    fn clone(&self) -> Self {
+        Opened(AtomicU64::new(self.0.load(MemoryOrder::Relaxed)))
+    }
+}
+
 /// Scheduling order: tier, priority and submission from the queue's own copy; the job ids
 /// (in the boxes) only break ties.
 fn slot_order(a: &Slot, b: &Slot) -> Ordering {
@@ -97,6 +144,8 @@ fn slot_order(a: &Slot, b: &Slot) -> Ordering {
 #[derive(Clone, Debug)]
 pub(super) struct Queue {
     jobs: VecDeque<Slot>,
+    /// How many times a job's box was read or written through the queue ([`Queue::opened`]).
+    opened: Opened,
     /// `jobs` is known to be in scheduling order as far as anything but the priorities goes
     /// (which fair share changes at every cycle anyway).
     in_order: bool,
@@ -113,6 +162,7 @@ impl Default for Queue {
     fn default() -> Self {
         Queue {
             jobs: VecDeque::new(),
+            opened: Opened::default(),
             in_order: true,
             settled_from: 0,
             fresh_from: 0,
@@ -136,18 +186,26 @@ impl Queue {
     }
 
     /// Each job with what the queue keeps of it, in queue order.
-    pub(super) fn entries(&self) -> impl Iterator<Item = (&Hot, &PendingJob)> {
-        self.jobs.iter().map(|s| (&s.hot, &*s.job))
+    pub(super) fn entries(&self) -> impl Iterator<Item = (&Hot, JobRef<'_>)> {
+        self.jobs.iter().map(|s| (&s.hot, self.job_ref(s)))
     }
 
     /// The job at `i` with what the queue keeps of it.
-    pub(super) fn at(&self, i: usize) -> Option<(&Hot, &PendingJob)> {
-        self.jobs.get(i).map(|s| (&s.hot, &*s.job))
+    pub(super) fn at(&self, i: usize) -> Option<(&Hot, JobRef<'_>)> {
+        self.jobs.get(i).map(|s| (&s.hot, self.job_ref(s)))
+    }
+
+    fn job_ref<'a>(&'a self, slot: &'a Slot) -> JobRef<'a> {
+        JobRef {
+            job: &slot.job,
+            opened: &self.opened,
+        }
     }
 
     /// The job at `i`, to change what only the job holds. Its reason and planned start are
     /// set through [`Queue::set_reason`] and [`Queue::set_estimated_start`].
     pub(super) fn job_mut(&mut self, i: usize) -> Option<&mut PendingJob> {
+        self.opened.add(1);
         self.jobs.get_mut(i).map(|s| &mut *s.job)
     }
 
@@ -156,6 +214,7 @@ impl Queue {
             if slot.hot.reason != reason {
                 slot.hot.reason = reason;
                 slot.job.reason = reason;
+                self.opened.add(1);
             }
         }
     }
@@ -165,8 +224,17 @@ impl Queue {
             if slot.hot.estimated_start_s != at {
                 slot.hot.estimated_start_s = at;
                 slot.job.estimated_start_s = at;
+                self.opened.add(1);
             }
         }
+    }
+
+    /// How many times, since the queue was made, a job's box was read or written through
+    /// it (an id breaking a tie in the order aside): what a cycle costs beyond the queue's
+    /// own array, where a deep queue's time goes (each box is a cache miss), counted rather
+    /// than timed so that a test can hold it.
+    pub(super) fn opened(&self) -> u64 {
+        self.opened.0.load(MemoryOrder::Relaxed)
     }
 
     /// Share units waiting in each account (by index; accounts past the end have none).
@@ -329,6 +397,7 @@ impl Queue {
 
     /// Moves the jobs `first` picks to the front, keeping the order within each part.
     pub(super) fn move_to_front(&mut self, first: impl Fn(&PendingJob) -> bool) {
+        self.opened.add(self.jobs.len() as u64);
         self.jobs.make_contiguous().sort_by_key(|s| !first(&s.job));
         self.in_order = false;
         self.unsettle();

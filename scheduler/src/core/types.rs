@@ -290,6 +290,8 @@ pub struct PendingJob {
 pub(crate) struct JobLimits {
     /// Index of its account in the scheduler's account list.
     pub(crate) account: usize,
+    /// Index of its project in its account's list (`quota_scopes::NO_PROJECT` for none).
+    pub(crate) project: u32,
     /// Index of its partition in the config's list (`u32::MAX` for none known).
     pub(crate) partition: u32,
     pub(crate) running_limited: bool,
