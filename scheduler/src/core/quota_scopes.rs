@@ -39,8 +39,11 @@ struct Scope {
     over_storage: bool,
     /// Each GPU-hour quota the scope's jobs are held to.
     gpu_hours: Vec<GpuHourWindow>,
-    /// The GPU-hour verdict by a job's share units and time limit.
-    verdicts: FxHashMap<(u64, u64), Option<PendingReason>>,
+    /// The GPU-hour quota's hold by a job's share units and time limit.
+    held: FxHashMap<(u64, u64), PendingReason>,
+    /// The largest and longest jobs found to pass it, none within another: a job no larger
+    /// and no longer than one of them needs no more on any day, so it passes too.
+    passed: Vec<(u64, u64)>,
 }
 
 /// A GPU-hour quota and, by UTC day, what its window used plus what the running jobs there
@@ -149,8 +152,12 @@ impl Scheduler {
             return None;
         }
         let class = (hot.units, hot.time_limit_s);
-        if let Some(verdict) = scope.verdicts.get(&class) {
-            return *verdict;
+        if let Some(reason) = scope.held.get(&class) {
+            return Some(*reason);
+        }
+        let within = |(units, limit): &(u64, u64)| class.0 <= *units && class.1 <= *limit;
+        if scope.passed.iter().any(within) {
+            return None;
         }
         let need = self.gpu_hours_need(hot.units, hot.time_limit_s, now);
         // The checks read from six days before the job's first day to six after its last.
@@ -162,7 +169,17 @@ impl Scheduler {
             gpu_hours_verdict(&window.quota, taken, &none_committed, &need)
                 .and_then(PendingReason::of_quota)
         });
-        scope.verdicts.insert(class, verdict);
+        match verdict {
+            Some(reason) => {
+                scope.held.insert(class, reason);
+            }
+            None => {
+                scope
+                    .passed
+                    .retain(|(units, limit)| *units > class.0 || *limit > class.1);
+                scope.passed.push(class);
+            }
+        }
         verdict
     }
 
@@ -202,7 +219,8 @@ impl Scheduler {
             gpu_room: self.gpu_room(account_id, project_id),
             over_storage: limits.storage && self.over_storage_quota(account_id, project_id),
             gpu_hours,
-            verdicts: FxHashMap::default(),
+            held: FxHashMap::default(),
+            passed: Vec::new(),
         })
     }
 }
