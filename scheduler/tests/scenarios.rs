@@ -1632,49 +1632,70 @@ fn a_job_restored_while_being_preempted_gives_its_gpus_back_at_its_kill_deadline
 /// A cycle's cost beyond the queue's own array, counted rather than timed
 /// (`records_opened`): once every job has its reason, a cycle over 4,000 waiting jobs opens no
 /// more of their records than one over 200, under every policy, whatever quotas the jobs'
-/// accounts have. Session 30's slip (each blocked job's partition read from its record)
+/// accounts have, and with preemptors waiting for their victims to exit and the starvation
+/// bound planning. Session 30's slip (each blocked job's partition read from its record)
 /// doubled the cycle at 100,000 waiting jobs and only `bench schedule` saw it; a queue under
-/// quotas opened every record at every cycle.
+/// quotas, or with a preemptor or a job past `max_wait` in it, opened every record at every
+/// cycle.
 #[test]
 fn a_cycle_opens_no_more_records_for_a_deeper_queue() {
-    for policy in [
-        "fifo",
-        "fifo+backfill",
-        "fifo+conservative",
-        "fairshare",
-        "fairshare+backfill",
-        "fairshare+conservative",
-    ] {
-        let steady_cycle = |waiting: usize| {
-            let mut h = harness(4, policy);
-            for _ in 0..4 {
-                h.submit("b", 8, 10, 0);
-            }
-            h.step(0);
-            // b and c have no quotas; a has running-job quotas (its project p1 too), d daily
-            // and weekly GPU-hour quotas and a storage quota: each queued job of theirs is checked.
-            for k in 0..waiting {
-                let (gpus, limit_h) = ([1, 2, 4, 8][k / 4 % 4], [1, 2, 4, 8][k / 16 % 4]);
-                let mut spec = h.spec(["a", "b", "c", "d"][k % 4], gpus, limit_h, 60);
-                if k % 8 == 0 {
-                    spec.project = Some(ProjectId::new("p1").unwrap());
+    let plain = config(4);
+    let busy = config_with_scheduler(
+        4,
+        "fair_share_preemption = true\nfair_share_preemption_after = \"1h\"\n\
+         max_wait = \"1h\"\nmax_wait_plans = 2\n",
+    );
+    for (config, preempting) in [(&plain, false), (&busy, true)] {
+        for policy in [
+            "fifo",
+            "fifo+backfill",
+            "fifo+conservative",
+            "fairshare",
+            "fairshare+backfill",
+            "fairshare+conservative",
+        ] {
+            let cycle_at_2_h = |waiting: usize| {
+                let mut h = Harness::with_config(config, policy);
+                for _ in 0..32 {
+                    h.submit("b", 1, 10, 0);
                 }
-                h.submit_spec(spec);
-            }
-            // Every job gets its reason: one write each.
-            h.step(60);
-            let before = h.sched.records_opened();
-            h.step(120);
-            h.sched.records_opened() - before
-        };
-        let (shallow, deep) = (steady_cycle(200), steady_cycle(4_000));
-        assert!(
-            shallow > 0,
-            "{policy}: the head's record is read to place it"
-        );
-        assert!(
-            deep <= shallow,
-            "{policy}: a cycle opened {deep} records with 4,000 jobs waiting, {shallow} with 200"
-        );
+                h.step(0);
+                // b and c have no quotas; a has running-job quotas (its project p1 too), d
+                // daily and weekly GPU-hour quotas and a storage quota: each queued job of
+                // theirs is checked.
+                for k in 0..waiting {
+                    let (gpus, limit_h) = ([1, 2, 4, 8][k / 4 % 4], [1, 2, 4, 8][k / 16 % 4]);
+                    let mut spec = h.spec(["a", "b", "c", "d"][k % 4], gpus, limit_h, 60);
+                    if k % 8 == 0 {
+                        spec.project = Some(ProjectId::new("p1").unwrap());
+                    }
+                    h.submit_spec(spec);
+                }
+                // Every job gets its reason (one write each); an hour later fair-share
+                // preemption takes GPUs of b for the others, and its victims are still exiting.
+                h.step(60);
+                h.step(2 * H);
+                let before = h.sched.records_opened();
+                h.step(2 * H + 60);
+                let claims = h.sched.running().any(|r| r.preempting.is_some());
+                (h.sched.records_opened() - before, claims)
+            };
+            let (shallow, claims) = cycle_at_2_h(200);
+            let (deep, _) = cycle_at_2_h(4_000);
+            assert_eq!(
+                claims,
+                preempting && policy.starts_with("fairshare"),
+                "{policy}: preemptors wait for victims exactly where fair-share preemption runs"
+            );
+            assert!(
+                shallow > 0,
+                "{policy}: the head's record is read to place it"
+            );
+            assert!(
+                deep <= shallow,
+                "{policy}, preemption {preempting}: a cycle opened {deep} records with 4,000 \
+                 jobs waiting, {shallow} with 200"
+            );
+        }
     }
 }

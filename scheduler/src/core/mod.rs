@@ -544,6 +544,12 @@ impl Scheduler {
         let mut planned = 0usize;
         // Quota checks by account and project, worked out again after each start.
         let mut quota_scopes = QuotaScopes::default();
+        // A preemptor goes first: its victims' GPUs are freed for it, and a job ahead of it
+        // in the queue planning onto them would make it preempt again, in a loop.
+        if !self.claims.is_empty() {
+            pending.move_claimed_to_front();
+        }
+        // The positions of the jobs the starvation bound planned, ascending.
         let starving = if depth > 0 {
             self.plan_starving(
                 &mut pending,
@@ -553,14 +559,9 @@ impl Scheduler {
                 &mut quota_scopes,
             )
         } else {
-            HashSet::new()
+            Vec::new()
         };
         planned += starving.len();
-        // A preemptor goes first: its victims' GPUs are freed for it, and a job ahead of it
-        // in the queue planning onto them would make it preempt again, in a loop.
-        if !self.claims.is_empty() {
-            pending.move_to_front(|j| self.claims.contains_key(&j.spec.id));
-        }
         // Only tier preemption asks the gate; it looks at every running job.
         let mut gate = if self.knobs.preemption {
             PreemptionGate::of(self.running.values())
@@ -583,8 +584,8 @@ impl Scheduler {
             let Some((&hot, job)) = pending.at(i) else {
                 break;
             };
-            let pre_planned = !starving.is_empty() && starving.contains(&job.spec.id);
-            let claimed = !self.claims.is_empty() && self.claims.contains_key(&job.spec.id);
+            let pre_planned = starving.binary_search(&i).is_ok();
+            let claimed = hot.claimed;
             let quota = if hot.limited {
                 self.quota_hold_in(&hot, job, &mut quota_scopes, now)
             } else {
@@ -595,6 +596,8 @@ impl Scheduler {
                 // Its victims are gone: it goes first this cycle (sorted above), and if it
                 // still cannot start the claim lapses rather than hold a quota slot for ever.
                 self.claims.remove(&job.spec.id);
+                pending.set_claimed(i, false);
+                quota_scopes.forget_account(hot.account);
             }
             if !pre_planned {
                 pending.set_estimated_start(i, None);
@@ -610,6 +613,8 @@ impl Scheduler {
                 && failures[account]
                     .iter()
                     .any(|(g, l)| min >= *g && limit >= *l);
+            // Whether it holds a claim once it tried to preempt (the queue keeps it).
+            let mut claims_now = None;
             // A job past max_wait is tried whatever failed before it: its GPUs are held for it.
             if (!hopeless || pre_planned) && !draining {
                 let Some(job) = pending.job_mut(i) else {
@@ -668,6 +673,7 @@ impl Scheduler {
                         continue 'jobs;
                     }
                     job.has_preempted = self.claims.contains_key(&job.spec.id);
+                    claims_now = Some(job.has_preempted);
                     if job.has_preempted && over_share {
                         // Its claim now counts for its account.
                         take_room(&mut share_room, account, units);
@@ -686,6 +692,9 @@ impl Scheduler {
                     keep_room_for(&mut share_gap, account, units);
                 }
             }
+            if let Some(claimed) = claims_now {
+                pending.set_claimed(i, claimed);
+            }
             if !hopeless && hot.plain {
                 // Kept minimal: a failure no smaller and no longer than this one says nothing
                 // more.
@@ -697,7 +706,7 @@ impl Scheduler {
                 break;
             };
             let reason = self.blocked_reason(job, planned == 0);
-            let claimed = !self.claims.is_empty() && self.claims.contains_key(&job.spec.id);
+            let claimed = pending.at(i).is_some_and(|(h, _)| h.claimed);
             // Under fair share each account's first waiting job gets a planned start too,
             // whatever its place in the queue (the starvation bound's other half; see
             // `plan_starving`). Under FIFO each partition's does: EASY's reservation for the
@@ -838,7 +847,7 @@ impl Scheduler {
     /// `max_wait_plans` of them), get planned starts before anyone else is placed or planned,
     /// so that no job of higher priority may take the GPUs they will start on. They start when
     /// the queue reaches them and their GPUs are free (their own plan does not stand in their
-    /// way). Returns the jobs planned.
+    /// way). Returns the positions of the jobs planned, ascending.
     fn plan_starving(
         &self,
         pending: &mut Queue,
@@ -846,8 +855,8 @@ impl Scheduler {
         plan: &mut Option<Plan>,
         keeping: &mut Keeping,
         quota_scopes: &mut QuotaScopes,
-    ) -> HashSet<JobId> {
-        let mut planned = HashSet::new();
+    ) -> Vec<usize> {
+        let mut planned = Vec::new();
         let wanted = self.knobs.max_wait_plans as usize;
         if wanted == 0 {
             return planned;
@@ -875,10 +884,11 @@ impl Scheduler {
             if let Some((t, p)) = self.plan_job(plan, &job.spec, now, UnixSeconds::MIN, keeping) {
                 let end = t.saturating_add(job.spec.time_limit_s as i64);
                 plan.hold(job.spec.id.clone(), t, end, p, &self.cluster);
-                planned.insert(job.spec.id.clone());
+                planned.push(i);
                 pending.set_estimated_start(i, Some(t));
             }
         }
+        planned.sort_unstable();
         planned
     }
 
@@ -1138,7 +1148,7 @@ impl Scheduler {
     /// every job within its size, quotas of running jobs and GPU-hours kept, reservations
     /// honoured.
     pub fn check_invariants(&self) -> Result<(), String> {
-        self.pending.check()?;
+        self.pending.check(|id| self.claims.contains_key(id))?;
         let mut rebuilt = self.cluster.empty_like();
         if self.releases.len() != self.running.len() {
             return Err(format!(

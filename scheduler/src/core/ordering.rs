@@ -74,8 +74,8 @@ impl Scheduler {
             *d = *units;
         }
         if !self.claims.is_empty() {
-            for (hot, job) in self.pending.entries() {
-                if self.claims.contains_key(&job.spec.id) {
+            for hot in self.pending.hot() {
+                if hot.claimed {
                     let account = hot.account;
                     if let (Some(h), Some(d)) = (held.get_mut(account), demand.get_mut(account)) {
                         *h += hot.units as i64;

@@ -41,6 +41,9 @@ pub(super) struct Hot {
     pub(super) limited: bool,
     /// It asks for no particular shape (GPUs per node, node count, model, share).
     pub(super) plain: bool,
+    /// It preempted and waits for its victims (it holds a claim): set by the cycle, not the
+    /// job's own.
+    pub(super) claimed: bool,
     /// Its id as a number in id order, where it is short enough ([`id_key`]), in two halves
     /// (a `u128` would align every slot to 16 bytes); `[0, 0]` where it is not.
     id_key: [u64; 2],
@@ -67,6 +70,7 @@ impl Hot {
                 || limits.gpu_hours_limited
                 || limits.storage_limited,
             plain: spec.shape == Default::default(),
+            claimed: false,
             id_key: id_key(&spec.id).map_or([0, 0], |k| [(k >> 64) as u64, k as u64]),
             reason: job.reason,
             estimated_start_s: job.estimated_start_s,
@@ -395,12 +399,18 @@ impl Queue {
         out
     }
 
-    /// Moves the jobs `first` picks to the front, keeping the order within each part.
-    pub(super) fn move_to_front(&mut self, first: impl Fn(&PendingJob) -> bool) {
-        self.opened.add(self.jobs.len() as u64);
-        self.jobs.make_contiguous().sort_by_key(|s| !first(&s.job));
+    /// Moves the jobs that hold a claim to the front, keeping the order within each part.
+    pub(super) fn move_claimed_to_front(&mut self) {
+        self.jobs.make_contiguous().sort_by_key(|s| !s.hot.claimed);
         self.in_order = false;
         self.unsettle();
+    }
+
+    /// Records whether the job at `i` holds a claim.
+    pub(super) fn set_claimed(&mut self, i: usize, claimed: bool) {
+        if let Some(slot) = self.jobs.get_mut(i) {
+            slot.hot.claimed = claimed;
+        }
     }
 
     /// Every job from `from` on waits behind a blocked job: reason `Priority`, no planned
@@ -470,7 +480,7 @@ impl Queue {
     /// A queue known to be in order is (by the priorities it holds); the jobs recorded as
     /// waiting behind a blocked one really are; what the queue keeps of each job is the
     /// job's; the units waiting per account add up.
-    pub(super) fn check(&self) -> Result<(), String> {
+    pub(super) fn check(&self, claimed: impl Fn(&JobId) -> bool) -> Result<(), String> {
         if self.in_order {
             let mut ahead = self.jobs.iter().zip(self.jobs.iter().skip(1));
             if let Some((a, b)) = ahead.find(|(a, b)| slot_order(a, b).is_gt()) {
@@ -505,6 +515,7 @@ impl Queue {
         for slot in &self.jobs {
             let copy = Hot {
                 priority: slot.hot.priority,
+                claimed: claimed(&slot.job.spec.id),
                 ..Hot::of(&slot.job)
             };
             if copy != slot.hot {
@@ -581,12 +592,12 @@ mod tests {
         q.end_cycle(&[0, 2], Some(4));
         assert_eq!(ids(&q), ["1", "3", "4", "5", "6", "7"]);
         assert_eq!((q.settled_from, q.fresh_from), (2, 6));
-        q.check().unwrap();
+        q.check(|_| false).unwrap();
         // A cancel ahead of the settled jobs shifts them; an arrival is fresh.
         q.remove(&JobId::new("1").unwrap());
         q.push(job(8, 8));
         assert_eq!((q.settled_from, q.fresh_from), (1, 5));
-        q.check().unwrap();
+        q.check(|_| false).unwrap();
         // The next cycle blocks at the head: of the jobs behind it only the arrival is new.
         q.wait_behind(1);
         q.end_cycle(&[], Some(1));
@@ -594,7 +605,7 @@ mod tests {
             .iter()
             .skip(1)
             .all(|j| j.reason == PendingReason::Priority));
-        q.check().unwrap();
+        q.check(|_| false).unwrap();
     }
 
     #[test]
@@ -619,10 +630,10 @@ mod tests {
         q.end_cycle(&[0], None);
         q.remove(&JobId::new("3").unwrap());
         assert_eq!(q.waiting_units(), [2 * unit, 2 * unit]);
-        q.check().unwrap();
+        q.check(|_| false).unwrap();
         // A job changed behind the queue's back is caught.
         q.job_mut(0).unwrap().reason = PendingReason::AssocGrpGres;
-        assert!(q.check().unwrap_err().contains("copy of job 1"));
+        assert!(q.check(|_| false).unwrap_err().contains("copy of job 1"));
     }
 
     proptest::proptest! {
@@ -662,7 +673,7 @@ mod tests {
                 let expected: Vec<&JobId> = sorted.iter().map(|s| &s.job.spec.id).collect();
                 let got: Vec<&JobId> = q.iter().map(|j| &j.spec.id).collect();
                 proptest::prop_assert_eq!(got, expected);
-                q.check().unwrap();
+                q.check(|_| false).unwrap();
                 // Jobs started anywhere in the queue, a few (taken out one by one) or many (the
                 // queue walked once): the others stay, in order.
                 let started: Vec<usize> = (first..q.len()).step_by(every).take(starts).collect();
@@ -675,7 +686,7 @@ mod tests {
                 q.end_cycle(&started, None);
                 let after: Vec<JobId> = q.iter().map(|j| j.spec.id.clone()).collect();
                 proptest::prop_assert_eq!(after, left);
-                q.check().unwrap();
+                q.check(|_| false).unwrap();
             }
         }
     }

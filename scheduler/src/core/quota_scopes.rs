@@ -96,8 +96,8 @@ impl QuotaScopes {
 
 impl Scheduler {
     /// [`Scheduler::quota_hold`] for the waiting job `hot` describes, from its scope in
-    /// `scopes` (worked out on first use). The job's record (`job`) is read only while claims
-    /// are pending (they count for every job but the claimant's own) or for a project the
+    /// `scopes` (worked out on first use). The job's record (`job`) is read only when it holds
+    /// a claim (claims count for every job but the claimant's own) or names a project the
     /// config does not list.
     pub(super) fn quota_hold_in(
         &self,
@@ -106,7 +106,8 @@ impl Scheduler {
         scopes: &mut QuotaScopes,
         now: UnixSeconds,
     ) -> Option<PendingReason> {
-        if !self.claims.is_empty() || hot.project == UNKNOWN_PROJECT {
+        // A claimant's own claim does not count against it, everyone else's does.
+        if hot.claimed || hot.project == UNKNOWN_PROJECT {
             return self.quota_hold(&job, now);
         }
         let verdict = self.scope_hold(hot, scopes, now);
@@ -184,7 +185,7 @@ impl Scheduler {
     }
 
     /// What every job of account `account` (an index) and project `project` (an index in its
-    /// list, or [`NO_PROJECT`]) is checked against now, with no claims pending.
+    /// list, or [`NO_PROJECT`]) that holds no claim is checked against now.
     fn scope(&self, account: usize, project: u32, now: UnixSeconds) -> Option<Scope> {
         let account_id = self.account_ids.get(account)?;
         let project_id = match project {
