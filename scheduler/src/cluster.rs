@@ -152,7 +152,7 @@ impl NodeFilter {
 /// Where a job's GPUs may be: how many on each node, over how many nodes, and of which GPU
 /// types (Slurm's `--gpus-per-node`, `--nodes` and `--gres=gpu:TYPE:N`). The default asks
 /// nothing: one node when the job fits one, else whole free nodes, the largest first.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Shape {
     /// Exactly this many GPUs on each node the job uses (its GPUs a multiple of it).
     pub gpus_per_node: Option<u32>,

@@ -1669,6 +1669,9 @@ fn a_cycle_opens_no_more_records_for_a_deeper_queue() {
                     if k % 8 == 0 {
                         spec.project = Some(ProjectId::new("p1").unwrap());
                     }
+                    if k % 3 == 1 {
+                        spec.shape.gpu_types = vec![gpuledger_model::GpuModel::H100Sxm.into()];
+                    }
                     h.submit_spec(spec);
                 }
                 // Every job gets its reason (one write each); an hour later fair-share

@@ -144,6 +144,7 @@ impl Scheduler {
         JobLimits {
             account: self.account_index.get(&spec.account).copied().unwrap_or(0),
             project,
+            shape: DEFAULT_SHAPE,
             partition: self.partitions.get(partition).map_or(u32::MAX, |p| p.index),
             running_limited: scope.running,
             gpus_limited: scope.gpus,
@@ -151,6 +152,16 @@ impl Scheduler {
             storage_limited: scope.storage,
             quota_priority: quota.priority.map_or(0.5, |p| f64::from(p) / 100.0),
         }
+    }
+
+    /// [`Scheduler::limits_for`] a job entering the queue, with its shape numbered.
+    pub(super) fn waiting_limits(&mut self, spec: &JobSpec) -> JobLimits {
+        let mut limits = self.limits_for(spec);
+        if spec.shape != Shape::default() {
+            let next = u32::try_from(self.shape_ids.len() + 1).unwrap_or(u32::MAX);
+            limits.shape = *self.shape_ids.entry(spec.shape.clone()).or_insert(next);
+        }
+        limits
     }
 
     /// Which quotas an account's (or a project's) jobs must be checked against before they

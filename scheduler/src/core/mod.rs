@@ -37,6 +37,9 @@ use queue::{Hot, JobRef, Queue};
 use quota_scopes::{QuotaScopes, ScopeLimits, NO_PROJECT, UNKNOWN_PROJECT};
 pub use types::*;
 
+/// `JobLimits::shape` of a job that asks for no particular shape.
+const DEFAULT_SHAPE: u32 = 0;
+
 #[derive(Clone, Debug)]
 struct PartitionInfo {
     /// Its place in the config's list (a waiting job keeps it, see `JobLimits`).
@@ -58,6 +61,10 @@ pub struct Scheduler {
     /// Accounts in a fixed order, so per-cycle figures are vectors, not maps.
     account_ids: Vec<AccountId>,
     account_index: HashMap<AccountId, usize>,
+    /// Each shape a job asked for other than the default, numbered from 1 as first seen: a
+    /// waiting job keeps its shape's number beside its order, so a cycle can tell that a job
+    /// cannot fit where one of the same shape, no smaller and no longer, just failed.
+    shape_ids: HashMap<Shape, u32>,
     /// The most GPUs each account's jobs could ever get.
     capacity: HashMap<AccountId, u32>,
     formula: FairShareFormula,
@@ -217,6 +224,7 @@ impl Scheduler {
             reservations: Reservations::default(),
             pending: Queue::default(),
             pending_ids: HashSet::new(),
+            shape_ids: HashMap::new(),
             running: BTreeMap::new(),
             releases: ReleaseBook::default(),
             running_per_account: HashMap::new(),
@@ -328,7 +336,7 @@ impl Scheduler {
     /// queue back).
     pub fn submit_with_history(&mut self, spec: JobSpec, preemptions: u32) -> Result<(), Refusal> {
         let tier = self.admit(&spec)?;
-        let limits = self.limits_for(&spec);
+        let limits = self.waiting_limits(&spec);
         self.pending_ids.insert(spec.id.clone());
         let job = PendingJob {
             spec,
@@ -360,7 +368,7 @@ impl Scheduler {
             .from_allocation(allocation)
             .filter(|p| self.cluster.is_free(p) && p.gpu_count() >= spec.min_size())
             .ok_or_else(|| Refusal::DuplicateId(spec.id.clone()))?;
-        let limits = self.limits_for(&spec);
+        let limits = self.waiting_limits(&spec);
         let pending = PendingJob {
             spec,
             tier,
@@ -471,7 +479,7 @@ impl Scheduler {
         let Some(job) = self.finish(id, now) else {
             return false;
         };
-        let limits = self.limits_for(&job.spec);
+        let limits = self.waiting_limits(&job.spec);
         self.pending_ids.insert(job.spec.id.clone());
         let job = PendingJob {
             spec: job.spec,
@@ -523,8 +531,11 @@ impl Scheduler {
         let mut cycle = Cycle::default();
         let mut blocked = false;
         // Within a cycle placement only gets harder (jobs start, plans are added), so a job of
-        // an account is hopeless where one no larger and no longer already failed.
-        let mut failures: Vec<Vec<(u32, u64)>> = vec![Vec::new(); self.account_ids.len().max(1)];
+        // an account is hopeless where one of its shape no larger and no longer already failed
+        // (a part of a GPU may fit where a whole GPU did not, and a job held to a GPU type or
+        // layout says nothing of one that is not).
+        let mut failures: Vec<Vec<(u32, u32, u64)>> =
+            vec![Vec::new(); self.account_ids.len().max(1)];
         let mut account_planned = vec![false; self.account_ids.len().max(1)];
         let mut partitions_planned = vec![false; self.partitions.len()];
         let mut plan_floors: Vec<Vec<(u32, u64, UnixSeconds)>> =
@@ -607,12 +618,9 @@ impl Scheduler {
                 continue;
             }
             let (min, limit, units, account) = (hot.min, hot.time_limit_s, hot.units, hot.account);
-            // Only jobs of the default shape: a part of a GPU may fit where a whole GPU did not,
-            // and a job held to a GPU model or layout says nothing of one that is not.
-            let hopeless = hot.plain
-                && failures[account]
-                    .iter()
-                    .any(|(g, l)| min >= *g && limit >= *l);
+            let hopeless = failures[account]
+                .iter()
+                .any(|(shape, g, l)| *shape == hot.shape && min >= *g && limit >= *l);
             // Whether it holds a claim once it tried to preempt (the queue keeps it).
             let mut claims_now = None;
             // A job past max_wait is tried whatever failed before it: its GPUs are held for it.
@@ -695,12 +703,12 @@ impl Scheduler {
             if let Some(claimed) = claims_now {
                 pending.set_claimed(i, claimed);
             }
-            if !hopeless && hot.plain {
-                // Kept minimal: a failure no smaller and no longer than this one says nothing
-                // more.
+            if !hopeless {
+                // Kept minimal: a failure of its shape no smaller and no longer than this one
+                // says nothing more.
                 let entry = &mut failures[account];
-                entry.retain(|(g, l)| *g < min || *l < limit);
-                entry.push((min, limit));
+                entry.retain(|(shape, g, l)| *shape != hot.shape || *g < min || *l < limit);
+                entry.push((hot.shape, min, limit));
             }
             let Some((_, job)) = pending.at(i) else {
                 break;
@@ -735,7 +743,7 @@ impl Scheduler {
                 let floors = &mut plan_floors[account];
                 let not_before = floors
                     .iter()
-                    .filter(|(g, l, _)| hot.plain && min >= *g && limit >= *l)
+                    .filter(|(g, l, _)| hot.shape == DEFAULT_SHAPE && min >= *g && limit >= *l)
                     .map(|(_, _, t)| *t)
                     .max()
                     .unwrap_or(UnixSeconds::MIN);
@@ -748,7 +756,7 @@ impl Scheduler {
                     plan.hold(job.spec.id.clone(), t, end, p, &self.cluster);
                     pending.set_estimated_start(i, Some(t));
                     planned += 1;
-                    if hot.plain {
+                    if hot.shape == DEFAULT_SHAPE {
                         floors.push((min, limit, t));
                     }
                 }

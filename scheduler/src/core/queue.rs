@@ -39,8 +39,9 @@ pub(super) struct Hot {
     pub(super) quota_priority: f64,
     /// Any of its quotas needs a look before it starts.
     pub(super) limited: bool,
-    /// It asks for no particular shape (GPUs per node, node count, model, share).
-    pub(super) plain: bool,
+    /// Its shape's number (see `JobLimits`): `DEFAULT_SHAPE` when it asks for no particular
+    /// GPUs per node, node count, model or share.
+    pub(super) shape: u32,
     /// It preempted and waits for its victims (it holds a claim): set by the cycle, not the
     /// job's own.
     pub(super) claimed: bool,
@@ -69,7 +70,7 @@ impl Hot {
                 || limits.gpus_limited
                 || limits.gpu_hours_limited
                 || limits.storage_limited,
-            plain: spec.shape == Default::default(),
+            shape: limits.shape,
             claimed: false,
             id_key: id_key(&spec.id).map_or([0, 0], |k| [(k >> 64) as u64, k as u64]),
             reason: job.reason,

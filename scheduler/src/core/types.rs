@@ -292,6 +292,8 @@ pub(crate) struct JobLimits {
     pub(crate) account: usize,
     /// Index of its project in its account's list (`quota_scopes::NO_PROJECT` for none).
     pub(crate) project: u32,
+    /// Its shape's number (`DEFAULT_SHAPE` for the default; see `Scheduler::shape_ids`).
+    pub(crate) shape: u32,
     /// Index of its partition in the config's list (`u32::MAX` for none known).
     pub(crate) partition: u32,
     pub(crate) running_limited: bool,
