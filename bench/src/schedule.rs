@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use gpuledger_model::rng::SplitMix64;
-use gpuledger_model::{AccountId, ClusterConfig, JobId};
+use gpuledger_model::{AccountId, ClusterConfig, GpuModel, JobId};
 use gpuledger_scheduler::{JobSpec, Scheduler, SchedulerOptions};
 
 use gpuledger_model::stats::percentile;
@@ -37,6 +37,10 @@ pub struct ScheduleArgs {
     /// what checking quotas costs a cycle (the schedule is the same as without).
     #[arg(long)]
     pub quotas: bool,
+    /// Every third job asks for the cluster's GPU type (Slurm's `--gres=gpu:TYPE:N`): what a
+    /// queue of jobs with shapes costs a cycle (the bench cluster has that one type only).
+    #[arg(long)]
+    pub shaped: bool,
 }
 
 /// Quotas no account of the bench reaches.
@@ -64,19 +68,17 @@ fn cluster(nodes: u32, plan_each_account: bool, quotas: bool) -> anyhow::Result<
     ClusterConfig::from_toml_str(&src, "bench").context("bench cluster")
 }
 
-fn job(rng: &mut SplitMix64, n: u64, t: i64) -> anyhow::Result<JobSpec> {
+fn job(rng: &mut SplitMix64, n: u64, t: i64, shaped: bool) -> anyhow::Result<JobSpec> {
     const SIZES: [u32; 7] = [1, 2, 4, 8, 16, 32, 64];
     const WEIGHTS: [f64; 7] = [0.3, 0.15, 0.15, 0.2, 0.1, 0.06, 0.04];
     let gpus = SIZES[rng.weighted_index(&WEIGHTS)];
     let limit = rng.range_u64(1, 48) * 3600;
     let account = AccountId::new(format!("acct-{}", rng.range_u64(0, ACCOUNTS as u64 - 1)))?;
-    Ok(JobSpec::new(
-        JobId::new(n.to_string())?,
-        account,
-        gpus,
-        limit,
-        t,
-    ))
+    let mut spec = JobSpec::new(JobId::new(n.to_string())?, account, gpus, limit, t);
+    if shaped && n.is_multiple_of(3) {
+        spec.shape.gpu_types = vec![GpuModel::H100Sxm.into()];
+    }
+    Ok(spec)
 }
 
 /// Runs the measurement and returns a Markdown table row per policy.
@@ -102,7 +104,7 @@ pub fn run(args: &ScheduleArgs) -> anyhow::Result<String> {
         loop {
             for _ in 0..256 {
                 n += 1;
-                sched.submit(job(&mut rng, n, t)?)?;
+                sched.submit(job(&mut rng, n, t, args.shaped)?)?;
             }
             let started = sched.schedule(t).started.len();
             if started == 0 || sched.cluster().free_gpus() == 0 {
@@ -111,7 +113,7 @@ pub fn run(args: &ScheduleArgs) -> anyhow::Result<String> {
         }
         while sched.pending().len() < pending {
             n += 1;
-            sched.submit(job(&mut rng, n, t)?)?;
+            sched.submit(job(&mut rng, n, t, args.shaped)?)?;
         }
         let mut times = Vec::with_capacity(cycles);
         let mut started = 0usize;
@@ -125,7 +127,7 @@ pub fn run(args: &ScheduleArgs) -> anyhow::Result<String> {
             }
             while sched.pending().len() < pending {
                 n += 1;
-                sched.submit(job(&mut rng, n, t)?)?;
+                sched.submit(job(&mut rng, n, t, args.shaped)?)?;
             }
             let records = sched.records_opened();
             let begun = Instant::now();
