@@ -1681,7 +1681,12 @@ fn a_cycle_opens_no_more_records_for_a_deeper_queue() {
                 let before = h.sched.records_opened();
                 h.step(2 * H + 60);
                 let claims = h.sched.running().any(|r| r.preempting.is_some());
-                (h.sched.records_opened() - before, claims)
+                let opened = h.sched.records_opened() - before;
+                // What the simulator asks after every event reads the queue's array alone.
+                let before_due = h.sched.records_opened();
+                let _due = h.sched.next_due(2 * H + 60);
+                assert_eq!(h.sched.records_opened(), before_due, "{policy}: next_due");
+                (opened, claims)
             };
             let (shallow, claims) = cycle_at_2_h(200);
             let (deep, _) = cycle_at_2_h(4_000);

@@ -702,6 +702,7 @@ impl Scheduler {
             }
             if let Some(claimed) = claims_now {
                 pending.set_claimed(i, claimed);
+                pending.set_has_preempted(i, claimed);
             }
             if !hopeless {
                 // Kept minimal: a failure of its shape no smaller and no longer than this one
@@ -796,8 +797,8 @@ impl Scheduler {
         }
         let midnight = (day_of(now) + 1).saturating_mul(DAY_S);
         self.pending
-            .entries()
-            .flat_map(|(p, job)| {
+            .hot()
+            .flat_map(|p| {
                 let after = |wait: Option<u64>| wait.map(|w| p.submit_s.saturating_add(w as i64));
                 let day_held = matches!(
                     p.reason(),
@@ -806,7 +807,7 @@ impl Scheduler {
                 [
                     p.estimated_start_s(),
                     after(max_wait),
-                    after(reclaim).filter(|_| !job.has_preempted),
+                    after(reclaim).filter(|_| !p.has_preempted),
                     day_held.then_some(midnight),
                 ]
             })

@@ -45,6 +45,9 @@ pub(super) struct Hot {
     /// It preempted and waits for its victims (it holds a claim): set by the cycle, not the
     /// job's own.
     pub(super) claimed: bool,
+    /// It preempted during this wait (the job's own `has_preempted`, mirrored): it does not
+    /// preempt again before it starts.
+    pub(super) has_preempted: bool,
     /// Its id as a number in id order, where it is short enough ([`id_key`]), in two halves
     /// (a `u128` would align every slot to 16 bytes); `[0, 0]` where it is not.
     id_key: [u64; 2],
@@ -72,6 +75,7 @@ impl Hot {
                 || limits.storage_limited,
             shape: limits.shape,
             claimed: false,
+            has_preempted: job.has_preempted,
             id_key: id_key(&spec.id).map_or([0, 0], |k| [(k >> 64) as u64, k as u64]),
             reason: job.reason,
             estimated_start_s: job.estimated_start_s,
@@ -188,11 +192,6 @@ impl Queue {
     /// What a cycle reads of each job, in queue order.
     pub(super) fn hot(&self) -> impl ExactSizeIterator<Item = &Hot> {
         self.jobs.iter().map(|s| &s.hot)
-    }
-
-    /// Each job with what the queue keeps of it, in queue order.
-    pub(super) fn entries(&self) -> impl Iterator<Item = (&Hot, JobRef<'_>)> {
-        self.jobs.iter().map(|s| (&s.hot, self.job_ref(s)))
     }
 
     /// The job at `i` with what the queue keeps of it.
@@ -411,6 +410,14 @@ impl Queue {
     pub(super) fn set_claimed(&mut self, i: usize, claimed: bool) {
         if let Some(slot) = self.jobs.get_mut(i) {
             slot.hot.claimed = claimed;
+        }
+    }
+
+    /// Records whether the job at `i` preempted during this wait, as the job says (it was
+    /// set on the job, whose record the cycle had open).
+    pub(super) fn set_has_preempted(&mut self, i: usize, has_preempted: bool) {
+        if let Some(slot) = self.jobs.get_mut(i) {
+            slot.hot.has_preempted = has_preempted;
         }
     }
 
