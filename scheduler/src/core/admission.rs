@@ -192,37 +192,6 @@ impl Scheduler {
         }
     }
 
-    /// The quota that keeps a job from starting now, if any. A cycle asks
-    /// [`Scheduler::quota_hold_in`], which gives the same answer from what it worked out for
-    /// the job's account or project.
-    pub(super) fn quota_hold(&self, job: &PendingJob, now: UnixSeconds) -> Option<PendingReason> {
-        let spec = &job.spec;
-        let (account, project) = (&spec.account, spec.project.as_ref());
-        if job.limits.running_limited && self.at_job_limit(account, project, Some(&spec.id)) {
-            return Some(PendingReason::AssocMaxJobsLimit);
-        }
-        if job.limits.gpus_limited
-            && self
-                .gpu_room(account, project)
-                .is_some_and(|room| room < spec.share_units_of(spec.min_size()))
-        {
-            return Some(PendingReason::AssocGrpGres);
-        }
-        if job.limits.storage_limited && self.over_storage_quota(account, project) {
-            return Some(PendingReason::AssocGrpStorage);
-        }
-        if !job.limits.gpu_hours_limited {
-            return None;
-        }
-        let need =
-            self.gpu_hours_need(spec.share_units_of(spec.min_size()), spec.time_limit_s, now);
-        self.gpu_hour_scopes(account, project)
-            .into_iter()
-            .find_map(|(key, quota)| {
-                self.gpu_hours_hold(&key, &quota, &self.committed(&key), &need)
-            })
-    }
-
     /// Bytes an account (project `None`) or a project keeps, as the last storage scan found.
     pub fn set_storage_used(
         &mut self,
@@ -294,26 +263,6 @@ impl Scheduler {
         committed
     }
 
-    /// What a job of `units` share units and a limit of `limit_s` would use from `now`.
-    pub(super) fn gpu_hours_need(&self, units: u64, limit_s: u64, now: UnixSeconds) -> DaySpread {
-        let mut need = DaySpread::default();
-        need.add(units, now, now.saturating_add(limit_s as i64));
-        need
-    }
-
-    /// Whether the GPU-hours `need`s, with what the window `key` used and its running jobs
-    /// may still use (`committed`), pass `quota`.
-    pub(super) fn gpu_hours_hold(
-        &self,
-        key: &WindowKey,
-        quota: &Quota,
-        committed: &DaySpread,
-        need: &DaySpread,
-    ) -> Option<PendingReason> {
-        let used = |day: i64| self.windows.day(key, day);
-        gpu_hours_verdict(quota, used, committed, need).and_then(PendingReason::of_quota)
-    }
-
     /// What the running jobs of an account (project `None`) or a project hold now, in share
     /// units.
     pub(super) fn held(&self, key: &WindowKey) -> u64 {
@@ -334,9 +283,8 @@ impl Scheduler {
         }
     }
 
-    /// How much more a job of `spec` may hold under `max_gpus` (its account's and its
-    /// project's, the tighter), in share units; `None` when neither sets one.
-    /// Share units an account's (or project's) `max_gpus` leaves its next job, if it has one.
+    /// How much more a job of the account (or project) may hold under `max_gpus` (the
+    /// account's and the project's, the tighter), in share units; `None` when neither sets one.
     pub(super) fn gpu_room(
         &self,
         account_id: &AccountId,

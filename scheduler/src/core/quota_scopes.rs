@@ -32,7 +32,7 @@ pub(super) struct QuotaScopes {
 }
 
 #[derive(Debug)]
-struct Scope {
+pub(super) struct Scope {
     limits: ScopeLimits,
     at_job_limit: bool,
     gpu_room: Option<u64>,
@@ -94,6 +94,60 @@ impl QuotaScopes {
     }
 }
 
+impl Scope {
+    /// The quota that keeps a job of `units` share units and a time limit of `limit_s` from
+    /// starting now, if any: the running-job limit, then `max_gpus`, storage, GPU-hours.
+    fn hold(
+        &mut self,
+        windows: &UsageWindows,
+        units: u64,
+        limit_s: u64,
+        now: UnixSeconds,
+    ) -> Option<PendingReason> {
+        if self.limits.running && self.at_job_limit {
+            return Some(PendingReason::AssocMaxJobsLimit);
+        }
+        if self.limits.gpus && self.gpu_room.is_some_and(|room| room < units) {
+            return Some(PendingReason::AssocGrpGres);
+        }
+        if self.limits.storage && self.over_storage {
+            return Some(PendingReason::AssocGrpStorage);
+        }
+        if !self.limits.gpu_hours {
+            return None;
+        }
+        let class = (units, limit_s);
+        if let Some(reason) = self.held.get(&class) {
+            return Some(*reason);
+        }
+        let within = |(u, l): &(u64, u64)| class.0 <= *u && class.1 <= *l;
+        if self.passed.iter().any(within) {
+            return None;
+        }
+        let mut need = DaySpread::default();
+        need.add(units, now, now.saturating_add(limit_s as i64));
+        // The checks read from six days before the job's first day to six after its last.
+        let last = need.span().map_or(day_of(now), |(_, last)| last) + 6;
+        let none_committed = DaySpread::default();
+        let verdict = self.gpu_hours.iter_mut().find_map(|window| {
+            window.cover(windows, last);
+            let taken = |day: i64| window.taken_on(day);
+            gpu_hours_verdict(&window.quota, taken, &none_committed, &need)
+                .and_then(PendingReason::of_quota)
+        });
+        match verdict {
+            Some(reason) => {
+                self.held.insert(class, reason);
+            }
+            None => {
+                self.passed.retain(|(u, l)| *u > class.0 || *l > class.1);
+                self.passed.push(class);
+            }
+        }
+        verdict
+    }
+}
+
 impl Scheduler {
     /// [`Scheduler::quota_hold`] for the waiting job `hot` describes, from its scope in
     /// `scopes` (worked out on first use). The job's record (`job`) is read only when it holds
@@ -110,8 +164,10 @@ impl Scheduler {
         if hot.claimed || hot.project == UNKNOWN_PROJECT {
             return self.quota_hold(&job, now);
         }
-        let verdict = self.scope_hold(hot, scopes, now);
-        // Every test run (debug builds) checks the scope's answer against the job's own.
+        let verdict = self
+            .kept_scope(scopes, hot.account, hot.project, now)
+            .and_then(|scope| scope.hold(&self.windows, hot.units, hot.time_limit_s, now));
+        // Every test run (debug builds) checks the kept scope's answer against a fresh one's.
         #[cfg(debug_assertions)]
         assert_eq!(
             verdict,
@@ -122,83 +178,50 @@ impl Scheduler {
         verdict
     }
 
-    fn scope_hold(
+    /// The scope of account `account` (an index) and project `project` (an index in its list,
+    /// or [`NO_PROJECT`]) as `scopes` keeps it, worked out now if it does not.
+    fn kept_scope<'s>(
         &self,
-        hot: &Hot,
-        scopes: &mut QuotaScopes,
+        scopes: &'s mut QuotaScopes,
+        account: usize,
+        project: u32,
         now: UnixSeconds,
-    ) -> Option<PendingReason> {
-        if scopes.accounts.len() <= hot.account {
-            scopes.accounts.resize_with(hot.account + 1, Vec::new);
+    ) -> Option<&'s mut Scope> {
+        if scopes.accounts.len() <= account {
+            scopes.accounts.resize_with(account + 1, Vec::new);
         }
-        let of_account = &mut scopes.accounts[hot.account];
-        let at = match of_account.iter().position(|(p, _)| *p == hot.project) {
+        let of_account = &mut scopes.accounts[account];
+        let at = match of_account.iter().position(|(p, _)| *p == project) {
             Some(at) => at,
             None => {
-                of_account.push((hot.project, self.scope(hot.account, hot.project, now)?));
+                let account_id = self.account_ids.get(account)?;
+                let project_id = match project {
+                    NO_PROJECT => None,
+                    i => Some(
+                        &self
+                            .tenants
+                            .account(account_id)?
+                            .projects
+                            .get(i as usize)?
+                            .id,
+                    ),
+                };
+                of_account.push((project, self.scope(account_id, project_id, None, now)));
                 of_account.len() - 1
             }
         };
-        let scope = &mut of_account[at].1;
-        if scope.limits.running && scope.at_job_limit {
-            return Some(PendingReason::AssocMaxJobsLimit);
-        }
-        if scope.limits.gpus && scope.gpu_room.is_some_and(|room| room < hot.units) {
-            return Some(PendingReason::AssocGrpGres);
-        }
-        if scope.limits.storage && scope.over_storage {
-            return Some(PendingReason::AssocGrpStorage);
-        }
-        if !scope.limits.gpu_hours {
-            return None;
-        }
-        let class = (hot.units, hot.time_limit_s);
-        if let Some(reason) = scope.held.get(&class) {
-            return Some(*reason);
-        }
-        let within = |(units, limit): &(u64, u64)| class.0 <= *units && class.1 <= *limit;
-        if scope.passed.iter().any(within) {
-            return None;
-        }
-        let need = self.gpu_hours_need(hot.units, hot.time_limit_s, now);
-        // The checks read from six days before the job's first day to six after its last.
-        let last = need.span().map_or(day_of(now), |(_, last)| last) + 6;
-        let none_committed = DaySpread::default();
-        let verdict = scope.gpu_hours.iter_mut().find_map(|window| {
-            window.cover(&self.windows, last);
-            let taken = |day: i64| window.taken_on(day);
-            gpu_hours_verdict(&window.quota, taken, &none_committed, &need)
-                .and_then(PendingReason::of_quota)
-        });
-        match verdict {
-            Some(reason) => {
-                scope.held.insert(class, reason);
-            }
-            None => {
-                scope
-                    .passed
-                    .retain(|(units, limit)| *units > class.0 || *limit > class.1);
-                scope.passed.push(class);
-            }
-        }
-        verdict
+        Some(&mut of_account[at].1)
     }
 
-    /// What every job of account `account` (an index) and project `project` (an index in its
-    /// list, or [`NO_PROJECT`]) that holds no claim is checked against now.
-    fn scope(&self, account: usize, project: u32, now: UnixSeconds) -> Option<Scope> {
-        let account_id = self.account_ids.get(account)?;
-        let project_id = match project {
-            NO_PROJECT => None,
-            i => Some(
-                &self
-                    .tenants
-                    .account(account_id)?
-                    .projects
-                    .get(i as usize)?
-                    .id,
-            ),
-        };
+    /// What every job of an account (or project) is checked against now: claims count but
+    /// `own`'s (the job asking, if it holds one).
+    pub(super) fn scope(
+        &self,
+        account_id: &AccountId,
+        project_id: Option<&ProjectId>,
+        own: Option<&JobId>,
+        now: UnixSeconds,
+    ) -> Scope {
         let limits = self.scope_limits(account_id, project_id);
         let gpu_hours = if limits.gpu_hours {
             self.gpu_hour_scopes(account_id, project_id)
@@ -214,14 +237,27 @@ impl Scheduler {
         } else {
             Vec::new()
         };
-        Some(Scope {
+        Scope {
             limits,
-            at_job_limit: limits.running && self.at_job_limit(account_id, project_id, None),
+            at_job_limit: limits.running && self.at_job_limit(account_id, project_id, own),
             gpu_room: self.gpu_room(account_id, project_id),
             over_storage: limits.storage && self.over_storage_quota(account_id, project_id),
             gpu_hours,
             held: FxHashMap::default(),
             passed: Vec::new(),
-        })
+        }
+    }
+
+    /// The quota that keeps a job from starting now, if any. A cycle asks
+    /// [`Scheduler::quota_hold_in`], which gives the same answer from the scope it keeps.
+    pub(super) fn quota_hold(&self, job: &PendingJob, now: UnixSeconds) -> Option<PendingReason> {
+        let spec = &job.spec;
+        self.scope(&spec.account, spec.project.as_ref(), Some(&spec.id), now)
+            .hold(
+                &self.windows,
+                spec.share_units_of(spec.min_size()),
+                spec.time_limit_s,
+                now,
+            )
     }
 }
