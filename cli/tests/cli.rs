@@ -532,6 +532,63 @@ fn simulate_reports_each_accounts_fair_share_week_by_week_under_a_configs_settin
 }
 
 #[test]
+fn simulate_sets_long_waits_against_what_other_tenants_could_have_given_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace.csv");
+    let vcs = dir.path().join("vc.csv");
+    // One node; bbb (weight 3) holds it for 10 days, then aaa's four 1-day whole-node jobs run
+    // one after another: they wait 10 to 13 days.
+    std::fs::write(
+        &trace,
+        "timestamp,duration,num_gpus,gpu_time,cluster\n\
+         2017-09-04 10:00:00,864000.0,8,6912000.0,bbb\n\
+         2017-09-04 10:00:01,86400.0,8,691200.0,aaa\n\
+         2017-09-04 10:00:01,86400.0,8,691200.0,aaa\n\
+         2017-09-04 10:00:01,86400.0,8,691200.0,aaa\n\
+         2017-09-04 10:00:01,86400.0,8,691200.0,aaa\n",
+    )
+    .unwrap();
+    std::fs::write(&vcs, "vc,node num\naaa,1\nbbb,3\n").unwrap();
+    let out = dir.path().join("out");
+    let run = gpuledger(&[
+        "simulate",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--vc-nodes",
+        vcs.to_str().unwrap(),
+        "--nodes",
+        "1",
+        "--policy",
+        "fifo+backfill",
+        "--limit-estimate",
+        "exact",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    // While bbb asks, aaa's share is 2 GPUs: the third and fourth jobs have 8 and 12 days of
+    // aaa's own work ahead. Were bbb held to 0.8 of its 6, aaa would get 3.2: the fourth job
+    // still waits 7.5 days for the 24 GPU-days before it; held to half (aaa at 5), 4.8 days.
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(
+        report.contains(
+            "Jobs waiting more than 7 days: 4, of which 2 had more than 7 days of their \
+             account's own backlog ahead; 1 even with every other account at 0.8 of its share, \
+             0 at half."
+        ),
+        "{report}"
+    );
+    assert!(
+        report.contains("| vc-aaa | 4 | 2 | 1 / 0 | 13.0 | 10.0 |"),
+        "{report}"
+    );
+}
+
+#[test]
 fn simulate_runs_its_own_job_format_with_preemption_and_a_reservation() {
     let dir = tempfile::tempdir().unwrap();
     let cluster = dir.path().join("cluster.toml");

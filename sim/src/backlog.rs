@@ -47,6 +47,42 @@ pub fn own_backlogs(
     result: &SimResult,
     weights: &BTreeMap<String, u32>,
 ) -> Vec<Option<OwnBacklog>> {
+    served(result, weights, 1.0, Ahead::AfterRunHeld)
+}
+
+/// For each record, the shortest wait any schedule could have given it while every other
+/// account kept `others_keep` (0 to 1) of its fair share at every moment: its account served
+/// from the run's start at its share plus what the others give up, never more than it asks
+/// for, its jobs in submission order, a job starting once that service covers the work the
+/// account submitted before it. Over 7 days at 0.5 says the job could not have started within
+/// a week without some tenant held below half its share (issue 22's weekly floor); first in,
+/// first out within an account gives no job a longer wait than any other order would give its
+/// latest job, so some job of the account waits that long under every order. Demand and work are
+/// the run's own, so this bounds schedules like the run, not every schedule.
+pub fn shortest_waits(
+    result: &SimResult,
+    weights: &BTreeMap<String, u32>,
+    others_keep: f64,
+) -> Vec<Option<OwnBacklog>> {
+    served(result, weights, others_keep, Ahead::FromStart)
+}
+
+/// What a job waits to be served: the work ahead of it at its submission after what the run
+/// had held by then ([`own_backlogs`]), or the work submitted before it, served from the run's
+/// start ([`shortest_waits`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Ahead {
+    AfterRunHeld,
+    FromStart,
+}
+
+fn served(
+    result: &SimResult,
+    weights: &BTreeMap<String, u32>,
+    others_keep: f64,
+    ahead_is: Ahead,
+) -> Vec<Option<OwnBacklog>> {
+    let given_up = 1.0 - others_keep.clamp(0.0, 1.0);
     let index = account_index(weights);
     let refused = refused(result);
     let accounts: Vec<Option<usize>> = result
@@ -60,7 +96,14 @@ pub fn own_backlogs(
             }
         })
         .collect();
-    let ahead = work_ahead(result, &accounts, weights.len());
+    let work = work_before(result, &accounts, weights.len());
+    let ahead: Vec<f64> = work
+        .iter()
+        .map(|w| match ahead_is {
+            Ahead::AfterRunHeld => w.ahead(),
+            Ahead::FromStart => w.submitted,
+        })
+        .collect();
     let mut out: Vec<Option<OwnBacklog>> = accounts
         .iter()
         .zip(&ahead)
@@ -68,7 +111,7 @@ pub fn own_backlogs(
         .collect();
 
     // Jobs with work ahead, by submission: they wait in their account's heap, lowest target
-    // first, for the account's integrated fair share to reach the target.
+    // first, for the service integrated over the account to reach the target.
     let mut asking: Vec<usize> = (0..result.records.len())
         .filter(|&i| accounts[i].is_some() && ahead[i] > 0.0)
         .collect();
@@ -76,7 +119,13 @@ pub fn own_backlogs(
     let mut next_asking = asking.iter().peekable();
     let mut delivered = vec![0.0f64; weights.len()];
     let mut waiting: Vec<BinaryHeap<Target>> = vec![BinaryHeap::new(); weights.len()];
-    for_each_fair_stretch(result, weights, |from, to, shares| {
+    for_each_fair_stretch(result, weights, |from, to, shares, asked| {
+        let all: f64 = shares.iter().sum();
+        let rates: Vec<f64> = shares
+            .iter()
+            .zip(asked)
+            .map(|(share, asked)| (share + given_up * (all - share)).min(*asked))
+            .collect();
         while let Some(&&i) = next_asking.peek() {
             let submit = result.records[i].spec.submit_s;
             if submit >= to {
@@ -84,14 +133,16 @@ pub fn own_backlogs(
             }
             next_asking.next();
             let Some(a) = accounts[i] else { continue };
-            let at_submit = delivered[a] + shares[a] * (submit.max(from) - from) as f64;
-            waiting[a].push(Target {
-                gpu_s: at_submit + ahead[i],
-                record: i,
-            });
+            let gpu_s = match ahead_is {
+                Ahead::AfterRunHeld => {
+                    delivered[a] + rates[a] * (submit.max(from) - from) as f64 + ahead[i]
+                }
+                Ahead::FromStart => ahead[i],
+            };
+            waiting[a].push(Target { gpu_s, record: i });
         }
         for (a, heap) in waiting.iter_mut().enumerate() {
-            let rate = shares[a];
+            let rate = rates[a];
             if rate <= 0.0 {
                 continue;
             }
@@ -121,11 +172,30 @@ fn served_at_once(ahead: f64) -> OwnBacklog {
     }
 }
 
-/// For each record, the GPU-seconds its account still had to do at its submission of work
-/// submitted before it: the work of the earlier jobs (by submission, then record order) less
-/// what the account had held up to then (only earlier jobs can have run by then). Work is
+/// The work of a job's account before its submission, in GPU-seconds.
+#[derive(Clone, Copy, Default)]
+struct WorkBefore {
+    /// The work of the account's earlier jobs (by submission, then record order).
+    submitted: f64,
+    /// What the account had held up to the submission (only earlier jobs can have run).
+    held: f64,
+}
+
+impl WorkBefore {
+    /// What the account still had to do of it; below a GPU-second is rounding, not work.
+    fn ahead(self) -> f64 {
+        let ahead = (self.submitted - self.held).max(0.0);
+        if ahead < 1.0 {
+            0.0
+        } else {
+            ahead
+        }
+    }
+}
+
+/// For each record, its account's work before its submission ([`WorkBefore`]). Work is
 /// GPU-seconds held to the horizon, redone work included; a job that never ran adds none.
-fn work_ahead(result: &SimResult, accounts: &[Option<usize>], n: usize) -> Vec<f64> {
+fn work_before(result: &SimResult, accounts: &[Option<usize>], n: usize) -> Vec<WorkBefore> {
     let horizon = result.horizon_s;
     let mut by_account: Vec<Vec<usize>> = vec![Vec::new(); n];
     for (i, a) in accounts.iter().enumerate() {
@@ -133,7 +203,7 @@ fn work_ahead(result: &SimResult, accounts: &[Option<usize>], n: usize) -> Vec<f
             by_account[*a].push(i);
         }
     }
-    let mut ahead = vec![0.0f64; result.records.len()];
+    let mut before = vec![WorkBefore::default(); result.records.len()];
     for jobs in &mut by_account {
         jobs.sort_by_key(|&i| (result.records[i].spec.submit_s, i));
         // Holding changes: (time, GPUs), to integrate what was held up to each submission.
@@ -164,16 +234,14 @@ fn work_ahead(result: &SimResult, accounts: &[Option<usize>], n: usize) -> Vec<f
                 rate += changes[c].1;
                 c += 1;
             }
-            let held_by_submit = at.map_or(0.0, |at| held + rate * (submit - at) as f64);
-            // Below a GPU-second is rounding, not work.
-            ahead[i] = (submitted - held_by_submit).max(0.0);
-            if ahead[i] < 1.0 {
-                ahead[i] = 0.0;
-            }
+            before[i] = WorkBefore {
+                submitted,
+                held: at.map_or(0.0, |at| held + rate * (submit - at) as f64),
+            };
             submitted += work[k];
         }
     }
-    ahead
+    before
 }
 
 /// A job waiting for its account's delivered fair share to reach `gpu_s`; the heap's top is the
@@ -246,6 +314,13 @@ mod tests {
             backlogs,
             vec![served(0), served(0), served(200), served(300), served(400)]
         );
+        // Were b held to half its share, a would be served 6 GPUs while b waits: a2 waits for
+        // 800 GPU-s at 6 (134 s, rounded up); a3 has 1,200 of its 1,600 by 200, then 8 GPUs.
+        let backlogs = shortest_waits(&run, &weights(&["a", "b"]), 0.5);
+        assert_eq!(
+            backlogs,
+            vec![served(0), served(0), served(134), served(250), served(350)]
+        );
     }
 
     #[test]
@@ -275,8 +350,14 @@ mod tests {
         assert_eq!(own_backlogs(&shared, &weights(&["a"]))[2], None);
     }
 
-    /// The same measure second by second, straight from its definition.
-    fn reference(run: &SimResult, weights: &BTreeMap<String, u32>) -> Vec<Option<OwnBacklog>> {
+    /// The same measures second by second, straight from their definitions: the own backlog
+    /// (`others_keep` 1, not `from_start`) and the shortest waits (`from_start`).
+    fn reference(
+        run: &SimResult,
+        weights: &BTreeMap<String, u32>,
+        others_keep: f64,
+        from_start: bool,
+    ) -> Vec<Option<OwnBacklog>> {
         let accounts: Vec<&String> = weights.keys().collect();
         let of = |r: &JobRecord| accounts.iter().position(|a| **a == r.spec.account.as_str());
         let held = |r: &JobRecord, t: i64| {
@@ -286,7 +367,9 @@ mod tests {
                 .map(|x| f64::from(x.gpus))
                 .sum::<f64>()
         };
-        let share_at = |t: i64| {
+        // What each account is served at in second t: its share plus what the others give up,
+        // up to what it asks for.
+        let rate_at = |t: i64| {
             let claims: Vec<(f64, f64)> = accounts
                 .iter()
                 .enumerate()
@@ -301,9 +384,18 @@ mod tests {
                     (1.0, demand)
                 })
                 .collect();
-            water_fill(f64::from(run.total_gpus), &claims)
+            let shares = water_fill(f64::from(run.total_gpus), &claims);
+            (0..accounts.len())
+                .map(|a| {
+                    let others: f64 = (0..accounts.len())
+                        .filter(|b| *b != a)
+                        .map(|b| shares[b])
+                        .sum();
+                    (shares[a] + (1.0 - others_keep) * others).min(claims[a].1)
+                })
+                .collect::<Vec<f64>>()
         };
-        let shares: Vec<Vec<f64>> = (0..run.horizon_s).map(share_at).collect();
+        let rates: Vec<Vec<f64>> = (0..run.horizon_s).map(rate_at).collect();
         let work = |r: &JobRecord| (0..run.horizon_s).map(|t| held(r, t)).sum::<f64>();
         run.records
             .iter()
@@ -326,15 +418,20 @@ mod tests {
                     .filter(|r| of(r) == Some(a))
                     .map(|r| (0..s).map(|t| held(r, t)).sum::<f64>())
                     .sum();
-                let ahead = submitted - done;
+                // Served from the submission after what the run held, or from the start.
+                let (ahead, from) = if from_start {
+                    (submitted, 0)
+                } else {
+                    (submitted - done, s)
+                };
                 if ahead < 1.0 {
                     return Some(OwnBacklog::Served(0));
                 }
                 let mut delivered = 0.0;
-                for t in s..run.horizon_s {
-                    delivered += shares[t as usize][a];
+                for t in from..run.horizon_s {
+                    delivered += rates[t as usize][a];
                     if delivered >= ahead - 1e-9 {
-                        return Some(OwnBacklog::Served(t + 1 - s));
+                        return Some(OwnBacklog::Served((t + 1 - s).max(0)));
                     }
                 }
                 Some(OwnBacklog::BeyondHorizon)
@@ -353,7 +450,10 @@ mod tests {
 
     proptest! {
         #[test]
-        fn agrees_with_a_second_by_second_reference(jobs in prop::collection::vec(job(), 1..10)) {
+        fn agrees_with_a_second_by_second_reference(
+            jobs in prop::collection::vec(job(), 1..10),
+            others_keep in prop::sample::select(vec![1.0, 0.75, 0.5, 0.0]),
+        ) {
             let horizon = 120;
             let records: Vec<JobRecord> = jobs
                 .iter()
@@ -372,7 +472,11 @@ mod tests {
                 .collect();
             let run = result(records, 8, horizon);
             let weights = weights(&["a", "b"]);
-            prop_assert_eq!(own_backlogs(&run, &weights), reference(&run, &weights));
+            prop_assert_eq!(own_backlogs(&run, &weights), reference(&run, &weights, 1.0, false));
+            prop_assert_eq!(
+                shortest_waits(&run, &weights, others_keep),
+                reference(&run, &weights, others_keep, true)
+            );
         }
     }
 }

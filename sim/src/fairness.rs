@@ -68,7 +68,7 @@ pub fn weekly_shares(result: &SimResult, weights: &BTreeMap<String, u32>) -> Vec
             );
         }
     }
-    for_each_fair_stretch(result, weights, |from, to, shares| {
+    for_each_fair_stretch(result, weights, |from, to, shares, _| {
         for (a, share) in shares.iter().enumerate() {
             if *share > 0.0 {
                 spread(start, from, to, *share, &mut fair[a]);
@@ -108,14 +108,14 @@ pub(crate) fn refused(result: &SimResult) -> HashSet<&str> {
         .collect()
 }
 
-/// The fair split through the run: `visit(from, to, shares)` for each stretch between two
-/// changes of demand, in time order, with each account's GPUs (in `weights`' order). Demand is
-/// a job's GPUs from its submission to its final end (the horizon when it has none); a refused
-/// job is none.
+/// The fair split through the run: `visit(from, to, shares, demand)` for each stretch between
+/// two changes of demand, in time order, with each account's GPUs owed and asked for (in
+/// `weights`' order). Demand is a job's GPUs from its submission to its final end (the horizon
+/// when it has none); a refused job is none.
 pub(crate) fn for_each_fair_stretch(
     result: &SimResult,
     weights: &BTreeMap<String, u32>,
-    mut visit: impl FnMut(i64, i64, &[f64]),
+    mut visit: impl FnMut(i64, i64, &[f64], &[f64]),
 ) {
     let index = account_index(weights);
     let refused = refused(result);
@@ -148,12 +148,13 @@ pub(crate) fn for_each_fair_stretch(
         let Some(&(next, _, _)) = changes.get(k) else {
             break;
         };
+        let asked: Vec<f64> = demand.iter().map(|d| d.max(0.0)).collect();
         let claims: Vec<(f64, f64)> = claims_weight
             .iter()
-            .zip(&demand)
-            .map(|(w, d)| (*w, d.max(0.0)))
+            .copied()
+            .zip(asked.iter().copied())
             .collect();
-        visit(t, next, &water_fill(capacity, &claims));
+        visit(t, next, &water_fill(capacity, &claims), &asked);
     }
 }
 

@@ -10,7 +10,8 @@
 //!   with demand) against what it received;
 //! - [`backlog`]: each job's own backlog, i.e. how long its account's fair share took to
 //!   deliver the work the account submitted before it, to tell a wait its account's demand
-//!   forced from one the policy caused;
+//!   forced from one the policy caused, and the shortest waits were other tenants to give up
+//!   part of their shares;
 //! - [`replay`]: what a trace replay runs, from the trace and the files given with it;
 //! - [`seed`]: the seed scenario embedded in the binary.
 //!

@@ -16,7 +16,7 @@ use gpuledger_model::tenant::Account;
 use gpuledger_model::{AccountId, ClusterConfig, Currency, DurationSpec, GpuModel, GpuType, Quota};
 use gpuledger_scheduler::{SimJob, SimResult};
 
-use crate::backlog::{own_backlogs, OwnBacklog};
+use crate::backlog::{own_backlogs, shortest_waits, OwnBacklog};
 use crate::{Error, Result};
 
 /// The fair-share weight of each account of a Philly trace: its VC's nodes (1 where the VC has
@@ -466,7 +466,8 @@ fn account_weights(config: &ClusterConfig) -> BTreeMap<String, u32> {
 
 /// The report's long waits set against each job's own backlog ([`crate::backlog`]): how many
 /// waited over a week because their account had more than a week of its own work ahead at its
-/// fair share, and how long any job waited beyond that.
+/// fair share, how many still would with every other account giving up a fifth or half of its
+/// share ([`shortest_waits`]), and how long any job waited beyond its own backlog.
 fn backlog_section(
     config: &ClusterConfig,
     result: &SimResult,
@@ -486,24 +487,36 @@ fn backlog_section(
     let own_week = |r: &gpuledger_scheduler::JobRecord, b: &Option<OwnBacklog>| {
         b.is_some_and(|b| b.longer_than(WEEK, r.spec.submit_s, horizon))
     };
+    // The same backlogs were every other account held to 0.8, then to half, of its share.
+    let weights = account_weights(config);
+    let others_at = |keep: f64| -> Vec<bool> {
+        shortest_waits(result, &weights, keep)
+            .iter()
+            .zip(&result.records)
+            .map(|(b, r)| own_week(r, b))
+            .collect()
+    };
+    let (over_at_0_8, over_at_half) = (others_at(0.8), others_at(0.5));
     let jobs: Vec<_> = result
         .records
         .iter()
         .zip(backlogs)
-        .filter(|(r, _)| !refused.contains(r.spec.id.as_str()))
+        .enumerate()
+        .filter(|(_, (r, _))| !refused.contains(r.spec.id.as_str()))
+        .map(|(i, (r, b))| (r, b, over_at_0_8[i], over_at_half[i]))
         .collect();
     let long: Vec<_> = jobs
         .iter()
-        .filter(|(r, _)| waited_s(r, horizon) > WEEK)
+        .filter(|(r, ..)| waited_s(r, horizon) > WEEK)
         .collect();
     let beyond_over = |days: i64| {
         jobs.iter()
-            .filter(|(r, b)| beyond(r, b) > days * 86_400)
+            .filter(|(r, b, ..)| beyond(r, b) > days * 86_400)
             .count()
     };
     let longest_beyond = jobs
         .iter()
-        .map(|(r, b)| (beyond(r, b), r.spec.id.as_str(), r.spec.account.as_str()))
+        .map(|(r, b, ..)| (beyond(r, b), r.spec.id.as_str(), r.spec.account.as_str()))
         .max_by_key(|x| x.0);
     let _ = writeln!(
         md,
@@ -512,15 +525,21 @@ fn backlog_section(
          how long its account's fair share, as split above, took from its submission to deliver \
          the work the account had submitted before it and not yet done: a wait that long only \
          more than the account's share could have shortened. The rest of a wait is the wait \
-         beyond the own backlog.\n"
+         beyond the own backlog. Served instead from the run's start at its share plus a fifth \
+         (half) of every other account's, its jobs in submission order, a job that still waits \
+         over 7 days shows that its account's work could not all have started within 7 days \
+         unless some other tenant was held below 0.8 (0.5) of its share at some moment.\n"
     );
     let _ = writeln!(
         md,
         "Jobs waiting more than 7 days: {}, of which {} had more than 7 days of their account's \
-         own backlog ahead. Jobs waiting beyond their own backlog by more than 1 day: {}; 3 days: \
-         {}; 7 days: {}; the longest {}.\n",
+         own backlog ahead; {} even with every other account at 0.8 of its share, {} at half. \
+         Jobs waiting beyond their own backlog by more than 1 day: {}; 3 days: {}; 7 days: {}; \
+         the longest {}.\n",
         long.len(),
-        long.iter().filter(|(r, b)| own_week(r, b)).count(),
+        long.iter().filter(|(r, b, ..)| own_week(r, b)).count(),
+        long.iter().filter(|(.., at_0_8, _)| *at_0_8).count(),
+        long.iter().filter(|(.., at_half)| *at_half).count(),
         beyond_over(1),
         beyond_over(3),
         beyond_over(7),
@@ -534,35 +553,38 @@ fn backlog_section(
     }
     let _ = writeln!(
         md,
-        "| account | jobs waiting over 7 days | with over 7 days of own backlog | longest wait, days | longest beyond own backlog, days |"
+        "| account | jobs waiting over 7 days | with over 7 days of own backlog | the same, others at 0.8 / 0.5 of their share | longest wait, days | longest beyond own backlog, days |"
     );
-    let _ = writeln!(md, "|---|---|---|---|---|");
+    let _ = writeln!(md, "|---|---|---|---|---|---|");
     for account in &config.accounts {
-        let mine: Vec<_> = jobs
+        let long_of_mine: Vec<_> = long
             .iter()
-            .filter(|(r, _)| r.spec.account == account.id)
+            .filter(|(r, ..)| r.spec.account == account.id)
             .collect();
-        let over = mine
-            .iter()
-            .filter(|(r, _)| waited_s(r, horizon) > WEEK)
-            .count();
-        if over == 0 {
+        if long_of_mine.is_empty() {
             continue;
         }
+        let mine = || jobs.iter().filter(|(r, ..)| r.spec.account == account.id);
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {:.1} | {:.1} |",
+            "| {} | {} | {} | {} / {} | {:.1} | {:.1} |",
             account.id,
-            over,
-            mine.iter()
-                .filter(|(r, b)| waited_s(r, horizon) > WEEK && own_week(r, b))
+            long_of_mine.len(),
+            long_of_mine
+                .iter()
+                .filter(|(r, b, ..)| own_week(r, b))
                 .count(),
-            mine.iter()
-                .map(|(r, _)| waited_s(r, horizon))
+            long_of_mine
+                .iter()
+                .filter(|(.., at_0_8, _)| *at_0_8)
+                .count(),
+            long_of_mine.iter().filter(|(.., at_half)| *at_half).count(),
+            mine()
+                .map(|(r, ..)| waited_s(r, horizon))
                 .max()
                 .unwrap_or(0) as f64
                 / 86_400.0,
-            mine.iter().map(|(r, b)| beyond(r, b)).max().unwrap_or(0) as f64 / 86_400.0,
+            mine().map(|(r, b, ..)| beyond(r, b)).max().unwrap_or(0) as f64 / 86_400.0,
         );
     }
     let _ = writeln!(md);
