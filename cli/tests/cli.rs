@@ -229,41 +229,56 @@ fn a_short_demo_writes_parquet_and_invoices_that_invoice_reproduces() {
     assert!(report.contains("cluster utilization "), "{report}");
 }
 
-#[test]
-fn simulate_replays_a_philly_trace_and_writes_jobs_csv() {
-    let dir = tempfile::tempdir().unwrap();
-    let trace = dir.path().join("trace.csv");
-    let vcs = dir.path().join("vc.csv");
+/// Runs `gpuledger simulate` on a Philly trace of `rows` (its header added) with the VC sizes
+/// `vcs` (`vc,node num` rows), on one node with exact limits, under `policy` and `more`
+/// arguments; the files go in `dir` (`trace.csv`, `vc.csv`). The run must succeed: its output
+/// folder.
+fn simulate_philly(dir: &Path, rows: &str, vcs: &str, policy: &str, more: &[&str]) -> PathBuf {
+    let (trace, vc_file, out) = (dir.join("trace.csv"), dir.join("vc.csv"), dir.join("out"));
     std::fs::write(
         &trace,
-        "timestamp,duration,num_gpus,gpu_time,cluster\n\
-         2017-09-04 10:00:00,100.0,8,800.0,aaa\n\
-         2017-09-04 10:00:01,99.5,8,796.0,bbb\n\
-         2017-09-04 10:00:02,50.0,16,800.0,aaa\n",
+        format!("timestamp,duration,num_gpus,gpu_time,cluster\n{rows}"),
     )
     .unwrap();
-    std::fs::write(&vcs, "vc,node num\naaa,3\nbbb,1\n").unwrap();
-    let out = dir.path().join("out");
-    let run = gpuledger(&[
+    std::fs::write(&vc_file, format!("vc,node num\n{vcs}")).unwrap();
+    let mut args = vec![
         "simulate",
         "--trace",
         trace.to_str().unwrap(),
         "--vc-nodes",
-        vcs.to_str().unwrap(),
+        vc_file.to_str().unwrap(),
         "--nodes",
         "1",
         "--policy",
-        "fifo",
+        policy,
         "--limit-estimate",
         "exact",
         "--out",
         out.to_str().unwrap(),
-    ]);
+    ];
+    args.extend_from_slice(more);
+    let run = gpuledger(&args);
     assert!(
         run.status.success(),
         "{}",
         String::from_utf8_lossy(&run.stderr)
     );
+    out
+}
+
+#[test]
+fn simulate_replays_a_philly_trace_and_writes_jobs_csv() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = simulate_philly(
+        dir.path(),
+        "2017-09-04 10:00:00,100.0,8,800.0,aaa\n\
+         2017-09-04 10:00:01,99.5,8,796.0,bbb\n\
+         2017-09-04 10:00:02,50.0,16,800.0,aaa\n",
+        "aaa,3\nbbb,1\n",
+        "fifo",
+        &[],
+    );
+    let vcs = dir.path().join("vc.csv");
     let jobs = std::fs::read_to_string(out.join("jobs.csv")).unwrap();
     // One node: the second job waits for the first (99 s), the third is larger than the
     // cluster and is refused at submission.
@@ -466,44 +481,19 @@ fn simulate_on_alibabas_node_list_holds_each_pod_to_its_gpu_types() {
 #[test]
 fn simulate_reports_each_accounts_fair_share_week_by_week_under_a_configs_settings() {
     let dir = tempfile::tempdir().unwrap();
-    let trace = dir.path().join("trace.csv");
-    let vcs = dir.path().join("vc.csv");
-    // Two whole-node jobs of two days each on one node: aaa's runs first, bbb's after it.
-    std::fs::write(
-        &trace,
-        "timestamp,duration,num_gpus,gpu_time,cluster\n\
-         2017-09-04 10:00:00,172800.0,8,1382400.0,aaa\n\
-         2017-09-04 10:00:01,172800.0,8,1382400.0,bbb\n",
-    )
-    .unwrap();
-    std::fs::write(&vcs, "vc,node num\naaa,1\nbbb,1\n").unwrap();
     // The config's weights replace the VC sizes for the accounts it names: aaa 3, bbb 1.
     let config = dir.path().join("settings.toml");
     let settings = gpuledger_sim::seed::SEED_CLUSTER_TOML.to_owned()
         + "\n[[accounts]]\nid = \"vc-aaa\"\nname = \"a\"\nweight = 3\n";
     std::fs::write(&config, settings).unwrap();
-    let out = dir.path().join("out");
-    let run = gpuledger(&[
-        "simulate",
-        "--trace",
-        trace.to_str().unwrap(),
-        "--vc-nodes",
-        vcs.to_str().unwrap(),
-        "--nodes",
-        "1",
-        "--policy",
+    // Two whole-node jobs of two days each on one node: aaa's runs first, bbb's after it.
+    let out = simulate_philly(
+        dir.path(),
+        "2017-09-04 10:00:00,172800.0,8,1382400.0,aaa\n\
+         2017-09-04 10:00:01,172800.0,8,1382400.0,bbb\n",
+        "aaa,1\nbbb,1\n",
         "fifo+backfill",
-        "--limit-estimate",
-        "exact",
-        "--config",
-        config.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ]);
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
+        &["--config", config.to_str().unwrap()],
     );
     // While both wait or run the node is split 6:2; then bbb alone has all 8. aaa held 8 GPUs
     // for its 48 h against a fair 288 GPU-hours; bbb 384 against 480: 0.8 of its share.
@@ -534,41 +524,18 @@ fn simulate_reports_each_accounts_fair_share_week_by_week_under_a_configs_settin
 #[test]
 fn simulate_sets_long_waits_against_what_other_tenants_could_have_given_up() {
     let dir = tempfile::tempdir().unwrap();
-    let trace = dir.path().join("trace.csv");
-    let vcs = dir.path().join("vc.csv");
     // One node; bbb (weight 3) holds it for 10 days, then aaa's four 1-day whole-node jobs run
     // one after another: they wait 10 to 13 days.
-    std::fs::write(
-        &trace,
-        "timestamp,duration,num_gpus,gpu_time,cluster\n\
-         2017-09-04 10:00:00,864000.0,8,6912000.0,bbb\n\
+    let out = simulate_philly(
+        dir.path(),
+        "2017-09-04 10:00:00,864000.0,8,6912000.0,bbb\n\
          2017-09-04 10:00:01,86400.0,8,691200.0,aaa\n\
          2017-09-04 10:00:01,86400.0,8,691200.0,aaa\n\
          2017-09-04 10:00:01,86400.0,8,691200.0,aaa\n\
          2017-09-04 10:00:01,86400.0,8,691200.0,aaa\n",
-    )
-    .unwrap();
-    std::fs::write(&vcs, "vc,node num\naaa,1\nbbb,3\n").unwrap();
-    let out = dir.path().join("out");
-    let run = gpuledger(&[
-        "simulate",
-        "--trace",
-        trace.to_str().unwrap(),
-        "--vc-nodes",
-        vcs.to_str().unwrap(),
-        "--nodes",
-        "1",
-        "--policy",
+        "aaa,1\nbbb,3\n",
         "fifo+backfill",
-        "--limit-estimate",
-        "exact",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
+        &[],
     );
     // While bbb asks, aaa's share is 2 GPUs: the third and fourth jobs have 8 and 12 days of
     // aaa's own work ahead. Were bbb held to 0.8 of its 6, aaa would get 3.2: the fourth job

@@ -76,6 +76,8 @@ enum Ahead {
     FromStart,
 }
 
+/// Each record's wait for its account's service, `others_keep` of their shares left to the
+/// other accounts, to cover the work ahead of it as `ahead_is` counts it.
 fn served(
     result: &SimResult,
     weights: &BTreeMap<String, u32>,
