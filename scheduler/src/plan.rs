@@ -364,9 +364,7 @@ impl Plan {
             let k = checkpoints.taken.len();
             let mut next = checkpoints.taken.last().unwrap_or(cluster).clone();
             for release in &self.releases[k * every..(k + 1) * every] {
-                for slot in &release.placement().0 {
-                    next.free_held_gpus(slot.node, slot.mask);
-                }
+                next.release_held(release.placement());
             }
             checkpoints.taken.push(next);
         }
@@ -772,20 +770,26 @@ impl Ahead<'_> {
 }
 
 /// The plain way, and the only one for parts of GPUs: the cluster brought forward through
-/// the releases, copied for every time tried and the overlapping plans held on the copy.
+/// the releases (from the last checkpoint before the first time tried), copied for every time
+/// tried and the overlapping plans held on the copy.
 struct Copies<'p> {
     plan: &'p Plan,
+    /// The cluster now, which the checkpoints were taken from.
+    base: &'p Cluster,
     future: Cluster,
+    fresh: bool,
     /// One copy per search, overwritten per candidate: no allocation per time tried.
     scratch: Option<Cluster>,
     next_release: usize,
 }
 
 impl<'p> Copies<'p> {
-    fn new(plan: &'p Plan, cluster: &Cluster) -> Self {
+    fn new(plan: &'p Plan, cluster: &'p Cluster) -> Self {
         Copies {
             plan,
+            base: cluster,
             future: cluster.clone(),
+            fresh: true,
             scratch: None,
             next_release: 0,
         }
@@ -798,6 +802,9 @@ impl<'p> Copies<'p> {
         gpus: u32,
         shape: &Shape,
     ) -> Option<&Cluster> {
+        if std::mem::take(&mut self.fresh) {
+            self.next_release = self.plan.copy_checkpoint(self.base, t, &mut self.future);
+        }
         while let Some(r) = self.plan.releases.get(self.next_release) {
             if r.at > t {
                 break;
@@ -1468,6 +1475,96 @@ mod tests {
                     })
                     .collect();
                 prop_assert_eq!(&found[0], &found[1], "{} GPUs from {}", gpus, from);
+            }
+        }
+    }
+
+    /// The earliest start the plain way: for every time a search may try, a copy of the cluster
+    /// now with every release due by then given back and every plan overlapping the run held.
+    fn earliest_from_now(
+        plan: &Plan,
+        cluster: &Cluster,
+        limit_s: i64,
+        find: impl Fn(&Cluster) -> Option<Placement>,
+    ) -> Option<(UnixSeconds, Placement)> {
+        let mut times: Vec<UnixSeconds> = std::iter::once(plan.now)
+            .chain(plan.releases.iter().map(|r| r.at.max(plan.now)))
+            .chain(plan.holds.iter().map(|h| h.end))
+            .filter(|t| *t >= plan.now)
+            .collect();
+        times.sort_unstable();
+        times.dedup();
+        times.into_iter().find_map(|t| {
+            let mut window = cluster.clone();
+            for r in plan.releases.iter().filter(|r| r.at <= t) {
+                window.release(r.placement());
+            }
+            for h in plan.holds.iter().filter(|h| h.overlaps(t, t + limit_s)) {
+                window.hold(&h.placement);
+            }
+            find(&window).map(|p| (t, p))
+        })
+    }
+
+    proptest! {
+        /// Where parts of GPUs run, a search copies the cluster for every time it tries,
+        /// brought forward from the last checkpoint of the releases before the first: it finds
+        /// the start and the GPUs that copies brought forward from now find.
+        #[test]
+        fn searches_among_shares_from_a_checkpoint_find_what_copies_from_now_find(
+            node_count in 3usize..12,
+            seed in any::<u64>(),
+            queries in proptest::collection::vec((0u32..6, 1i64..60), 1..10),
+        ) {
+            let mut rng = gpuledger_model::rng::SplitMix64::new(seed);
+            let nodes = (0..node_count).map(|i| node(i, 4, GpuModel::H100Sxm)).collect();
+            let a = AccountId::new("a").unwrap();
+            let any = NodeFilter::none();
+            let shape_of = |kind: u32| match kind {
+                0 => Shape { gpu_share: Some("250m".parse().unwrap()), ..Shape::default() },
+                1 => Shape { gpu_share: Some("500m".parse().unwrap()), ..Shape::default() },
+                _ => Shape::default(),
+            };
+            let gpus_of = |kind: u32| kind.saturating_sub(1).max(1);
+            let mut cluster = Cluster::new(nodes);
+            // Enough running jobs, whole GPUs and parts, for several checkpoints.
+            let mut releases = Vec::new();
+            for k in 0..node_count * 5 {
+                let kind = rng.range_u64(0, 5) as u32;
+                let shape = shape_of(kind);
+                if let Some(p) = cluster.find(gpus_of(kind), &a, &any, &shape) {
+                    cluster.take(&p);
+                    let at = rng.range_u64(1, 300) as i64 * 10;
+                    releases.push((at, JobId::new(format!("r{k}")).unwrap(), p));
+                }
+            }
+            let mut plan = Plan::new(0, releases, Vec::new());
+            prop_assume!(plan.has_shares());
+            for k in 0..rng.range_u64(0, 12) {
+                let kind = rng.range_u64(0, 5) as u32;
+                let (gpus, shape) = (gpus_of(kind), shape_of(kind));
+                let limit = rng.range_u64(1, 150) * 10;
+                let search = Search { prune: false, ..Search::from(0) };
+                let found = plan.earliest(&cluster, gpus, &shape, limit, search, |w, _| {
+                    w.find(gpus, &a, &any, &shape)
+                });
+                if let Some((t, p)) = found {
+                    plan.hold(JobId::new(format!("h{k}")).unwrap(), t, t + limit as i64, p, &cluster);
+                }
+            }
+            for (kind, limit) in queries {
+                let (gpus, shape) = (gpus_of(kind), shape_of(kind));
+                let limit = limit * 10;
+                let expected = earliest_from_now(&plan, &cluster, limit, |w| {
+                    w.find(gpus, &a, &any, &shape)
+                });
+                for prune in [true, false] {
+                    let search = Search { prune, ..Search::from(0) };
+                    let found = plan.earliest(&cluster, gpus, &shape, limit as u64, search, |w, _| {
+                        w.find(gpus, &a, &any, &shape)
+                    });
+                    prop_assert_eq!(&found, &expected, "{} GPUs of kind {}", gpus, kind);
+                }
             }
         }
     }
