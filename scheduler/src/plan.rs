@@ -1479,18 +1479,20 @@ mod tests {
         }
     }
 
-    /// The earliest start the plain way: for every time a search may try, a copy of the cluster
-    /// now with every release due by then given back and every plan overlapping the run held.
+    /// The earliest start from `from` on, the plain way: for every time a search may try, a copy
+    /// of the cluster now with every release due by then given back and every plan overlapping
+    /// the run held.
     fn earliest_from_now(
         plan: &Plan,
         cluster: &Cluster,
+        from: UnixSeconds,
         limit_s: i64,
         find: impl Fn(&Cluster) -> Option<Placement>,
     ) -> Option<(UnixSeconds, Placement)> {
         let mut times: Vec<UnixSeconds> = std::iter::once(plan.now)
             .chain(plan.releases.iter().map(|r| r.at.max(plan.now)))
             .chain(plan.holds.iter().map(|h| h.end))
-            .filter(|t| *t >= plan.now)
+            .filter(|t| *t >= plan.now.max(from))
             .collect();
         times.sort_unstable();
         times.dedup();
@@ -1506,6 +1508,33 @@ mod tests {
         })
     }
 
+    #[test]
+    fn a_search_holds_the_plans_overlapping_each_time_it_tries() {
+        // Three 1-GPU nodes: n2 runs a job until 100; one plan holds n0 over [0, 50), another
+        // n1 over [50, 200). Two GPUs for 10 s: at 0 only n1 is free, at 50 only n0 (one plan
+        // overlapping either time, not the same one), at 100 n0 and n2.
+        let nodes = (0..3).map(|i| node(i, 1, GpuModel::H100Sxm)).collect();
+        let (a, any) = (AccountId::new("a").unwrap(), NodeFilter::none());
+        let mut cluster = Cluster::new(nodes);
+        let on = |n: usize| Placement(smallvec::smallvec![Slot::whole(n, 1)]);
+        cluster.take(&on(2));
+        let mut plan = Plan::new(0, vec![(100, JobId::new("r").unwrap(), on(2))], Vec::new());
+        plan.hold(JobId::new("p0").unwrap(), 0, 50, on(0), &cluster);
+        plan.hold(JobId::new("p1").unwrap(), 50, 200, on(1), &cluster);
+        let shape = Shape::default();
+        let search = Search {
+            prune: false,
+            ..Search::from(0)
+        };
+        let found = plan.earliest(&cluster, 2, &shape, 10, search, |w, _| {
+            w.find(2, &a, &any, &shape)
+        });
+        let (t, placement) = found.unwrap();
+        assert_eq!(t, 100);
+        let nodes: Vec<usize> = placement.0.iter().map(|s| s.node).collect();
+        assert_eq!(nodes, [0, 2]);
+    }
+
     proptest! {
         /// Where parts of GPUs run, a search copies the cluster for every time it tries,
         /// brought forward from the last checkpoint of the releases before the first: it finds
@@ -1514,7 +1543,7 @@ mod tests {
         fn searches_among_shares_from_a_checkpoint_find_what_copies_from_now_find(
             node_count in 3usize..12,
             seed in any::<u64>(),
-            queries in proptest::collection::vec((0u32..6, 1i64..60), 1..10),
+            queries in proptest::collection::vec((0u32..6, 1i64..60, 0i64..2_000), 1..10),
         ) {
             let mut rng = gpuledger_model::rng::SplitMix64::new(seed);
             let nodes = (0..node_count).map(|i| node(i, 4, GpuModel::H100Sxm)).collect();
@@ -1540,11 +1569,14 @@ mod tests {
             }
             let mut plan = Plan::new(0, releases, Vec::new());
             prop_assume!(plan.has_shares());
-            for k in 0..rng.range_u64(0, 12) {
+            // Up to 30 plans from all over the first 2,000 s: runs tried later overlap other
+            // plans than runs tried earlier.
+            for k in 0..rng.range_u64(0, 30) {
                 let kind = rng.range_u64(0, 5) as u32;
                 let (gpus, shape) = (gpus_of(kind), shape_of(kind));
                 let limit = rng.range_u64(1, 150) * 10;
-                let search = Search { prune: false, ..Search::from(0) };
+                let from = rng.range_u64(0, 2_000) as i64;
+                let search = Search { prune: false, ..Search::from(from) };
                 let found = plan.earliest(&cluster, gpus, &shape, limit, search, |w, _| {
                     w.find(gpus, &a, &any, &shape)
                 });
@@ -1552,14 +1584,14 @@ mod tests {
                     plan.hold(JobId::new(format!("h{k}")).unwrap(), t, t + limit as i64, p, &cluster);
                 }
             }
-            for (kind, limit) in queries {
+            for (kind, limit, from) in queries {
                 let (gpus, shape) = (gpus_of(kind), shape_of(kind));
                 let limit = limit * 10;
-                let expected = earliest_from_now(&plan, &cluster, limit, |w| {
+                let expected = earliest_from_now(&plan, &cluster, from, limit, |w| {
                     w.find(gpus, &a, &any, &shape)
                 });
                 for prune in [true, false] {
-                    let search = Search { prune, ..Search::from(0) };
+                    let search = Search { prune, ..Search::from(from) };
                     let found = plan.earliest(&cluster, gpus, &shape, limit as u64, search, |w, _| {
                         w.find(gpus, &a, &any, &shape)
                     });
