@@ -527,8 +527,9 @@ fn backlog_section(
          more than the account's share could have shortened. The rest of a wait is the wait \
          beyond the own backlog. Served instead from the run's start at its share plus a fifth \
          (half) of every other account's, its jobs in submission order, a job that still waits \
-         over 7 days shows that its account's work could not all have started within 7 days \
-         unless some other tenant was held below 0.8 (0.5) of its share at some moment.\n"
+         over 7 days shows that, for this run's demand and work, its account's jobs could not \
+         all have started within 7 days unless some other tenant was held below 0.8 (0.5) of \
+         its share at some moment.\n"
     );
     let _ = writeln!(
         md,
