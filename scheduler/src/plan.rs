@@ -134,9 +134,11 @@ pub(crate) struct Plan {
     profile: RefCell<Option<FreeProfile>>,
     /// What pruned searches count with, kept between them (see `SweepCounts`).
     sweep_counts: RefCell<Option<SweepCounts>>,
-    /// The copy a pruned search moves forward, kept between searches so that each copies
-    /// into it once rather than allocating a cluster.
+    /// The copy a search moves forward, kept between searches so that each copies into it
+    /// once rather than allocating a cluster.
     sweep_window: RefCell<Option<Cluster>>,
+    /// The copy a search among parts of GPUs holds the plans on (see `Copies`), kept likewise.
+    held_window: RefCell<Option<Cluster>>,
     /// A sweep's heap of overlapping plans, kept empty between searches for its buffer.
     sweep_active: RefCell<BinaryHeap<Reverse<(UnixSeconds, usize)>>>,
     /// What searches of jobs of whole nodes count with, kept between them (see
@@ -310,6 +312,7 @@ impl Plan {
             profile: RefCell::new(None),
             sweep_counts: RefCell::new(None),
             sweep_window: RefCell::new(None),
+            held_window: RefCell::new(None),
             sweep_active: RefCell::new(BinaryHeap::new()),
             whole_counts: RefCell::new(None),
             checkpoints: RefCell::new(None),
@@ -785,12 +788,13 @@ struct Copies<'p> {
 
 impl<'p> Copies<'p> {
     fn new(plan: &'p Plan, cluster: &'p Cluster) -> Self {
+        let future = plan.sweep_window.borrow_mut().take();
         Copies {
             plan,
             base: cluster,
-            future: cluster.clone(),
+            future: future.unwrap_or_else(|| cluster.clone()),
             fresh: true,
-            scratch: None,
+            scratch: plan.held_window.borrow_mut().take(),
             next_release: 0,
         }
     }
@@ -804,6 +808,9 @@ impl<'p> Copies<'p> {
     ) -> Option<&Cluster> {
         if std::mem::take(&mut self.fresh) {
             self.next_release = self.plan.copy_checkpoint(self.base, t, &mut self.future);
+            if self.next_release == 0 {
+                self.future.copy_from(self.base);
+            }
         }
         while let Some(r) = self.plan.releases.get(self.next_release) {
             if r.at > t {
@@ -832,6 +839,18 @@ impl<'p> Copies<'p> {
             held.hold(&hold.placement);
         }
         Some(held)
+    }
+}
+
+impl Drop for Copies<'_> {
+    /// Gives the copies back to the plan for the next search.
+    fn drop(&mut self) {
+        let hollow = self.future.hollow();
+        let future = std::mem::replace(&mut self.future, hollow);
+        *self.plan.sweep_window.borrow_mut() = Some(future);
+        if let Some(held) = self.scratch.take() {
+            *self.plan.held_window.borrow_mut() = Some(held);
+        }
     }
 }
 
