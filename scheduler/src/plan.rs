@@ -774,14 +774,16 @@ impl Ahead<'_> {
 
 /// The plain way, and the only one for parts of GPUs: the cluster brought forward through
 /// the releases (from the last checkpoint before the first time tried), copied for every time
-/// tried and the overlapping plans held on the copy.
+/// tried and the overlapping plans held on the copy. Both copies are the plan's, handed from
+/// one search to the next.
 struct Copies<'p> {
     plan: &'p Plan,
     /// The cluster now, which the checkpoints were taken from.
     base: &'p Cluster,
     future: Cluster,
     fresh: bool,
-    /// One copy per search, overwritten per candidate: no allocation per time tried.
+    /// Overwritten per time tried: no allocation per time tried, nor per search once the plan
+    /// has one.
     scratch: Option<Cluster>,
     next_release: usize,
 }
