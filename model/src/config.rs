@@ -234,6 +234,18 @@ pub struct SchedulerConfig {
     /// Without it an account that used much last week ranks below one that used little
     /// while holding several times its share today, and waits its payback out week after week.
     pub below_share_first: bool,
+    /// The relief, under fair share with `fair_tree` and `below_share_first`: a job that has
+    /// waited `relief_after` for GPUs (not for its own quota) ranks above every account holding
+    /// at least `relief_floor_percent` of its fair share now, and below those holding less;
+    /// such jobs go in their accounts' order among themselves, then by submission. Without it
+    /// an account asking for several times its share waits its own backlog out at its share,
+    /// for weeks; with it that account takes what the others hold above the floor (the weekly
+    /// goal's 0.8), one long-waiting job at a time, never its later jobs with it.
+    pub relief: bool,
+    /// How long a job waits before the relief lifts it.
+    pub relief_after: DurationSpec,
+    /// The share (percent) below which an account still ranks above the jobs the relief lifts.
+    pub relief_floor_percent: u32,
     /// Fair-share preemption (Kueue's reclaim within a cohort), under the fair-share policy:
     /// a job of an account below its fair share of the cluster now that stays within it once
     /// started, waiting at least `fair_share_preemption_after`, may preempt jobs of its tier
@@ -268,6 +280,9 @@ impl Default for SchedulerConfig {
             plan_each_account: true,
             plan_to_share: true,
             below_share_first: true,
+            relief: true,
+            relief_after: DurationSpec::from_secs(3 * 86_400),
+            relief_floor_percent: 80,
             fair_share_preemption: false,
             fair_share_preemption_after: DurationSpec::from_secs(3600),
             job_history: DurationSpec::from_secs(30 * 86_400),
@@ -491,6 +506,22 @@ impl ClusterConfig {
                 "scheduler.max_wait",
                 "must be at least 1m, e.g. \"1d\" (every job older than it is planned a start)"
                     .into(),
+            );
+        }
+        if self.scheduler.relief_after.as_secs() < 60 {
+            v.err(
+                "scheduler.relief_after",
+                "must be at least 1m, e.g. \"3d\" (set relief = false to turn the relief off)"
+                    .into(),
+            );
+        }
+        if self.scheduler.relief_floor_percent > 100 {
+            v.err(
+                "scheduler.relief_floor_percent",
+                format!(
+                    "is {}; must be between 0 and 100 (percent of an account's fair share)",
+                    self.scheduler.relief_floor_percent
+                ),
             );
         }
         let history = self.scheduler.job_history.as_secs();
@@ -936,6 +967,36 @@ weight = 1
         assert_eq!(errors[0].field, "partitions[0].priority_tier");
         assert_eq!(errors[0].line, Some(14));
         assert_eq!(errors[0].message, "500 is out of range; use 1 to 100");
+    }
+
+    #[test]
+    fn the_relief_is_on_by_default_and_its_bounds_name_field_and_line() {
+        let c = ClusterConfig::from_toml_str(MINIMAL, "t.toml").unwrap();
+        let s = &c.scheduler;
+        assert!(s.relief);
+        assert_eq!(
+            (s.relief_after.as_secs(), s.relief_floor_percent),
+            (3 * 86_400, 80)
+        );
+        let src =
+            format!("{MINIMAL}[scheduler]\nrelief_after = \"30s\"\nrelief_floor_percent = 120\n");
+        let err = ClusterConfig::from_toml_str(&src, "t.toml").unwrap_err();
+        let fields: Vec<(&str, Option<usize>)> = err
+            .field_errors()
+            .iter()
+            .map(|e| (e.field.as_str(), e.line))
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                ("scheduler.relief_after", Some(27)),
+                ("scheduler.relief_floor_percent", Some(28)),
+            ],
+            "{err}"
+        );
+        let src = format!("{MINIMAL}[scheduler]\nrelief = false\nrelief_floor_percent = 0\n");
+        let c = ClusterConfig::from_toml_str(&src, "t.toml").unwrap();
+        assert!(!c.scheduler.relief);
     }
 
     #[test]

@@ -37,22 +37,65 @@ pub fn slurm_classic_factor(usage_share: f64, normalised_share: f64) -> f64 {
     (-usage_share / normalised_share).exp2()
 }
 
+/// Where an account stands against its fair share of the cluster now (the split `report.md`
+/// measures: the cluster split by weight among the accounts with work, none given more than
+/// it asks for), as Fair Tree's ranking groups accounts: lower standings rank first.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Standing {
+    /// Holds less than the relief's floor of its share (only when the relief is on).
+    BelowFloor,
+    /// Holds less than its share.
+    BelowShare,
+    /// Holds its share or more, or the ranking does not look at shares.
+    #[default]
+    AtShare,
+}
+
+impl Standing {
+    /// From what an account holds against its share (any one unit); `floor_percent` is the
+    /// relief's floor, `None` when the relief is off (no account is then below the floor).
+    pub fn of(share: i64, held: i64, floor_percent: Option<u32>) -> Standing {
+        let floor = |p: u32| i128::from(held) * 100 < i128::from(share) * i128::from(p);
+        if held >= share {
+            Standing::AtShare
+        } else if floor_percent.is_some_and(floor) {
+            Standing::BelowFloor
+        } else {
+            Standing::BelowShare
+        }
+    }
+}
+
+/// The fair-share factor of a job the relief lifts, whose account has `account_factor` among
+/// accounts standing as `standings` ([`fair_tree_factors`]): above every account not below the
+/// floor and below every one that is, with the lifted jobs of different accounts in their
+/// accounts' order. The ranks are `1/n` apart: the accounts below the floor hold the top `k`,
+/// so the lifted jobs take the middle half of the gap between the `k`-th and the next.
+pub fn relief_factor(standings: &[Standing], account_factor: f64) -> f64 {
+    let n = standings.len().max(1) as f64;
+    let below_floor = standings
+        .iter()
+        .filter(|s| **s == Standing::BelowFloor)
+        .count() as f64;
+    (n - below_floor + 0.25 + 0.5 * account_factor.clamp(0.0, 1.0)) / n
+}
+
 /// Each account's fair-share factor in [0, 1] under `formula`, from its weight, its decayed
 /// GPU-hours and whether it has running or waiting work (all in the same order): Fair Tree's
 /// rank ([`fair_tree_factors`]), the design's `weight / (1 + usage / factor)` over the largest
 /// weight, or Slurm's classic `2^(-usage share / normalised share)`. Under `fair_tree`, the
-/// accounts marked in `below_share` (empty: none) rank above all others. gpuledger's scheduler
-/// and `gpuledger slurm steer` both rank accounts with this one function.
+/// accounts standing below their share (`standings`; empty: all at it) rank above all others.
+/// gpuledger's scheduler and `gpuledger slurm steer` both rank accounts with this one function.
 pub fn account_factors(
     formula: FairShareFormula,
     factor_gpu_hours: f64,
     weights: &[f64],
     usage: &[f64],
     has_demand: &[bool],
-    below_share: &[bool],
+    standings: &[Standing],
 ) -> Vec<f64> {
     match formula {
-        FairShareFormula::FairTree => fair_tree_factors(weights, usage, has_demand, below_share),
+        FairShareFormula::FairTree => fair_tree_factors(weights, usage, has_demand, standings),
         FairShareFormula::Weighted => {
             let max_weight = weights.iter().copied().fold(1.0, f64::max);
             weights
@@ -87,16 +130,17 @@ pub fn account_factors(
 /// `r`-th of `n` (from 0, ties sharing the rank of the first) gets `(n - r) / n`: under its
 /// share (`S/U > 1`) always above over it (`S/U < 1`). No usage at all ranks first.
 ///
-/// Accounts marked in `below_share` (an empty slice marks none) rank above every unmarked one,
-/// by level among themselves. The scheduler marks those holding less than their share of the
-/// cluster now, so that an account that used much last week but holds little today is not
-/// passed over by one that used little but holds several times its share today: usage
-/// decides the order within each group, and who gets what the shares leave.
+/// Accounts standing below their share (`standings`; an empty slice puts all at it) rank above
+/// every one at it, those below the relief's floor first, by level within each group. The
+/// scheduler works out the standings from what each account holds now, so that an account
+/// that used much last week but holds little today is not passed over by one that used little
+/// but holds several times its share today: usage decides the order within each group, and
+/// who gets what the shares leave.
 pub fn fair_tree_factors(
     weights: &[f64],
     usage: &[f64],
     has_demand: &[bool],
-    below_share: &[bool],
+    standings: &[Standing],
 ) -> Vec<f64> {
     let n = weights.len();
     let sum_over = |values: &[f64]| -> f64 {
@@ -121,11 +165,11 @@ pub fn fair_tree_factors(
             }
         })
         .collect();
-    // Below the share first; by level within each group.
-    let first = |i: usize| below_share.get(i).copied().unwrap_or(false);
+    // Below the floor, then below the share, then the rest; by level within each group.
+    let standing = |i: usize| standings.get(i).copied().unwrap_or_default();
     let rank_order = |a: usize, b: usize| {
-        first(b)
-            .cmp(&first(a))
+        standing(a)
+            .cmp(&standing(b))
             .then_with(|| level[b].total_cmp(&level[a]))
     };
     let mut order: Vec<usize> = (0..n).collect();
@@ -279,11 +323,63 @@ mod tests {
         assert_eq!(by_usage, vec![0.25, 0.75, 0.5, 1.0]);
         // a and c hold less than their share now, b and d their share or more: c, then a
         // (by level), then d and b.
-        let f = fair_tree_factors(&weights, &usage, &demand, &[true, false, true, false]);
+        use Standing::*;
+        let f = fair_tree_factors(
+            &weights,
+            &usage,
+            &demand,
+            &[BelowShare, AtShare, BelowShare, AtShare],
+        );
         assert_eq!(f, vec![0.75, 0.25, 1.0, 0.5]);
         // Equal levels either side of the line do not share a rank.
-        let f = fair_tree_factors(&[1.0, 1.0], &[1.0, 1.0], &[true, true], &[false, true]);
+        let f = fair_tree_factors(
+            &[1.0, 1.0],
+            &[1.0, 1.0],
+            &[true, true],
+            &[AtShare, BelowShare],
+        );
         assert_eq!(f, vec![0.5, 1.0]);
+        // With the relief's floor: a, below it, goes before c, below its share only.
+        let f = fair_tree_factors(
+            &weights,
+            &usage,
+            &demand,
+            &[BelowFloor, AtShare, BelowShare, AtShare],
+        );
+        assert_eq!(f, vec![1.0, 0.25, 0.75, 0.5]);
+    }
+
+    #[test]
+    fn standings_split_at_the_share_and_at_the_floor() {
+        use Standing::*;
+        assert_eq!(Standing::of(100, 100, Some(80)), AtShare);
+        assert_eq!(Standing::of(100, 130, Some(80)), AtShare);
+        assert_eq!(Standing::of(100, 80, Some(80)), BelowShare);
+        assert_eq!(Standing::of(100, 79, Some(80)), BelowFloor);
+        assert_eq!(Standing::of(100, 79, None), BelowShare);
+        assert_eq!(Standing::of(100, 0, Some(0)), BelowShare);
+        assert_eq!(Standing::of(0, 0, Some(80)), AtShare);
+        assert_eq!(Standing::of(i64::MAX, 0, Some(100)), BelowFloor);
+    }
+
+    #[test]
+    fn lifted_jobs_rank_between_the_accounts_below_the_floor_and_the_rest() {
+        use Standing::*;
+        let (weights, usage, demand) = ([1.0; 4], [30.0, 2.5, 5.0, 1.25], [true; 4]);
+        let standings = [BelowFloor, AtShare, BelowShare, AtShare];
+        let f = fair_tree_factors(&weights, &usage, &demand, &standings);
+        let lifted: Vec<f64> = f.iter().map(|a| relief_factor(&standings, *a)).collect();
+        let below_floor = f[0];
+        let top_of_the_rest = f[1].max(f[2]).max(f[3]);
+        for l in &lifted {
+            assert!(*l < below_floor && *l > top_of_the_rest, "{l} in {f:?}");
+        }
+        // Among lifted jobs their accounts' order holds: c (0.75), d (0.5), b (0.25).
+        assert!(lifted[2] > lifted[3] && lifted[3] > lifted[1], "{lifted:?}");
+        // Nobody below the floor: lifted jobs rank above every account.
+        let standings = [BelowShare, AtShare];
+        let f = fair_tree_factors(&[1.0, 1.0], &[1.0, 2.0], &[true, true], &standings);
+        assert!(relief_factor(&standings, f[1]) > f[0], "{f:?}");
     }
 
     #[test]

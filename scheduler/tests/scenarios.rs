@@ -1156,6 +1156,60 @@ fn an_account_below_its_share_now_goes_before_one_above_it_whatever_their_past_u
     assert_eq!(run(false), (true, false), "by usage alone b goes first");
 }
 
+#[test]
+fn a_job_waiting_past_relief_after_goes_before_accounts_above_the_floor_and_no_further() {
+    // Six nodes; b and c each ask for more than their half (24 GPUs). c holds 28 and has
+    // waited for a node since the start; b holds 20 (or 16) and asks for a node an hour before
+    // one frees, at 4 days, when c's 96-hour job ends: c then holds 20 too, having used more.
+    // Who gets the node?
+    let day = 24 * H;
+    let run = |settings: &str, b_holds: u32, wide_c_at: i64| {
+        let mut h = Harness::with_config(&config_with_scheduler(6, settings), "fairshare+backfill");
+        let mut b = vec![8, 8, 4];
+        if b_holds == 16 {
+            b.pop();
+        }
+        for gpus in b {
+            h.submit("b", gpus, 1000, 0);
+        }
+        let ending = h.submit("c", 8, 96, 0);
+        for gpus in [8, 8, 4] {
+            h.submit("c", gpus, 1000, 0);
+        }
+        h.step(0);
+        assert!(h.is_running(&ending));
+        let wide_c = h.submit("c", 8, 10, wide_c_at);
+        let mut t = wide_c_at;
+        while t < 4 * day - H {
+            h.sched.accrue_usage(t);
+            h.step(t);
+            t += 6 * H;
+        }
+        let wide_b = h.submit("b", 8, 10, 4 * day - H);
+        h.step(4 * day - H);
+        h.sched.accrue_usage(4 * day);
+        h.finish(&ending, 4 * day);
+        h.step(4 * day);
+        assert!(
+            h.is_running(&wide_b) != h.is_running(&wide_c),
+            "one node freed"
+        );
+        if h.is_running(&wide_c) {
+            "c"
+        } else {
+            "b"
+        }
+    };
+    // b is below its share, c at it: by standing b goes first...
+    assert_eq!(run("relief = false\n", 20, 60), "b");
+    assert_eq!(run("", 20, 4 * day - 2 * H), "b", "c's job waited 2 hours");
+    // ...unless c's job has waited 3 days (the default) and b holds at least 80% of its share.
+    assert_eq!(run("", 20, 60), "c");
+    assert_eq!(run("relief_after = \"5d\"\n", 20, 60), "b");
+    assert_eq!(run("", 16, 60), "b", "b holds two thirds of its share");
+    assert_eq!(run("relief_floor_percent = 60\n", 16, 60), "c");
+}
+
 /// `nodes` nodes with the `[scheduler]` settings given (TOML lines).
 /// Two nodes (of `config`) held by a's whole-cluster job from 0 to 10 h.
 fn held_by_a_until_10_h(config: &ClusterConfig, policy: &str) -> Harness {

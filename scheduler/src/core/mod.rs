@@ -337,6 +337,7 @@ impl Scheduler {
     pub fn submit_with_history(&mut self, spec: JobSpec, preemptions: u32) -> Result<(), Refusal> {
         let tier = self.admit(&spec)?;
         let limits = self.waiting_limits(&spec);
+        let submitted = spec.submit_s;
         self.pending_ids.insert(spec.id.clone());
         let job = PendingJob {
             spec,
@@ -347,7 +348,7 @@ impl Scheduler {
             has_preempted: false,
             limits,
         };
-        self.pending.push(job);
+        self.pending.push(job, submitted);
         Ok(())
     }
 
@@ -490,7 +491,7 @@ impl Scheduler {
             has_preempted: false,
             limits,
         };
-        self.pending.push(job);
+        self.pending.push(job, now);
         true
     }
 
@@ -508,6 +509,7 @@ impl Scheduler {
             .forget_bookings_before(self.bookings_at_last_cycle);
         self.bookings_at_last_cycle = self.releases.bookings();
         self.last_cycle_s = now;
+        self.pending.begin_cycle(now);
         let depth = match self.options.backfill {
             Backfill::Off => 0,
             Backfill::Easy => 1,
@@ -520,6 +522,7 @@ impl Scheduler {
         let plan_to_share = fair && depth > 0 && self.knobs.plan_to_share;
         let split = (reclaim || plan_to_share || (fair && self.ranks_below_share_first()))
             .then(|| self.fair_shares());
+        self.order_pending(now, split.as_deref());
         let gaps: Option<Vec<i64>> = split
             .as_ref()
             .map(|s| s.iter().map(|(share, held)| share - held).collect());
@@ -527,7 +530,6 @@ impl Scheduler {
             .filter(|_| reclaim)
             .map(|s| s.into_iter().map(|(share, _)| share).collect())
             .unwrap_or_default();
-        self.order_pending(now, gaps.as_deref());
         let mut cycle = Cycle::default();
         let mut blocked = false;
         // Within a cycle placement only gets harder (jobs start, plans are added), so a job of

@@ -2,7 +2,7 @@
 //! size, quota priority), ties broken by submission order.
 
 use super::*;
-use crate::fairshare::water_fill;
+use crate::fairshare::{relief_factor, water_fill, Standing};
 
 impl Scheduler {
     /// Each account's fair-share factor in [0, 1], in `account_ids` order: Fair Tree's rank
@@ -11,7 +11,7 @@ impl Scheduler {
     /// `2^(-usage share / normalised share)`. With `below_share_first` the accounts holding
     /// less than their share now rank first (under `fair_tree`).
     pub fn fair_share_factors(&self, now: UnixSeconds) -> Vec<f64> {
-        self.fair_share_factors_given(now, None)
+        self.fair_share_factors_given(now, &self.standings(None))
     }
 
     /// Whether accounts below their share now rank first (`below_share_first`, `fair_tree`).
@@ -19,9 +19,31 @@ impl Scheduler {
         self.knobs.below_share_first && self.formula == FairShareFormula::FairTree
     }
 
-    /// [`Scheduler::fair_share_factors`] with [`Scheduler::share_gaps`] already worked out
-    /// this cycle (`None`: worked out here when needed).
-    fn fair_share_factors_given(&self, now: UnixSeconds, gaps: Option<&[i64]>) -> Vec<f64> {
+    /// How long a job waits for GPUs before the relief lifts it, where the relief is on (it
+    /// needs the standings `below_share_first` ranks by).
+    fn relief_after_s(&self) -> Option<i64> {
+        (self.knobs.relief && self.ranks_below_share_first())
+            .then(|| self.knobs.relief_after.as_secs() as i64)
+    }
+
+    /// Where each account stands against its share now, in `account_ids` order, from this
+    /// cycle's [`Scheduler::fair_shares`] when the cycle has them (`None`: worked out here);
+    /// empty where the ranking does not look at shares.
+    fn standings(&self, split: Option<&[(i64, i64)]>) -> Vec<Standing> {
+        if !self.ranks_below_share_first() {
+            return Vec::new();
+        }
+        let floor = self
+            .relief_after_s()
+            .map(|_| self.knobs.relief_floor_percent);
+        let of = |(share, held): &(i64, i64)| Standing::of(*share, *held, floor);
+        match split {
+            Some(split) => split.iter().map(of).collect(),
+            None => self.fair_shares().iter().map(of).collect(),
+        }
+    }
+
+    fn fair_share_factors_given(&self, now: UnixSeconds, standings: &[Standing]) -> Vec<f64> {
         let weights: Vec<f64> = self
             .account_ids
             .iter()
@@ -32,36 +54,22 @@ impl Scheduler {
             .iter()
             .map(|id| self.ledger.gpu_hours(id, now))
             .collect();
-        let below_share: Vec<bool> = match gaps {
-            _ if !self.ranks_below_share_first() => Vec::new(),
-            Some(gaps) => gaps.iter().map(|gap| *gap > 0).collect(),
-            None => self.share_gaps().into_iter().map(|gap| gap > 0).collect(),
-        };
         account_factors(
             self.formula,
             self.ledger.params().factor_gpu_hours,
             &weights,
             &usage,
             &self.accounts_with_demand(),
-            &below_share,
+            standings,
         )
     }
 
-    /// How far each account is below its fair share of the cluster now, in share units, in
-    /// `account_ids` order (negative when above it): the cluster split by weight among the
-    /// accounts with running or waiting work, none given more than it holds and waits for
-    /// ([`water_fill`], the measure `report.md` sets each week against). A job being
-    /// preempted no longer counts for its account, a preemptor waiting for its victims
-    /// already does. What `plan_to_share` plans up to and `fair_share_preemption` takes back.
-    pub(super) fn share_gaps(&self) -> Vec<i64> {
-        self.fair_shares()
-            .into_iter()
-            .map(|(share, held)| share - held)
-            .collect()
-    }
-
     /// Each account's fair share of the cluster now and what it holds, in share units, in
-    /// `account_ids` order ([`Scheduler::share_gaps`] is their difference).
+    /// `account_ids` order: the cluster split by weight among the accounts with running or
+    /// waiting work, none given more than it holds and waits for ([`water_fill`], the measure
+    /// `report.md` sets each week against). A job being preempted no longer counts for its
+    /// account, a preemptor waiting for its victims already does. Their difference is what
+    /// `plan_to_share` plans up to and `fair_share_preemption` takes back.
     pub(super) fn fair_shares(&self) -> Vec<(i64, i64)> {
         let unit = u64::from(SHARE_UNITS_PER_GPU);
         let mut held: Vec<i64> = self
@@ -166,16 +174,36 @@ impl Scheduler {
             + f64::from(k.weight_quota_priority) * quota_priority
     }
 
-    /// Sets priorities and puts the queue in order; `gaps` are this cycle's
-    /// [`Scheduler::share_gaps`] where the cycle needs them anyway.
-    pub(super) fn order_pending(&mut self, now: UnixSeconds, gaps: Option<&[i64]>) {
+    /// Sets priorities and puts the queue in order; `split` is this cycle's
+    /// [`Scheduler::fair_shares`] where the cycle needs it anyway.
+    ///
+    /// A job the relief lifts (it has waited `relief_after` for GPUs, its quota not holding it
+    /// since, `Hot::gpu_wait_from`) takes [`relief_factor`] where that is above its
+    /// account's, and no age: among lifted jobs their accounts' order decides, then
+    /// submission. Ordered by age they would make the queue FIFO by age under overload, which
+    /// left more jobs past 7 days (docs/benchmarks.md, session 34).
+    pub(super) fn order_pending(&mut self, now: UnixSeconds, split: Option<&[(i64, i64)]>) {
         let mut descents = None;
         if self.options.policy == Policy::FairShare {
-            let fair_share = self.fair_share_factors_given(now, gaps);
+            let standings = self.standings(split);
+            let fair_share = self.fair_share_factors_given(now, &standings);
+            let relief_after = self.relief_after_s();
+            let lifted: Vec<f64> = fair_share
+                .iter()
+                .map(|f| relief_factor(&standings, *f))
+                .collect();
             let mut pending = std::mem::take(&mut self.pending);
             descents = Some(pending.set_priorities(|job| {
                 let fs = fair_share.get(job.account).copied().unwrap_or(0.0);
-                self.job_priority(job.submit_s, job.min, fs, job.quota_priority, now)
+                let relieved = relief_after
+                    .is_some_and(|after| job.gpu_wait_from.is_some_and(|from| now - from >= after));
+                match lifted.get(job.account) {
+                    // Submitted now: no age.
+                    Some(l) if relieved && *l > fs => {
+                        self.job_priority(now, job.min, *l, job.quota_priority, now)
+                    }
+                    _ => self.job_priority(job.submit_s, job.min, fs, job.quota_priority, now),
+                }
             }));
             self.pending = pending;
         }

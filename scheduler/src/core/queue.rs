@@ -48,6 +48,11 @@ pub(super) struct Hot {
     /// It preempted during this wait (the job's own `has_preempted`, mirrored): it does not
     /// preempt again before it starts.
     pub(super) has_preempted: bool,
+    /// Since when it has waited for GPUs without its quota holding it (its submission, or its
+    /// requeue, until a cycle finds it held); `None` while its quota holds it. The relief
+    /// counts this wait, as Slurm's age counts from when a job is eligible: a job cannot
+    /// earn it by waiting out its own account's limits. Set by the queue, not the job's own.
+    pub(super) gpu_wait_from: Option<UnixSeconds>,
     /// Its id as a number in id order, where it is short enough ([`id_key`]), in two halves
     /// (a `u128` would align every slot to 16 bytes); `[0, 0]` where it is not.
     id_key: [u64; 2],
@@ -76,6 +81,7 @@ impl Hot {
             shape: limits.shape,
             claimed: false,
             has_preempted: job.has_preempted,
+            gpu_wait_from: Some(spec.submit_s),
             id_key: id_key(&spec.id).map_or([0, 0], |k| [(k >> 64) as u64, k as u64]),
             reason: job.reason,
             estimated_start_s: job.estimated_start_s,
@@ -165,6 +171,8 @@ pub(super) struct Queue {
     fresh_from: usize,
     /// Share units waiting, by account index.
     waiting_units: Vec<u64>,
+    /// The time of the cycle setting reasons ([`Queue::begin_cycle`]).
+    cycle_s: UnixSeconds,
 }
 
 impl Default for Queue {
@@ -176,6 +184,7 @@ impl Default for Queue {
             settled_from: 0,
             fresh_from: 0,
             waiting_units: Vec::new(),
+            cycle_s: 0,
         }
     }
 }
@@ -215,6 +224,12 @@ impl Queue {
 
     pub(super) fn set_reason(&mut self, i: usize, reason: PendingReason) {
         if let Some(slot) = self.jobs.get_mut(i) {
+            let wait = &mut slot.hot.gpu_wait_from;
+            if reason.waits_for_gpus() {
+                wait.get_or_insert(self.cycle_s);
+            } else if reason != PendingReason::None {
+                *wait = None;
+            }
             if slot.hot.reason != reason {
                 slot.hot.reason = reason;
                 slot.job.reason = reason;
@@ -246,10 +261,19 @@ impl Queue {
         &self.waiting_units
     }
 
-    /// Adds a job at the back.
-    pub(super) fn push(&mut self, job: PendingJob) {
+    /// The time of the cycle that sets reasons from now on.
+    pub(super) fn begin_cycle(&mut self, now: UnixSeconds) {
+        self.cycle_s = now;
+    }
+
+    /// Adds a job at the back, waiting for GPUs from `waiting_from` (its submission, or its
+    /// requeue).
+    pub(super) fn push(&mut self, job: PendingJob, waiting_from: UnixSeconds) {
         let slot = Slot {
-            hot: Hot::of(&job),
+            hot: Hot {
+                gpu_wait_from: Some(waiting_from),
+                ..Hot::of(&job)
+            },
             job: Box::new(job),
         };
         if self
@@ -523,6 +547,7 @@ impl Queue {
         for slot in &self.jobs {
             let copy = Hot {
                 priority: slot.hot.priority,
+                gpu_wait_from: slot.hot.gpu_wait_from,
                 claimed: claimed(&slot.job.spec.id),
                 ..Hot::of(&slot.job)
             };
@@ -580,12 +605,12 @@ mod tests {
     fn a_late_arrival_out_of_submission_order_is_sorted_in() {
         let mut q = Queue::default();
         for (id, t) in [(1, 10), (2, 20), (3, 5)] {
-            q.push(job(id, t));
+            q.push(job(id, t), 0);
         }
         q.arrange(None);
         assert_eq!(ids(&q), ["3", "1", "2"]);
         // In order as they come: nothing moves, and nothing is checked.
-        q.push(job(4, 30));
+        q.push(job(4, 30), 0);
         assert!(q.in_order);
     }
 
@@ -593,7 +618,7 @@ mod tests {
     fn the_jobs_left_behind_a_blocked_head_stay_marked_through_starts_and_cancels() {
         let mut q = Queue::default();
         for id in 0..8 {
-            q.push(job(id, i64::from(id)));
+            q.push(job(id, i64::from(id)), 0);
         }
         // Jobs 0 and 2 start, 3 is blocked: 4.. wait behind it.
         q.wait_behind(4);
@@ -603,7 +628,7 @@ mod tests {
         q.check(|_| false).unwrap();
         // A cancel ahead of the settled jobs shifts them; an arrival is fresh.
         q.remove(&JobId::new("1").unwrap());
-        q.push(job(8, 8));
+        q.push(job(8, 8), 0);
         assert_eq!((q.settled_from, q.fresh_from), (1, 5));
         q.check(|_| false).unwrap();
         // The next cycle blocks at the head: of the jobs behind it only the arrival is new.
@@ -617,13 +642,36 @@ mod tests {
     }
 
     #[test]
+    fn the_wait_for_gpus_starts_again_after_a_quota_held_the_job() {
+        let mut q = Queue::default();
+        q.push(job(1, 5), 5);
+        q.push(job(2, 5), 40);
+        let from = |q: &Queue, i: usize| q.at(i).map(|(h, _)| h.gpu_wait_from);
+        assert_eq!((from(&q, 0), from(&q, 1)), (Some(Some(5)), Some(Some(40))));
+        q.begin_cycle(50);
+        q.set_reason(0, PendingReason::Priority);
+        q.set_reason(1, PendingReason::AssocMaxJobsLimit);
+        assert_eq!((from(&q, 0), from(&q, 1)), (Some(Some(5)), Some(None)));
+        q.check(|_| false).unwrap();
+        q.begin_cycle(90);
+        for i in 0..2 {
+            q.set_reason(i, PendingReason::Resources);
+        }
+        assert_eq!((from(&q, 0), from(&q, 1)), (Some(Some(5)), Some(Some(90))));
+        q.begin_cycle(120);
+        q.set_reason(1, PendingReason::ReqNodeNotAvail);
+        q.set_reason(1, PendingReason::None);
+        assert_eq!(from(&q, 1), Some(Some(90)));
+    }
+
+    #[test]
     fn the_queues_copy_follows_each_job_and_counts_what_each_account_waits_for() {
         let mut q = Queue::default();
         for id in 0..4 {
             let mut j = job(id, i64::from(id));
             j.limits.account = usize::try_from(id % 2).unwrap();
             j.spec.gpus = 2;
-            q.push(j);
+            q.push(j, 0);
         }
         let unit = u64::from(gpuledger_model::SHARE_UNITS_PER_GPU);
         assert_eq!(q.waiting_units(), [4 * unit, 4 * unit]);
@@ -668,7 +716,7 @@ mod tests {
                     j.limits.account = account;
                     j.limits.quota_priority = if own == 0 { 1.0 } else { 0.0 };
                     j.tier = tier;
-                    q.push(j);
+                    q.push(j, 0);
                     next += 1;
                 }
                 let descents = q.set_priorities(|hot| {

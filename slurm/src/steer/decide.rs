@@ -6,12 +6,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use gpuledger_adapters::slurm::jobs::{AccountMap, State};
 use gpuledger_adapters::slurm::queue::QueuedJob;
-use gpuledger_model::config::{ClusterConfig, FairShareConfig, SchedulerConfig};
+use gpuledger_model::config::{ClusterConfig, FairShareConfig, FairShareFormula, SchedulerConfig};
 use gpuledger_model::quota::Quota;
 use gpuledger_model::tenant::Account;
 use gpuledger_model::usage::{UsageFeed, WindowGpuSeconds};
 use gpuledger_model::AccountId;
-use gpuledger_scheduler::fairshare::{account_factors, water_fill};
+use gpuledger_scheduler::fairshare::{account_factors, relief_factor, water_fill, Standing};
 use gpuledger_scheduler::windows::{day_of, gpu_hours_verdict, DaySpread, DAY_S};
 use gpuledger_scheduler::PendingReason;
 
@@ -80,6 +80,27 @@ pub struct Policy {
     /// No config: accounts below their share now of the GPUs Slurm's nodes have (`sinfo`, each
     /// pass) rank first, the default of gpuledger's scheduler.
     pub below_share_of_slurm_gpus: bool,
+    /// The relief (`[scheduler] relief`, as gpuledger's scheduler lifts jobs): a job pending
+    /// for `Priority` or `Resources` this long gets the lifted factor, where accounts are
+    /// ranked by standing (the GPUs above, or Slurm's).
+    pub relief: Option<Relief>,
+}
+
+/// The relief's settings: how long a job waits, and the floor (percent of an account's share)
+/// below which an account still ranks above the lifted jobs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Relief {
+    pub after_s: i64,
+    pub floor_percent: u32,
+}
+
+impl Relief {
+    fn of(config: &SchedulerConfig) -> Option<Relief> {
+        config.relief.then(|| Relief {
+            after_s: config.relief_after.as_secs() as i64,
+            floor_percent: config.relief_floor_percent,
+        })
+    }
 }
 
 impl Policy {
@@ -92,6 +113,7 @@ impl Policy {
             below_share_of_gpus: Some(config.total_gpus())
                 .filter(|gpus| config.scheduler.below_share_first && *gpus > 0),
             below_share_of_slurm_gpus: false,
+            relief: Relief::of(&config.scheduler),
         }
     }
 
@@ -103,6 +125,7 @@ impl Policy {
             fair_share: FairShareConfig::default(),
             below_share_of_gpus: None,
             below_share_of_slurm_gpus: SchedulerConfig::default().below_share_first,
+            relief: Relief::of(&SchedulerConfig::default()),
         }
     }
 
@@ -160,8 +183,14 @@ pub struct Known<'a> {
     pub policy: &'a Policy,
 }
 
-/// Each account's fair-share factor from the feed, with demand as Slurm shows it.
-fn factors(jobs: &[QueuedJob], known: &Known, accounts: &[Account]) -> BTreeMap<String, f64> {
+/// Each account's fair-share factor from the feed, with demand as Slurm shows it, and the
+/// factor a job of it lifted by the relief takes (`None`: the relief is off, or the accounts
+/// are not ranked by standing).
+fn factors(
+    jobs: &[QueuedJob],
+    known: &Known,
+    accounts: &[Account],
+) -> BTreeMap<String, (f64, Option<f64>)> {
     let Known {
         feed, map, policy, ..
     } = *known;
@@ -177,9 +206,10 @@ fn factors(jobs: &[QueuedJob], known: &Known, accounts: &[Account]) -> BTreeMap<
         .map(|id| feed.accounts.get(id).map_or(0.0, |u| u.decayed_gpu_hours))
         .collect();
     let demand: Vec<bool> = ids.iter().map(|id| busy.contains(id)).collect();
-    let below_share = policy
+    let floor = policy.relief.map(|r| r.floor_percent);
+    let standings = policy
         .below_share_of_gpus
-        .map(|gpus| below_share_now(jobs, map, accounts, gpus))
+        .map(|gpus| standings_now(jobs, map, accounts, gpus, floor))
         .unwrap_or_default();
     let f = account_factors(
         policy.fair_share.formula,
@@ -187,20 +217,28 @@ fn factors(jobs: &[QueuedJob], known: &Known, accounts: &[Account]) -> BTreeMap<
         &weights,
         &usage,
         &demand,
-        &below_share,
+        &standings,
     );
-    ids.into_iter().zip(f).collect()
+    let relieves = floor.is_some()
+        && !standings.is_empty()
+        && policy.fair_share.formula == FairShareFormula::FairTree;
+    ids.into_iter()
+        .zip(f)
+        .map(|(id, f)| (id, (f, relieves.then(|| relief_factor(&standings, f)))))
+        .collect()
 }
 
-/// Which accounts hold fewer GPUs in running jobs than their fair share of the cluster's
-/// `gpus` now: split by weight among the accounts with running or pending jobs, none given
-/// more than those ask for ([`water_fill`], as gpuledger's scheduler splits it).
-fn below_share_now(
+/// Where each account stands against its fair share of the cluster's `gpus` now, from the
+/// GPUs its running jobs hold: split by weight among the accounts with running or pending
+/// jobs, none given more than those ask for ([`water_fill`], as gpuledger's scheduler splits
+/// it); `floor_percent` is the relief's floor.
+fn standings_now(
     jobs: &[QueuedJob],
     map: &AccountMap,
     accounts: &[Account],
     gpus: u64,
-) -> Vec<bool> {
+    floor_percent: Option<u32>,
+) -> Vec<Standing> {
     let mut held = vec![0u64; accounts.len()];
     let mut asks = vec![0u64; accounts.len()];
     for job in jobs.iter().filter(|j| !j.is_held()) {
@@ -226,8 +264,23 @@ fn below_share_now(
     water_fill(gpus as f64, &claims)
         .into_iter()
         .zip(held)
-        .map(|(share, held)| (held as f64) < share.floor())
+        .map(|(share, held)| {
+            let held = i64::try_from(held).unwrap_or(i64::MAX);
+            Standing::of(share.floor() as i64, held, floor_percent)
+        })
         .collect()
+}
+
+/// Whether the relief lifts a pending job now: Slurm says it waits for GPUs (`Priority`,
+/// `Resources`), not for a limit, and it was submitted `after_s` ago or more.
+fn relieved(job: &QueuedJob, relief: Option<Relief>, now_s: i64) -> bool {
+    let waits_for_gpus = matches!(job.reason.as_str(), "Priority" | "Resources");
+    relief.is_some_and(|r| {
+        waits_for_gpus
+            && job
+                .submit_s
+                .is_some_and(|s| now_s.saturating_sub(s) >= r.after_s)
+    })
 }
 
 /// The quota scopes a job falls under: its account's, and its project's when it has one.
@@ -377,7 +430,14 @@ pub fn decide(
         if !settings.fair_share || !schedulable {
             continue;
         }
-        let factor = factors.get(account.id.as_str()).copied().unwrap_or(0.0);
+        let (factor, lifted) = factors
+            .get(account.id.as_str())
+            .copied()
+            .unwrap_or((0.0, None));
+        let factor = match lifted {
+            Some(l) if l > factor && relieved(job, known.policy.relief, now_s) => l,
+            _ => factor,
+        };
         let scaled = (factor * f64::from(settings.weight)).round() as i64;
         let (value, was) = match settings.target {
             Target::SiteFactor => (scaled, current.get(&job.job_id).copied()),
@@ -684,6 +744,85 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
     }
 
     #[test]
+    fn a_job_waiting_past_relief_after_is_lifted_as_the_scheduler_lifts_it() {
+        // 100 GPUs. heavy holds 45 of its 50 (below its share, above the 80% floor), other
+        // (a Slurm account the config lacks) holds 55 of its 50, with an old job and a fresh
+        // one waiting; light has no jobs.
+        let mut old = job("3", "other", State::Pending, 8);
+        old.submit_s = Some(NOW - 4 * DAY_S);
+        let jobs = |heavy_holds: u32, old: &QueuedJob| {
+            vec![
+                job("1", "heavy", State::Pending, 8),
+                job("2", "heavy", State::Running, heavy_holds),
+                old.clone(),
+                job("4", "other", State::Pending, 8),
+                job("5", "other", State::Running, 55),
+            ]
+        };
+        let values = |jobs: &[QueuedJob], policy: &Policy| -> BTreeMap<String, i64> {
+            run(
+                jobs,
+                &BTreeMap::new(),
+                &feed(500.0, 0),
+                policy,
+                &SteerState::default(),
+                settings(),
+                NOW,
+            )
+            .into_iter()
+            .filter_map(|a| match a {
+                Action::Set { job, value, .. } => Some((job, value)),
+                _ => None,
+            })
+            .collect()
+        };
+        let policy = Policy {
+            below_share_of_gpus: Some(100),
+            ..Policy::from_config(&config())
+        };
+        assert_eq!(
+            policy.relief,
+            Some(Relief {
+                after_s: 3 * DAY_S,
+                floor_percent: 80
+            })
+        );
+        // heavy ranks 1st of 3 (below its share), other 2nd (no usage), light 3rd; other's
+        // old job goes above everyone: nobody is below the floor.
+        assert_eq!(
+            values(&jobs(45, &old), &policy),
+            [
+                ("1".into(), 10_000),
+                ("3".into(), 11_944),
+                ("4".into(), 6_667)
+            ]
+            .into()
+        );
+        // heavy below the floor (30 of 50): the old job goes just under it.
+        assert_eq!(
+            values(&jobs(30, &old), &policy),
+            [
+                ("1".into(), 10_000),
+                ("3".into(), 8_611),
+                ("4".into(), 6_667)
+            ]
+            .into()
+        );
+        // Not lifted: without the relief, or pending for a limit rather than for GPUs.
+        let off = Policy {
+            relief: None,
+            ..policy.clone()
+        };
+        assert_eq!(values(&jobs(45, &old), &off)["3"], 6_667);
+        let mut limited = old.clone();
+        limited.reason = "AssocGrpGRES".into();
+        assert_eq!(values(&jobs(45, &limited), &policy)["3"], 6_667);
+        let mut young = old;
+        young.submit_s = Some(NOW - 3 * DAY_S + 1);
+        assert_eq!(values(&jobs(45, &young), &policy)["3"], 6_667);
+    }
+
+    #[test]
     fn as_the_whole_priority_the_factor_is_compared_with_the_jobs_priority_and_never_0() {
         let config = config();
         let mut jobs = vec![
@@ -717,7 +856,7 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
         );
         // Weighted with a large factor: a factor rounding to 0 is set to 1, not a hold.
         let mut weighted = Policy::from_config(&config);
-        weighted.fair_share.formula = gpuledger_model::config::FairShareFormula::Weighted;
+        weighted.fair_share.formula = FairShareFormula::Weighted;
         weighted.fair_share.usage_factor_gpu_hours = 1;
         jobs[0].priority = 7;
         let actions = run(
