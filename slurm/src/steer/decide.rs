@@ -632,6 +632,25 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
         )
     }
 
+    /// The values one pass from no state sets, by job, with heavy's 500 GPU-hours.
+    fn set_values(jobs: &[QueuedJob], policy: &Policy) -> BTreeMap<String, i64> {
+        run(
+            jobs,
+            &BTreeMap::new(),
+            &feed(500.0, 0),
+            policy,
+            &SteerState::default(),
+            settings(),
+            NOW,
+        )
+        .into_iter()
+        .filter_map(|a| match a {
+            Action::Set { job, value, .. } => Some((job, value)),
+            _ => None,
+        })
+        .collect()
+    }
+
     #[test]
     fn the_lighter_account_gets_the_larger_site_factor_and_unchanged_values_are_left() {
         let jobs = vec![
@@ -687,23 +706,7 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
             job("2", "other", State::Running, 8),
             job("3", "other", State::Pending, 8),
         ];
-        let values = |policy: &Policy| -> BTreeMap<String, i64> {
-            run(
-                &jobs,
-                &BTreeMap::new(),
-                &feed(500.0, 0),
-                policy,
-                &SteerState::default(),
-                settings(),
-                NOW,
-            )
-            .into_iter()
-            .filter_map(|a| match a {
-                Action::Set { job, value, .. } => Some((job, value)),
-                _ => None,
-            })
-            .collect()
-        };
+        let values = |policy: &Policy| set_values(&jobs, policy);
         let config = config();
         let policy = Policy::from_config(&config);
         assert_eq!(policy.below_share_of_gpus, Some(8));
@@ -759,23 +762,7 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
                 job("5", "other", State::Running, 55),
             ]
         };
-        let values = |jobs: &[QueuedJob], policy: &Policy| -> BTreeMap<String, i64> {
-            run(
-                jobs,
-                &BTreeMap::new(),
-                &feed(500.0, 0),
-                policy,
-                &SteerState::default(),
-                settings(),
-                NOW,
-            )
-            .into_iter()
-            .filter_map(|a| match a {
-                Action::Set { job, value, .. } => Some((job, value)),
-                _ => None,
-            })
-            .collect()
-        };
+
         let policy = Policy {
             below_share_of_gpus: Some(100),
             ..Policy::from_config(&config())
@@ -790,7 +777,7 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
         // heavy ranks 1st of 3 (below its share), other 2nd (no usage), light 3rd; other's
         // old job goes above everyone: nobody is below the floor.
         assert_eq!(
-            values(&jobs(45, &old), &policy),
+            set_values(&jobs(45, &old), &policy),
             [
                 ("1".into(), 10_000),
                 ("3".into(), 11_944),
@@ -800,7 +787,7 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
         );
         // heavy below the floor (30 of 50): the old job goes just under it.
         assert_eq!(
-            values(&jobs(30, &old), &policy),
+            set_values(&jobs(30, &old), &policy),
             [
                 ("1".into(), 10_000),
                 ("3".into(), 8_611),
@@ -813,13 +800,13 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
             relief: None,
             ..policy.clone()
         };
-        assert_eq!(values(&jobs(45, &old), &off)["3"], 6_667);
+        assert_eq!(set_values(&jobs(45, &old), &off)["3"], 6_667);
         let mut limited = old.clone();
         limited.reason = "AssocGrpGRES".into();
-        assert_eq!(values(&jobs(45, &limited), &policy)["3"], 6_667);
+        assert_eq!(set_values(&jobs(45, &limited), &policy)["3"], 6_667);
         let mut young = old;
         young.submit_s = Some(NOW - 3 * DAY_S + 1);
-        assert_eq!(values(&jobs(45, &young), &policy)["3"], 6_667);
+        assert_eq!(set_values(&jobs(45, &young), &policy)["3"], 6_667);
     }
 
     #[test]
