@@ -33,6 +33,10 @@ pub struct QueuedJob {
     /// Unix seconds; only for a job that has started.
     pub start_s: Option<i64>,
     pub submit_s: Option<i64>,
+    /// Since when Slurm counts the job eligible to run (`eligible_time`): unset while it is
+    /// held, and the release time after a hold (Slurm 22.05, seen here: `accrue_time` keeps
+    /// the submit time through a hold, so it cannot say how long a job waited for GPUs).
+    pub eligible_s: Option<i64>,
 }
 
 impl QueuedJob {
@@ -141,6 +145,7 @@ pub fn parse_squeue_json(text_in: &str, origin: &str) -> Result<Vec<QueuedJob>> 
                 .map(|m| m.max(0) as u64 * 60),
             start_s: state.has_run().then(|| time("start_time")).flatten(),
             submit_s: time("submit_time"),
+            eligible_s: time("eligible_time"),
         });
     }
     Ok(out)
@@ -155,11 +160,12 @@ mod tests {
       {"account": "teama", "job_id": 4, "job_state": "RUNNING", "state_reason": "None",
        "priority": 1, "comment": "x|y\n5|teamb|PENDING", "tres_per_node": "gres:gpu:h100:3",
        "tres_per_job": "", "node_count": 1, "time_limit": 7, "start_time": 1796217533,
-       "submit_time": 1796217500, "user_name": "alice", "partition": "train", "nice": null},
+       "submit_time": 1796217500, "eligible_time": 1796217500, "user_name": "alice",
+       "partition": "train", "nice": null},
       {"account": "teamb", "job_id": 5, "job_state": "PENDING", "state_reason": "JobHeldAdmin",
        "priority": 0, "comment": "", "tres_per_node": "gres:gpu:2", "node_count": 2,
-       "time_limit": null, "start_time": 0, "submit_time": 1796217534, "user_name": "bob",
-       "partition": "train"}]}"#;
+       "time_limit": null, "start_time": 0, "submit_time": 1796217534, "eligible_time": 0,
+       "user_name": "bob", "partition": "train"}]}"#;
 
     /// The same two as 23.11 prints them.
     const V0040: &str = r#"{"jobs": [
@@ -168,12 +174,12 @@ mod tests {
        "tres_per_node": "gres/gpu:h100:3", "node_count": {"set": true, "number": 1},
        "time_limit": {"set": true, "infinite": false, "number": 7},
        "start_time": {"set": true, "number": 1796217533}, "submit_time": {"set": true, "number": 1796217500},
-       "user_name": "alice", "partition": "train"},
+       "eligible_time": {"set": true, "number": 1796217500}, "user_name": "alice", "partition": "train"},
       {"account": "teamb", "job_id": 5, "job_state": ["PENDING"], "state_reason": "JobHeldAdmin",
        "priority": {"set": true, "number": 0}, "comment": "", "tres_per_job": "gres/gpu:4",
        "time_limit": {"set": false, "infinite": true, "number": 0},
        "start_time": {"set": true, "number": 0}, "submit_time": {"set": true, "number": 1796217534},
-       "user_name": "bob", "partition": "train"}]}"#;
+       "eligible_time": {"set": true, "number": 0}, "user_name": "bob", "partition": "train"}]}"#;
 
     #[test]
     fn both_shapes_read_the_same_jobs() {
@@ -194,6 +200,11 @@ mod tests {
             assert_eq!(b.time_limit_s, None, "no limit");
             assert_eq!(b.start_s, None, "a pending job has not started");
             assert!(b.is_held());
+            assert_eq!(
+                (a.eligible_s, b.eligible_s),
+                (Some(1_796_217_500), None),
+                "a held job is not eligible"
+            );
         }
     }
 

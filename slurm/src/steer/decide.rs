@@ -81,8 +81,8 @@ pub struct Policy {
     /// pass) rank first, the default of gpuledger's scheduler.
     pub below_share_of_slurm_gpus: bool,
     /// The relief (`[scheduler] relief`, as gpuledger's scheduler lifts jobs): a job pending
-    /// for `Priority` or `Resources` this long gets the lifted factor, where accounts are
-    /// ranked by standing (the GPUs above, or Slurm's).
+    /// for `Priority` or `Resources` and eligible this long gets the lifted factor, where
+    /// accounts are ranked by standing (the GPUs above, or Slurm's).
     pub relief: Option<Relief>,
 }
 
@@ -272,13 +272,15 @@ fn standings_now(
 }
 
 /// Whether the relief lifts a pending job now: Slurm says it waits for GPUs (`Priority`,
-/// `Resources`), not for a limit, and it was submitted `after_s` ago or more.
+/// `Resources`), not for a limit, and has counted it eligible (`eligible_time`) for `after_s`
+/// or more. A hold (this loop's for a quota) makes Slurm count again from the release, so
+/// waiting out a quota earns nothing, as in gpuledger's scheduler.
 fn relieved(job: &QueuedJob, relief: Option<Relief>, now_s: i64) -> bool {
     let waits_for_gpus = matches!(job.reason.as_str(), "Priority" | "Resources");
     relief.is_some_and(|r| {
         waits_for_gpus
             && job
-                .submit_s
+                .eligible_s
                 .is_some_and(|s| now_s.saturating_sub(s) >= r.after_s)
     })
 }
@@ -557,6 +559,7 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
             time_limit_s: Some(3600),
             start_s: (state == State::Running).then_some(NOW - 60),
             submit_s: Some(NOW - 120),
+            eligible_s: (state == State::Pending).then_some(NOW - 120),
         }
     }
 
@@ -753,6 +756,7 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
         // one waiting; light has no jobs.
         let mut old = job("3", "other", State::Pending, 8);
         old.submit_s = Some(NOW - 4 * DAY_S);
+        old.eligible_s = old.submit_s;
         let jobs = |heavy_holds: u32, old: &QueuedJob| {
             vec![
                 job("1", "heavy", State::Pending, 8),
@@ -804,9 +808,13 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
         let mut limited = old.clone();
         limited.reason = "AssocGrpGRES".into();
         assert_eq!(set_values(&jobs(45, &limited), &policy)["3"], 6_667);
-        let mut young = old;
-        young.submit_s = Some(NOW - 3 * DAY_S + 1);
+        let mut young = old.clone();
+        young.eligible_s = Some(NOW - 3 * DAY_S + 1);
         assert_eq!(set_values(&jobs(45, &young), &policy)["3"], 6_667);
+        // Submitted 4 days ago, eligible for 2 (held for its quota until then): not yet.
+        let mut was_held = old;
+        was_held.eligible_s = Some(NOW - 2 * DAY_S);
+        assert_eq!(set_values(&jobs(45, &was_held), &policy)["3"], 6_667);
     }
 
     #[test]
