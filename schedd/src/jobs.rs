@@ -32,6 +32,7 @@ impl Inner {
         job.exit_code = exit_code;
         job.reason = None;
         job.estimated_start_s = None;
+        job.gpu_wait_from_s = None;
         job.stopping = None;
         let info = job.clone();
         let mut ev = event(&info, now, JobEventKind::Finished);
@@ -139,9 +140,13 @@ impl Inner {
         for p in self.sched.pending() {
             if let Some(job) = self.state.jobs.get_mut(&p.spec.id) {
                 let reason = Some(p.reason.to_string());
-                if job.reason != reason || job.estimated_start_s != p.estimated_start_s {
+                if job.reason != reason
+                    || job.estimated_start_s != p.estimated_start_s
+                    || job.gpu_wait_from_s != p.gpu_wait_from
+                {
                     job.reason = reason;
                     job.estimated_start_s = p.estimated_start_s;
+                    job.gpu_wait_from_s = p.gpu_wait_from;
                 }
             }
         }

@@ -240,7 +240,7 @@ impl Service {
         for info in state.jobs.values() {
             match info.state {
                 JobState::Pending => sched
-                    .submit_with_history(spec_of(info), info.preemptions)
+                    .submit_with_history(spec_of(info), info.preemptions, info.gpu_wait_from_s)
                     .map_err(|e| restore(e, &info.id))?,
                 JobState::Running | JobState::Preempting => {
                     let allocation: Allocation = info
@@ -737,6 +737,7 @@ impl Service {
                         job.allocation = Some(started.allocation.to_string());
                         job.reason = None;
                         job.estimated_start_s = None;
+                        job.gpu_wait_from_s = None;
                     }
                     let mut ev = event(&info, now, kind);
                     ev.gpus = Some(started.gpus);

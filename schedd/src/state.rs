@@ -165,6 +165,11 @@ pub struct JobInfo {
     pub reason: Option<String>,
     #[serde(default)]
     pub estimated_start_s: Option<UnixSeconds>,
+    /// While it pends: since when it has waited for GPUs, its own quota not holding it (the
+    /// relief's count, `PendingJob::gpu_wait_from`); `null` while a quota holds it. A state
+    /// written before this field reads as held, so the count starts again at the first cycle.
+    #[serde(default)]
+    pub gpu_wait_from_s: Option<UnixSeconds>,
     #[serde(default)]
     pub start_s: Option<UnixSeconds>,
     #[serde(default)]
@@ -206,6 +211,7 @@ impl JobInfo {
             state: JobState::Pending,
             reason: Some("None".into()),
             estimated_start_s: None,
+            gpu_wait_from_s: Some(submit_s),
             start_s: None,
             end_s: None,
             allocation: None,

@@ -902,6 +902,58 @@ async fn jobs_asking_for_parts_of_a_gpu_share_one_gpu_and_keep_it_across_a_resta
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn how_long_a_job_waited_for_gpus_survives_a_restart_and_a_quota_hold_does_not_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let _jobs = gpuledger_testkit::KillJobsUnder::new(dir.path());
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let cluster = CLUSTER.replace(
+        "quota = { max_gpus_per_job = 8 }",
+        "quota = { max_gpus_per_job = 8, max_running_jobs = 1 }",
+    );
+    assert_ne!(cluster, CLUSTER);
+    let config = ClusterConfig::from_toml_str(&cluster, "wait.toml").unwrap();
+    let s = Arc::new(open_with(dir.path(), config.clone(), Arc::clone(&clock)).unwrap());
+    let job = |account: &str, gpus: u32| json!({"command": "sleep 600", "account": account, "gpus": gpus, "time_limit": "10h"});
+    let id = |reply: Value| JobId::new(reply["job_id"].as_str().unwrap()).unwrap();
+    let other = id(submit(&s, job("team-b", 1)).await.1);
+    let first = id(submit(&s, job("team-a", 1)).await.1);
+    tick_until(&s, &clock, |s| {
+        state(s, &other) == JobState::Running && state(s, &first) == JobState::Running
+    });
+    // team-a's node-wide job waits for its quota (one running job) first: that is no wait
+    // for GPUs.
+    let wide = id(submit(&s, job("team-a", 8)).await.1);
+    clock.advance_ms(60_000);
+    s.tick().unwrap();
+    let wide_now = |s: &Service| {
+        let w = s.job(&wide).unwrap();
+        (w.reason.clone().unwrap_or_default(), w.gpu_wait_from_s)
+    };
+    assert_eq!(wide_now(&s), ("AssocMaxJobsLimit".to_owned(), None));
+    // team-a's first job ends: now it waits for team-b's GPU, from that cycle on.
+    let (status, _) = call(&s, "DELETE", &format!("/api/v1/jobs/{first}"), None).await;
+    assert_eq!(status, StatusCode::OK);
+    tick_until(&s, &clock, |s| state(s, &first) == JobState::Cancelled);
+    clock.advance_ms(60_000);
+    s.tick().unwrap();
+    let (reason, since) = wide_now(&s);
+    assert_eq!(reason, "Resources");
+    let since = since.expect("waits for GPUs");
+    assert!(
+        since > s.job(&wide).unwrap().submit_s + 60,
+        "counted from the quota's release, not the submission"
+    );
+    // A restart reads it back; the next cycles keep it.
+    drop(s);
+    clock.advance_ms(60_000);
+    let s = Arc::new(open_with(dir.path(), config, Arc::clone(&clock)).unwrap());
+    assert_eq!(wide_now(&s), ("Resources".to_owned(), Some(since)));
+    clock.advance_ms(60_000);
+    s.tick().unwrap();
+    assert_eq!(wide_now(&s), ("Resources".to_owned(), Some(since)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ended_jobs_are_forgotten_after_the_job_history_and_ids_are_never_reused() {
     let dir = tempfile::tempdir().unwrap();
     let _jobs = gpuledger_testkit::KillJobsUnder::new(dir.path());

@@ -329,15 +329,21 @@ impl Scheduler {
 
     /// Admits a job to the queue, or refuses it if it could never run as asked.
     pub fn submit(&mut self, spec: JobSpec) -> Result<(), Refusal> {
-        self.submit_with_history(spec, 0)
+        let submitted = spec.submit_s;
+        self.submit_with_history(spec, 0, Some(submitted))
     }
 
-    /// Admits a job that was already preempted `preemptions` times (a restart reading its
-    /// queue back).
-    pub fn submit_with_history(&mut self, spec: JobSpec, preemptions: u32) -> Result<(), Refusal> {
+    /// Admits a job that was already preempted `preemptions` times and has waited for GPUs
+    /// since `gpu_wait_from` (`None`: its quota held it; see [`PendingJob::gpu_wait_from`]):
+    /// a restart reading its queue back.
+    pub fn submit_with_history(
+        &mut self,
+        spec: JobSpec,
+        preemptions: u32,
+        gpu_wait_from: Option<UnixSeconds>,
+    ) -> Result<(), Refusal> {
         let tier = self.admit(&spec)?;
         let limits = self.waiting_limits(&spec);
-        let submitted = spec.submit_s;
         self.pending_ids.insert(spec.id.clone());
         let job = PendingJob {
             spec,
@@ -346,9 +352,10 @@ impl Scheduler {
             estimated_start_s: None,
             preemptions,
             has_preempted: false,
+            gpu_wait_from,
             limits,
         };
-        self.pending.push(job, submitted);
+        self.pending.push(job);
         Ok(())
     }
 
@@ -377,6 +384,7 @@ impl Scheduler {
             estimated_start_s: None,
             preemptions,
             has_preempted: false,
+            gpu_wait_from: None,
             limits,
         };
         self.start(&pending, placement, start_s, false);
@@ -489,9 +497,10 @@ impl Scheduler {
             estimated_start_s: None,
             preemptions: job.preemptions + 1,
             has_preempted: false,
+            gpu_wait_from: Some(now),
             limits,
         };
-        self.pending.push(job, now);
+        self.pending.push(job);
         true
     }
 

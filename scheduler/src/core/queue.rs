@@ -48,10 +48,8 @@ pub(super) struct Hot {
     /// It preempted during this wait (the job's own `has_preempted`, mirrored): it does not
     /// preempt again before it starts.
     pub(super) has_preempted: bool,
-    /// Since when it has waited for GPUs without its quota holding it (its submission, or its
-    /// requeue, until a cycle finds it held); `None` while its quota holds it. The relief
-    /// counts this wait, as Slurm's age counts from when a job is eligible: a job cannot
-    /// earn it by waiting out its own account's limits. Set by the queue, not the job's own.
+    /// Since when it has waited for GPUs without its quota holding it (the job's own
+    /// `gpu_wait_from`, mirrored: set by [`Queue::set_reason`]).
     pub(super) gpu_wait_from: Option<UnixSeconds>,
     /// Its id as a number in id order, where it is short enough ([`id_key`]), in two halves
     /// (a `u128` would align every slot to 16 bytes); `[0, 0]` where it is not.
@@ -81,7 +79,7 @@ impl Hot {
             shape: limits.shape,
             claimed: false,
             has_preempted: job.has_preempted,
-            gpu_wait_from: Some(spec.submit_s),
+            gpu_wait_from: job.gpu_wait_from,
             id_key: id_key(&spec.id).map_or([0, 0], |k| [(k >> 64) as u64, k as u64]),
             reason: job.reason,
             estimated_start_s: job.estimated_start_s,
@@ -224,11 +222,15 @@ impl Queue {
 
     pub(super) fn set_reason(&mut self, i: usize, reason: PendingReason) {
         if let Some(slot) = self.jobs.get_mut(i) {
-            let wait = &mut slot.hot.gpu_wait_from;
-            if reason.waits_for_gpus() {
-                wait.get_or_insert(self.cycle_s);
-            } else if reason != PendingReason::None {
-                *wait = None;
+            let wait = match slot.hot.gpu_wait_from {
+                None if reason.waits_for_gpus() => Some(self.cycle_s),
+                Some(_) if !reason.waits_for_gpus() && reason != PendingReason::None => None,
+                unchanged => unchanged,
+            };
+            if slot.hot.gpu_wait_from != wait {
+                slot.hot.gpu_wait_from = wait;
+                slot.job.gpu_wait_from = wait;
+                self.opened.add(1);
             }
             if slot.hot.reason != reason {
                 slot.hot.reason = reason;
@@ -266,14 +268,10 @@ impl Queue {
         self.cycle_s = now;
     }
 
-    /// Adds a job at the back, waiting for GPUs from `waiting_from` (its submission, or its
-    /// requeue).
-    pub(super) fn push(&mut self, job: PendingJob, waiting_from: UnixSeconds) {
+    /// Adds a job at the back.
+    pub(super) fn push(&mut self, job: PendingJob) {
         let slot = Slot {
-            hot: Hot {
-                gpu_wait_from: Some(waiting_from),
-                ..Hot::of(&job)
-            },
+            hot: Hot::of(&job),
             job: Box::new(job),
         };
         if self
@@ -547,7 +545,6 @@ impl Queue {
         for slot in &self.jobs {
             let copy = Hot {
                 priority: slot.hot.priority,
-                gpu_wait_from: slot.hot.gpu_wait_from,
                 claimed: claimed(&slot.job.spec.id),
                 ..Hot::of(&slot.job)
             };
@@ -593,6 +590,7 @@ mod tests {
             estimated_start_s: None,
             preemptions: 0,
             has_preempted: false,
+            gpu_wait_from: Some(submit_s),
             limits: JobLimits::default(),
         }
     }
@@ -605,12 +603,12 @@ mod tests {
     fn a_late_arrival_out_of_submission_order_is_sorted_in() {
         let mut q = Queue::default();
         for (id, t) in [(1, 10), (2, 20), (3, 5)] {
-            q.push(job(id, t), 0);
+            q.push(job(id, t));
         }
         q.arrange(None);
         assert_eq!(ids(&q), ["3", "1", "2"]);
         // In order as they come: nothing moves, and nothing is checked.
-        q.push(job(4, 30), 0);
+        q.push(job(4, 30));
         assert!(q.in_order);
     }
 
@@ -618,7 +616,7 @@ mod tests {
     fn the_jobs_left_behind_a_blocked_head_stay_marked_through_starts_and_cancels() {
         let mut q = Queue::default();
         for id in 0..8 {
-            q.push(job(id, i64::from(id)), 0);
+            q.push(job(id, i64::from(id)));
         }
         // Jobs 0 and 2 start, 3 is blocked: 4.. wait behind it.
         q.wait_behind(4);
@@ -628,7 +626,7 @@ mod tests {
         q.check(|_| false).unwrap();
         // A cancel ahead of the settled jobs shifts them; an arrival is fresh.
         q.remove(&JobId::new("1").unwrap());
-        q.push(job(8, 8), 0);
+        q.push(job(8, 8));
         assert_eq!((q.settled_from, q.fresh_from), (1, 5));
         q.check(|_| false).unwrap();
         // The next cycle blocks at the head: of the jobs behind it only the arrival is new.
@@ -644,14 +642,21 @@ mod tests {
     #[test]
     fn the_wait_for_gpus_starts_again_after_a_quota_held_the_job() {
         let mut q = Queue::default();
-        q.push(job(1, 5), 5);
-        q.push(job(2, 5), 40);
+        q.push(job(1, 5));
+        let mut requeued = job(2, 5);
+        requeued.gpu_wait_from = Some(40);
+        q.push(requeued);
         let from = |q: &Queue, i: usize| q.at(i).map(|(h, _)| h.gpu_wait_from);
         assert_eq!((from(&q, 0), from(&q, 1)), (Some(Some(5)), Some(Some(40))));
         q.begin_cycle(50);
         q.set_reason(0, PendingReason::Priority);
         q.set_reason(1, PendingReason::AssocMaxJobsLimit);
         assert_eq!((from(&q, 0), from(&q, 1)), (Some(Some(5)), Some(None)));
+        assert_eq!(
+            q.iter().nth(1).unwrap().gpu_wait_from,
+            None,
+            "written through"
+        );
         q.check(|_| false).unwrap();
         q.begin_cycle(90);
         for i in 0..2 {
@@ -671,7 +676,7 @@ mod tests {
             let mut j = job(id, i64::from(id));
             j.limits.account = usize::try_from(id % 2).unwrap();
             j.spec.gpus = 2;
-            q.push(j, 0);
+            q.push(j);
         }
         let unit = u64::from(gpuledger_model::SHARE_UNITS_PER_GPU);
         assert_eq!(q.waiting_units(), [4 * unit, 4 * unit]);
@@ -716,7 +721,7 @@ mod tests {
                     j.limits.account = account;
                     j.limits.quota_priority = if own == 0 { 1.0 } else { 0.0 };
                     j.tier = tier;
-                    q.push(j, 0);
+                    q.push(j);
                     next += 1;
                 }
                 let descents = q.set_priorities(|hot| {

@@ -281,6 +281,12 @@ pub struct PendingJob {
     /// It has already preempted jobs during this wait; it does not preempt again before it
     /// starts, so no two jobs can preempt each other's victims in a loop.
     pub has_preempted: bool,
+    /// Since when it has waited for GPUs without its own quota holding it: its submission or
+    /// requeue, or the first cycle after a quota held it; `None` while a quota holds it. The
+    /// relief counts this wait (`[scheduler] relief_after`), as Slurm counts age only while a
+    /// job is eligible: waiting out its account's limits earns a job nothing. A restart
+    /// reads it back ([`Scheduler::submit_with_history`]).
+    pub gpu_wait_from: Option<UnixSeconds>,
     pub(crate) limits: JobLimits,
 }
 
