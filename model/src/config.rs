@@ -240,7 +240,7 @@ pub struct SchedulerConfig {
     /// such jobs go in their accounts' order among themselves, then by submission. Without it
     /// an account asking for several times its share waits its own backlog out at its share,
     /// for weeks; with it that account takes what the others hold above the floor (the weekly
-    /// goal's 0.8), one long-waiting job at a time, never its later jobs with it.
+    /// goal's 0.8), through each of its jobs that has waited that long, never its later jobs.
     pub relief: bool,
     /// How long a job waits before the relief lifts it.
     pub relief_after: DurationSpec,

@@ -24,6 +24,12 @@ fn cluster() -> ClusterConfig {
     ClusterConfig::from_toml_str(CLUSTER, "one.toml").unwrap()
 }
 
+/// The test cluster with `from` replaced by `to` (which must be there).
+fn cluster_with(from: &str, to: &str) -> ClusterConfig {
+    assert!(CLUSTER.contains(from), "{from} is not in the test cluster");
+    ClusterConfig::from_toml_str(&CLUSTER.replace(from, to), "one.toml").unwrap()
+}
+
 const CLUSTER: &str = "version = 1\n[cluster]\nname = \"one\"\n[[node_pools]]\nname = \"p\"\nprefix = \"gpu\"\n\
          count = 1\ngpus_per_node = 8\ngpu_model = \"h100-sxm\"\n\
          [[partitions]]\nname = \"train\"\npriority_tier = 20\ndefault = true\n\
@@ -906,12 +912,10 @@ async fn how_long_a_job_waited_for_gpus_survives_a_restart_and_a_quota_hold_does
     let dir = tempfile::tempdir().unwrap();
     let _jobs = gpuledger_testkit::KillJobsUnder::new(dir.path());
     let clock = Arc::new(ManualClock::new(T0_MS));
-    let cluster = CLUSTER.replace(
+    let config = cluster_with(
         "quota = { max_gpus_per_job = 8 }",
         "quota = { max_gpus_per_job = 8, max_running_jobs = 1 }",
     );
-    assert_ne!(cluster, CLUSTER);
-    let config = ClusterConfig::from_toml_str(&cluster, "wait.toml").unwrap();
     let s = Arc::new(open_with(dir.path(), config.clone(), Arc::clone(&clock)).unwrap());
     let job = |account: &str, gpus: u32| json!({"command": "sleep 600", "account": account, "gpus": gpus, "time_limit": "10h"});
     let id = |reply: Value| JobId::new(reply["job_id"].as_str().unwrap()).unwrap();
@@ -958,12 +962,10 @@ async fn ended_jobs_are_forgotten_after_the_job_history_and_ids_are_never_reused
     let dir = tempfile::tempdir().unwrap();
     let _jobs = gpuledger_testkit::KillJobsUnder::new(dir.path());
     let clock = Arc::new(ManualClock::new(T0_MS));
-    let cluster = CLUSTER.replace(
+    let config = cluster_with(
         "[scheduler]\nmin_run_time = \"1m\"\n",
         "[scheduler]\nmin_run_time = \"1m\"\njob_history = \"2h\"\n",
     );
-    assert_ne!(cluster, CLUSTER);
-    let config = ClusterConfig::from_toml_str(&cluster, "history.toml").unwrap();
     let s = Arc::new(open_with(dir.path(), config.clone(), Arc::clone(&clock)).unwrap());
     let body = json!({"command": "true", "account": "team-a", "gpus": 1, "time_limit": "1h"});
     let (_, reply) = submit(&s, body.clone()).await;

@@ -188,10 +188,13 @@ impl Scheduler {
             let standings = self.standings(split);
             let fair_share = self.fair_share_factors_given(now, &standings);
             let relief_after = self.relief_after_s();
-            let lifted: Vec<f64> = fair_share
-                .iter()
-                .map(|f| relief_factor(&standings, *f))
-                .collect();
+            let lifted: Vec<f64> = match relief_after {
+                Some(_) => fair_share
+                    .iter()
+                    .map(|f| relief_factor(&standings, *f))
+                    .collect(),
+                None => Vec::new(),
+            };
             let mut pending = std::mem::take(&mut self.pending);
             descents = Some(pending.set_priorities(|job| {
                 let fs = fair_share.get(job.account).copied().unwrap_or(0.0);
