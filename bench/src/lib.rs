@@ -9,8 +9,11 @@
 //! - `load` ([`load`]): a thousand simulated exporters at a steady rate; latency
 //!   percentiles, memory over time, every sample stored once;
 //! - `schedule` ([`schedule`]): one scheduling cycle over a long queue;
+//! - `fairness` ([`fairness`]): a policy against fifo+backfill on variants of a trace at
+//!   several loads, by the figures issue 22's goals name;
 //! - [`process`]: the services under measurement as child processes, their CPU and memory.
 
+pub mod fairness;
 pub mod fill;
 pub mod load;
 pub mod process;
@@ -80,6 +83,10 @@ pub enum BenchCommand {
     },
     /// One scheduling cycle with `--pending` jobs queued on a full cluster of `--nodes`.
     Schedule(schedule::ScheduleArgs),
+    /// A policy against fifo+backfill on variants of a trace at several offered loads: jobs
+    /// waiting over 7 days, the longest wait, weeks under 0.5 and 0.8 of the fair share, mean
+    /// wait and utilization against the baseline's, per run and summed.
+    Fairness(fairness::FairnessArgs),
     /// Placement's fill test: jobs arrive and never end until they stop fitting; the share of
     /// GPUs held then, on a uniform and a mixed cluster, with free-form and shaped jobs.
     Fill(fill::FillArgs),
@@ -107,6 +114,10 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Render { gpus, iterations } => render_bench(gpus, iterations),
         BenchCommand::Schedule(args) => {
             print!("{}", schedule::run(&args)?);
+            Ok(())
+        }
+        BenchCommand::Fairness(args) => {
+            print!("{}", fairness::run(&args)?);
             Ok(())
         }
         BenchCommand::Exporter { seconds, gpus } => exporter(seconds, gpus),

@@ -13,6 +13,8 @@
 //!   forced from one the policy caused, and the shortest waits were other tenants to give up
 //!   part of their shares;
 //! - [`replay`]: what a trace replay runs, from the trace and the files given with it;
+//! - [`variants`]: variants of a trace and the cluster size for an offered load, to check a
+//!   scheduling change on more than the trace it was tuned on;
 //! - [`seed`]: the seed scenario embedded in the binary.
 //!
 //! The end-to-end tests drive [`demo::run`] as `gpuledger demo` does.
@@ -25,6 +27,7 @@ pub mod report;
 pub mod seed;
 #[cfg(test)]
 mod test_records;
+pub mod variants;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -17,6 +17,7 @@ use gpuledger_model::{AccountId, ClusterConfig, Currency, DurationSpec, GpuModel
 use gpuledger_scheduler::{SimJob, SimResult};
 
 use crate::backlog::{own_backlogs, shortest_waits, OwnBacklog};
+use crate::fairness::{summarize, weekly_shares, AccountWeek, WeeklySummary, MIN_FAIR_GPU_S};
 use crate::{Error, Result};
 
 /// The fair-share weight of each account of a Philly trace: its VC's nodes (1 where the VC has
@@ -199,6 +200,63 @@ pub fn wait_stats<'a>(
     stats
 }
 
+/// The figures a replay is judged by (issue 22's goals): how long jobs waited, how busy the
+/// cluster was, and how many account-weeks fell short of their fair share.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Headline {
+    pub mean_wait_s: f64,
+    /// Jobs (refused ones left out) that waited more than 1, 3 and 7 days for their first
+    /// start, to the horizon where they never started.
+    pub over_1d: usize,
+    pub over_3d: usize,
+    pub over_7d: usize,
+    pub longest_wait_s: i64,
+    /// Busy share of the cluster from the first submission to the horizon.
+    pub utilization: f64,
+    /// Busy share from the first to the last submission, where every policy has work offered.
+    pub window_utilization: f64,
+    /// Account-weeks with a fair share of at least [`MIN_FAIR_GPU_S`], and of those the ones
+    /// that received under 0.5 and under 0.8 of it.
+    pub account_weeks: usize,
+    pub weeks_below_half: usize,
+    pub weeks_below_0_8: usize,
+}
+
+/// [`Headline`] of a replay on `config`.
+pub fn headline(config: &ClusterConfig, result: &SimResult) -> Headline {
+    let weeks = weekly_shares(result, &account_weights(config));
+    headline_with(result, &summarize(&weeks))
+}
+
+fn headline_with(result: &SimResult, weekly: &BTreeMap<String, WeeklySummary>) -> Headline {
+    let refused = crate::fairness::refused(result);
+    let waits: Vec<i64> = result
+        .records
+        .iter()
+        .filter(|r| !refused.contains(r.spec.id.as_str()))
+        .map(|r| waited_s(r, result.horizon_s))
+        .collect();
+    let over = |days: i64| waits.iter().filter(|w| **w > days * 86_400).count();
+    let last_submit = result
+        .records
+        .iter()
+        .map(|r| r.spec.submit_s)
+        .max()
+        .unwrap_or(result.start_s);
+    Headline {
+        mean_wait_s: wait_stats(result.records.iter(), result.horizon_s).mean_wait_s,
+        over_1d: over(1),
+        over_3d: over(3),
+        over_7d: over(7),
+        longest_wait_s: waits.iter().copied().max().unwrap_or(0),
+        utilization: result.utilization(),
+        window_utilization: result.utilization_between(result.start_s, last_submit),
+        account_weeks: weekly.values().map(|s| s.weeks).sum(),
+        weeks_below_half: weekly.values().map(|s| s.below_half).sum(),
+        weeks_below_0_8: weekly.values().map(|s| s.below_0_8).sum(),
+    }
+}
+
 /// Writes `jobs.csv` (times in seconds since the trace's first submission) and `report.md`.
 pub fn write_outputs(out: &Path, config: &ClusterConfig, result: &SimResult) -> Result<String> {
     std::fs::create_dir_all(out).map_err(Error::io(format!("creating {}", out.display())))?;
@@ -273,36 +331,18 @@ pub fn write_outputs(out: &Path, config: &ClusterConfig, result: &SimResult) -> 
         all.mean_jct_s,
         result.utilization() * 100.0
     );
-    let last_submit = result
-        .records
-        .iter()
-        .map(|r| r.spec.submit_s)
-        .max()
-        .unwrap_or(t0);
-    let admitted = || {
-        result
-            .records
-            .iter()
-            .filter(|r| !refused.contains(r.spec.id.as_str()))
-    };
-    let waited = |days: i64| {
-        admitted()
-            .filter(|r| waited_s(r, result.horizon_s) > days * 86_400)
-            .count()
-    };
-    let longest = admitted()
-        .map(|r| waited_s(r, result.horizon_s))
-        .max()
-        .unwrap_or(0);
+    let weeks = weekly_shares(result, &account_weights(config));
+    let summary = summarize(&weeks);
+    let head = headline_with(result, &summary);
     let _ = writeln!(
         md,
         "Jobs waiting more than 1 day: {}; 3 days: {}; 7 days: {}; the longest wait {:.1} days. \
          Utilization over the submission window (first to last submission): {:.1}%.\n",
-        waited(1),
-        waited(3),
-        waited(7),
-        longest as f64 / 86_400.0,
-        result.utilization_between(t0, last_submit) * 100.0
+        head.over_1d,
+        head.over_3d,
+        head.over_7d,
+        head.longest_wait_s as f64 / 86_400.0,
+        head.window_utilization * 100.0
     );
     let total_weight: u64 = config.accounts.iter().map(|a| u64::from(a.weight)).sum();
     let _ = writeln!(
@@ -353,7 +393,7 @@ pub fn write_outputs(out: &Path, config: &ClusterConfig, result: &SimResult) -> 
             s.p99_wait_s
         );
     }
-    weekly_section(out, config, result, &mut md)?;
+    weekly_section(out, config, &weeks, &summary, &mut md)?;
     backlog_section(config, result, &refused, &backlogs, &mut md);
     let preemptions: u32 = result.records.iter().map(|r| r.preemptions).sum();
     let lost: i64 = result.records.iter().map(|r| r.lost_gpu_s).sum();
@@ -384,11 +424,10 @@ fn waited_s(r: &gpuledger_scheduler::JobRecord, horizon_s: i64) -> i64 {
 fn weekly_section(
     out: &Path,
     config: &ClusterConfig,
-    result: &SimResult,
+    weeks: &[AccountWeek],
+    summary: &BTreeMap<String, WeeklySummary>,
     md: &mut String,
 ) -> Result<()> {
-    use crate::fairness::{summarize, weekly_shares, MIN_FAIR_GPU_S};
-    let weeks = weekly_shares(result, &account_weights(config));
     let mut csv = String::from("account,week,fair_gpu_hours,received_gpu_hours,ratio\n");
     for w in weeks
         .iter()
@@ -406,7 +445,6 @@ fn weekly_section(
     }
     let path = out.join("weeks.csv");
     std::fs::write(&path, csv).map_err(Error::io(format!("writing {}", path.display())))?;
-    let summary = summarize(&weeks);
     let total_weight: u64 = config.accounts.iter().map(|a| u64::from(a.weight)).sum();
     let _ = writeln!(
         md,

@@ -1,0 +1,436 @@
+//! `gpuledger bench fairness`: a policy against a baseline on variants of a trace at several
+//! offered loads (issue 22's goals, judged on held-out traces "at several loads"). Each
+//! variant ([`gpuledger_sim::variants`]) is replayed on the cluster that gives it each load,
+//! under the policy and under the baseline (fifo+backfill), and the figures the goals name are
+//! set side by side: jobs waiting more than 7 days, the longest wait, account-weeks under 0.5
+//! and 0.8 of their fair share, the mean wait as a share of the baseline's, and utilization
+//! over the submission window against the baseline's. The sum over every run is the line to
+//! compare changes by; one trace at one load is not.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use gpuledger_model::ClusterConfig;
+use gpuledger_scheduler::trace::LimitEstimate;
+use gpuledger_scheduler::{SchedulerOptions, SimJob};
+use gpuledger_sim::replay::{trace_replay, Text, TraceFiles};
+use gpuledger_sim::report::{apply_settings, headline, trace_cluster, Headline};
+use gpuledger_sim::variants::{nodes_for_load, vary, Variant};
+
+/// Nodes of the replayed cluster have this many GPUs ([`trace_cluster`]).
+const GPUS_PER_NODE: u32 = 8;
+
+/// What `gpuledger bench fairness` runs.
+#[derive(clap::Args, Debug, Clone)]
+pub struct FairnessArgs {
+    /// A trace `gpuledger simulate --trace` reads (Philly's jobs, or Alibaba's pods on nodes
+    /// of 8 GPUs).
+    #[arg(long)]
+    pub trace: PathBuf,
+    /// A Philly trace's VC sizes (its fair-share weights).
+    #[arg(long)]
+    pub vc_nodes: Option<PathBuf>,
+    /// Offered loads: the trace's GPU-seconds over the capacity between its first and last
+    /// submission; each gives the cluster its node count.
+    #[arg(long, value_delimiter = ',', default_value = "0.73,0.79,0.86")]
+    pub loads: Vec<f64>,
+    /// Variants of the trace: `as-is`, `shift:SEED` (each tenant's submissions moved by its own
+    /// offset within 3 days either way), `drop:SEED` (a tenth of the jobs left out).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "shift:1,shift:2,shift:3,drop:1,drop:2,drop:3"
+    )]
+    pub variants: Vec<Variant>,
+    /// Cluster config whose `[fair_share]`, `[scheduler]` and weights the policy runs under
+    /// (as `simulate --config`).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    #[arg(long, default_value = "fairshare+backfill")]
+    pub policy: String,
+    /// What the policy is measured against, on the trace's own cluster settings.
+    #[arg(long, default_value = "fifo+backfill")]
+    pub against: String,
+    /// Time limits from true run times: exact, hour or double.
+    #[arg(long, default_value = "hour")]
+    pub limit_estimate: String,
+    /// Replays run at once (the machine's cores when absent).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+/// One variant at one load: the cluster and the jobs.
+struct Case {
+    variant: Variant,
+    load: f64,
+    nodes: u32,
+    jobs: Vec<SimJob>,
+    base: ClusterConfig,
+}
+
+/// The policy's and the baseline's figures on one case.
+struct Row {
+    variant: Variant,
+    load: f64,
+    nodes: u32,
+    policy: Headline,
+    against: Headline,
+}
+
+/// Runs the replays and returns the table.
+pub fn run(args: &FairnessArgs) -> anyhow::Result<String> {
+    let started = Instant::now();
+    let rows = measure(args)?;
+    Ok(table(args, &rows, started.elapsed().as_secs_f64()))
+}
+
+/// Each case's figures under the policy and the baseline, in variant then load order.
+fn measure(args: &FairnessArgs) -> anyhow::Result<Vec<Row>> {
+    if let Some(load) = args.loads.iter().find(|l| !(**l > 0.0 && **l <= 2.0)) {
+        bail!("--loads: {load} is not an offered load in (0, 2]");
+    }
+    let parse_policy = |name: &str, flag: &str| {
+        SchedulerOptions::parse(name).with_context(|| {
+            format!("{flag} `{name}`: use fifo or fairshare, optionally with +backfill or +conservative")
+        })
+    };
+    let policy = parse_policy(&args.policy, "--policy")?;
+    let against = parse_policy(&args.against, "--against")?;
+    let estimate = LimitEstimate::parse(&args.limit_estimate).with_context(|| {
+        format!(
+            "--limit-estimate `{}`: use exact, hour or double",
+            args.limit_estimate
+        )
+    })?;
+    let settings = args
+        .config
+        .as_deref()
+        .map(|p| gpuledger_sim::seed::load_cluster(Some(p)))
+        .transpose()?;
+    let cases = cases(args, estimate)?;
+    let started = Instant::now();
+    let runs: Vec<(usize, bool)> = (0..cases.len())
+        .flat_map(|i| [(i, true), (i, false)])
+        .collect();
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .clamp(1, runs.len().max(1));
+    let next = AtomicUsize::new(0);
+    let done: Mutex<Vec<Option<Headline>>> = Mutex::new(vec![None; runs.len()]);
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| loop {
+                let k = next.fetch_add(1, Ordering::Relaxed);
+                let Some(&(i, is_policy)) = runs.get(k) else {
+                    break;
+                };
+                let case = &cases[i];
+                let mut config = case.base.clone();
+                if let (true, Some(settings)) = (is_policy, &settings) {
+                    apply_settings(&mut config, settings);
+                }
+                let options = if is_policy { policy } else { against };
+                let result = gpuledger_scheduler::simulate(
+                    &config,
+                    options,
+                    case.jobs.clone(),
+                    None,
+                    &mut |_, _| {},
+                );
+                let figures = headline(&config, &result);
+                eprintln!(
+                    "{} at {} ({} nodes), {}: done at {:.0} s",
+                    case.variant,
+                    case.load,
+                    case.nodes,
+                    options.name(),
+                    started.elapsed().as_secs_f64()
+                );
+                if let Ok(mut done) = done.lock() {
+                    done[k] = Some(figures);
+                }
+            });
+        }
+    });
+    let mut done = done
+        .into_inner()
+        .map_err(|_| anyhow::anyhow!("a replay panicked"))?;
+    cases
+        .iter()
+        .enumerate()
+        .map(|(i, case)| {
+            let mut take = |k: usize| done[k].take().context("a replay did not finish");
+            Ok(Row {
+                variant: case.variant,
+                load: case.load,
+                nodes: case.nodes,
+                policy: take(2 * i)?,
+                against: take(2 * i + 1)?,
+            })
+        })
+        .collect()
+}
+
+/// Every variant at every load, the trace read once.
+fn cases(args: &FairnessArgs, estimate: LimitEstimate) -> anyhow::Result<Vec<Case>> {
+    let read = |p: &PathBuf| {
+        std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
+    };
+    let text = read(&args.trace)?;
+    let origin = args.trace.display().to_string();
+    let vc = args
+        .vc_nodes
+        .as_ref()
+        .map(|p| Ok::<_, anyhow::Error>((read(p)?, p.display().to_string())))
+        .transpose()?;
+    let replay = trace_replay(TraceFiles {
+        trace: Text {
+            text: &text,
+            origin: &origin,
+        },
+        vc_nodes: vc.as_ref().map(|(text, origin)| Text { text, origin }),
+        node_list: None,
+        nodes: Some(1),
+        estimate,
+    })?;
+    let weights = replay
+        .config
+        .accounts
+        .iter()
+        .map(|a| (a.id.clone(), a.weight))
+        .collect();
+    let mut cases = Vec::new();
+    for &variant in &args.variants {
+        let jobs = vary(&replay.jobs, variant);
+        for &load in &args.loads {
+            let nodes = nodes_for_load(&jobs, GPUS_PER_NODE, load);
+            cases.push(Case {
+                variant,
+                load,
+                nodes,
+                jobs: jobs.clone(),
+                base: trace_cluster(nodes, &weights)?,
+            });
+        }
+    }
+    Ok(cases)
+}
+
+/// Account-weeks at 0.8 of their fair share or more, as a percentage.
+fn weeks_at_0_8(h: &Headline) -> f64 {
+    if h.account_weeks == 0 {
+        return 100.0;
+    }
+    (h.account_weeks - h.weeks_below_0_8) as f64 * 100.0 / h.account_weeks as f64
+}
+
+/// The mean wait as a share of the baseline's (1 where the baseline waited nothing).
+fn mean_wait_ratio(row: &Row) -> f64 {
+    if row.against.mean_wait_s > 0.0 {
+        row.policy.mean_wait_s / row.against.mean_wait_s
+    } else if row.policy.mean_wait_s > 0.0 {
+        f64::INFINITY
+    } else {
+        1.0
+    }
+}
+
+/// Window utilization against the baseline's, in percentage points.
+fn window_gap(row: &Row) -> f64 {
+    (row.policy.window_utilization - row.against.window_utilization) * 100.0
+}
+
+const DAY_S: f64 = 86_400.0;
+
+/// The goal issue 22 sets for the mean wait against fifo+backfill's.
+const MEAN_WAIT_GOAL: f64 = 0.25;
+
+fn table(args: &FairnessArgs, rows: &[Row], seconds: f64) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{} against {} on {} ({} variants x {} loads, limits `{}`), in {seconds:.0} s; \
+         the baseline's figure in brackets\n",
+        args.policy,
+        args.against,
+        args.trace.display(),
+        args.variants.len(),
+        args.loads.len(),
+        args.limit_estimate
+    );
+    let _ = writeln!(
+        out,
+        "| variant | load | nodes | jobs > 7 d | longest wait, days | weeks < 0.5 | weeks >= 0.8 | mean wait / baseline's | window utilization, points |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
+    for row in rows {
+        let (p, a) = (&row.policy, &row.against);
+        let _ = writeln!(
+            out,
+            "| {} | {:.2} | {} | {} ({}) | {:.1} ({:.1}) | {} ({}) | {:.1}% ({:.1}%) | {:.2} | {:+.2} |",
+            row.variant,
+            row.load,
+            row.nodes,
+            p.over_7d,
+            a.over_7d,
+            p.longest_wait_s as f64 / DAY_S,
+            a.longest_wait_s as f64 / DAY_S,
+            p.weeks_below_half,
+            a.weeks_below_half,
+            weeks_at_0_8(p),
+            weeks_at_0_8(a),
+            mean_wait_ratio(row),
+            window_gap(row),
+        );
+    }
+    let n = rows.len().max(1) as f64;
+    let sum = |f: &dyn Fn(&Headline) -> usize, policy: bool| -> usize {
+        rows.iter()
+            .map(|r| f(if policy { &r.policy } else { &r.against }))
+            .sum()
+    };
+    let mean_longest = |policy: bool| {
+        rows.iter()
+            .map(|r| if policy { &r.policy } else { &r.against })
+            .map(|h| h.longest_wait_s as f64 / DAY_S)
+            .sum::<f64>()
+            / n
+    };
+    let pooled = |policy: bool| {
+        let weeks = sum(&|h| h.account_weeks, policy);
+        let low = sum(&|h| h.weeks_below_0_8, policy);
+        weeks_at_0_8(&Headline {
+            account_weeks: weeks,
+            weeks_below_0_8: low,
+            ..Headline::default()
+        })
+    };
+    let ratios: Vec<f64> = rows.iter().map(mean_wait_ratio).collect();
+    let over_goal = ratios.iter().filter(|r| **r > MEAN_WAIT_GOAL).count();
+    let _ = writeln!(
+        out,
+        "| **all {}** | | | **{}** ({}) | **{:.1}** ({:.1}) mean | **{}** ({}) | **{:.1}%** ({:.1}%) | **{:.2}** mean, {over_goal} over {MEAN_WAIT_GOAL} | **{:+.2}** mean |",
+        rows.len(),
+        sum(&|h| h.over_7d, true),
+        sum(&|h| h.over_7d, false),
+        mean_longest(true),
+        mean_longest(false),
+        sum(&|h| h.weeks_below_half, true),
+        sum(&|h| h.weeks_below_half, false),
+        pooled(true),
+        pooled(false),
+        ratios.iter().sum::<f64>() / n,
+        rows.iter().map(window_gap).sum::<f64>() / n,
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A Philly trace of three VCs over ten days, `b` submitting a burst of whole-node jobs
+    /// on day 2: enough contention that the policies part ways.
+    fn write_trace(dir: &std::path::Path) -> (PathBuf, PathBuf) {
+        let mut trace = String::from("timestamp,duration,num_gpus,gpu_time,cluster\n");
+        for i in 0..400u32 {
+            let (vc, gpus, minutes) = match i % 4 {
+                0 | 1 => ("a", 1 + i % 4, 90 + i % 50),
+                2 if (100..160).contains(&i) => ("b", 8, 600),
+                2 => ("b", 2, 60),
+                _ => ("c", 4, 240),
+            };
+            let at = chrono::DateTime::from_timestamp(1_504_224_000 + i64::from(i) * 2_160, 0)
+                .unwrap()
+                .format("%Y-%m-%d %H:%M:%S");
+            let seconds = minutes * 180;
+            trace.push_str(&format!(
+                "{at},{seconds}.0,{gpus},{}.0,{vc}\n",
+                seconds * gpus
+            ));
+        }
+        let (t, v) = (dir.join("trace.csv"), dir.join("vc.csv"));
+        std::fs::write(&t, trace).unwrap();
+        std::fs::write(&v, "vc,node num\na,4\nb,2\nc,2\n").unwrap();
+        (t, v)
+    }
+
+    fn args(trace: PathBuf, vc: PathBuf) -> FairnessArgs {
+        FairnessArgs {
+            trace,
+            vc_nodes: Some(vc),
+            loads: vec![0.7, 0.95],
+            variants: vec![Variant::AsIs, Variant::Shift { seed: 1 }],
+            config: None,
+            policy: "fairshare+backfill".into(),
+            against: "fifo+backfill".into(),
+            limit_estimate: "hour".into(),
+            threads: Some(2),
+        }
+    }
+
+    #[test]
+    fn each_variant_runs_at_each_load_under_the_policy_and_the_baseline() {
+        let dir = tempfile::tempdir().unwrap();
+        let (trace, vc) = write_trace(dir.path());
+        let given = args(trace, vc);
+        let rows = measure(&given).unwrap();
+        let cases: Vec<(String, f64)> = rows
+            .iter()
+            .map(|r| (r.variant.to_string(), r.load))
+            .collect();
+        assert_eq!(
+            cases,
+            [
+                ("as-is".into(), 0.7),
+                ("as-is".into(), 0.95),
+                ("shift:1".into(), 0.7),
+                ("shift:1".into(), 0.95)
+            ]
+        );
+        for pair in rows.chunks(2) {
+            assert!(pair[1].nodes < pair[0].nodes, "more load, fewer nodes");
+        }
+        assert!(
+            rows.iter().any(|r| r.policy != r.against),
+            "fair share and FIFO gave the same figures everywhere"
+        );
+        // The same policy on both sides gives the same figures: each run is paired with its
+        // own case.
+        let same = measure(&FairnessArgs {
+            policy: "fifo+backfill".into(),
+            ..given.clone()
+        })
+        .unwrap();
+        for (row, fifo) in same.iter().zip(&rows) {
+            assert_eq!(row.policy, row.against);
+            assert_eq!(row.against, fifo.against);
+        }
+        let printed = table(&given, &rows, 1.0);
+        assert!(printed.contains("| shift:1 | 0.95 |"), "{printed}");
+        let total: usize = rows.iter().map(|r| r.policy.over_7d).sum();
+        assert!(
+            printed.contains(&format!("| **all 4** | | | **{total}** (")),
+            "{printed}"
+        );
+    }
+
+    #[test]
+    fn a_load_outside_what_a_cluster_can_be_offered_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (trace, vc) = write_trace(dir.path());
+        for load in [0.0, -1.0, 3.0, f64::NAN] {
+            let e = run(&FairnessArgs {
+                loads: vec![load],
+                ..args(trace.clone(), vc.clone())
+            })
+            .unwrap_err();
+            assert!(e.to_string().contains("--loads"), "{e}");
+        }
+    }
+}
