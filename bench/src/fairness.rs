@@ -18,7 +18,7 @@ use gpuledger_model::ClusterConfig;
 use gpuledger_scheduler::trace::LimitEstimate;
 use gpuledger_scheduler::{SchedulerOptions, SimJob};
 use gpuledger_sim::replay::{trace_replay, Text, TraceFiles};
-use gpuledger_sim::report::{apply_settings, headline, trace_cluster, Headline};
+use gpuledger_sim::report::{apply_settings, headline, trace_cluster, write_outputs, Headline};
 use gpuledger_sim::variants::{nodes_for_load, vary, Variant};
 
 /// Nodes of the replayed cluster have this many GPUs ([`trace_cluster`]).
@@ -61,6 +61,10 @@ pub struct FairnessArgs {
     /// Replays run at once (the machine's cores when absent).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Also write each replay's `report.md`, `jobs.csv` and `weeks.csv` (as `simulate`
+    /// writes them) under this directory, in `VARIANT-LOAD-POLICY/`.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
 }
 
 /// One variant at one load: the cluster and the jobs.
@@ -121,7 +125,8 @@ fn measure(args: &FairnessArgs) -> anyhow::Result<Vec<Row>> {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
         .clamp(1, runs.len().max(1));
     let next = AtomicUsize::new(0);
-    let done: Mutex<Vec<Option<Headline>>> = Mutex::new(vec![None; runs.len()]);
+    let done: Mutex<Vec<Option<anyhow::Result<Headline>>>> =
+        Mutex::new(runs.iter().map(|_| None).collect());
     std::thread::scope(|scope| {
         for _ in 0..threads {
             scope.spawn(|| loop {
@@ -143,6 +148,20 @@ fn measure(args: &FairnessArgs) -> anyhow::Result<Vec<Row>> {
                     &mut |_, _| {},
                 );
                 let figures = headline(&config, &result);
+                let written = match &args.out {
+                    Some(out) => {
+                        let dir = out.join(format!(
+                            "{}-{}-{}",
+                            case.variant.to_string().replace(':', ""),
+                            case.load,
+                            options.name()
+                        ));
+                        write_outputs(&dir, &config, &result)
+                            .with_context(|| format!("writing {}", dir.display()))
+                            .map(|_| ())
+                    }
+                    None => Ok(()),
+                };
                 eprintln!(
                     "{} at {} ({} nodes), {}: done at {:.0} s",
                     case.variant,
@@ -152,7 +171,7 @@ fn measure(args: &FairnessArgs) -> anyhow::Result<Vec<Row>> {
                     started.elapsed().as_secs_f64()
                 );
                 if let Ok(mut done) = done.lock() {
-                    done[k] = Some(figures);
+                    done[k] = Some(written.map(|()| figures));
                 }
             });
         }
@@ -164,7 +183,7 @@ fn measure(args: &FairnessArgs) -> anyhow::Result<Vec<Row>> {
         .iter()
         .enumerate()
         .map(|(i, case)| {
-            let mut take = |k: usize| done[k].take().context("a replay did not finish");
+            let mut take = |k: usize| done[k].take().context("a replay did not finish")?;
             Ok(Row {
                 variant: case.variant,
                 load: case.load,
@@ -371,6 +390,7 @@ mod tests {
             against: "fifo+backfill".into(),
             limit_estimate: "hour".into(),
             threads: Some(2),
+            out: None,
         }
     }
 
@@ -378,8 +398,18 @@ mod tests {
     fn each_variant_runs_at_each_load_under_the_policy_and_the_baseline() {
         let dir = tempfile::tempdir().unwrap();
         let (trace, vc) = write_trace(dir.path());
-        let given = args(trace, vc);
+        let given = FairnessArgs {
+            out: Some(dir.path().join("runs")),
+            ..args(trace, vc)
+        };
         let rows = measure(&given).unwrap();
+        let report = std::fs::read_to_string(
+            dir.path()
+                .join("runs/shift1-0.95-fairshare+backfill/report.md"),
+        )
+        .unwrap();
+        let said = format!("7 days: {};", rows[3].policy.over_7d);
+        assert!(report.contains(&said), "{said} not in {report}");
         let cases: Vec<(String, f64)> = rows
             .iter()
             .map(|r| (r.variant.to_string(), r.load))
@@ -404,6 +434,7 @@ mod tests {
         // own case.
         let same = measure(&FairnessArgs {
             policy: "fifo+backfill".into(),
+            out: None,
             ..given.clone()
         })
         .unwrap();
