@@ -241,10 +241,14 @@ pub struct SchedulerConfig {
     /// an account asking for several times its share waits its own backlog out at its share,
     /// for weeks; with it that account takes what the others hold above the floor (the weekly
     /// goal's 0.8), through each of its jobs that has waited that long, never its later jobs.
+    /// Under backfill each lifted job gets a planned start in its place in the queue, while
+    /// those planned in a cycle hold less than `100 - relief_floor_percent` percent of the
+    /// cluster (at least one job).
     pub relief: bool,
     /// How long a job waits before the relief lifts it.
     pub relief_after: DurationSpec,
-    /// The share (percent) below which an account still ranks above the jobs the relief lifts.
+    /// The share (percent) below which an account still ranks above the jobs the relief lifts;
+    /// what is left above it (percent of the cluster) bounds the lifted jobs' planned starts.
     pub relief_floor_percent: u32,
     /// Fair-share preemption (Kueue's reclaim within a cohort), under the fair-share policy:
     /// a job of an account below its fair share of the cluster now that stays within it once

@@ -1210,6 +1210,49 @@ fn a_job_waiting_past_relief_after_goes_before_accounts_above_the_floor_and_no_f
     assert_eq!(run("relief_floor_percent = 60\n", 16, 60), "c");
 }
 
+#[test]
+fn jobs_the_relief_lifts_get_planned_starts_up_to_what_it_may_take() {
+    // Four nodes, b and c each holding two (their shares) with jobs ending at 100, 110, 120
+    // and 130 hours. c waits for three more nodes since the start; small jobs of b wait too.
+    // Which of c's jobs have a planned start?
+    let day = 24 * H;
+    let planned = |settings: &str, at: i64| {
+        let mut h = Harness::with_config(&config_with_scheduler(4, settings), "fairshare+backfill");
+        for (account, hours) in [("b", 100), ("c", 110), ("b", 120), ("c", 130)] {
+            h.submit(account, 8, hours, 0);
+        }
+        let waiting: Vec<JobId> = (0..3).map(|_| h.submit("c", 8, 10, 0)).collect();
+        for _ in 0..4 {
+            h.submit("b", 1, 10, 0);
+        }
+        h.step(0);
+        h.step(at);
+        waiting
+            .iter()
+            .map(|id| h.pending_job(id).unwrap().estimated_start_s)
+            .collect::<Vec<_>>()
+    };
+    // Before the relief lifts them only c's first waiting job has one (each account's first).
+    assert_eq!(planned("", 2 * day), [Some(100 * H), None, None]);
+    // Lifted at 3 days, the next one gets one too: the relief's planned starts may hold 20%
+    // of the cluster (100 - the floor's 80%), here 6.4 GPUs, and a job starts that count.
+    assert_eq!(planned("", 3 * day), [Some(100 * H), Some(110 * H), None]);
+    // With the floor at half, 16 GPUs: the third too (where the first's 10 hours end).
+    assert_eq!(
+        planned("relief_floor_percent = 50\n", 3 * day),
+        [Some(100 * H), Some(110 * H), Some(110 * H)]
+    );
+    // Nothing to take above a floor at the share, and nothing lifted with the relief off.
+    assert_eq!(
+        planned("relief_floor_percent = 100\n", 3 * day),
+        [Some(100 * H), None, None]
+    );
+    assert_eq!(
+        planned("relief = false\n", 3 * day),
+        [Some(100 * H), None, None]
+    );
+}
+
 /// `nodes` nodes with the `[scheduler]` settings given (TOML lines).
 /// Two nodes (of `config`) held by a's whole-cluster job from 0 to 10 h.
 fn held_by_a_until_10_h(config: &ClusterConfig, policy: &str) -> Harness {

@@ -561,6 +561,12 @@ impl Scheduler {
             Vec::new()
         };
         let reclaim_after = self.knobs.fair_share_preemption_after.as_secs() as i64;
+        // The relief's planned starts: a job it lifts gets one in its place in the queue while
+        // those given this cycle hold less than `relief_plan_units` (at least one job). Only
+        // the account's first waiting job would get one otherwise: the others rank above the
+        // accounts over the floor but small jobs backfill every GPU a wide one waits for.
+        let relief_after = (fair && depth > 0).then(|| self.relief_after_s()).flatten();
+        let mut relief_room = self.relief_plan_units();
         let mut pending = std::mem::take(&mut self.pending);
         let mut plan: Option<Plan> = None;
         let mut planned = 0usize;
@@ -739,7 +745,10 @@ impl Scheduler {
                 fair && depth > 0 && self.knobs.plan_each_account && !account_planned[account];
             let first_of_its_kind = first_of_partition || first_of_account;
             let below_share = share_room.get(account).is_some_and(|r| *r > 0);
-            let must_plan = claimed || first_of_its_kind || below_share;
+            let relief_plan = !(first_of_its_kind || below_share)
+                && relief_room > 0
+                && hot.relieved(now, relief_after);
+            let must_plan = claimed || first_of_its_kind || below_share || relief_plan;
             if first_of_partition && (pre_planned || planned < depth || must_plan) {
                 partitions_planned[partition] = true;
             }
@@ -768,6 +777,9 @@ impl Scheduler {
                     plan.hold(job.spec.id.clone(), t, end, p, &self.cluster);
                     pending.set_estimated_start(i, Some(t));
                     planned += 1;
+                    if relief_plan {
+                        relief_room = relief_room.saturating_sub(units);
+                    }
                     if hot.shape == DEFAULT_SHAPE {
                         floors.push((min, limit, t));
                     }

@@ -21,9 +21,16 @@ impl Scheduler {
 
     /// How long a job waits for GPUs before the relief lifts it, where the relief is on (it
     /// needs the standings `below_share_first` ranks by).
-    fn relief_after_s(&self) -> Option<i64> {
+    pub(super) fn relief_after_s(&self) -> Option<i64> {
         (self.knobs.relief && self.ranks_below_share_first())
             .then(|| self.knobs.relief_after.as_secs() as i64)
+    }
+
+    /// Share units the relief's planned starts may hold in one cycle: what the relief may take
+    /// from the accounts above its floor, `100 - relief_floor_percent` percent of the cluster.
+    pub(super) fn relief_plan_units(&self) -> u64 {
+        let percent = 100u64.saturating_sub(u64::from(self.knobs.relief_floor_percent));
+        u64::from(self.cluster.total_gpus()) * u64::from(SHARE_UNITS_PER_GPU) * percent / 100
     }
 
     /// Where each account stands against its share now, in `account_ids` order, from this
@@ -198,11 +205,9 @@ impl Scheduler {
             let mut pending = std::mem::take(&mut self.pending);
             descents = Some(pending.set_priorities(|job| {
                 let fs = fair_share.get(job.account).copied().unwrap_or(0.0);
-                let relieved = relief_after
-                    .is_some_and(|after| job.gpu_wait_from.is_some_and(|from| now - from >= after));
                 match lifted.get(job.account) {
                     // Submitted now: no age.
-                    Some(l) if relieved && *l > fs => {
+                    Some(l) if job.relieved(now, relief_after) && *l > fs => {
                         self.job_priority(now, job.min, *l, job.quota_priority, now)
                     }
                     _ => self.job_priority(job.submit_s, job.min, fs, job.quota_priority, now),

@@ -93,6 +93,12 @@ impl Hot {
     pub(super) fn estimated_start_s(&self) -> Option<UnixSeconds> {
         self.estimated_start_s
     }
+
+    /// Whether the relief lifts it at `now`: it has waited `relief_after` seconds for GPUs
+    /// (`None`: the relief is off).
+    pub(super) fn relieved(&self, now: UnixSeconds, relief_after: Option<i64>) -> bool {
+        relief_after.is_some_and(|after| self.gpu_wait_from.is_some_and(|from| now - from >= after))
+    }
 }
 
 #[derive(Clone, Debug)]
