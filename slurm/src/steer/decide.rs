@@ -273,16 +273,39 @@ fn standings_now(
 
 /// Whether the relief lifts a pending job now: Slurm says it waits for GPUs (`Priority`,
 /// `Resources`), not for a limit, and has counted it eligible (`eligible_time`) for `after_s`
-/// or more. A hold (this loop's for a quota) makes Slurm count again from the release, so
-/// waiting out a quota earns nothing, as in gpuledger's scheduler.
-fn relieved(job: &QueuedJob, relief: Option<Relief>, now_s: i64) -> bool {
+/// or more, and no pass has seen it waiting for a limit of its own since then
+/// (`limited_seen`). A hold (this loop's for a quota) makes Slurm count again from the
+/// release, and a limit seen makes this loop count again, so waiting out a quota earns
+/// nothing, as in gpuledger's scheduler.
+fn relieved(
+    job: &QueuedJob,
+    relief: Option<Relief>,
+    limited_seen: Option<i64>,
+    now_s: i64,
+) -> bool {
     let waits_for_gpus = matches!(job.reason.as_str(), "Priority" | "Resources");
     relief.is_some_and(|r| {
         waits_for_gpus
-            && job
-                .eligible_s
-                .is_some_and(|s| now_s.saturating_sub(s) >= r.after_s)
+            && job.eligible_s.is_some_and(|eligible| {
+                let from = limited_seen.map_or(eligible, |seen| seen.max(eligible));
+                now_s.saturating_sub(from) >= r.after_s
+            })
     })
+}
+
+/// Whether Slurm says a pending job waits for a limit of its own account or QOS (`AssocGrp*`,
+/// `AssocMax*`, `QOSGrp*`, `QOSMax*`, ...) rather than for GPUs.
+fn waits_for_own_limit(job: &QueuedJob) -> bool {
+    job.state == State::Pending
+        && (job.reason.starts_with("Assoc") || job.reason.starts_with("QOS"))
+}
+
+/// Notes the pending jobs this pass sees waiting for a limit of their own, for the relief
+/// ([`relieved`]): a pass every few minutes sees a limit that held a job for longer.
+pub fn note_limits(state: &mut SteerState, jobs: &[QueuedJob], now_s: i64) {
+    for job in jobs.iter().filter(|j| waits_for_own_limit(j)) {
+        state.limited_seen.insert(job.job_id.clone(), now_s);
+    }
 }
 
 /// The quota scopes a job falls under: its account's, and its project's when it has one.
@@ -437,7 +460,17 @@ pub fn decide(
             .copied()
             .unwrap_or((0.0, None));
         let factor = match lifted {
-            Some(l) if l > factor && relieved(job, known.policy.relief, now_s) => l,
+            Some(l)
+                if l > factor
+                    && relieved(
+                        job,
+                        known.policy.relief,
+                        state.limited_seen.get(&job.job_id).copied(),
+                        now_s,
+                    ) =>
+            {
+                l
+            }
             _ => factor,
         };
         let scaled = (factor * f64::from(settings.weight)).round() as i64;
@@ -503,6 +536,9 @@ pub fn apply(state: &mut SteerState, actions: &[Action], jobs: &[QueuedJob]) {
     let known: BTreeSet<&str> = jobs.iter().map(|j| j.job_id.as_str()).collect();
     state.holds.retain(|id, _| known.contains(id.as_str()));
     state.overridden.retain(|id| known.contains(id.as_str()));
+    state
+        .limited_seen
+        .retain(|id, _| known.contains(id.as_str()));
 }
 
 #[cfg(test)]
@@ -812,9 +848,37 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
         young.eligible_s = Some(NOW - 3 * DAY_S + 1);
         assert_eq!(set_values(&jobs(45, &young), &policy)["3"], 6_667);
         // Submitted 4 days ago, eligible for 2 (held for its quota until then): not yet.
-        let mut was_held = old;
+        let mut was_held = old.clone();
         was_held.eligible_s = Some(NOW - 2 * DAY_S);
         assert_eq!(set_values(&jobs(45, &was_held), &policy)["3"], 6_667);
+        // Eligible for 4 days, but a pass saw it waiting for its association's limit a day
+        // ago: the count starts there, whether or not Slurm set `eligible_time` again.
+        let mut state = SteerState::default();
+        note_limits(&mut state, &jobs(45, &limited), NOW - DAY_S);
+        assert_eq!(state.limited_seen.get("3"), Some(&(NOW - DAY_S)));
+        assert_eq!(state.limited_seen.len(), 1, "only the limited job is noted");
+        let value_of_3 = |state: &SteerState| {
+            run(
+                &jobs(45, &old),
+                &BTreeMap::new(),
+                &feed(500.0, 0),
+                &policy,
+                state,
+                settings(),
+                NOW,
+            )
+            .into_iter()
+            .find_map(|a| match a {
+                Action::Set { job, value, .. } if job == "3" => Some(value),
+                _ => None,
+            })
+        };
+        assert_eq!(value_of_3(&state), Some(6_667));
+        state.limited_seen.insert("3".into(), NOW - 3 * DAY_S);
+        assert_eq!(value_of_3(&state), Some(11_944));
+        // Once the job is gone there is nothing to remember of it.
+        apply(&mut state, &[], &jobs(45, &old)[..2]);
+        assert!(state.limited_seen.is_empty());
     }
 
     #[test]

@@ -240,6 +240,7 @@ impl Steer {
             Some(gpus) => std::borrow::Cow::Owned(self.policy.with_slurm_gpus(gpus)),
             None => std::borrow::Cow::Borrowed(&self.policy),
         };
+        decide::note_limits(state, &reading.jobs, now_s);
         let actions = decide::decide(
             &reading.jobs,
             &reading.site_factors,

@@ -38,6 +38,11 @@ pub struct SteerState {
     pub holds: BTreeMap<String, HeldJob>,
     #[serde(default)]
     pub overridden: BTreeSet<String>,
+    /// Pending jobs last seen waiting for a limit of their own (Slurm's reason `Assoc*` or
+    /// `QOS*`), and when: the relief counts a job's wait from then, whatever Slurm's
+    /// `eligible_time` says (a hold sets it again at release; a limit may not).
+    #[serde(default)]
+    pub limited_seen: BTreeMap<String, i64>,
 }
 
 impl SteerState {
@@ -79,8 +84,13 @@ mod tests {
             },
         );
         s.overridden.insert("9".into());
+        s.limited_seen.insert("10".into(), 1_700_000_000);
         s.save(&path).unwrap();
         assert_eq!(SteerState::load(&path).unwrap(), s);
+        // A state written before `limited_seen` existed reads as having seen no limit.
+        std::fs::write(&path, "{\"holds\": {}, \"overridden\": [\"9\"]}").unwrap();
+        let older = SteerState::load(&path).unwrap();
+        assert!(older.limited_seen.is_empty() && older.overridden.contains("9"));
         std::fs::write(&path, "{\"holds\": 3}").unwrap();
         let e = SteerState::load(&path).unwrap_err().to_string();
         assert!(e.contains("steer.json"), "{e}");
