@@ -4,8 +4,9 @@
 //! fairness`):
 //!
 //! - [`Variant::Shift`]: each account's submissions moved by one offset drawn for that account,
-//!   uniform within [`SHIFT_MAX_S`] either way: the same tenants and jobs, their busy weeks
-//!   meeting differently;
+//!   uniform within [`SHIFT_MAX_S`] either way, and within a [`SHIFT_SPAN_PART`]th of the
+//!   trace's span on a shorter trace: the same tenants and jobs, their busy weeks meeting
+//!   differently;
 //! - [`Variant::Drop`]: each job left out with probability [`DROP_FRACTION`]: less load, other
 //!   arrivals.
 //!
@@ -18,8 +19,12 @@ use std::str::FromStr;
 use gpuledger_model::rng::SplitMix64;
 use gpuledger_scheduler::SimJob;
 
-/// How far [`Variant::Shift`] moves an account's submissions, either way.
+/// How far [`Variant::Shift`] moves an account's submissions, either way, at most.
 pub const SHIFT_MAX_S: i64 = 3 * 86_400;
+
+/// ... and at most this part of the trace's span (first to last submission), so that a trace
+/// of a day moves its tenants by an hour or so, not out of its own span.
+pub const SHIFT_SPAN_PART: i64 = 16;
 
 /// The share of the jobs [`Variant::Drop`] leaves out, on average.
 pub const DROP_FRACTION: f64 = 0.1;
@@ -83,11 +88,14 @@ pub fn vary(jobs: &[SimJob], variant: Variant) -> Vec<SimJob> {
         Variant::Shift { seed } => {
             let mut rng = SplitMix64::new(seed);
             let mut offsets = HashMap::new();
+            let first = jobs.iter().map(|job| job.spec.submit_s).min().unwrap_or(0);
+            let last = jobs.iter().map(|job| job.spec.submit_s).max().unwrap_or(0);
+            let most = SHIFT_MAX_S.min((last - first) / SHIFT_SPAN_PART);
             jobs.iter()
                 .map(|job| {
                     let offset = *offsets.entry(job.spec.account.clone()).or_insert_with(|| {
-                        let span = (2 * SHIFT_MAX_S) as f64;
-                        (rng.next_f64() * span) as i64 - SHIFT_MAX_S
+                        let span = (2 * most) as f64;
+                        (rng.next_f64() * span) as i64 - most
                     });
                     let mut job = job.clone();
                     job.spec.submit_s += offset;
@@ -146,7 +154,7 @@ mod tests {
         (0..3000)
             .map(|i| {
                 let account = ["a", "b", "c", "d"][i % 4];
-                job(i, account, 1 + (i % 8) as u32, i as i64 * 600, 3600)
+                job(i, account, 1 + (i % 8) as u32, i as i64 * 1800, 3600)
             })
             .collect()
     }
@@ -166,6 +174,7 @@ mod tests {
         let mut offsets: HashMap<String, i64> = HashMap::new();
         for j in &shifted {
             let offset = j.spec.submit_s - submit_of[&j.spec.id];
+            // 62 days of submissions: the 3-day bound is the one that holds.
             assert!(offset.abs() <= SHIFT_MAX_S, "{offset}");
             let first = *offsets.entry(j.spec.account.to_string()).or_insert(offset);
             assert_eq!(first, offset, "{} moved by two offsets", j.spec.account);
@@ -174,6 +183,21 @@ mod tests {
         assert_eq!(distinct.len(), 4, "{offsets:?}");
         assert_eq!(shifted, vary(&jobs, Variant::Shift { seed: 7 }));
         assert_ne!(shifted, vary(&jobs, Variant::Shift { seed: 8 }));
+    }
+
+    #[test]
+    fn a_short_trace_is_shifted_within_a_sixteenth_of_its_span() {
+        // A day of submissions: tenants move by 90 minutes at most, not 3 days.
+        let jobs: Vec<SimJob> = (0..1440)
+            .map(|i| job(i, ["a", "b", "c"][i % 3], 1, i as i64 * 60, 600))
+            .collect();
+        let most = 1439 * 60 / SHIFT_SPAN_PART;
+        for seed in 0..20 {
+            let shifted = vary(&jobs, Variant::Shift { seed });
+            let first = shifted.iter().map(|j| j.spec.submit_s).min().unwrap();
+            let last = shifted.iter().map(|j| j.spec.submit_s).max().unwrap();
+            assert!(first >= -most && last <= 1439 * 60 + most, "{first} {last}");
+        }
     }
 
     #[test]
@@ -193,11 +217,11 @@ mod tests {
 
     #[test]
     fn the_nodes_for_a_load_carry_the_offered_gpu_seconds_at_that_share() {
-        // 3000 jobs of 4.5 GPUs on average for an hour, over 3000 x 600 s less one step.
+        // 3000 jobs of 4.5 GPUs on average for an hour, over 3000 x 1800 s less one step.
         let jobs = trace();
         let offered = offered_gpu_seconds(&jobs);
         assert_eq!(offered, 3000.0 * 4.5 * 3600.0);
-        let window = 2999.0 * 600.0;
+        let window = 2999.0 * 1800.0;
         for load in [0.5, 0.85, 1.0] {
             let nodes = nodes_for_load(&jobs, 8, load);
             let expected = offered / (window * 8.0 * load);
