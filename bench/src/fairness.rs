@@ -62,7 +62,8 @@ pub struct FairnessArgs {
     #[arg(long)]
     pub threads: Option<usize>,
     /// Also write each replay's `report.md`, `jobs.csv` and `weeks.csv` (as `simulate`
-    /// writes them) under this directory, in `VARIANT-LOAD-POLICY/`.
+    /// writes them) under this directory, in `VARIANT-LOAD-POLICY/` (the baseline's with
+    /// `-baseline` added where it is the policy itself).
     #[arg(long)]
     pub out: Option<PathBuf>,
 }
@@ -150,8 +151,14 @@ fn measure(args: &FairnessArgs) -> anyhow::Result<Vec<Row>> {
                 let figures = headline(&config, &result);
                 let written = match &args.out {
                     Some(out) => {
+                        // The baseline apart from the policy where both have one name.
+                        let role = if is_policy || policy != against {
+                            ""
+                        } else {
+                            "-baseline"
+                        };
                         let dir = out.join(format!(
-                            "{}-{}-{}",
+                            "{}-{}-{}{role}",
                             case.variant.to_string().replace(':', ""),
                             case.load,
                             options.name()
@@ -434,10 +441,19 @@ mod tests {
         // own case.
         let same = measure(&FairnessArgs {
             policy: "fifo+backfill".into(),
-            out: None,
+            out: Some(dir.path().join("same")),
             ..given.clone()
         })
         .unwrap();
+        for run in [
+            "as-is-0.7-fifo+backfill",
+            "as-is-0.7-fifo+backfill-baseline",
+        ] {
+            assert!(
+                dir.path().join("same").join(run).join("report.md").exists(),
+                "{run}"
+            );
+        }
         for (row, fifo) in same.iter().zip(&rows) {
             assert_eq!(row.policy, row.against);
             assert_eq!(row.against, fifo.against);
