@@ -225,10 +225,16 @@ pub struct Headline {
 /// [`Headline`] of a replay on `config`.
 pub fn headline(config: &ClusterConfig, result: &SimResult) -> Headline {
     let weeks = weekly_shares(result, &account_weights(config));
-    headline_with(result, &summarize(&weeks))
+    let all = wait_stats(result.records.iter(), result.horizon_s);
+    headline_with(result, &all, &summarize(&weeks))
 }
 
-fn headline_with(result: &SimResult, weekly: &BTreeMap<String, WeeklySummary>) -> Headline {
+/// [`Headline`] from the replay's wait figures and weekly summary, worked out once.
+fn headline_with(
+    result: &SimResult,
+    all: &WaitStats,
+    weekly: &BTreeMap<String, WeeklySummary>,
+) -> Headline {
     let refused = crate::fairness::refused(result);
     let waits: Vec<i64> = result
         .records
@@ -244,7 +250,7 @@ fn headline_with(result: &SimResult, weekly: &BTreeMap<String, WeeklySummary>) -
         .max()
         .unwrap_or(result.start_s);
     Headline {
-        mean_wait_s: wait_stats(result.records.iter(), result.horizon_s).mean_wait_s,
+        mean_wait_s: all.mean_wait_s,
         over_1d: over(1),
         over_3d: over(3),
         over_7d: over(7),
@@ -333,7 +339,7 @@ pub fn write_outputs(out: &Path, config: &ClusterConfig, result: &SimResult) -> 
     );
     let weeks = weekly_shares(result, &account_weights(config));
     let summary = summarize(&weeks);
-    let head = headline_with(result, &summary);
+    let head = headline_with(result, &all, &summary);
     let _ = writeln!(
         md,
         "Jobs waiting more than 1 day: {}; 3 days: {}; 7 days: {}; the longest wait {:.1} days. \
@@ -393,7 +399,7 @@ pub fn write_outputs(out: &Path, config: &ClusterConfig, result: &SimResult) -> 
             s.p99_wait_s
         );
     }
-    weekly_section(out, config, &weeks, &summary, &mut md)?;
+    weekly_section(out, config, &weeks, &summary, &head, &mut md)?;
     backlog_section(config, result, &refused, &backlogs, &mut md);
     let preemptions: u32 = result.records.iter().map(|r| r.preemptions).sum();
     let lost: i64 = result.records.iter().map(|r| r.lost_gpu_s).sum();
@@ -426,6 +432,7 @@ fn weekly_section(
     config: &ClusterConfig,
     weeks: &[AccountWeek],
     summary: &BTreeMap<String, WeeklySummary>,
+    head: &Headline,
     md: &mut String,
 ) -> Result<()> {
     let mut csv = String::from("account,week,fair_gpu_hours,received_gpu_hours,ratio\n");
@@ -461,15 +468,11 @@ fn weekly_section(
         "| account | weight share | weeks with demand | below 0.5 | below 0.8 | at least 0.8 | worst week (ratio) | small weeks |"
     );
     let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
-    let (mut all_weeks, mut all_half, mut all_low) = (0, 0, 0);
     for account in &config.accounts {
         let s = summary
             .get(account.id.as_str())
             .cloned()
             .unwrap_or_default();
-        all_weeks += s.weeks;
-        all_half += s.below_half;
-        all_low += s.below_0_8;
         let _ = writeln!(
             md,
             "| {} | {:.1}% | {} | {} | {} | {} | {} | {} |",
@@ -487,8 +490,11 @@ fn weekly_section(
     }
     let _ = writeln!(
         md,
-        "\nAll accounts: {all_weeks} account-weeks with demand, {all_half} below 0.5 of the fair share, {all_low} below 0.8 ({} at least 0.8).\n",
-        percent_of(all_weeks - all_low, all_weeks)
+        "\nAll accounts: {} account-weeks with demand, {} below 0.5 of the fair share, {} below 0.8 ({} at least 0.8).\n",
+        head.account_weeks,
+        head.weeks_below_half,
+        head.weeks_below_0_8,
+        percent_of(head.account_weeks - head.weeks_below_0_8, head.account_weeks)
     );
     Ok(())
 }

@@ -673,12 +673,21 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
 
     /// The values one pass from no state sets, by job, with heavy's 500 GPU-hours.
     fn set_values(jobs: &[QueuedJob], policy: &Policy) -> BTreeMap<String, i64> {
+        set_values_in(jobs, policy, &SteerState::default())
+    }
+
+    /// [`set_values`] from `state`.
+    fn set_values_in(
+        jobs: &[QueuedJob],
+        policy: &Policy,
+        state: &SteerState,
+    ) -> BTreeMap<String, i64> {
         run(
             jobs,
             &BTreeMap::new(),
             &feed(500.0, 0),
             policy,
-            &SteerState::default(),
+            state,
             settings(),
             NOW,
         )
@@ -858,20 +867,9 @@ projects = [{ id = "small", quota = { gpu_hours_per_day = 2 } }]
         assert_eq!(state.limited_seen.get("3"), Some(&(NOW - DAY_S)));
         assert_eq!(state.limited_seen.len(), 1, "only the limited job is noted");
         let value_of_3 = |state: &SteerState| {
-            run(
-                &jobs(45, &old),
-                &BTreeMap::new(),
-                &feed(500.0, 0),
-                &policy,
-                state,
-                settings(),
-                NOW,
-            )
-            .into_iter()
-            .find_map(|a| match a {
-                Action::Set { job, value, .. } if job == "3" => Some(value),
-                _ => None,
-            })
+            set_values_in(&jobs(45, &old), &policy, state)
+                .get("3")
+                .copied()
         };
         assert_eq!(value_of_3(&state), Some(6_667));
         state.limited_seen.insert("3".into(), NOW - 3 * DAY_S);
