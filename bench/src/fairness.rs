@@ -291,14 +291,14 @@ fn table(args: &FairnessArgs, rows: &[Row], seconds: f64) -> String {
     );
     let _ = writeln!(
         out,
-        "| variant | load | nodes | jobs > 7 d | longest wait, days | weeks < 0.5 | weeks >= 0.8 | mean wait / baseline's | window utilization, points |"
+        "| variant | load | nodes | jobs > 7 d | longest wait, days | weeks < 0.5 | weeks >= 0.8 | mean wait / baseline's | window utilization, points | held for plans, % |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|");
     for row in rows {
         let (p, a) = (&row.policy, &row.against);
         let _ = writeln!(
             out,
-            "| {} | {:.2} | {} | {} ({}) | {:.1} ({:.1}) | {} ({}) | {:.1}% ({:.1}%) | {:.2} | {:+.2} |",
+            "| {} | {:.2} | {} | {} ({}) | {:.1} ({:.1}) | {} ({}) | {:.1}% ({:.1}%) | {:.2} | {:+.2} | {:.2} ({:.2}) |",
             row.variant,
             row.load,
             row.nodes,
@@ -312,6 +312,8 @@ fn table(args: &FairnessArgs, rows: &[Row], seconds: f64) -> String {
             weeks_at_0_8(a),
             mean_wait_ratio(row),
             window_gap(row),
+            p.window_planned_idle * 100.0,
+            a.window_planned_idle * 100.0,
         );
     }
     let n = rows.len().max(1) as f64;
@@ -340,7 +342,7 @@ fn table(args: &FairnessArgs, rows: &[Row], seconds: f64) -> String {
     let over_goal = ratios.iter().filter(|r| **r > MEAN_WAIT_GOAL).count();
     let _ = writeln!(
         out,
-        "| **all {}** | | | **{}** ({}) | **{:.1}** ({:.1}) mean | **{}** ({}) | **{:.1}%** ({:.1}%) | **{:.2}** mean, {over_goal} over {MEAN_WAIT_GOAL} | **{:+.2}** mean |",
+        "| **all {}** | | | **{}** ({}) | **{:.1}** ({:.1}) mean | **{}** ({}) | **{:.1}%** ({:.1}%) | **{:.2}** mean, {over_goal} over {MEAN_WAIT_GOAL} | **{:+.2}** mean | **{:.2}** ({:.2}) mean |",
         rows.len(),
         sum(&|h| h.over_7d, true),
         sum(&|h| h.over_7d, false),
@@ -352,6 +354,8 @@ fn table(args: &FairnessArgs, rows: &[Row], seconds: f64) -> String {
         pooled(false),
         ratios.iter().sum::<f64>() / n,
         rows.iter().map(window_gap).sum::<f64>() / n,
+        rows.iter().map(|r| r.policy.window_planned_idle).sum::<f64>() * 100.0 / n,
+        rows.iter().map(|r| r.against.window_planned_idle).sum::<f64>() * 100.0 / n,
     );
     out
 }

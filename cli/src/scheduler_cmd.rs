@@ -399,7 +399,7 @@ fn nodes(url: &str) -> anyhow::Result<()> {
                 n.node.clone(),
                 n.state.clone(),
                 n.gpu_type.clone(),
-                format!("{}/{}", n.allocated_gpus, n.gpus),
+                format!("{}/{}/{}", n.allocated_gpus, n.planned_gpus, n.gpus),
                 time(n.since_s),
                 n.reason.clone().unwrap_or_else(|| "-".into()),
             ]
@@ -408,7 +408,7 @@ fn nodes(url: &str) -> anyhow::Result<()> {
     print!(
         "{}",
         table::render(
-            &["NODE", "STATE", "TYPE", "GPUS(A/T)", "SINCE", "REASON"],
+            &["NODE", "STATE", "TYPE", "GPUS(A/P/T)", "SINCE", "REASON"],
             &rows
         )
     );

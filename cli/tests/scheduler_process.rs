@@ -307,7 +307,7 @@ fn jobs_run_report_to_the_aggregator_and_survive_a_scheduler_restart() {
     let header: Vec<&str> = nodes.lines().next().unwrap().split_whitespace().collect();
     assert_eq!(
         header[..4],
-        ["NODE", "STATE", "TYPE", "GPUS(A/T)"],
+        ["NODE", "STATE", "TYPE", "GPUS(A/P/T)"],
         "{nodes}"
     );
     assert!(

@@ -7,7 +7,7 @@ use crate::Service;
 
 impl Service {
     /// The Prometheus text exposition: jobs by state, pending jobs by account and reason,
-    /// GPUs allocated, idle and reserved, and counters of starts, preemptions, resizes and
+    /// GPUs allocated, idle, planned, reserved and drained, and counters of starts, preemptions, resizes and
     /// cycles.
     pub fn metrics(&self) -> String {
         use std::fmt::Write as _;
@@ -83,15 +83,24 @@ impl Service {
             .iter()
             .map(|n| cluster.node_spec(*n).gpus - allocated_on[*n])
             .sum();
-        let idle = cluster.total_gpus() - allocated - reserved - drained;
+        let planned: u32 = inner
+            .sched
+            .planned_idle_gpus()
+            .filter(|(node, _)| {
+                reserved_nodes.binary_search(node).is_err() && !inner.sched.is_drained(*node)
+            })
+            .map(|(_, n)| n)
+            .sum();
+        let idle = cluster.total_gpus() - allocated - reserved - drained - planned;
         let _ = writeln!(
             out,
-            "# HELP gpuledger_scheduler_gpus GPUs by state: allocated to running jobs, reserved (free, in an advance reservation in force), drained (free, on a node out of service), idle.\n# TYPE gpuledger_scheduler_gpus gauge"
+            "# HELP gpuledger_scheduler_gpus GPUs by state: allocated to running jobs, reserved (free, in an advance reservation in force), drained (free, on a node out of service), planned (free, held by backfill for a waiting job's planned start: only a job that ends before it may use them), idle.\n# TYPE gpuledger_scheduler_gpus gauge"
         );
         for (state, n) in [
             ("allocated", allocated),
             ("drained", drained),
             ("idle", idle),
+            ("planned", planned),
             ("reserved", reserved),
         ] {
             let _ = writeln!(out, "gpuledger_scheduler_gpus{{state=\"{state}\"}} {n}");

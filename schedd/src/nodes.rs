@@ -21,7 +21,11 @@ pub struct NodeRow {
     #[serde(default)]
     pub gpu_type: String,
     pub allocated_gpus: u32,
-    /// `idle`, `mixed`, `allocated`; out of service: `drained` (no job left on it) or
+    /// Free GPUs backfill holds for a waiting job's planned start (as of the last cycle).
+    #[serde(default)]
+    pub planned_gpus: u32,
+    /// `idle`, `planned` (no job on it, but a waiting job is planned to start there: Slurm's
+    /// `PLANNED`), `mixed`, `allocated`; out of service: `drained` (no job left on it) or
     /// `draining` (jobs still on it).
     pub state: String,
     /// Why it is out of service, since when and by whom.
@@ -98,6 +102,10 @@ impl Service {
                 allocated[slot.node] += slot.mask.count_ones();
             }
         }
+        let mut planned = vec![0u32; cluster.node_count()];
+        for (node, n) in inner.sched.planned_idle_gpus() {
+            planned[node] = n;
+        }
         (0..cluster.node_count())
             .map(|i| {
                 let spec = cluster.node_spec(i);
@@ -106,6 +114,7 @@ impl Service {
                 let state = match (drained.is_some(), allocated[i]) {
                     (true, 0) => "drained",
                     (true, _) => "draining",
+                    (false, 0) if planned[i] > 0 => "planned",
                     (false, 0) => "idle",
                     (false, n) if n < spec.gpus => "mixed",
                     (false, _) => "allocated",
@@ -115,6 +124,7 @@ impl Service {
                     gpus: spec.gpus,
                     gpu_type: spec.gpu_type.to_string(),
                     allocated_gpus: allocated[i],
+                    planned_gpus: if drained.is_some() { 0 } else { planned[i] },
                     state: state.to_owned(),
                     reason: drained.map(|d| d.reason.clone()),
                     since_s: drained.map(|d| d.since_s),

@@ -687,6 +687,50 @@ async fn a_job_whose_processes_outlive_sigkill_keeps_its_gpus_and_its_node_is_dr
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn free_gpus_held_for_a_waiting_jobs_planned_start_show_as_planned() {
+    let dir = tempfile::tempdir().unwrap();
+    let _jobs = gpuledger_testkit::KillJobsUnder::new(dir.path());
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let s = open(dir.path(), Arc::clone(&clock));
+    let job = |gpus: u32, command: &str| json!({"command": command, "account": "team-a", "gpus": gpus, "time_limit": "1h"});
+    let (_, body) = submit(&s, job(6, "sleep 600")).await;
+    let a = JobId::new(body["job_id"].as_str().unwrap()).unwrap();
+    tick_until(&s, &clock, |s| state(s, &a) == JobState::Running);
+    let gpus = |s: &Service, state: &str| {
+        let metrics = s.metrics();
+        let prefix = format!("gpuledger_scheduler_gpus{{state=\"{state}\"}} ");
+        let line = metrics.lines().find(|l| l.starts_with(&prefix));
+        line.and_then(|l| l[prefix.len()..].parse::<u32>().ok())
+    };
+    assert_eq!((gpus(&s, "idle"), gpus(&s, "planned")), (Some(2), Some(0)));
+    // The whole node when A's hour is up: its two free GPUs are kept for B meanwhile.
+    let (_, body) = submit(&s, job(8, "true")).await;
+    let b = JobId::new(body["job_id"].as_str().unwrap()).unwrap();
+    tick_until(&s, &clock, |s| s.nodes()[0].planned_gpus == 2);
+    assert_eq!(state(&s, &b), JobState::Pending);
+    assert_eq!(
+        (gpus(&s, "allocated"), gpus(&s, "idle"), gpus(&s, "planned")),
+        (Some(6), Some(0), Some(2))
+    );
+    let (status, body) = call(&s, "GET", "/api/v1/nodes", None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        (
+            &body["nodes"][0]["state"],
+            &body["nodes"][0]["planned_gpus"]
+        ),
+        (&json!("mixed"), &json!(2)),
+        "{body}"
+    );
+    // A ends: B starts and nothing is held.
+    let (status, _) = call(&s, "DELETE", &format!("/api/v1/jobs/{a}?now=true"), None).await;
+    assert_eq!(status, StatusCode::OK);
+    tick_until(&s, &clock, |s| state(s, &b) == JobState::Completed);
+    assert_eq!((gpus(&s, "idle"), gpus(&s, "planned")), (Some(8), Some(0)));
+    assert_eq!(s.nodes()[0].state, "idle");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_drains_a_node_with_a_reason_and_bad_requests_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let _jobs = gpuledger_testkit::KillJobsUnder::new(dir.path());

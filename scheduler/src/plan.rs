@@ -320,6 +320,26 @@ impl Plan {
         }
     }
 
+    /// The GPUs the plans for later starts hold, node by node (ascending, masks merged): a
+    /// free one among them is what Slurm's `sinfo` calls planned, kept for a waiting job.
+    pub fn planned_gpus(&self) -> Vec<(usize, u64)> {
+        let mut gpus: Vec<(usize, u64)> = self
+            .holds
+            .iter()
+            .filter(|h| h.start > self.now)
+            .flat_map(|h| h.placement.0.iter().map(|s| (s.node, s.mask)))
+            .collect();
+        gpus.sort_unstable();
+        gpus.dedup_by(|later, kept| {
+            let same = later.0 == kept.0;
+            if same {
+                kept.1 |= later.1;
+            }
+            same
+        });
+        gpus
+    }
+
     pub fn has_holds(&self) -> bool {
         !self.holds.is_empty()
     }

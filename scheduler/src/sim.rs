@@ -104,6 +104,10 @@ pub struct SimResult {
     pub events: Vec<JobEvent>,
     /// (time, busy GPUs) at every change; a GPU held in shares counts the parts held.
     pub busy_gpus: Vec<(UnixSeconds, f64)>,
+    /// (time, free GPUs that backfill plans hold for later starts) at every change: what a
+    /// waiting job's planned start costs the cluster meanwhile (see
+    /// [`Scheduler::planned_idle_gpus`]).
+    pub planned_idle_gpus: Vec<(UnixSeconds, f64)>,
     pub total_gpus: u32,
     pub start_s: UnixSeconds,
     pub horizon_s: UnixSeconds,
@@ -195,6 +199,7 @@ fn run(
     };
     let mut refused = Vec::new();
     let mut busy = vec![(start_s, 0.0)];
+    let mut planned_idle = vec![(start_s, 0.0)];
     let mut next_submit = 0;
     let end_of_time = horizon_s.unwrap_or(UnixSeconds::MAX);
 
@@ -256,6 +261,10 @@ fn run(
         if busy.last().map(|(_, b)| *b) != Some(busy_now) {
             busy.push((now, busy_now));
         }
+        let planned_now = f64::from(sim.sched.planned_idle_gpus().map(|(_, n)| n).sum::<u32>());
+        if planned_idle.last().map(|(_, p)| *p) != Some(planned_now) {
+            planned_idle.push((now, planned_now));
+        }
     }
     progress(jobs.len(), jobs.len());
     let last = sim
@@ -270,6 +279,7 @@ fn run(
         refused,
         events: sim.events,
         busy_gpus: busy,
+        planned_idle_gpus: planned_idle,
         total_gpus,
         start_s,
         horizon_s: horizon_s.unwrap_or(last),
@@ -484,20 +494,36 @@ impl SimResult {
 
     /// Busy GPU-seconds over all GPU-seconds in `[from, to)`.
     pub fn utilization_between(&self, from: UnixSeconds, to: UnixSeconds) -> f64 {
+        self.share_of_capacity(&self.busy_gpus, from, to)
+    }
+
+    /// GPU-seconds free but held by backfill plans for later starts, over all GPU-seconds in
+    /// `[from, to)`.
+    pub fn planned_idle_between(&self, from: UnixSeconds, to: UnixSeconds) -> f64 {
+        self.share_of_capacity(&self.planned_idle_gpus, from, to)
+    }
+
+    /// A step series of GPUs (each value holds until the next change, the last one until the
+    /// horizon) over all GPU-seconds in `[from, to)`.
+    fn share_of_capacity(
+        &self,
+        series: &[(UnixSeconds, f64)],
+        from: UnixSeconds,
+        to: UnixSeconds,
+    ) -> f64 {
         let span = (to - from) as f64;
         if span <= 0.0 || self.total_gpus == 0 {
             return 0.0;
         }
-        let mut busy_gpu_s = 0.0;
-        for (k, (t, b)) in self.busy_gpus.iter().enumerate() {
-            let next = self
-                .busy_gpus
+        let mut gpu_s = 0.0;
+        for (k, (t, v)) in series.iter().enumerate() {
+            let next = series
                 .get(k + 1)
                 .map(|(t, _)| *t)
                 .unwrap_or(self.horizon_s)
                 .min(to);
-            busy_gpu_s += *b * (next - (*t).max(from)).max(0) as f64;
+            gpu_s += *v * (next - (*t).max(from)).max(0) as f64;
         }
-        busy_gpu_s / (span * f64::from(self.total_gpus))
+        gpu_s / (span * f64::from(self.total_gpus))
     }
 }

@@ -110,6 +110,37 @@ fn backfill_fills_the_gap_without_delaying_the_head_job() {
 }
 
 #[test]
+fn free_gpus_a_planned_start_holds_count_as_planned_until_it_starts() {
+    let mut h = harness(2, "fifo+backfill");
+    let first = h.submit("a", 8, 10, 0);
+    h.step(0);
+    let planned = |h: &Harness| h.sched.planned_idle_gpus().collect::<Vec<_>>();
+    assert_eq!(planned(&h), vec![], "no job waits: nothing is planned");
+    let first_node = h
+        .sched
+        .running()
+        .find(|r| r.spec.id == first)
+        .map(|r| r.placement.0[0].node)
+        .unwrap();
+    // Two nodes at 10 h: the node free now is held for it meanwhile.
+    let head = h.submit("b", 16, 10, 1);
+    h.step(1);
+    assert_eq!(planned(&h), vec![(1 - first_node, 8)]);
+    // A job that ends before 10 h may use them, and those it takes are not free any more.
+    let short = h.submit("c", 4, 5, 2);
+    h.step(2);
+    assert!(h.is_running(&short));
+    assert_eq!(planned(&h), vec![(1 - first_node, 4)]);
+    h.finish(&short, 5 * H);
+    h.step(5 * H);
+    assert_eq!(planned(&h), vec![(1 - first_node, 8)]);
+    h.finish(&first, 10 * H);
+    h.step(10 * H);
+    assert!(h.is_running(&head));
+    assert_eq!(planned(&h), vec![], "it started: nothing is held any more");
+}
+
+#[test]
 fn fair_share_puts_the_light_user_first() {
     let mut h = harness(1, "fairshare");
     // b has used the whole node for 100 hours; c nothing.

@@ -215,6 +215,10 @@ pub struct Headline {
     pub utilization: f64,
     /// Busy share from the first to the last submission, where every policy has work offered.
     pub window_utilization: f64,
+    /// Share of the cluster free but held by backfill plans for later starts over the same
+    /// window: what planned starts cost the cluster (a job that ends before one may still use
+    /// its GPUs, none did).
+    pub window_planned_idle: f64,
     /// Account-weeks with a fair share of at least [`MIN_FAIR_GPU_S`], and of those the ones
     /// that received under 0.5 and under 0.8 of it.
     pub account_weeks: usize,
@@ -257,6 +261,7 @@ fn headline_with(
         longest_wait_s: waits.iter().copied().max().unwrap_or(0),
         utilization: result.utilization(),
         window_utilization: result.utilization_between(result.start_s, last_submit),
+        window_planned_idle: result.planned_idle_between(result.start_s, last_submit),
         account_weeks: weekly.values().map(|s| s.weeks).sum(),
         weeks_below_half: weekly.values().map(|s| s.below_half).sum(),
         weeks_below_0_8: weekly.values().map(|s| s.below_0_8).sum(),
@@ -343,12 +348,14 @@ pub fn write_outputs(out: &Path, config: &ClusterConfig, result: &SimResult) -> 
     let _ = writeln!(
         md,
         "Jobs waiting more than 1 day: {}; 3 days: {}; 7 days: {}; the longest wait {:.1} days. \
-         Utilization over the submission window (first to last submission): {:.1}%.\n",
+         Utilization over the submission window (first to last submission): {:.1}%; free but \
+         held for planned starts (backfill's reservations for waiting jobs): {:.2}%.\n",
         head.over_1d,
         head.over_3d,
         head.over_7d,
         head.longest_wait_s as f64 / 86_400.0,
-        head.window_utilization * 100.0
+        head.window_utilization * 100.0,
+        head.window_planned_idle * 100.0
     );
     let total_weight: u64 = config.accounts.iter().map(|a| u64::from(a.weight)).sum();
     let _ = writeln!(

@@ -45,6 +45,7 @@ pub fn replay(
         refused,
         events: Vec::new(),
         busy_gpus: Vec::new(),
+        planned_idle_gpus: Vec::new(),
         total_gpus,
         start_s: 0,
         horizon_s,

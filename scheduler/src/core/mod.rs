@@ -96,6 +96,9 @@ pub struct Scheduler {
     kept: Option<KeptPlans>,
     /// Buffers for the next cycle's plans (see `KeptPlans::cleared`).
     kept_spare: KeptPlans,
+    /// The GPUs the last cycle's plans hold for later starts, by node (see
+    /// [`Scheduler::planned_idle_gpus`]).
+    planned: Vec<(usize, u64)>,
     /// Something changed that no kept plan survives (a node drained or back, a reservation).
     plans_spoiled: bool,
     /// Running jobs ended before the last cycle's plans counted on them: from the first such
@@ -235,6 +238,7 @@ impl Scheduler {
             last_cycle_s: 0,
             kept: None,
             kept_spare: KeptPlans::default(),
+            planned: Vec::new(),
             plans_spoiled: false,
             ended_early: None,
             bookings_at_last_cycle: 0,
@@ -283,6 +287,16 @@ impl Scheduler {
 
     pub fn cluster(&self) -> &Cluster {
         &self.cluster
+    }
+
+    /// Free GPUs the last cycle's backfill plans hold for waiting jobs' later starts, by node
+    /// (ascending, nodes with none left out): free now, yet only a job that ends before the
+    /// planned start may use them. What Slurm's `sinfo` shows as `planned`.
+    pub fn planned_idle_gpus(&self) -> impl Iterator<Item = (usize, u32)> + '_ {
+        self.planned
+            .iter()
+            .map(|(node, mask)| (*node, (mask & self.cluster.free_mask(*node)).count_ones()))
+            .filter(|(_, n)| *n > 0)
     }
 
     /// The waiting jobs in the order of the last cycle.
@@ -790,6 +804,7 @@ impl Scheduler {
                 blocked = true;
             }
         }
+        self.planned = plan.as_ref().map(Plan::planned_gpus).unwrap_or_default();
         pending.end_cycle(&started, waiting_from);
         self.pending = pending;
         let (next, spare) = keeping.into_next();
