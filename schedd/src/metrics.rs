@@ -7,8 +7,8 @@ use crate::Service;
 
 impl Service {
     /// The Prometheus text exposition: jobs by state, pending jobs by account and reason,
-    /// GPUs allocated, idle, planned, reserved and drained, and counters of starts, preemptions, resizes and
-    /// cycles.
+    /// GPUs allocated, idle, planned, reserved and drained, and counters of starts,
+    /// preemptions, resizes and cycles.
     pub fn metrics(&self) -> String {
         use std::fmt::Write as _;
         let now = self.now_s();
