@@ -310,10 +310,22 @@ impl Slurm {
 
 impl Drop for Slurm {
     fn drop(&mut self) {
-        let _ = Command::new("scancel")
-            .args(["--user", &user()])
-            .env("SLURM_CONF", &self.conf)
-            .status();
+        // scancel only asks, and a job it has not reached yet may still start as another
+        // ends: the daemons go once no job is left, or a job's slurmstepd outlives them (seen
+        // after CI runs, with no slurmd to report to).
+        let user = user();
+        let active = ["-h", "--user", &user, "--states=PD,CF,R,CG,S", "-o", "%i"];
+        let until = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < until {
+            let _ = Command::new("scancel")
+                .args(["--user", &user])
+                .env("SLURM_CONF", &self.conf)
+                .status();
+            if self.command("squeue", &active).trim().is_empty() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
         for d in &mut self.daemons {
             let _ = d.kill();
             let _ = d.wait();
