@@ -313,10 +313,16 @@ impl Drop for Slurm {
         // scancel only asks, and a job it has not reached yet may still start as another
         // ends: the daemons go once no job is left, or a job's slurmstepd outlives them (seen
         // after CI runs, with no slurmd to report to).
+        // Only while the controller runs: a client with no controller to reach retries for
+        // seconds per call (a start that failed drops its cluster too).
+        let controller_up = self
+            .daemons
+            .first_mut()
+            .is_some_and(|d| matches!(d.try_wait(), Ok(None)));
         let user = user();
         let active = ["-h", "--user", &user, "--states=PD,CF,R,CG,S", "-o", "%i"];
-        let until = Instant::now() + Duration::from_secs(15);
-        while Instant::now() < until {
+        let until = Instant::now() + Duration::from_secs(10);
+        while controller_up && Instant::now() < until {
             let _ = Command::new("scancel")
                 .args(["--user", &user])
                 .env("SLURM_CONF", &self.conf)
