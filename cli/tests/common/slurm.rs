@@ -311,10 +311,9 @@ impl Slurm {
 impl Drop for Slurm {
     fn drop(&mut self) {
         // scancel only asks, and a job it has not reached yet may still start as another
-        // ends: the daemons go once no job is left, or a job's slurmstepd outlives them (seen
-        // after CI runs, with no slurmd to report to).
-        // Only while the controller runs: a client with no controller to reach retries for
-        // seconds per call (a start that failed drops its cluster too).
+        // ends: the daemons go once no job is left, or a job's slurmstepd outlives them with
+        // no slurmd to report to. Only while the controller runs: a client with no controller
+        // retries for seconds per call, and a start that failed drops its cluster too.
         let controller_up = self
             .daemons
             .first_mut()
