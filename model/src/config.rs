@@ -260,6 +260,13 @@ pub struct SchedulerConfig {
     pub fair_share_preemption: bool,
     /// How long a job waits before it may preempt for its account's fair share.
     pub fair_share_preemption_after: DurationSpec,
+    /// The most work a job may lose to fair-share preemption: only jobs whose time since
+    /// their last checkpoint (reported, or by their `checkpoint_every`; since their start
+    /// when they have none) is at most this are taken. A job that never checkpoints is safe
+    /// once it has run this long: on the Philly months, whose jobs never do, taking any job
+    /// redid a tenth of the cluster's work (docs/benchmarks.md). Tier preemption is not bound
+    /// by it.
+    pub fair_share_preemption_max_loss: DurationSpec,
     /// How long the scheduler keeps an ended job in its state (`scheduler jobs`, `GET
     /// /api/v1/jobs`); older ones are dropped, so the state file stays the size of the recent
     /// past. The aggregator keeps every job's events and usage for good (`GET
@@ -289,6 +296,7 @@ impl Default for SchedulerConfig {
             relief_floor_percent: 80,
             fair_share_preemption: false,
             fair_share_preemption_after: DurationSpec::from_secs(3600),
+            fair_share_preemption_max_loss: DurationSpec::from_secs(3600),
             job_history: DurationSpec::from_secs(30 * 86_400),
         }
     }

@@ -790,7 +790,8 @@ proptest! {
         policy in prop_oneof![Just("fairshare+backfill"), Just("fairshare+conservative")],
     ) {
         let source = format!(
-            "{}[scheduler]\nfair_share_preemption = true\nfair_share_preemption_after = \"30m\"\n",
+            "{}[scheduler]\nfair_share_preemption = true\nfair_share_preemption_after = \"30m\"\n\
+             fair_share_preemption_max_loss = \"30d\"\n",
             config_source(4)
         );
         let config = ClusterConfig::from_toml_str(&source, "t.toml").unwrap();
@@ -1299,12 +1300,57 @@ fn config_with_scheduler(nodes: u32, settings: &str) -> ClusterConfig {
     ClusterConfig::from_toml_str(&source, "t.toml").unwrap()
 }
 
-/// `nodes` nodes with fair-share preemption on after an hour's wait.
+/// `nodes` nodes with fair-share preemption on after an hour's wait, any job a victim however
+/// much work it would lose.
 fn fair_share_preemption_config(nodes: u32) -> ClusterConfig {
     config_with_scheduler(
         nodes,
-        "fair_share_preemption = true\nfair_share_preemption_after = \"1h\"\n",
+        "fair_share_preemption = true\nfair_share_preemption_after = \"1h\"\n\
+         fair_share_preemption_max_loss = \"30d\"\n",
     )
+}
+
+#[test]
+fn fair_share_preemption_takes_no_job_that_would_lose_more_than_max_loss() {
+    // Two nodes, b and c of equal weight; b took all 16 GPUs while c was idle, and c waits
+    // with a whole-node job. b's jobs never checkpointed: past the default `max_loss` (an hour
+    // of work) they are not taken, however long c waits. Once eight of them report a
+    // checkpoint those eight would lose a minute, and they are taken.
+    let config = config_with_scheduler(
+        2,
+        "fair_share_preemption = true\nfair_share_preemption_after = \"30m\"\n",
+    );
+    assert_eq!(
+        config.scheduler.fair_share_preemption_max_loss.as_secs(),
+        3600
+    );
+    let mut h = Harness::with_config(&config, "fairshare+backfill");
+    let b: Vec<JobId> = (0..16).map(|_| h.submit("b", 1, 10, 0)).collect();
+    h.step(0);
+    assert!(b.iter().all(|id| h.is_running(id)));
+    let wide = h.submit("c", 8, 10, 60);
+    for t in [3_601, 7_200, 20_000] {
+        let cycle = h.cycle(t);
+        assert!(cycle.preempted.is_empty(), "at {t}: {:?}", cycle.preempted);
+    }
+    // A job that checkpoints often enough is always within reach.
+    let on_node = |h: &Harness, id: &JobId| h.sched.running_job(id).unwrap().placement.0[0].node;
+    let first_node = on_node(&h, &b[0]);
+    let saved: Vec<&JobId> = b
+        .iter()
+        .filter(|id| on_node(&h, id) == first_node)
+        .collect();
+    assert_eq!(saved.len(), 8);
+    for id in &saved {
+        assert!(h.sched.checkpointed(id, 20_000));
+    }
+    let cycle = h.cycle(20_060);
+    let mut taken: Vec<&JobId> = cycle.preempted.iter().map(|p| &p.job_id).collect();
+    taken.sort();
+    let mut expected = saved.clone();
+    expected.sort();
+    assert_eq!(taken, expected, "only the jobs that checkpointed");
+    assert!(cycle.preempted.iter().all(|p| p.by == wide));
 }
 
 #[test]
@@ -1771,7 +1817,7 @@ fn a_cycle_opens_no_more_records_for_a_deeper_queue() {
     let busy = config_with_scheduler(
         4,
         "fair_share_preemption = true\nfair_share_preemption_after = \"1h\"\n\
-         max_wait = \"1h\"\nmax_wait_plans = 2\n",
+         fair_share_preemption_max_loss = \"30d\"\nmax_wait = \"1h\"\nmax_wait_plans = 2\n",
     );
     for (config, preempting) in [(&plain, false), (&busy, true)] {
         for policy in [

@@ -7,9 +7,10 @@ use super::*;
 pub(super) enum Victims<'a> {
     /// Jobs of lower tiers (and elastic jobs of its tier or lower above their minimum).
     LowerTiers,
-    /// Jobs of its tier or lower of accounts above their fair share, each account no further
-    /// than its share: the distances below it, in share units by account index (negative
-    /// above), updated with the victims chosen.
+    /// Jobs of its tier or lower of accounts above their fair share that would lose at most
+    /// `fair_share_preemption_max_loss` of work, each account no further than its share: the
+    /// distances below it, in share units by account index (negative above), updated with the
+    /// victims chosen.
     OverShare(&'a mut [i64]),
 }
 
@@ -70,6 +71,8 @@ impl Scheduler {
             account: Option<usize>,
         }
         let min_run = self.knobs.min_run_time.as_secs() as i64;
+        let max_loss =
+            i64::try_from(self.knobs.fair_share_preemption_max_loss.as_secs()).unwrap_or(i64::MAX);
         let mut candidates: Vec<Candidate> = self
             .running
             .values()
@@ -94,6 +97,7 @@ impl Scheduler {
                     Victims::LowerTiers => r.tier < job.tier,
                     Victims::OverShare(gap) => {
                         r.tier <= job.tier
+                            && r.work_at_risk_s(now) <= max_loss
                             && r.spec.account != job.spec.account
                             && account
                                 .and_then(|a| gap.get(a))
