@@ -14,7 +14,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
-use gpuledger_model::ClusterConfig;
+use gpuledger_model::{ClusterConfig, DurationSpec};
 use gpuledger_scheduler::trace::LimitEstimate;
 use gpuledger_scheduler::{SchedulerOptions, SimJob};
 use gpuledger_sim::replay::{trace_replay, Text, TraceFiles};
@@ -58,6 +58,15 @@ pub struct FairnessArgs {
     /// Time limits from true run times: exact, hour or double.
     #[arg(long, default_value = "hour")]
     pub limit_estimate: String,
+    /// Every job checkpoints this often by itself (`"1h"`): what a preemption loses is the
+    /// work since its last checkpoint. Absent: as the trace says (Philly's jobs never do, and
+    /// a preempted one redoes all its run).
+    #[arg(long)]
+    pub checkpoint_every: Option<DurationSpec>,
+    /// Every job saves a checkpoint within this long of its preemption signal (`"2m"`), losing
+    /// nothing when its grace is longer. Absent: as the trace says.
+    #[arg(long)]
+    pub checkpoint_save: Option<DurationSpec>,
     /// Replays run at once (the machine's cores when absent).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -230,9 +239,18 @@ fn cases(args: &FairnessArgs, estimate: LimitEstimate) -> anyhow::Result<Vec<Cas
         .iter()
         .map(|a| (a.id.clone(), a.weight))
         .collect();
+    let mut jobs = replay.jobs;
+    for job in &mut jobs {
+        if let Some(every) = args.checkpoint_every {
+            job.spec.checkpoint_every_s = Some(every.as_secs());
+        }
+        if let Some(save) = args.checkpoint_save {
+            job.checkpoint_save_s = Some(save.as_secs());
+        }
+    }
     let mut cases = Vec::new();
     for &variant in &args.variants {
-        let jobs = vary(&replay.jobs, variant);
+        let jobs = vary(&jobs, variant);
         for &load in &args.loads {
             let nodes = nodes_for_load(&jobs, GPUS_PER_NODE, load);
             cases.push(Case {
@@ -276,29 +294,42 @@ const DAY_S: f64 = 86_400.0;
 /// The goal issue 22 sets for the mean wait against fifo+backfill's.
 const MEAN_WAIT_GOAL: f64 = 0.25;
 
+/// What the jobs were told of checkpoints, for the table's title.
+fn checkpoints(args: &FairnessArgs) -> String {
+    let mut said = String::new();
+    if let Some(every) = args.checkpoint_every {
+        let _ = write!(said, ", every job checkpointing every {every}");
+    }
+    if let Some(save) = args.checkpoint_save {
+        let _ = write!(said, ", saving within {save} of its signal");
+    }
+    said
+}
+
 fn table(args: &FairnessArgs, rows: &[Row], seconds: f64) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{} against {} on {} ({} variants x {} loads, limits `{}`), in {seconds:.0} s; \
+        "{} against {} on {} ({} variants x {} loads, limits `{}`{}), in {seconds:.0} s; \
          the baseline's figure in brackets\n",
         args.policy,
         args.against,
         args.trace.display(),
         args.variants.len(),
         args.loads.len(),
-        args.limit_estimate
+        args.limit_estimate,
+        checkpoints(args),
     );
     let _ = writeln!(
         out,
-        "| variant | load | nodes | jobs > 7 d | longest wait, days | weeks < 0.5 | weeks >= 0.8 | mean wait / baseline's | window utilization, points | held for plans, % |"
+        "| variant | load | nodes | jobs > 7 d | longest wait, days | weeks < 0.5 | weeks >= 0.8 | mean wait / baseline's | window utilization, points | held for plans, % | work redone, % |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|");
     for row in rows {
         let (p, a) = (&row.policy, &row.against);
         let _ = writeln!(
             out,
-            "| {} | {:.2} | {} | {} ({}) | {:.1} ({:.1}) | {} ({}) | {:.1}% ({:.1}%) | {:.2} | {:+.2} | {:.2} ({:.2}) |",
+            "| {} | {:.2} | {} | {} ({}) | {:.1} ({:.1}) | {} ({}) | {:.1}% ({:.1}%) | {:.2} | {:+.2} | {:.2} ({:.2}) | {:.2} ({:.2}) |",
             row.variant,
             row.load,
             row.nodes,
@@ -314,6 +345,8 @@ fn table(args: &FairnessArgs, rows: &[Row], seconds: f64) -> String {
             window_gap(row),
             p.window_planned_idle * 100.0,
             a.window_planned_idle * 100.0,
+            p.window_work_redone * 100.0,
+            a.window_work_redone * 100.0,
         );
     }
     let n = rows.len().max(1) as f64;
@@ -342,7 +375,7 @@ fn table(args: &FairnessArgs, rows: &[Row], seconds: f64) -> String {
     let over_goal = ratios.iter().filter(|r| **r > MEAN_WAIT_GOAL).count();
     let _ = writeln!(
         out,
-        "| **all {}** | | | **{}** ({}) | **{:.1}** ({:.1}) mean | **{}** ({}) | **{:.1}%** ({:.1}%) | **{:.2}** mean, {over_goal} over {MEAN_WAIT_GOAL} | **{:+.2}** mean | **{:.2}** ({:.2}) mean |",
+        "| **all {}** | | | **{}** ({}) | **{:.1}** ({:.1}) mean | **{}** ({}) | **{:.1}%** ({:.1}%) | **{:.2}** mean, {over_goal} over {MEAN_WAIT_GOAL} | **{:+.2}** mean | **{:.2}** ({:.2}) mean | **{:.2}** ({:.2}) mean |",
         rows.len(),
         sum(&|h| h.over_7d, true),
         sum(&|h| h.over_7d, false),
@@ -356,6 +389,8 @@ fn table(args: &FairnessArgs, rows: &[Row], seconds: f64) -> String {
         rows.iter().map(window_gap).sum::<f64>() / n,
         rows.iter().map(|r| r.policy.window_planned_idle).sum::<f64>() * 100.0 / n,
         rows.iter().map(|r| r.against.window_planned_idle).sum::<f64>() * 100.0 / n,
+        rows.iter().map(|r| r.policy.window_work_redone).sum::<f64>() * 100.0 / n,
+        rows.iter().map(|r| r.against.window_work_redone).sum::<f64>() * 100.0 / n,
     );
     out
 }
@@ -400,6 +435,8 @@ mod tests {
             policy: "fairshare+backfill".into(),
             against: "fifo+backfill".into(),
             limit_estimate: "hour".into(),
+            checkpoint_every: None,
+            checkpoint_save: None,
             threads: Some(2),
             out: None,
         }
@@ -483,5 +520,51 @@ mod tests {
             .unwrap_err();
             assert!(e.to_string().contains("--loads"), "{e}");
         }
+    }
+
+    /// Under fair-share preemption that may take any job, jobs that never checkpoint redo
+    /// whole runs; told to
+    /// checkpoint every 10 minutes they redo at most that much of each, and the table says so.
+    #[test]
+    fn work_redone_by_preemptions_shrinks_when_every_job_checkpoints() {
+        let dir = tempfile::tempdir().unwrap();
+        let (trace, vc) = write_trace(dir.path());
+        let seed = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/seed-cluster.toml");
+        let mut config = std::fs::read_to_string(seed).unwrap();
+        config.push_str(
+            "\n[scheduler]\nfair_share_preemption = true\nfair_share_preemption_max_loss = \"30d\"\n",
+        );
+        let config_path = dir.path().join("preempting.toml");
+        std::fs::write(&config_path, config).unwrap();
+        let never = FairnessArgs {
+            config: Some(config_path),
+            ..args(trace, vc)
+        };
+        let hourly = FairnessArgs {
+            checkpoint_every: Some("10m".parse().unwrap()),
+            ..never.clone()
+        };
+        let redone =
+            |rows: &[Row]| -> f64 { rows.iter().map(|r| r.policy.window_work_redone).sum() };
+        let (lost, lost_checkpointing) = (measure(&never).unwrap(), measure(&hourly).unwrap());
+        assert!(
+            redone(&lost) > 0.0,
+            "fair-share preemption preempted nothing"
+        );
+        assert!(
+            redone(&lost_checkpointing) < redone(&lost) / 2.0,
+            "{} against {}",
+            redone(&lost_checkpointing),
+            redone(&lost)
+        );
+        for row in &lost {
+            assert_eq!(row.against.window_work_redone, 0.0, "FIFO preempts nothing");
+        }
+        let printed = table(&hourly, &lost_checkpointing, 1.0);
+        assert!(
+            printed.contains("every job checkpointing every 10m"),
+            "{printed}"
+        );
+        assert!(printed.contains("| work redone, % |"), "{printed}");
     }
 }

@@ -219,6 +219,10 @@ pub struct Headline {
     /// window: what planned starts cost the cluster (a job that ends before one may still use
     /// its GPUs, none did).
     pub window_planned_idle: f64,
+    /// Work preemptions threw away (GPU-seconds since each victim's last checkpoint, redone
+    /// when it ran again) as a share of the cluster over the same window: busy GPUs that
+    /// utilization counts but that did no lasting work.
+    pub window_work_redone: f64,
     /// Account-weeks with a fair share of at least [`MIN_FAIR_GPU_S`], and of those the ones
     /// that received under 0.5 and under 0.8 of it.
     pub account_weeks: usize,
@@ -262,9 +266,22 @@ fn headline_with(
         utilization: result.utilization(),
         window_utilization: result.utilization_between(result.start_s, last_submit),
         window_planned_idle: result.planned_idle_between(result.start_s, last_submit),
+        window_work_redone: redone_share(result, last_submit),
         account_weeks: weekly.values().map(|s| s.weeks).sum(),
         weeks_below_half: weekly.values().map(|s| s.below_half).sum(),
         weeks_below_0_8: weekly.values().map(|s| s.below_0_8).sum(),
+    }
+}
+
+/// GPU-seconds of work lost to preemptions over the cluster's GPU-seconds from the first to
+/// the last submission.
+fn redone_share(result: &SimResult, last_submit: i64) -> f64 {
+    let capacity = f64::from(result.total_gpus) * (last_submit - result.start_s) as f64;
+    let lost: i64 = result.records.iter().map(|r| r.lost_gpu_s).sum();
+    if capacity > 0.0 {
+        lost as f64 / capacity
+    } else {
+        0.0
     }
 }
 
@@ -788,7 +805,7 @@ pub fn gpu_seconds_within(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_records::record;
+    use crate::test_records::{record, replay};
 
     #[test]
     fn contention_is_when_some_job_waits_and_shares_are_counted_inside_it() {
@@ -805,5 +822,28 @@ mod tests {
             .map(|r| gpu_seconds_within(r, &contended))
             .collect();
         assert_eq!(within, vec![8 * 90, 4 * 10, 0]);
+    }
+
+    #[test]
+    fn work_redone_is_what_preemptions_lost_over_the_window_capacity() {
+        let mut preempted = record("1", "a", 4, 0, &[(0, 500), (600, 1_200)]);
+        // It had checkpointed at 300: 200 s of its 4 GPUs were lost at 500.
+        preempted.lost_gpu_s = 4 * 200;
+        let records = vec![preempted, record("2", "b", 2, 1_000, &[(1_000, 2_000)])];
+        let result = replay(records, Vec::new(), 8, 2_000);
+        // The window runs from the first submission (0) to the last (1,000): 8,000 GPU-s.
+        assert_eq!(redone_share(&result, 1_000), 800.0 / 8_000.0);
+        let clean = replay(
+            vec![record("1", "a", 4, 0, &[(0, 500)])],
+            Vec::new(),
+            8,
+            500,
+        );
+        assert_eq!(
+            redone_share(&clean, 0),
+            0.0,
+            "an empty window divides by nothing"
+        );
+        assert_eq!(redone_share(&clean, 500), 0.0);
     }
 }
