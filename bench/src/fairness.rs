@@ -70,9 +70,9 @@ pub struct FairnessArgs {
     /// Replays run at once (the machine's cores when absent).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Also write each replay's `report.md`, `jobs.csv` and `weeks.csv` (as `simulate`
-    /// writes them) under this directory, in `VARIANT-LOAD-POLICY/` (the baseline's with
-    /// `-baseline` added where it is the policy itself).
+    /// Also write each replay's `report.md`, `jobs.csv`, `runs.csv` and `weeks.csv` (as
+    /// `simulate` writes them) under this directory, in `VARIANT-LOAD-POLICY/` (the baseline's
+    /// with `-baseline` added where it is the policy itself).
     #[arg(long)]
     pub out: Option<PathBuf>,
 }
