@@ -523,8 +523,8 @@ mod tests {
     }
 
     /// Under fair-share preemption that may take any job, jobs that never checkpoint redo
-    /// whole runs; told to
-    /// checkpoint every 10 minutes they redo at most that much of each, and the table says so.
+    /// whole runs; told to checkpoint every 10 minutes they redo at most that much of each,
+    /// and the table says so.
     #[test]
     fn work_redone_by_preemptions_shrinks_when_every_job_checkpoints() {
         let dir = tempfile::tempdir().unwrap();
@@ -540,13 +540,14 @@ mod tests {
             config: Some(config_path),
             ..args(trace, vc)
         };
-        let hourly = FairnessArgs {
+        let checkpointing = FairnessArgs {
             checkpoint_every: Some("10m".parse().unwrap()),
             ..never.clone()
         };
         let redone =
             |rows: &[Row]| -> f64 { rows.iter().map(|r| r.policy.window_work_redone).sum() };
-        let (lost, lost_checkpointing) = (measure(&never).unwrap(), measure(&hourly).unwrap());
+        let (lost, lost_checkpointing) =
+            (measure(&never).unwrap(), measure(&checkpointing).unwrap());
         assert!(
             redone(&lost) > 0.0,
             "fair-share preemption preempted nothing"
@@ -560,7 +561,7 @@ mod tests {
         for row in &lost {
             assert_eq!(row.against.window_work_redone, 0.0, "FIFO preempts nothing");
         }
-        let printed = table(&hourly, &lost_checkpointing, 1.0);
+        let printed = table(&checkpointing, &lost_checkpointing, 1.0);
         assert!(
             printed.contains("every job checkpointing every 10m"),
             "{printed}"
