@@ -262,6 +262,67 @@ async fn jobs_run_get_preempted_with_grace_and_survive_a_restart() {
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
 }
 
+/// Fair-share preemption with real processes: team-a holds the whole node with two 4-GPU jobs
+/// that never reported a checkpoint and have run two hours; team-b's 4-GPU job, within its
+/// half of the node, waits past `fair_share_preemption_after` and takes nothing (either of
+/// team-a's jobs would lose more than `fair_share_preemption_max_loss`, an hour). Once one of
+/// them reports a checkpoint through the API, that one is signalled and exits, and team-b's
+/// job runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_share_preemption_spares_a_job_that_would_lose_more_than_max_loss() {
+    let dir = tempfile::tempdir().unwrap();
+    let _jobs = gpuledger_testkit::KillJobsUnder::new(dir.path());
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let cluster = cluster_with(
+        "[scheduler]\nmin_run_time = \"1m\"\n",
+        "[scheduler]\nmin_run_time = \"1m\"\nfair_share_preemption = true\n\
+         fair_share_preemption_after = \"1m\"\n",
+    );
+    let s = Arc::new(open_with(dir.path(), cluster, Arc::clone(&clock)).unwrap());
+    let train = "trap 'echo checkpoint; exit 0' TERM; while :; do sleep 0.05; done";
+    let mut a = Vec::new();
+    for _ in 0..2 {
+        let job = json!({"command": train, "account": "team-a", "gpus": 4, "time_limit": "10h", "grace": "30s"});
+        let (status, body) = submit(&s, job).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        a.push(JobId::new(body["job_id"].as_str().unwrap()).unwrap());
+    }
+    tick_until(&s, &clock, |s| {
+        a.iter().all(|id| state(s, id) == JobState::Running)
+    });
+    clock.advance_ms(2 * 3_600_000);
+    let job = json!({"command": "echo share=$CUDA_VISIBLE_DEVICES", "account": "team-b", "gpus": 4, "time_limit": "1h"});
+    let (status, body) = submit(&s, job).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let b = JobId::new(body["job_id"].as_str().unwrap()).unwrap();
+    for _ in 0..5 {
+        clock.advance_ms(60_000);
+        s.tick().unwrap();
+    }
+    for id in &a {
+        assert_eq!(state(&s, id), JobState::Running, "{id} was taken");
+        assert_eq!(s.job(id).unwrap().preemptions, 0);
+    }
+    assert_eq!(state(&s, &b), JobState::Pending);
+
+    let saved = &a[1];
+    let uri = format!("/api/v1/jobs/{saved}/checkpoint");
+    let (status, body) = call(&s, "POST", &uri, Some(json!({}))).await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+    tick_until(&s, &clock, |s| state(s, &b) == JobState::Completed);
+    assert_eq!(s.job(saved).unwrap().preemptions, 1);
+    assert_eq!(state(&s, &a[0]), JobState::Running);
+    assert_eq!(s.job(&a[0]).unwrap().preemptions, 0);
+    let out = |id: &JobId| {
+        std::fs::read_to_string(dir.path().join(format!("scheduler/jobs/{id}/stdout"))).unwrap()
+    };
+    assert!(
+        out(saved).starts_with("checkpoint\n"),
+        "it saved on its signal"
+    );
+    assert!(out(&b).starts_with("share="), "{}", out(&b));
+}
+
 #[test]
 fn the_newest_storage_scan_gives_account_totals_and_projects() {
     let text = "time,account,project,bytes,files\n\
