@@ -8,6 +8,8 @@
 //!   `jobs.csv` and its SVG plots;
 //! - [`fairness`]: each account's fair share week by week (weighted max-min among accounts
 //!   with demand) against what it received;
+//! - [`idle`]: where the idle GPUs sit while jobs wait, on nodes the smallest waiting job
+//!   fits or on nodes too full for every waiting job;
 //! - [`backlog`]: each job's own backlog, i.e. how long its account's fair share took to
 //!   deliver the work the account submitted before it, to tell a wait its account's demand
 //!   forced from one the policy caused, and the shortest waits were other tenants to give up
@@ -22,6 +24,7 @@
 pub mod backlog;
 pub mod demo;
 pub mod fairness;
+pub mod idle;
 pub mod replay;
 pub mod report;
 pub mod seed;

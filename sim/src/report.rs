@@ -223,6 +223,10 @@ pub struct Headline {
     /// when it ran again) as a share of the cluster over the same window: busy GPUs that
     /// utilization counts but that did no lasting work.
     pub window_work_redone: f64,
+    /// GPU-seconds free while some job waited, over the window's: on nodes where the smallest
+    /// waiting job would fit, and on nodes too full for every waiting job ([`crate::idle`]).
+    pub window_idle_fits: f64,
+    pub window_idle_too_full: f64,
     /// Account-weeks with a fair share of at least [`MIN_FAIR_GPU_S`], and of those the ones
     /// that received under 0.5 and under 0.8 of it.
     pub account_weeks: usize,
@@ -234,11 +238,12 @@ pub struct Headline {
 pub fn headline(config: &ClusterConfig, result: &SimResult) -> Headline {
     let weeks = weekly_shares(result, &account_weights(config));
     let all = wait_stats(result.records.iter(), result.horizon_s);
-    headline_with(result, &all, &summarize(&weeks))
+    headline_with(config, result, &all, &summarize(&weeks))
 }
 
 /// [`Headline`] from the replay's wait figures and weekly summary, worked out once.
 fn headline_with(
+    config: &ClusterConfig,
     result: &SimResult,
     all: &WaitStats,
     weekly: &BTreeMap<String, WeeklySummary>,
@@ -257,6 +262,15 @@ fn headline_with(
         .map(|r| r.spec.submit_s)
         .max()
         .unwrap_or(result.start_s);
+    let idle = crate::idle::idle_while_waiting(config, result, result.start_s, last_submit);
+    let capacity = f64::from(result.total_gpus) * (last_submit - result.start_s) as f64;
+    let of_capacity = |gpu_s: f64| {
+        if capacity > 0.0 {
+            gpu_s / capacity
+        } else {
+            0.0
+        }
+    };
     Headline {
         mean_wait_s: all.mean_wait_s,
         over_1d: over(1),
@@ -267,6 +281,8 @@ fn headline_with(
         window_utilization: result.utilization_between(result.start_s, last_submit),
         window_planned_idle: result.planned_idle_between(result.start_s, last_submit),
         window_work_redone: redone_share(result, last_submit),
+        window_idle_fits: of_capacity(idle.fits_gpu_s),
+        window_idle_too_full: of_capacity(idle.too_full_gpu_s),
         account_weeks: weekly.values().map(|s| s.weeks).sum(),
         weeks_below_half: weekly.values().map(|s| s.below_half).sum(),
         weeks_below_0_8: weekly.values().map(|s| s.below_0_8).sum(),
@@ -390,18 +406,22 @@ pub fn write_outputs(out: &Path, config: &ClusterConfig, result: &SimResult) -> 
     );
     let weeks = weekly_shares(result, &account_weights(config));
     let summary = summarize(&weeks);
-    let head = headline_with(result, &all, &summary);
+    let head = headline_with(config, result, &all, &summary);
     let _ = writeln!(
         md,
         "Jobs waiting more than 1 day: {}; 3 days: {}; 7 days: {}; the longest wait {:.1} days. \
          Utilization over the submission window (first to last submission): {:.1}%; free but \
-         held for planned starts (backfill's reservations for waiting jobs): {:.2}%.\n",
+         held for planned starts (backfill's reservations for waiting jobs): {:.2}%; free while \
+         jobs waited, on nodes where the smallest waiting job would fit: {:.2}%, on nodes too \
+         full for every waiting job: {:.2}%.\n",
         head.over_1d,
         head.over_3d,
         head.over_7d,
         head.longest_wait_s as f64 / 86_400.0,
         head.window_utilization * 100.0,
-        head.window_planned_idle * 100.0
+        head.window_planned_idle * 100.0,
+        head.window_idle_fits * 100.0,
+        head.window_idle_too_full * 100.0
     );
     let total_weight: u64 = config.accounts.iter().map(|a| u64::from(a.weight)).sum();
     let _ = writeln!(
