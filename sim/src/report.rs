@@ -263,14 +263,7 @@ fn headline_with(
         .max()
         .unwrap_or(result.start_s);
     let idle = crate::idle::idle_while_waiting(config, result, result.start_s, last_submit);
-    let capacity = f64::from(result.total_gpus) * (last_submit - result.start_s) as f64;
-    let of_capacity = |gpu_s: f64| {
-        if capacity > 0.0 {
-            gpu_s / capacity
-        } else {
-            0.0
-        }
-    };
+    let of_capacity = |gpu_s: f64| share_of_window(result, last_submit, gpu_s);
     Headline {
         mean_wait_s: all.mean_wait_s,
         over_1d: over(1),
@@ -292,10 +285,16 @@ fn headline_with(
 /// GPU-seconds of work lost to preemptions over the cluster's GPU-seconds from the first to
 /// the last submission.
 fn redone_share(result: &SimResult, last_submit: i64) -> f64 {
-    let capacity = f64::from(result.total_gpus) * (last_submit - result.start_s) as f64;
     let lost: i64 = result.records.iter().map(|r| r.lost_gpu_s).sum();
+    share_of_window(result, last_submit, lost as f64)
+}
+
+/// `gpu_s` over the cluster's GPU-seconds from the first to the last submission (0 for an
+/// empty window).
+fn share_of_window(result: &SimResult, last_submit: i64, gpu_s: f64) -> f64 {
+    let capacity = f64::from(result.total_gpus) * (last_submit - result.start_s) as f64;
     if capacity > 0.0 {
-        lost as f64 / capacity
+        gpu_s / capacity
     } else {
         0.0
     }
