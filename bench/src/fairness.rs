@@ -4,8 +4,10 @@
 //! under the policy and under the baseline (fifo+backfill), and the figures the goals name are
 //! set side by side: jobs waiting more than 7 days, the longest wait, account-weeks under 0.5
 //! and 0.8 of their fair share, the mean wait as a share of the baseline's, and utilization
-//! over the submission window against the baseline's. The sum over every run is the line to
-//! compare changes by; one trace at one load is not.
+//! over the submission window against the baseline's, with where it went: GPUs held for
+//! planned starts, work redone after preemptions, GPUs free on nodes too full for every
+//! waiting job. The sum over every run is the line to compare changes by; one trace at one
+//! load is not.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -322,14 +324,14 @@ fn table(args: &FairnessArgs, rows: &[Row], seconds: f64) -> String {
     );
     let _ = writeln!(
         out,
-        "| variant | load | nodes | jobs > 7 d | longest wait, days | weeks < 0.5 | weeks >= 0.8 | mean wait / baseline's | window utilization, points | held for plans, % | work redone, % |"
+        "| variant | load | nodes | jobs > 7 d | longest wait, days | weeks < 0.5 | weeks >= 0.8 | mean wait / baseline's | window utilization, points | held for plans, % | work redone, % | idle beside wider jobs, % |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|---|");
     for row in rows {
         let (p, a) = (&row.policy, &row.against);
         let _ = writeln!(
             out,
-            "| {} | {:.2} | {} | {} ({}) | {:.1} ({:.1}) | {} ({}) | {:.1}% ({:.1}%) | {:.2} | {:+.2} | {:.2} ({:.2}) | {:.2} ({:.2}) |",
+            "| {} | {:.2} | {} | {} ({}) | {:.1} ({:.1}) | {} ({}) | {:.1}% ({:.1}%) | {:.2} | {:+.2} | {:.2} ({:.2}) | {:.2} ({:.2}) | {:.2} ({:.2}) |",
             row.variant,
             row.load,
             row.nodes,
@@ -347,6 +349,8 @@ fn table(args: &FairnessArgs, rows: &[Row], seconds: f64) -> String {
             a.window_planned_idle * 100.0,
             p.window_work_redone * 100.0,
             a.window_work_redone * 100.0,
+            p.window_idle_too_full * 100.0,
+            a.window_idle_too_full * 100.0,
         );
     }
     let n = rows.len().max(1) as f64;
@@ -375,7 +379,7 @@ fn table(args: &FairnessArgs, rows: &[Row], seconds: f64) -> String {
     let over_goal = ratios.iter().filter(|r| **r > MEAN_WAIT_GOAL).count();
     let _ = writeln!(
         out,
-        "| **all {}** | | | **{}** ({}) | **{:.1}** ({:.1}) mean | **{}** ({}) | **{:.1}%** ({:.1}%) | **{:.2}** mean, {over_goal} over {MEAN_WAIT_GOAL} | **{:+.2}** mean | **{:.2}** ({:.2}) mean | **{:.2}** ({:.2}) mean |",
+        "| **all {}** | | | **{}** ({}) | **{:.1}** ({:.1}) mean | **{}** ({}) | **{:.1}%** ({:.1}%) | **{:.2}** mean, {over_goal} over {MEAN_WAIT_GOAL} | **{:+.2}** mean | **{:.2}** ({:.2}) mean | **{:.2}** ({:.2}) mean | **{:.2}** ({:.2}) mean |",
         rows.len(),
         sum(&|h| h.over_7d, true),
         sum(&|h| h.over_7d, false),
@@ -391,6 +395,8 @@ fn table(args: &FairnessArgs, rows: &[Row], seconds: f64) -> String {
         rows.iter().map(|r| r.against.window_planned_idle).sum::<f64>() * 100.0 / n,
         rows.iter().map(|r| r.policy.window_work_redone).sum::<f64>() * 100.0 / n,
         rows.iter().map(|r| r.against.window_work_redone).sum::<f64>() * 100.0 / n,
+        rows.iter().map(|r| r.policy.window_idle_too_full).sum::<f64>() * 100.0 / n,
+        rows.iter().map(|r| r.against.window_idle_too_full).sum::<f64>() * 100.0 / n,
     );
     out
 }
@@ -566,6 +572,9 @@ mod tests {
             printed.contains("every job checkpointing every 10m"),
             "{printed}"
         );
-        assert!(printed.contains("| work redone, % |"), "{printed}");
+        assert!(
+            printed.contains("| work redone, % | idle beside wider jobs, % |"),
+            "{printed}"
+        );
     }
 }
