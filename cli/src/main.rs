@@ -589,7 +589,7 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
         )?
         .iter()
         .map(|r| r.to_request())
-        .collect(),
+        .collect::<Result<_, _>>()?,
         None => Vec::new(),
     };
     let bar = ProgressBar::new(jobs.len() as u64);

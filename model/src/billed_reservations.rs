@@ -39,21 +39,32 @@ impl BilledReservations {
     /// Reads the file; errors name the origin, line and field.
     pub fn from_toml_str(text: &str, origin: &str) -> Result<Self, ConfigError> {
         let file: BilledReservations = parse_toml(text, origin)?;
+        let mut errors = Vec::new();
         for (i, r) in file.reservations.iter().enumerate() {
-            if r.end <= r.start {
-                let mut errors = vec![FieldError {
-                    field: format!("reservations[{i}].end"),
+            let mut wrong = |field: &str, message: String| {
+                errors.push(FieldError {
+                    field: format!("reservations[{i}].{field}"),
                     line: None,
-                    message: "must be after its start".into(),
-                }];
-                locate_lines(text, &mut errors);
-                return Err(ConfigError::Invalid {
-                    origin: origin.to_owned(),
-                    errors,
-                });
+                    message,
+                })
+            };
+            if r.end <= r.start {
+                wrong("end", "must be after its start".into());
+            }
+            // A node named twice would be charged twice for the same GPUs.
+            let mut seen = std::collections::BTreeSet::new();
+            if let Some(twice) = r.nodes.iter().find(|n| !seen.insert(*n)) {
+                wrong("nodes", format!("`{twice}` is named twice"));
             }
         }
-        Ok(file)
+        if errors.is_empty() {
+            return Ok(file);
+        }
+        locate_lines(text, &mut errors);
+        Err(ConfigError::Invalid {
+            origin: origin.to_owned(),
+            errors,
+        })
     }
 
     /// The file's text, as the scheduler writes it.
@@ -80,6 +91,14 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("reservations[0].end"), "{err}");
+        let twice = text.replace("[\"gpu001\"]", "[\"gpu001\", \"gpu001\"]");
+        let err = BilledReservations::from_toml_str(&twice, "r.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("reservations[0].nodes") && err.contains("named twice"),
+            "{err}"
+        );
         let unknown = text.replace("gpus = 8", "gpuz = 8");
         let err = BilledReservations::from_toml_str(&unknown, "r.toml")
             .unwrap_err()

@@ -56,7 +56,11 @@ impl From<Error> for ApiError {
     fn from(e: Error) -> Self {
         let (status, field) = match &e {
             Error::Invalid { field, .. } => (StatusCode::BAD_REQUEST, Some(field.clone())),
-            Error::Refused(_) | Error::Reservation(_) => (StatusCode::UNPROCESSABLE_ENTITY, None),
+            Error::Refused(refusal) => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                refusal.field().map(str::to_owned),
+            ),
+            Error::Reservation(e) => (StatusCode::UNPROCESSABLE_ENTITY, Some(e.field().into())),
             Error::UnknownJob(_) => (StatusCode::NOT_FOUND, None),
             Error::UnknownNode(_) => (StatusCode::NOT_FOUND, Some("node".into())),
             _ => (StatusCode::INTERNAL_SERVER_ERROR, None),

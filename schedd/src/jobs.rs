@@ -48,6 +48,23 @@ impl Inner {
         Some(info)
     }
 
+    /// A job the cycle started that could not be launched: failed, with why as its reason
+    /// (Slurm's `launch failed`), so its owner sees it without the service's log.
+    pub(crate) fn fail_launch(
+        &mut self,
+        id: &JobId,
+        now: UnixSeconds,
+        error: &dyn std::fmt::Display,
+    ) {
+        tracing::error!(job = %id, %error, "job could not be launched");
+        self.sched.finish(id, now);
+        self.finish_record(id, now, JobState::Failed, None);
+        if let Some(job) = self.state.jobs.get_mut(id) {
+            job.reason = Some(format!("launch failed: {error}"));
+        }
+        self.dirty = true;
+    }
+
     /// Signals a running job to stop (cancel or time limit); SIGKILL follows at the deadline.
     pub(crate) fn stop(&mut self, id: &JobId, now: UnixSeconds, grace_s: u64, why: JobState) {
         let signal = self

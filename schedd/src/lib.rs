@@ -231,7 +231,7 @@ impl Service {
         let mut sched = Scheduler::new(&cluster, config.options);
         let mut executor = executor;
         for r in &state.reservations {
-            sched.add_reservation(r.to_request())?;
+            sched.add_reservation(r.to_request()?)?;
         }
         let restore = |e: Refusal, job: &JobId| Error::Restore {
             job: job.clone(),
@@ -338,15 +338,9 @@ impl Service {
     pub fn submit(&self, request: SubmitRequest) -> Result<JobId> {
         signal_named(request.checkpoint_signal.as_deref())?;
         request
-            .check_env()
+            .check()
             .map_err(|(field, message)| Error::Invalid { field, message })?;
         self.job_user(&request.account, request.project.as_ref())?;
-        if request.command.trim().is_empty() {
-            return Err(Error::Invalid {
-                field: "command".into(),
-                message: "must not be empty".into(),
-            });
-        }
         let now = self.now_s();
         let mut inner = self.lock();
         let number = inner
@@ -550,27 +544,28 @@ impl Service {
         account: &AccountId,
         project: Option<&ProjectId>,
     ) -> Result<Option<JobUser>> {
-        let index = self.cluster.accounts.iter().position(|a| &a.id == account);
+        let Some(index) = self.cluster.accounts.iter().position(|a| &a.id == account) else {
+            // Not an account at all: admission refuses it as one that does not exist.
+            return Ok(None);
+        };
         let refuse = |message: String| Error::Invalid {
             field: "account".into(),
             message,
         };
-        let configured = index.and_then(|i| {
-            let a = &self.cluster.accounts[i];
-            let in_project = project.and_then(|p| {
-                let j = a.projects.iter().position(|x| &x.id == p)?;
-                let run_as = a.projects[j].run_as.as_ref()?;
-                Some((format!("accounts[{i}].projects[{j}].run_as"), run_as))
-            });
-            in_project.or_else(|| {
-                a.run_as
-                    .as_ref()
-                    .map(|r| (format!("accounts[{i}].run_as"), r))
-            })
+        let a = &self.cluster.accounts[index];
+        let in_project = project.and_then(|p| {
+            let j = a.projects.iter().position(|x| &x.id == p)?;
+            let run_as = a.projects[j].run_as.as_ref()?;
+            Some((format!("accounts[{index}].projects[{j}].run_as"), run_as))
+        });
+        let configured = in_project.or_else(|| {
+            a.run_as
+                .as_ref()
+                .map(|r| (format!("accounts[{index}].run_as"), r))
         });
         let Some((field, run_as)) = configured else {
             if nix::unistd::geteuid().is_root() {
-                let field = format!("accounts[{}].run_as", index.unwrap_or(0));
+                let field = format!("accounts[{index}].run_as");
                 return Err(refuse(format!(
                     "account `{account}` has no Unix user to run its jobs as and the scheduler runs as root: set {field} = {{ user = \"...\" }} in the cluster config ({{ user = \"root\" }} runs them as root on purpose)"
                 )));
@@ -698,10 +693,7 @@ impl Service {
             let user = match self.job_user(&info.request.account, info.request.project.as_ref()) {
                 Ok(user) => user,
                 Err(e) => {
-                    tracing::error!(job = %info.id, error = %e, "job could not be launched");
-                    inner.sched.finish(&info.id, now);
-                    inner.finish_record(&info.id, now, JobState::Failed, None);
-                    inner.dirty = true;
+                    inner.fail_launch(&info.id, now, &e);
                     continue;
                 }
             };
@@ -744,11 +736,7 @@ impl Service {
                     ev.allocation = Some(started.allocation.clone());
                     inner.state.outbox.push(ev);
                 }
-                Err(e) => {
-                    tracing::error!(job = %info.id, error = %e, "job could not be launched");
-                    inner.sched.finish(&info.id, now);
-                    inner.finish_record(&info.id, now, JobState::Failed, None);
-                }
+                Err(e) => inner.fail_launch(&info.id, now, &e),
             }
             inner.dirty = true;
         }

@@ -3,15 +3,40 @@
 
 use super::*;
 
+use gpuledger_model::{GpuModel, NodeId};
+
+/// How far before now a reservation may say it starts: a client's clock, or the time its
+/// request took.
+const START_SLACK_S: i64 = 60;
+
 impl Service {
     pub fn reservations(&self) -> Vec<ReservationEntry> {
         self.lock().state.reservations.clone()
     }
 
-    /// Adds an advance reservation and writes the reservations billing reads.
+    /// Adds an advance reservation and writes the reservations billing reads. Its window may
+    /// not lie in the past: billing charges the owner for the reserved GPU-hours nobody used
+    /// from `start` on, and before now nothing was held for it.
     pub fn reserve(&self, entry: ReservationEntry) -> Result<ReservationEntry> {
+        let now = self.now_s();
+        let refuse = |field: &str, message: String| Error::Invalid {
+            field: field.into(),
+            message,
+        };
+        if entry.end.timestamp() <= now {
+            return Err(refuse("end", format!("{} is not after now", entry.end)));
+        }
+        if entry.start.timestamp() < now - START_SLACK_S {
+            return Err(refuse(
+                "start",
+                format!(
+                    "{} is in the past: a window starts now or later (nothing was held before)",
+                    entry.start
+                ),
+            ));
+        }
         let mut inner = self.lock();
-        let placed = inner.sched.add_reservation(entry.to_request())?;
+        let placed = inner.sched.add_reservation(entry.to_request()?)?;
         let mut entry = entry;
         entry.nodes = None;
         entry.node_names = placed
@@ -41,23 +66,32 @@ impl Service {
             return Ok(());
         };
         let mut billed = BilledReservations::default();
+        let specs = self.cluster.nodes();
         for r in &inner.state.reservations {
-            let (Some(first), Some(owner)) = (r.node_names.first(), r.accounts.first()) else {
+            let Some(owner) = r.accounts.first() else {
                 continue;
             };
-            let Some(spec) = self.cluster.nodes().into_iter().find(|n| &n.id == first) else {
-                continue;
-            };
-            billed.reservations.push(BilledReservation {
-                id: r.name.clone(),
-                account: owner.clone(),
-                project: None,
-                gpu_model: spec.gpu_model,
-                gpus: r.node_names.len() as u32 * spec.gpus,
-                nodes: r.node_names.clone(),
-                start: r.start,
-                end: r.end,
-            });
+            // One entry per GPU model, each priced at its own.
+            let mut by_model: BTreeMap<GpuModel, (u32, Vec<NodeId>)> = BTreeMap::new();
+            for name in &r.node_names {
+                if let Some(spec) = specs.iter().find(|n| &n.id == name) {
+                    let entry = by_model.entry(spec.gpu_model).or_default();
+                    entry.0 += spec.gpus;
+                    entry.1.push(name.clone());
+                }
+            }
+            for (gpu_model, (gpus, nodes)) in by_model {
+                billed.reservations.push(BilledReservation {
+                    id: r.name.clone(),
+                    account: owner.clone(),
+                    project: None,
+                    gpu_model,
+                    gpus,
+                    nodes,
+                    start: r.start,
+                    end: r.end,
+                });
+            }
         }
         let out = billed.to_toml();
         if let Some(parent) = path.parent() {

@@ -66,7 +66,41 @@ pub const MAX_JOB_ENV_VARS: usize = 64;
 /// At most this many bytes in one variable's value.
 pub const MAX_JOB_ENV_VALUE_BYTES: usize = 4096;
 
+/// At most this many bytes in a job's command: one argument of `sh -c`, which Linux takes up
+/// to 128 KiB (`MAX_ARG_STRLEN`), with room left for the environment.
+pub const MAX_COMMAND_BYTES: usize = 64 << 10;
+
 impl SubmitRequest {
+    /// Checks what the scheduler's admission does not: a command that `sh -c` can run (not
+    /// blank, no NUL, at most [`MAX_COMMAND_BYTES`]), a time limit and a checkpoint interval
+    /// of at least a second, and the `env` ([`SubmitRequest::check_env`]). The field that is
+    /// wrong and why.
+    pub fn check(&self) -> Result<(), (String, String)> {
+        let wrong = |field: &str, why: String| Err((field.to_owned(), why));
+        if self.command.trim().is_empty() {
+            return wrong("command", "must not be empty".into());
+        }
+        if self.command.contains('\0') {
+            return wrong("command", "must not contain a NUL byte".into());
+        }
+        if self.command.len() > MAX_COMMAND_BYTES {
+            return wrong(
+                "command",
+                format!(
+                    "{} bytes; at most {MAX_COMMAND_BYTES} (put a longer one in a script)",
+                    self.command.len()
+                ),
+            );
+        }
+        if self.time_limit.as_secs() == 0 {
+            return wrong("time_limit", "must be at least 1s".into());
+        }
+        if self.checkpoint_every.is_some_and(|e| e.as_secs() == 0) {
+            return wrong("checkpoint_every", "must be at least 1s when given".into());
+        }
+        self.check_env()
+    }
+
     /// Checks the job's `env`: names of letters, digits and `_` (not starting with a digit, at
     /// most 128), values without NUL of at most 4 KiB, at most 64 of them, and none of the
     /// names gpuledger sets itself. The field that is wrong and why.
@@ -160,7 +194,8 @@ pub struct JobInfo {
     pub request: SubmitRequest,
     pub submit_s: UnixSeconds,
     pub state: JobState,
-    /// Why it pends, as Slurm's reason codes.
+    /// Why it pends, as Slurm's reason codes; for a job that failed because it could not be
+    /// launched, `launch failed: ` and why.
     #[serde(default)]
     pub reason: Option<String>,
     #[serde(default)]

@@ -949,6 +949,251 @@ async fn a_job_asks_for_gpus_per_node_a_node_count_and_a_gpu_model() {
     assert_eq!(rows.iter().filter(|r| r.job_id == id.as_str()).count(), 2);
 }
 
+/// Reservations billing would charge wrongly are refused naming the field: a node or an
+/// account named twice (the node's unused GPU-hours charged twice), a count and names
+/// together (the count was dropped), a window already over or started before now (charged for
+/// hours nothing was held), a name that is no identifier. On nodes of two GPU models, billing
+/// gets one entry per model, each with its own GPUs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reservations_that_would_bill_wrongly_are_refused_and_each_model_is_billed_as_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let _jobs = gpuledger_testkit::KillJobsUnder::new(dir.path());
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let two_models = CLUSTER
+        .replacen(
+            "[[partitions]]",
+            "[[node_pools]]\nname = \"q\"\nprefix = \"big\"\ncount = 1\ngpus_per_node = 4\n\
+             gpu_model = \"h200\"\n[[partitions]]",
+            1,
+        )
+        .replace("h100-sxm = \"1\"", "h100-sxm = \"1\", h200 = \"2\"");
+    let two_models = ClusterConfig::from_toml_str(&two_models, "two.toml").unwrap();
+    let s = Arc::new(open_with(dir.path(), two_models, Arc::clone(&clock)).unwrap());
+    let reservation = |extra: Value| {
+        let mut body = json!({"name": "r", "start": "2026-06-02T00:00:00Z", "end": "2026-06-03T00:00:00Z", "accounts": ["team-a"]});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        body
+    };
+    let bad = StatusCode::BAD_REQUEST;
+    let never = StatusCode::UNPROCESSABLE_ENTITY;
+    for (extra, status, field, says) in [
+        (
+            json!({"node_names": ["gpu001", "gpu001"]}),
+            never,
+            "node_names",
+            "`gpu001` is named twice",
+        ),
+        (
+            json!({"accounts": ["team-a", "team-a"], "nodes": 1}),
+            never,
+            "accounts",
+            "`team-a` is named twice",
+        ),
+        (
+            json!({"nodes": 1, "node_names": ["big001"]}),
+            never,
+            "nodes",
+            "not both",
+        ),
+        (
+            json!({"name": "<b>r</b>", "nodes": 1}),
+            never,
+            "name",
+            "letters, digits",
+        ),
+        (
+            json!({"name": "r".repeat(65), "nodes": 1}),
+            never,
+            "name",
+            "1 to 64",
+        ),
+        (
+            json!({"start": "2026-05-01T00:00:00Z", "end": "2026-05-02T00:00:00Z", "node_names": ["big001"]}),
+            bad,
+            "end",
+            "not after now",
+        ),
+        (
+            json!({"start": "2026-05-31T00:00:00Z", "node_names": ["big001"]}),
+            bad,
+            "start",
+            "in the past",
+        ),
+        (
+            json!({"node_names": ["gpu009"]}),
+            never,
+            "node_names",
+            "does not exist",
+        ),
+        (json!({"nodes": 3}), never, "nodes", "3 nodes asked"),
+    ] {
+        let (got, reply) = call(
+            &s,
+            "POST",
+            "/api/v1/reservations",
+            Some(reservation(extra.clone())),
+        )
+        .await;
+        assert_eq!(got, status, "{extra}: {reply}");
+        assert_eq!(reply["error"]["field"], field, "{extra}: {reply}");
+        let message = reply["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{extra}: {message}");
+    }
+    assert!(s.reservations().is_empty());
+    // Both nodes, an H100 node of 8 and an H200 node of 4: two entries for billing.
+    let (got, reply) = call(
+        &s,
+        "POST",
+        "/api/v1/reservations",
+        Some(reservation(json!({"node_names": ["big001", "gpu001"]}))),
+    )
+    .await;
+    assert_eq!(got, StatusCode::CREATED, "{reply}");
+    let text = std::fs::read_to_string(dir.path().join("reservations.toml")).unwrap();
+    let billed =
+        gpuledger_model::billed_reservations::BilledReservations::from_toml_str(&text, "r")
+            .unwrap()
+            .reservations;
+    let entries: Vec<(String, u32, Vec<String>)> = billed
+        .iter()
+        .map(|r| {
+            (
+                r.gpu_model.to_string(),
+                r.gpus,
+                r.nodes.iter().map(|n| n.to_string()).collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        entries,
+        [
+            ("h100-sxm".to_owned(), 8, vec!["gpu001".to_owned()]),
+            ("h200".to_owned(), 4, vec!["big001".to_owned()]),
+        ],
+        "{text}"
+    );
+    assert!(billed
+        .iter()
+        .all(|r| r.id == "r" && r.account.as_str() == "team-a"));
+}
+
+/// Submissions that could never run as asked (a command `sh -c` cannot take, a zero limit,
+/// a shape of zero nodes) were queued and then failed at launch with nothing but a log line,
+/// or waited for ever. Each is refused naming its field, and none takes a job number.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submissions_that_could_never_run_are_refused_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let _jobs = gpuledger_testkit::KillJobsUnder::new(dir.path());
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let s = open(dir.path(), Arc::clone(&clock));
+    let job = |extra: Value| {
+        let mut body =
+            json!({"command": "true", "account": "team-a", "gpus": 1, "time_limit": "1h"});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        body
+    };
+    let too_long = format!("echo {}", "x".repeat(200_000));
+    let bad = StatusCode::BAD_REQUEST;
+    let never = StatusCode::UNPROCESSABLE_ENTITY;
+    for (extra, status, field, says) in [
+        (json!({"command": "echo a\u{0}b"}), bad, "command", "NUL"),
+        (
+            json!({"command": "  \n"}),
+            bad,
+            "command",
+            "must not be empty",
+        ),
+        (
+            json!({"command": too_long}),
+            bad,
+            "command",
+            "at most 65536",
+        ),
+        (
+            json!({"time_limit": "0s"}),
+            bad,
+            "time_limit",
+            "at least 1s",
+        ),
+        (
+            json!({"checkpoint_every": "0s"}),
+            bad,
+            "checkpoint_every",
+            "at least 1s",
+        ),
+        (json!({"gpus": 8, "nodes": 0}), never, "nodes", "at least 1"),
+        (
+            json!({"gpus": 8, "gpus_per_node": 0}),
+            never,
+            "gpus_per_node",
+            "at least 1",
+        ),
+        (json!({"gpus": 0}), never, "gpus", "at least 1 GPU"),
+        (json!({"gpus": 9}), never, "gpus", "at most 8"),
+        (
+            json!({"gpus": 2, "min_gpus": 3}),
+            never,
+            "min_gpus",
+            "between 1 and gpus 2",
+        ),
+        (json!({"gpu_types": ["h200"]}), never, "gpu_types", "h200"),
+        (
+            json!({"gpus": 4, "gpus_per_node": 2}),
+            never,
+            "gpus_per_node",
+            "2 GPUs per node",
+        ),
+        (
+            json!({"partition": "urgent"}),
+            never,
+            "partition",
+            "may not submit",
+        ),
+        (
+            json!({"project": "nope"}),
+            never,
+            "project",
+            "does not exist",
+        ),
+        (
+            json!({"account": "team-z"}),
+            never,
+            "account",
+            "`team-z` does not exist",
+        ),
+        (
+            json!({"time_limit": "1h", "grace": "1d"}),
+            never,
+            "grace",
+            "max_grace",
+        ),
+    ] {
+        let (got, reply) = submit(&s, job(extra.clone())).await;
+        let shown = &extra.to_string()[..extra.to_string().len().min(80)];
+        assert_eq!(got, status, "{shown}: {reply}");
+        assert_eq!(reply["error"]["field"], field, "{shown}: {reply}");
+        let message = reply["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{shown}: {message}");
+    }
+    // A shape of several fields that never fits names none of them alone.
+    let (got, reply) = submit(
+        &s,
+        job(json!({"gpus": 4, "gpus_per_node": 2, "gpu_types": ["h200"]})),
+    )
+    .await;
+    assert_eq!(got, never, "{reply}");
+    assert!(reply["error"]["field"].is_null(), "{reply}");
+    assert!(s.queue().is_empty());
+    // Nothing refused was kept: the next job is the account's first, and it runs.
+    let (got, reply) = submit(&s, job(json!({}))).await;
+    assert_eq!(got, StatusCode::CREATED, "{reply}");
+    assert_eq!(reply["job_id"], "team-a.1");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_asking_for_parts_of_a_gpu_share_one_gpu_and_keep_it_across_a_restart() {
     let dir = tempfile::tempdir().unwrap();

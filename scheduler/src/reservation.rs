@@ -81,6 +81,48 @@ pub enum ReservationError {
     NotEnoughNodes { asked: u32, available: u32 },
     #[error("a reservation needs at least one node")]
     NoNodes,
+    #[error("reservation name `{0}`: use 1 to {MAX_NAME_CHARS} letters, digits, '.', '_' or '-'")]
+    BadName(String),
+    #[error("account `{0}` is named twice")]
+    DuplicateAccount(AccountId),
+    #[error("node `{0}` is named twice")]
+    DuplicateNode(String),
+    #[error("give `nodes` (a count) or `node_names`, not both")]
+    CountAndNames,
+}
+
+/// The longest reservation name: it heads invoice lines and the scheduler's listings.
+pub const MAX_NAME_CHARS: usize = 64;
+
+impl ReservationError {
+    /// The request's field the error is about, as the API and a reservations file name it.
+    pub fn field(&self) -> &'static str {
+        match self {
+            ReservationError::Duplicate(_)
+            | ReservationError::NoName
+            | ReservationError::BadName(_) => "name",
+            ReservationError::EmptyWindow => "end",
+            ReservationError::NoAccounts
+            | ReservationError::UnknownAccount(_)
+            | ReservationError::DuplicateAccount(_) => "accounts",
+            ReservationError::UnknownNode(_)
+            | ReservationError::DuplicateNode(_)
+            | ReservationError::NodeReserved { .. }
+            | ReservationError::NodeDedicated { .. }
+            | ReservationError::JobInTheWay { .. } => "node_names",
+            ReservationError::NotEnoughNodes { .. }
+            | ReservationError::NoNodes
+            | ReservationError::CountAndNames => "nodes",
+        }
+    }
+}
+
+fn well_formed_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.chars().count() <= MAX_NAME_CHARS
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
 }
 
 /// The reservations in force.
@@ -186,6 +228,9 @@ impl Reservations {
         if req.name.trim().is_empty() {
             return Err(ReservationError::NoName);
         }
+        if !well_formed_name(&req.name) {
+            return Err(ReservationError::BadName(req.name));
+        }
         if self.get(&req.name).is_some() {
             return Err(ReservationError::Duplicate(req.name));
         }
@@ -197,6 +242,9 @@ impl Reservations {
         };
         if let Some(unknown) = req.accounts.iter().find(|a| !account_exists(a)) {
             return Err(ReservationError::UnknownAccount(unknown.clone()));
+        }
+        if let Some(twice) = first_repeated(&req.accounts) {
+            return Err(ReservationError::DuplicateAccount(twice.clone()));
         }
         let problem = |node: usize| -> Option<ReservationError> {
             let name = cluster.node_spec(node).id.to_string();
@@ -224,6 +272,9 @@ impl Reservations {
             NodeRequest::Names(names) => {
                 if names.is_empty() {
                     return Err(ReservationError::NoNodes);
+                }
+                if let Some(twice) = first_repeated(names) {
+                    return Err(ReservationError::DuplicateNode(twice.to_string()));
                 }
                 let mut nodes = Vec::with_capacity(names.len());
                 for name in names {
@@ -267,6 +318,12 @@ impl Reservations {
     }
 }
 
+/// The first item that comes again later in `items`.
+fn first_repeated<T: Ord>(items: &[T]) -> Option<&T> {
+    let mut seen = std::collections::BTreeSet::new();
+    items.iter().find(|item| !seen.insert(*item))
+}
+
 /// One reservation in a reservations file.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
@@ -292,18 +349,20 @@ struct ReservationsFile {
 }
 
 impl ReservationEntry {
-    pub fn to_request(&self) -> ReservationRequest {
-        ReservationRequest {
+    /// The request it makes; refused when it gives both a node count and node names.
+    pub fn to_request(&self) -> Result<ReservationRequest, ReservationError> {
+        let nodes = match (self.nodes, self.node_names.is_empty()) {
+            (Some(_), false) => return Err(ReservationError::CountAndNames),
+            (count, true) => NodeRequest::Count(count.unwrap_or(0)),
+            (None, false) => NodeRequest::Names(self.node_names.clone()),
+        };
+        Ok(ReservationRequest {
             name: self.name.clone(),
             start_s: self.start.timestamp(),
             end_s: self.end.timestamp(),
             accounts: self.accounts.clone(),
-            nodes: if self.node_names.is_empty() {
-                NodeRequest::Count(self.nodes.unwrap_or(0))
-            } else {
-                NodeRequest::Names(self.node_names.clone())
-            },
-        }
+            nodes,
+        })
     }
 }
 
@@ -320,8 +379,24 @@ pub fn parse_reservations(
         if r.end <= r.start {
             errors.push(field_error(at("end"), "must be after `start`"));
         }
+        if !well_formed_name(&r.name) {
+            let why = ReservationError::BadName(r.name.clone()).to_string();
+            errors.push(field_error(at("name"), &why));
+        }
         if r.accounts.is_empty() {
             errors.push(field_error(at("accounts"), "name at least one account"));
+        }
+        if let Some(twice) = first_repeated(&r.accounts) {
+            errors.push(field_error(
+                at("accounts"),
+                &format!("`{twice}` is named twice"),
+            ));
+        }
+        if let Some(twice) = first_repeated(&r.node_names) {
+            errors.push(field_error(
+                at("node_names"),
+                &format!("`{twice}` is named twice"),
+            ));
         }
         match (r.nodes, r.node_names.is_empty()) {
             (Some(_), false) => errors.push(field_error(
@@ -369,10 +444,8 @@ mod tests {
         let text = "[[reservations]]\nname = \"flagship\"\nstart = \"2026-06-10T08:00:00Z\"\n\
                     end = \"2026-06-17T08:00:00Z\"\naccounts = [\"team-e\"]\nnodes = 64\n";
         let entries = parse_reservations(text, "r.toml").unwrap();
-        assert_eq!(
-            entries[0].to_request().end_s - entries[0].to_request().start_s,
-            7 * 86_400
-        );
+        let request = entries[0].to_request().unwrap();
+        assert_eq!(request.end_s - request.start_s, 7 * 86_400);
         assert_eq!(
             parse_reservations(&reservations_toml(&entries), "again").unwrap(),
             entries
@@ -380,6 +453,31 @@ mod tests {
         let bad = text.replace("nodes = 64", "nodes = 64\nnode_names = [\"gpu001\"]");
         let err = parse_reservations(&bad, "r.toml").unwrap_err().to_string();
         assert!(err.contains("reservations[0].nodes"), "{err}");
+        for (from, to, field, says) in [
+            (
+                "\"flagship\"",
+                "\"<b>flag</b>\"",
+                "reservations[0].name",
+                "use 1 to 64",
+            ),
+            (
+                "[\"team-e\"]",
+                "[\"team-e\", \"team-e\"]",
+                "reservations[0].accounts",
+                "`team-e` is named twice",
+            ),
+            (
+                "nodes = 64",
+                "node_names = [\"gpu001\", \"gpu001\"]",
+                "reservations[0].node_names",
+                "`gpu001` is named twice",
+            ),
+        ] {
+            let err = parse_reservations(&text.replace(from, to), "r.toml")
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(field) && err.contains(says), "{err}");
+        }
         let unknown = text.replace("nodes = 64", "nodez = 64");
         assert!(parse_reservations(&unknown, "r.toml")
             .unwrap_err()

@@ -80,6 +80,14 @@ impl Scheduler {
                 capacity,
             });
         }
+        if spec.shape.gpus_per_node == Some(0) {
+            return Err(Refusal::ZeroInShape {
+                field: "gpus_per_node",
+            });
+        }
+        if spec.shape.max_nodes == Some(0) {
+            return Err(Refusal::ZeroInShape { field: "nodes" });
+        }
         if spec.is_elastic() && spec.shape.fixes_layout() {
             return Err(Refusal::ElasticShape);
         }
@@ -103,6 +111,7 @@ impl Scheduler {
             return Err(Refusal::ShapeNeverFits {
                 gpus: spec.min_size(),
                 shape: describe_shape(&spec.shape),
+                field: shape_field(&spec.shape),
             });
         }
         if let Some(limit) = quota.max_run_time {
@@ -380,6 +389,21 @@ pub(super) fn check_gpu_hours_ever_fit(spec: &JobSpec, quota: &Quota) -> Result<
 }
 
 /// A shape as a person reads it: `2 GPUs per node, at most 4 nodes, h100-sxm`.
+/// The one field of `shape` a submission set, if it set only one.
+fn shape_field(shape: &Shape) -> Option<&'static str> {
+    let set = [
+        (shape.gpus_per_node.is_some(), "gpus_per_node"),
+        (shape.max_nodes.is_some(), "nodes"),
+        (!shape.gpu_types.is_empty(), "gpu_types"),
+        (shape.gpu_share.is_some(), "gpu_share"),
+    ];
+    let mut named = set.iter().filter(|(on, _)| *on).map(|(_, field)| *field);
+    match (named.next(), named.next()) {
+        (Some(field), None) => Some(field),
+        _ => None,
+    }
+}
+
 fn describe_shape(shape: &Shape) -> String {
     let mut parts = Vec::new();
     if let Some(g) = shape.gpus_per_node {

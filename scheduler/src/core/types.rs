@@ -178,7 +178,12 @@ pub enum Refusal {
     #[error("job asks for {asked} GPUs; the nodes its account may use have {capacity}")]
     LargerThanCluster { asked: u32, capacity: u32 },
     #[error("job of {gpus} GPUs asks for {shape}: no set of the nodes its account may use has that shape, even empty")]
-    ShapeNeverFits { gpus: u32, shape: String },
+    ShapeNeverFits {
+        gpus: u32,
+        shape: String,
+        /// The one field of the shape the job set, `None` when it set several.
+        field: Option<&'static str>,
+    },
     #[error("an elastic job (min_gpus) cannot fix GPUs per node or a node count")]
     ElasticShape,
     #[error("a share of a GPU ({share}) is a part of one GPU: ask for 1 GPU, not elastic, with no GPUs per node or node count")]
@@ -197,6 +202,32 @@ pub enum Refusal {
     },
     #[error("job id `{0}` is already known")]
     DuplicateId(JobId),
+    #[error("{field} must be at least 1 when given")]
+    ZeroInShape { field: &'static str },
+}
+
+impl Refusal {
+    /// The submission's field the refusal is about (as the scheduler's API and a job file
+    /// name it), where one field is; `None` where several together are (a shape of GPUs per
+    /// node, a node count and GPU types that never fits).
+    pub fn field(&self) -> Option<&'static str> {
+        Some(match self {
+            Refusal::UnknownAccount(_) => "account",
+            Refusal::UnknownProject { .. } => "project",
+            Refusal::UnknownPartition(_) | Refusal::PartitionNotAllowed { .. } => "partition",
+            Refusal::GraceTooLong { .. } => "grace",
+            Refusal::NoGpus
+            | Refusal::TooManyGpus { .. }
+            | Refusal::MoreThanMaxGpus { .. }
+            | Refusal::LargerThanCluster { .. } => "gpus",
+            Refusal::ElasticRange { .. } | Refusal::ElasticShape => "min_gpus",
+            Refusal::ShareOfOneGpu { .. } => "gpu_share",
+            Refusal::TimeLimit { .. } | Refusal::GpuHours { .. } => "time_limit",
+            Refusal::DuplicateId(_) => "job_id",
+            Refusal::ZeroInShape { field } => field,
+            Refusal::ShapeNeverFits { field, .. } => return *field,
+        })
+    }
 }
 
 /// Why a job is still pending, with Slurm's reason codes where Slurm has one.
