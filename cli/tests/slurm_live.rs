@@ -47,7 +47,8 @@ weight = 1
 "#;
 
 /// What Slurm's completion log says of a job: (account, state, submit, start, end) in Unix
-/// seconds, read here with plain string handling, not gpuledger's parser.
+/// seconds, read here with plain string handling, not gpuledger's parser: each field's last
+/// mention, since a job's name (printed before them) may mention one too.
 fn slurm_reports(jobcomp: &str) -> BTreeMap<String, (String, String, i64, i64, i64)> {
     let time = |v: &str| -> i64 {
         let naive = chrono::NaiveDateTime::parse_from_str(v, "%Y-%m-%dT%H:%M:%S").unwrap();
@@ -60,6 +61,7 @@ fn slurm_reports(jobcomp: &str) -> BTreeMap<String, (String, String, i64, i64, i
     for line in jobcomp.lines() {
         let field = |k: &str| {
             line.split_whitespace()
+                .rev()
                 .find_map(|w| w.strip_prefix(&format!("{k}=")))
                 .unwrap_or("")
                 .to_owned()
@@ -156,7 +158,17 @@ fn a_real_slurm_cluster_is_billed_its_jobs_gpus_times_elapsed() {
         (slurm.sbatch("teama", "gpu:h100:3", 2, "sleep 5"), 3),
         (slurm.sbatch("teamb", "gpu:2", 1, "sleep 3; exit 3"), 2),
         (slurm.sbatch("teamb", "gpu:8", 2, "sleep 120"), 8),
-        (slurm.sbatch("teama", "gpu:1", 1, "sleep 2"), 1),
+        // Named to pass for teamb's job where a reader takes the first `Account=` it sees.
+        (
+            slurm.sbatch_with(
+                "teama",
+                "gpu:1",
+                1,
+                "sleep 2",
+                &["--job-name=x Account=teamb UserId=bob(1001)"],
+            ),
+            1,
+        ),
     ]
     .into_iter()
     .collect();

@@ -150,8 +150,9 @@ fn poll(args: &FollowOptions, state: &mut FollowState) -> Result<Vec<SlurmJob>> 
     };
     let mut readings = Vec::new();
     if args.squeue {
-        let text = run_command("scontrol", &["-d", "-o", "show", "job"])?;
-        readings.push(parse_scontrol(&text, "scontrol -d -o show job", zone)?);
+        // squeue's fields hold no text of the job's owner, so its reading goes first and
+        // scontrol's (whose lines carry the job's name and paths) only adds what squeue lacks:
+        // the GPU indices on each node.
         let text = run_command(
             "squeue",
             &[
@@ -161,6 +162,8 @@ fn poll(args: &FollowOptions, state: &mut FollowState) -> Result<Vec<SlurmJob>> 
             ],
         )?;
         readings.push(parse_squeue(&text, "squeue", zone)?);
+        let text = run_command("scontrol", &["-d", "-o", "show", "job"])?;
+        readings.push(parse_scontrol(&text, "scontrol -d -o show job", zone)?);
     }
     if args.sacct {
         let since =

@@ -296,6 +296,68 @@ fn key_values(line: &str) -> Vec<(String, String)> {
     out
 }
 
+/// `scontrol -d`'s per-node detail, each `Nodes=` followed by its `GRES=...(IDX:0-2)`: the GPU
+/// indices on each node of `node_list` (the job's, read once). A node outside it, or named by
+/// two groups (text of the job's own can add a group), leaves every index unknown rather than
+/// a guess at which group Slurm wrote.
+fn per_node_gpus(pairs: &Pairs, node_list: &[String]) -> BTreeMap<String, Vec<u16>> {
+    let mut gpu_indices = BTreeMap::new();
+    let mut node: Option<Vec<String>> = None;
+    for (k, v) in &pairs.0 {
+        match k.as_str() {
+            "Nodes" => node = Some(hostlist(v)),
+            "GRES" => {
+                if let (Some(nodes), Some(idx)) = (&node, v.split("IDX:").nth(1)) {
+                    let idx = index_list(idx.trim_end_matches(')'));
+                    for n in nodes {
+                        let ours = node_list.contains(n);
+                        if !ours || gpu_indices.insert(n.clone(), idx.clone()).is_some() {
+                            return BTreeMap::new();
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    gpu_indices
+}
+
+/// A line's pairs, read so that text a job's owner writes cannot stand in for a field.
+///
+/// Slurm prints each field of a job once, but a job's name, working directory, command, output
+/// paths and comment are the owner's own text, printed as they are: a name of `x
+/// Account=other` splits into a pair of its own. A key that comes twice is that text or the
+/// field itself, and which cannot be told, so it reads as absent (never the owner's choice);
+/// the fields read this way are ones Slurm prints for every job, so text cannot add one that
+/// was not there.
+struct Pairs(Vec<(String, String)>);
+
+impl Pairs {
+    fn of(line: &str) -> Pairs {
+        Pairs(key_values(line))
+    }
+
+    /// The value of `key` when it comes exactly once, not empty and not `(null)`.
+    fn once(&self, key: &str) -> Option<&str> {
+        let mut found = self.0.iter().filter(|(k, _)| k == key);
+        match (found.next(), found.next()) {
+            (Some((_, v)), None) => Some(v.as_str()).filter(|v| !v.is_empty() && *v != "(null)"),
+            _ => None,
+        }
+    }
+
+    /// The first pair's value when its key is `key`: the job id opens every line, before any
+    /// text of the job's owner.
+    fn leading(&self, key: &str) -> Option<&str> {
+        self.0
+            .first()
+            .filter(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+            .filter(|v| !v.is_empty())
+    }
+}
+
 /// The text job-completion log: a line per finished job, `JobId=12 ... JobState=COMPLETED ...`.
 pub fn parse_jobcomp(text: &str, origin: &str, zone: Zone) -> Result<Vec<SlurmJob>> {
     let mut out = Vec::new();
@@ -308,9 +370,9 @@ pub fn parse_jobcomp(text: &str, origin: &str, zone: Zone) -> Result<Vec<SlurmJo
             line: i + 1,
             zone,
         };
-        let kv: BTreeMap<String, String> = key_values(line).into_iter().collect();
-        let get = |k: &str| kv.get(k).map(String::as_str).filter(|v| !v.is_empty());
-        let Some(id) = get("JobId") else {
+        let pairs = Pairs::of(line);
+        let get = |k: &str| pairs.once(k);
+        let Some(id) = pairs.leading("JobId") else {
             return Err(f.err("no `JobId=`: is this a jobcomp/filetxt log?".into()));
         };
         let gpus = get("Tres")
@@ -380,8 +442,9 @@ pub fn parse_squeue(text: &str, origin: &str, zone: Zone) -> Result<Vec<SlurmJob
                 None
             },
             exit_code: None,
-            gpus: Some(gres_gpus(c[7]).unwrap_or(0) as u32)
-                .map(|per_node| per_node * (hostlist(c[8]).len().max(1) as u32)),
+            // Unknown, not 0, where GPUs were asked per job (`--gpus`): scontrol's TRES says.
+            gpus: gres_gpus(c[7])
+                .map(|per_node| per_node as u32 * (hostlist(c[8]).len().max(1) as u32)),
             nodes: hostlist(c[8]),
             gpu_indices: BTreeMap::new(),
             time_limit_s: f.limit("TIME_LIMIT", Some(c[9]))?,
@@ -403,45 +466,25 @@ pub fn parse_scontrol(text: &str, origin: &str, zone: Zone) -> Result<Vec<SlurmJ
             line: i + 1,
             zone,
         };
-        let kv = key_values(line);
-        let first = |k: &str| {
-            kv.iter()
-                .find(|(key, _)| key == k)
-                .map(|(_, v)| v.as_str())
-                .filter(|v| !v.is_empty() && *v != "(null)")
-        };
-        let Some(id) = first("JobId") else {
+        let pairs = Pairs::of(line);
+        let first = |k: &str| pairs.once(k);
+        let Some(id) = pairs.leading("JobId") else {
             return Err(f.err("no `JobId=`: expected `scontrol -d -o show job`".into()));
         };
-        // Per-node detail: each `Nodes=` is followed by its `GRES=`.
-        let mut gpu_indices = BTreeMap::new();
-        let mut node: Option<Vec<String>> = None;
-        for (k, v) in &kv {
-            match k.as_str() {
-                "Nodes" => node = Some(hostlist(v)),
-                "GRES" => {
-                    if let (Some(nodes), Some(idx)) = (&node, v.split("IDX:").nth(1)) {
-                        let idx = index_list(idx.trim_end_matches(')'));
-                        for n in nodes {
-                            gpu_indices.insert(n.clone(), idx.clone());
-                        }
-                    }
-                }
-                _ => {}
-            }
-        }
+        let node_list = first("NodeList").map(hostlist).unwrap_or_default();
+        let gpu_indices = per_node_gpus(&pairs, &node_list);
         let state = first("JobState").map(State::parse);
         let ran = state.is_some_and(State::has_run);
         let ended = state.is_some_and(|s| s.outcome().is_some());
-        let gpus = first("TresPerNode")
-            .and_then(gres_gpus)
-            .map(|per_node| {
-                per_node
-                    * first("NodeList")
-                        .map(hostlist)
-                        .map_or(1, |n| n.len().max(1) as u64)
+        // TRES is printed for every job; TresPerNode only where it was asked, so text of the
+        // job's own could add one: it counts only where TRES names no GPUs.
+        let gpus = first("TRES")
+            .and_then(tres_gpus)
+            .or_else(|| {
+                first("TresPerNode")
+                    .and_then(gres_gpus)
+                    .map(|per_node| per_node * node_list.len().max(1) as u64)
             })
-            .or_else(|| first("TRES").and_then(tres_gpus))
             .or_else(|| {
                 (!gpu_indices.is_empty()).then(|| {
                     gpu_indices
@@ -469,7 +512,7 @@ pub fn parse_scontrol(text: &str, origin: &str, zone: Zone) -> Result<Vec<SlurmJ
             },
             exit_code: first("ExitCode").and_then(exit_code),
             gpus: gpus.map(|g| g as u32).or(Some(0)),
-            nodes: first("NodeList").map(hostlist).unwrap_or_default(),
+            nodes: node_list,
             gpu_indices,
             time_limit_s: f.limit("TimeLimit", first("TimeLimit"))?,
         });
@@ -772,6 +815,63 @@ JobId=15 JobName=wrap UserId=bob(1001) Account=teamb JobState=PENDING Reason=Res
         )
         .unwrap_err();
         assert_eq!(err.line, 4, "the header is line 1, the step line 3");
+    }
+
+    /// A job's owner writes its name, working directory and output paths; printed as they are,
+    /// ` Account=victim` in them reads like a field. None of it may decide whose job it is, how
+    /// many GPUs it holds, which ones, or when it ended.
+    #[test]
+    fn text_a_jobs_owner_writes_cannot_stand_in_for_its_fields() {
+        let scontrol = "JobId=21 JobName=x Account=victim UserId=eve(1) UserId=eve(1002) Account=teama \
+            JobState=RUNNING ExitCode=0:0 TimeLimit=01:00:00 SubmitTime=2026-12-01T08:00:00 \
+            StartTime=2026-12-01T08:00:05 EndTime=2026-12-01T09:00:05 Partition=train NodeList=gpu001 \
+            TRES=cpu=2,node=1,billing=2,gres/gpu=2 Nodes=gpu001 CPU_IDs=0-1 Mem=0 GRES=gpu:h100:2(IDX:0-1) \
+            WorkDir=/home/eve/a TresPerNode=gres:gpu:8 Nodes=gpu001 GRES=gpu:h100:2(IDX:6-7) StdOut=/x";
+        let sc = parse_scontrol(scontrol, "scontrol", Zone::Utc).unwrap();
+        assert_eq!(sc[0].job_id, "21");
+        assert_eq!(sc[0].account, "", "two `Account=`: neither is taken");
+        assert_eq!(sc[0].user, None);
+        assert_eq!(sc[0].gpus, Some(2), "TRES, not the TresPerNode in the path");
+        assert!(
+            sc[0].gpu_indices.is_empty(),
+            "gpu001 twice: {:?}",
+            sc[0].gpu_indices
+        );
+        assert_eq!(sc[0].state, Some(State::Running));
+        // Indices for a node the job does not hold are not taken either.
+        let elsewhere = scontrol.replace(
+            "Nodes=gpu001 GRES=gpu:h100:2(IDX:6-7)",
+            "Nodes=gpu002 GRES=gpu:h100:8(IDX:0-7)",
+        );
+        assert!(parse_scontrol(&elsewhere, "s", Zone::Utc).unwrap()[0]
+            .gpu_indices
+            .is_empty());
+        // Without the owner's text, the same line reads whole.
+        let clean = "JobId=21 JobName=x UserId=eve(1002) Account=teama JobState=RUNNING \
+            SubmitTime=2026-12-01T08:00:00 StartTime=2026-12-01T08:00:05 NodeList=gpu001 \
+            TRES=cpu=2,node=1,gres/gpu=2 Nodes=gpu001 GRES=gpu:h100:2(IDX:0-1) WorkDir=/home/eve/a";
+        let sc_clean = parse_scontrol(clean, "s", Zone::Utc).unwrap();
+        assert_eq!(sc_clean[0].account, "teama");
+        assert_eq!(sc_clean[0].gpu_indices["gpu001"], vec![0, 1]);
+        // `slurm follow --squeue` reads squeue first: its fields hold no owner's text.
+        let sq = parse_squeue("21|teama|train|RUNNING|2026-12-01T08:00:00|2026-12-01T08:00:05|2026-12-01T09:00:05|N/A|gpu001|1:00:00|eve\n", "squeue", Zone::Utc).unwrap();
+        assert_eq!(sq[0].gpus, None, "asked per job: unknown to squeue, not 0");
+        let merged = merge_readings(&[sq, sc]);
+        assert_eq!(
+            (merged[0].account.as_str(), merged[0].gpus),
+            ("teama", Some(2))
+        );
+        // The completion log: a path saying `EndTime=` and `Account=` takes neither field.
+        let comp = JOBCOMP.lines().next().unwrap().replace(
+            "WorkDir=/home/alice/my runs",
+            "WorkDir=/home/alice/x EndTime=2026-12-01T08:00:06 Account=victim StartTime=soon",
+        );
+        let done = parse_jobcomp(&comp, "jobcomp", Zone::Utc).unwrap();
+        assert_eq!(done[0].account, "");
+        assert_eq!((done[0].start_ms, done[0].end_ms), (None, None));
+        assert_eq!(done[0].state, Some(State::Completed));
+        // A line whose first pair is not its job id is no job: `JobId=` inside a name is not.
+        assert!(parse_jobcomp("UserId=a JobId=5", "j", Zone::Utc).is_err());
     }
 
     #[test]
