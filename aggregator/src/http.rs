@@ -30,7 +30,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, Query as QueryParams, State};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, State};
+use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -508,6 +509,19 @@ pub fn parse_time(field: &str, text: &str) -> ApiResult<UnixMillis> {
         field,
         format!("`{text}` is not RFC 3339, YYYY-MM-DD or Unix milliseconds"),
     ))
+}
+
+/// A route's query parameters; a bad one is a 400 naming it, in the JSON every error has.
+struct QueryParams<T>(T);
+
+impl<T: serde::de::DeserializeOwned, S: Send + Sync> FromRequestParts<S> for QueryParams<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
+        gpuledger_service::parse_query(parts.uri.query())
+            .map(QueryParams)
+            .map_err(|bad| ApiError::bad(&bad.field, bad.message))
+    }
 }
 
 #[derive(Debug, Deserialize)]

@@ -110,6 +110,28 @@ fn parse_body<T: serde::de::DeserializeOwned>(body: &Bytes) -> ApiResult<T> {
     })
 }
 
+/// A route's query parameters; a bad one is a 400 naming it, in the JSON every error has.
+struct QueryParams<T>(T);
+
+impl<T: serde::de::DeserializeOwned, S: Send + Sync> axum::extract::FromRequestParts<S>
+    for QueryParams<T>
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Self, ApiError> {
+        gpuledger_service::parse_query(parts.uri.query())
+            .map(QueryParams)
+            .map_err(|bad| ApiError {
+                status: StatusCode::BAD_REQUEST,
+                field: Some(bad.field),
+                message: bad.message,
+            })
+    }
+}
+
 fn job_id(raw: &str) -> ApiResult<JobId> {
     JobId::new(raw).map_err(|e| ApiError {
         status: StatusCode::BAD_REQUEST,
@@ -307,7 +329,7 @@ async fn cancel(
     State(s): State<Arc<Api>>,
     headers: HeaderMap,
     Path(id): Path<String>,
-    axum::extract::Query(params): axum::extract::Query<CancelParams>,
+    QueryParams(params): QueryParams<CancelParams>,
 ) -> ApiResult<Response> {
     let id = job_id(&id)?;
     s.own_job(&headers, &id, "cancel a job")?;
@@ -412,9 +434,7 @@ impl HistoryParams {
 async fn history(
     State(s): State<Arc<Api>>,
     headers: HeaderMap,
-    axum::extract::Query(mut query): axum::extract::Query<
-        std::collections::BTreeMap<String, String>,
-    >,
+    QueryParams(mut query): QueryParams<std::collections::BTreeMap<String, String>>,
 ) -> ApiResult<Response> {
     let scope = s.read_scope(&headers, "read the jobs")?;
     let params = HistoryParams {

@@ -231,7 +231,18 @@ impl Service {
         let mut sched = Scheduler::new(&cluster, config.options);
         let mut executor = executor;
         for r in &state.reservations {
-            sched.add_reservation(r.to_request()?)?;
+            // One kept before a rule that now refuses it (a name, a node named twice) is named
+            // with the file to mend, rather than dropped from billing unseen.
+            let stored = |e: gpuledger_scheduler::reservation::ReservationError| Error::State {
+                path: config.dir.join("state.json"),
+                message: format!(
+                    "reservation `{}`: {e}",
+                    gpuledger_scheduler::reservation::shown_name(&r.name)
+                ),
+            };
+            sched
+                .add_reservation(r.to_request().map_err(stored)?)
+                .map_err(stored)?;
         }
         let restore = |e: Refusal, job: &JobId| Error::Restore {
             job: job.clone(),

@@ -967,7 +967,8 @@ async fn reservations_that_would_bill_wrongly_are_refused_and_each_model_is_bill
             1,
         )
         .replace("h100-sxm = \"1\"", "h100-sxm = \"1\", h200 = \"2\"");
-    let two_models = ClusterConfig::from_toml_str(&two_models, "two.toml").unwrap();
+    let two_models_toml = two_models;
+    let two_models = ClusterConfig::from_toml_str(&two_models_toml, "two.toml").unwrap();
     let s = Arc::new(open_with(dir.path(), two_models, Arc::clone(&clock)).unwrap());
     let reservation = |extra: Value| {
         let mut body = json!({"name": "r", "start": "2026-06-02T00:00:00Z", "end": "2026-06-03T00:00:00Z", "accounts": ["team-a"]});
@@ -1010,6 +1011,12 @@ async fn reservations_that_would_bill_wrongly_are_refused_and_each_model_is_bill
             "1 to 64",
         ),
         (
+            json!({"name": "r".repeat(100_000), "nodes": 1}),
+            never,
+            "name",
+            "rrr...",
+        ),
+        (
             json!({"start": "2026-05-01T00:00:00Z", "end": "2026-05-02T00:00:00Z", "node_names": ["big001"]}),
             bad,
             "end",
@@ -1040,6 +1047,10 @@ async fn reservations_that_would_bill_wrongly_are_refused_and_each_model_is_bill
         assert_eq!(reply["error"]["field"], field, "{extra}: {reply}");
         let message = reply["error"]["message"].as_str().unwrap();
         assert!(message.contains(says), "{extra}: {message}");
+        assert!(
+            message.len() < 200,
+            "a refusal does not repeat the request: {message}"
+        );
     }
     assert!(s.reservations().is_empty());
     // Both nodes, an H100 node of 8 and an H200 node of 4: two entries for billing.
@@ -1077,6 +1088,21 @@ async fn reservations_that_would_bill_wrongly_are_refused_and_each_model_is_bill
     assert!(billed
         .iter()
         .all(|r| r.id == "r" && r.account.as_str() == "team-a"));
+    // A stored reservation that a rule now refuses stops a restart, naming it and the file.
+    s.tick().unwrap();
+    drop(s);
+    let path = dir.path().join("scheduler/state.json");
+    let mut stored: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    stored["reservations"][0]["name"] = json!("r r");
+    std::fs::write(&path, stored.to_string()).unwrap();
+    let two_models = ClusterConfig::from_toml_str(&two_models_toml, "two.toml").unwrap();
+    let err = open_with(dir.path(), two_models, clock)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("state.json") && err.contains("reservation `r r`"),
+        "{err}"
+    );
 }
 
 /// Submissions that could never run as asked (a command `sh -c` cannot take, a zero limit,
@@ -1192,6 +1218,19 @@ async fn submissions_that_could_never_run_are_refused_naming_the_field() {
     let (got, reply) = submit(&s, job(json!({}))).await;
     assert_eq!(got, StatusCode::CREATED, "{reply}");
     assert_eq!(reply["job_id"], "team-a.1");
+    // A bad query parameter is answered in the same JSON, naming it.
+    for (uri, field) in [
+        ("/api/v1/jobs/team-a.1?now=maybe", "now"),
+        ("/api/v1/jobs/team-a.1?soon=true", "soon"),
+    ] {
+        let (got, reply) = call(&s, "DELETE", uri, None).await;
+        assert_eq!(got, StatusCode::BAD_REQUEST, "{uri}: {reply}");
+        assert_eq!(reply["error"]["field"], field, "{uri}: {reply}");
+    }
+    assert_eq!(
+        state(&s, &JobId::new("team-a.1").unwrap()),
+        JobState::Pending
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

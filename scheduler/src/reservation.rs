@@ -117,6 +117,14 @@ impl ReservationError {
     }
 }
 
+/// A refused name as an error repeats it: its first characters, however long it was.
+pub fn shown_name(name: &str) -> String {
+    match name.char_indices().nth(MAX_NAME_CHARS) {
+        Some((cut, _)) => format!("{}...", &name[..cut]),
+        None => name.to_owned(),
+    }
+}
+
 fn well_formed_name(name: &str) -> bool {
     !name.is_empty()
         && name.chars().count() <= MAX_NAME_CHARS
@@ -229,7 +237,7 @@ impl Reservations {
             return Err(ReservationError::NoName);
         }
         if !well_formed_name(&req.name) {
-            return Err(ReservationError::BadName(req.name));
+            return Err(ReservationError::BadName(shown_name(&req.name)));
         }
         if self.get(&req.name).is_some() {
             return Err(ReservationError::Duplicate(req.name));
@@ -380,7 +388,7 @@ pub fn parse_reservations(
             errors.push(field_error(at("end"), "must be after `start`"));
         }
         if !well_formed_name(&r.name) {
-            let why = ReservationError::BadName(r.name.clone()).to_string();
+            let why = ReservationError::BadName(shown_name(&r.name)).to_string();
             errors.push(field_error(at("name"), &why));
         }
         if r.accounts.is_empty() {

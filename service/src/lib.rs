@@ -8,6 +8,7 @@
 //! - [`tls`]: the listener's certificate and what a client trusts, as command options;
 //! - [`door`]: who gets in, i.e. protected mode (no tokens only on loopback), the bearer token of a
 //!   request, the token file a client reads;
+//! - [`query`]: query strings read into a route's parameters, a bad one named by field;
 //! - [`signals`]: SIGTERM and SIGINT as a future or a flag;
 //! - [`announce`]: the line on stdout that says a service is listening (scripts and tests
 //!   read the port from it).
@@ -18,12 +19,14 @@ pub mod accept;
 pub mod budget;
 mod connections;
 pub mod door;
+pub mod query;
 pub mod signals;
 pub mod tls;
 
 pub use accept::{serve, HttpLimits};
 pub use budget::{hold_body_budget, BodyBudget};
 pub use door::{bearer_token, denied_message, guard, read_token_file, AccessArgs, Exposure};
+pub use query::{parse_query, BadQuery};
 pub use signals::{shutdown_signal, stop_flag};
 pub use tls::{scheme, ClientTlsArgs, TlsArgs};
 

@@ -260,6 +260,18 @@ async fn indicators_usage_feed_and_job_detail_read_back_what_was_sent() {
         api.get("/api/v1/usage?at=someday").await.0,
         StatusCode::BAD_REQUEST
     );
+    // A parameter no route takes, or one given twice, is answered in the same JSON as every
+    // other bad request, naming it (axum's own answer was plain text).
+    for (uri, field) in [
+        ("/api/v1/usage?since=-1", "since"),
+        ("/api/v1/usage?at=1&at=2", "at"),
+        ("/api/v1/status?window=7d&window=30d", "window"),
+        ("/api/v1/invoices?month=2026-06&x=1", "x"),
+    ] {
+        let (status, body, text) = api.get(uri).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{uri}: {text}");
+        assert_eq!(body["errors"][0]["field"], field, "{uri}: {text}");
+    }
 
     let (_, _, metrics) = api.get("/metrics").await;
     assert!(

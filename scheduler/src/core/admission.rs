@@ -388,7 +388,6 @@ pub(super) fn check_gpu_hours_ever_fit(spec: &JobSpec, quota: &Quota) -> Result<
     Ok(())
 }
 
-/// A shape as a person reads it: `2 GPUs per node, at most 4 nodes, h100-sxm`.
 /// The one field of `shape` a submission set, if it set only one.
 fn shape_field(shape: &Shape) -> Option<&'static str> {
     let set = [
@@ -404,6 +403,7 @@ fn shape_field(shape: &Shape) -> Option<&'static str> {
     }
 }
 
+/// A shape as a person reads it: `2 GPUs per node, at most 4 nodes, h100-sxm`.
 fn describe_shape(shape: &Shape) -> String {
     let mut parts = Vec::new();
     if let Some(g) = shape.gpus_per_node {
