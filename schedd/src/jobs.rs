@@ -170,29 +170,56 @@ impl Inner {
     }
 
     /// dcgm-exporter's HPC job mapping, per node: `job-mapping/<node>/<gpu>` holds
-    /// `job_id account [project]` for each busy GPU.
+    /// `job_id account [project]` for each busy GPU. Exporters read it at every sample, so it
+    /// changes file by file: a changed file is replaced whole by a rename, and only the files
+    /// of GPUs no longer busy are removed; a busy GPU's file is never missing or half written,
+    /// which would leave that sample billed to nobody.
     pub(crate) fn write_job_mapping(&self, dir: &Path) -> Result<()> {
         let root = dir.join("job-mapping");
         let io = |path: &Path| {
             let path = path.to_owned();
             move |source| Error::Io { path, source }
         };
-        let _ = std::fs::remove_dir_all(&root);
+        let mut wanted: BTreeMap<PathBuf, String> = BTreeMap::new();
         for r in self.sched.running() {
             let alloc = self.sched.cluster().to_allocation(&r.placement);
+            let line = match &r.spec.project {
+                Some(p) => format!("{} {} {p}\n", r.spec.id, r.spec.account),
+                None => format!("{} {}\n", r.spec.id, r.spec.account),
+            };
             for ng in &alloc.0 {
-                let node_dir = root.join(ng.node.as_str());
-                std::fs::create_dir_all(&node_dir).map_err(io(&node_dir))?;
                 for g in &ng.gpus {
-                    let line = match &r.spec.project {
-                        Some(p) => format!("{} {} {p}\n", r.spec.id, r.spec.account),
-                        None => format!("{} {}\n", r.spec.id, r.spec.account),
-                    };
-                    let file = node_dir.join(g.to_string());
-                    std::fs::write(&file, line).map_err(io(&file))?;
+                    let file = root.join(ng.node.as_str()).join(g.to_string());
+                    wanted.insert(file, line.clone());
                 }
             }
         }
+        for (file, line) in &wanted {
+            if std::fs::read_to_string(file).is_ok_and(|now| &now == line) {
+                continue;
+            }
+            let node_dir = file.parent().unwrap_or(&root);
+            std::fs::create_dir_all(node_dir).map_err(io(node_dir))?;
+            let staged = file.with_extension("new");
+            std::fs::write(&staged, line).map_err(io(&staged))?;
+            std::fs::rename(&staged, file).map_err(io(file))?;
+        }
+        for node_dir in read_dir_paths(&root) {
+            for file in read_dir_paths(&node_dir) {
+                if !wanted.contains_key(&file) {
+                    let _ = std::fs::remove_file(&file);
+                }
+            }
+            // Empty once its last busy GPU ended; a node with a busy GPU keeps its directory.
+            let _ = std::fs::remove_dir(&node_dir);
+        }
         Ok(())
     }
+}
+
+/// The entries of `dir`, none if it cannot be read.
+fn read_dir_paths(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .map(|entries| entries.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default()
 }

@@ -200,6 +200,51 @@ async fn jobs_run_get_preempted_with_grace_and_survive_a_restart() {
         format!("{a} team-a\n"),
         "the exporters' job mapping"
     );
+    // Exporters read the mapping at every sample: while A runs, its files stay the same files
+    // (never removed and written again) as other jobs start and end beside it.
+    // A second name for A's file, outside the mapping: the same file has two links for as
+    // long as nobody removes or replaces it.
+    use std::os::unix::fs::MetadataExt;
+    let a_file = dir.path().join("scheduler/job-mapping/gpu001/5");
+    std::fs::hard_link(&a_file, dir.path().join("a-mapping")).unwrap();
+    let links = |path: &std::path::Path| std::fs::metadata(path).unwrap().nlink();
+    assert_eq!(links(&a_file), 2);
+    let (_, body) = call(
+        &s,
+        "POST",
+        "/api/v1/jobs",
+        Some(json!({"command": "sleep 30", "account": "team-a", "gpus": 1, "time_limit": "1h"})),
+    )
+    .await;
+    let small = JobId::new(body["job_id"].as_str().unwrap()).unwrap();
+    tick_until(&s, &clock, |s| state(s, &small) == JobState::Running);
+    let held = s.job(&small).unwrap().allocation.unwrap();
+    let (node, gpu) = held.split_once(':').unwrap();
+    let small_file = dir
+        .path()
+        .join(format!("scheduler/job-mapping/{node}/{gpu}"));
+    assert_eq!(
+        std::fs::read_to_string(&small_file).unwrap(),
+        format!("{small} team-a\n")
+    );
+    call(
+        &s,
+        "DELETE",
+        &format!("/api/v1/jobs/{small}?now=true"),
+        None,
+    )
+    .await;
+    tick_until(&s, &clock, |s| state(s, &small) == JobState::Cancelled);
+    assert!(!small_file.exists(), "an ended job's GPU is no one's");
+    assert_eq!(
+        links(&a_file),
+        2,
+        "A's mapping file was replaced or removed"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&a_file).unwrap(),
+        format!("{a} team-a\n")
+    );
 
     // Ten minutes on, B's urgent 4 GPUs do not fit beside A: A is signalled, checkpoints,
     // exits and waits again; B runs.
