@@ -442,7 +442,12 @@ async fn events(
     let outcome = blocking(move || {
         let outcome = service
             .ingestor
-            .ingest_job_events(&request.source, request.seq, &events)?;
+            .ingest_job_events(&request.source, request.seq, &events)
+            .inspect_err(|e| {
+                if matches!(e, crate::Error::Invalid(_)) {
+                    service.metrics.count_refused_events();
+                }
+            })?;
         if matches!(outcome, IngestOutcome::Accepted { .. }) {
             service.metrics.observe_events(&events);
         }

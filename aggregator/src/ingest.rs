@@ -66,6 +66,40 @@ impl IngestorConfig {
     }
 }
 
+/// Events against the aggregator's clock: a time before 1970, or further ahead than a sample
+/// may start, is no event's (a job finished years ahead would be billed years of GPUs). The
+/// batch is refused whole, naming each row, as a sample batch is.
+fn check_event_times(events: &[JobEvent], now_ms: i64, future_tolerance_ms: i64) -> Result<()> {
+    let latest = now_ms.saturating_add(future_tolerance_ms);
+    let errors: Vec<RowError> = events
+        .iter()
+        .enumerate()
+        .filter_map(|(row, event)| {
+            let why = if event.time_ms < 0 {
+                "is before 1970".to_owned()
+            } else if event.time_ms > latest {
+                format!(
+                    "is {} s ahead of the aggregator's clock",
+                    (event.time_ms - now_ms) / 1000
+                )
+            } else {
+                return None;
+            };
+            Some(RowError {
+                row: Some(row),
+                field: "time_ms".into(),
+                message: format!("{} {why}", event.time_ms),
+            })
+        })
+        .take(gpuledger_model::validate::MAX_REPORTED_ERRORS)
+        .collect();
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Invalid(errors))
+    }
+}
+
 /// What happened to a batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IngestOutcome {
@@ -643,6 +677,7 @@ impl Ingestor {
             return Ok(IngestOutcome::rows(0));
         }
         self.check_available()?;
+        check_event_times(events, self.clock.now_ms(), self.config.future_tolerance_ms)?;
         let batch = job_events_to_batch(events)?;
         let key = (RecordKind::JobEvents, source.to_owned());
         if let Some(seq) = seq {

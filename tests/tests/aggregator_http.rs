@@ -158,6 +158,30 @@ async fn every_bad_input_gets_its_4xx_and_changes_nothing() {
         ),
         (Some(1), Some("outcome"))
     );
+    // Times no event can have: before 1970, or a day ahead of the aggregator's clock (a job
+    // finished then would be billed a day of GPUs it has not held).
+    let (status, reply) = api
+        .post_json(
+            "/api/v1/events",
+            json!({"source": "sched", "seq": 1, "events": [
+                {"time_ms": T0, "job_id": "2", "account": "alpha", "kind": "submitted"},
+                {"time_ms": -1, "job_id": "2", "account": "alpha", "kind": "submitted"},
+                {"time_ms": T0 + 86_400_000, "job_id": "2", "account": "alpha", "kind": "finished", "outcome": "completed"},
+            ]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{reply}");
+    let named: Vec<(Option<i64>, Option<&str>)> = reply["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["row"].as_i64(), e["field"].as_str()))
+        .collect();
+    assert_eq!(
+        named,
+        [(Some(1), Some("time_ms")), (Some(2), Some("time_ms"))],
+        "{reply}"
+    );
 
     // DDL through the query endpoint would read any file: refused.
     let (status, _) = api
@@ -190,7 +214,7 @@ async fn every_bad_input_gets_its_4xx_and_changes_nothing() {
         "gpuledger_ingest_refused_batches_total{reason=\"schema\"} 1",
         "gpuledger_ingest_refused_batches_total{reason=\"decode\"} 2",
         "gpuledger_ingest_refused_batches_total{reason=\"header\"} 1",
-        "gpuledger_ingest_refused_batches_total{reason=\"invalid_events\"} 1",
+        "gpuledger_ingest_refused_batches_total{reason=\"invalid_events\"} 2",
         "gpuledger_ingest_refused_values_total{field=\"gpu_util_pct\"} 1",
     ] {
         assert!(metrics.contains(line), "missing {line} in\n{metrics}");
