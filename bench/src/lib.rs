@@ -9,6 +9,8 @@
 //! - `load` ([`load`]): a thousand simulated exporters at a steady rate; latency
 //!   percentiles, memory over time, every sample stored once;
 //! - `schedule` ([`schedule`]): one scheduling cycle over a long queue;
+//! - `submit` ([`submit`]): submissions to a real scheduler process, each saved before it is
+//!   answered;
 //! - `fairness` ([`fairness`]): a policy against fifo+backfill on variants of a trace at
 //!   several loads, by the figures issue 22's goals name;
 //! - [`process`]: the services under measurement as child processes, their CPU and memory.
@@ -18,6 +20,7 @@ pub mod fill;
 pub mod load;
 pub mod process;
 pub mod schedule;
+pub mod submit;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -83,6 +86,9 @@ pub enum BenchCommand {
     },
     /// One scheduling cycle with `--pending` jobs queued on a full cluster of `--nodes`.
     Schedule(schedule::ScheduleArgs),
+    /// Submissions to a real scheduler process over loopback, each saved before it is
+    /// answered, into a queue that only grows: per second, latency, the state file's size.
+    Submit(submit::SubmitArgs),
     /// A policy against fifo+backfill on variants of a trace at several offered loads: jobs
     /// waiting over 7 days, the longest wait, weeks under 0.5 and 0.8 of the fair share, mean
     /// wait and utilization against the baseline's, per run and summed.
@@ -114,6 +120,10 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Render { gpus, iterations } => render_bench(gpus, iterations),
         BenchCommand::Schedule(args) => {
             print!("{}", schedule::run(&args)?);
+            Ok(())
+        }
+        BenchCommand::Submit(args) => {
+            print!("{}", submit::run(&args)?);
             Ok(())
         }
         BenchCommand::Fairness(args) => {

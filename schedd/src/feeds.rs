@@ -45,25 +45,42 @@ impl Service {
         }
     }
 
-    /// Sends events; on failure they go back to the outbox and are sent again next tick.
-    pub(crate) fn send_events(&self, events: Vec<JobEvent>, seq: u64) -> Result<()> {
+    /// Sends the batch `seq`; it stays in `sending` until the aggregator acknowledges it, and
+    /// is sent again, unchanged, at the next tick.
+    pub(crate) fn send_events(&self, events: &[JobEvent], seq: u64) {
         let Some(aggregator) = &self.aggregator else {
-            return Ok(());
+            return;
         };
-        let sent = aggregator.post_events(seq, &events);
+        let sent = aggregator.post_events(seq, events);
         let mut inner = self.lock();
         match sent {
-            Ok(_) => {
+            Ok(_) if inner.state.event_seq == seq => {
+                inner.state.sending.clear();
                 inner.state.event_seq = seq + 1;
-                inner.dirty = true;
+                inner.changed();
             }
+            Ok(_) => {}
             Err(e) => {
-                tracing::warn!(error = %e, events = events.len(), "job events not delivered; will retry");
-                let mut back = events;
-                back.append(&mut inner.state.outbox);
-                inner.state.outbox = back;
+                tracing::warn!(error = %e, seq, events = events.len(), "job events not delivered; will retry");
             }
         }
-        Ok(())
+    }
+
+    /// Puts the oldest events of the outbox into the next numbered batch, unless one is still
+    /// unacknowledged. Without an aggregator nobody reads them: they are dropped.
+    pub(crate) fn batch_events(&self, inner: &mut Inner) {
+        if self.aggregator.is_none() {
+            inner.state.outbox.clear();
+            return;
+        }
+        if inner.state.sending.is_empty() && !inner.state.outbox.is_empty() {
+            let n = inner.state.outbox.len().min(MAX_EVENTS_PER_BATCH);
+            inner.state.sending = inner.state.outbox.drain(..n).collect();
+            inner.changed();
+        }
     }
 }
+
+/// The most events in one batch: about 3 MB of JSON, far under the aggregator's body limit
+/// however long it was away.
+const MAX_EVENTS_PER_BATCH: usize = 10_000;

@@ -63,6 +63,8 @@ impl From<Error> for ApiError {
             Error::Reservation(e) => (StatusCode::UNPROCESSABLE_ENTITY, Some(e.field().into())),
             Error::UnknownJob(_) => (StatusCode::NOT_FOUND, None),
             Error::UnknownNode(_) => (StatusCode::NOT_FOUND, Some("node".into())),
+            // Not acknowledged: the caller may send it again once the disk has room.
+            Error::NotStored { .. } => (StatusCode::SERVICE_UNAVAILABLE, None),
             _ => (StatusCode::INTERNAL_SERVER_ERROR, None),
         };
         ApiError {
@@ -180,6 +182,23 @@ fn token(headers: &HeaderMap) -> ApiResult<Option<&str>> {
 }
 
 impl Api {
+    /// Runs a change on a blocking thread: it returns only once the change's journal record
+    /// is flushed to disk.
+    async fn change<T: Send + 'static>(
+        &self,
+        change: impl FnOnce(&Service) -> crate::Result<T> + Send + 'static,
+    ) -> ApiResult<T> {
+        let service = Arc::clone(&self.service);
+        tokio::task::spawn_blocking(move || change(&service))
+            .await
+            .map_err(|e| ApiError {
+                status: StatusCode::INTERNAL_SERVER_ERROR,
+                field: None,
+                message: format!("the change failed: {e}"),
+            })?
+            .map_err(ApiError::from)
+    }
+
     fn principal(&self, headers: &HeaderMap, what: &str) -> ApiResult<Principal> {
         self.guard
             .principal(token(headers)?)
@@ -300,7 +319,7 @@ async fn submit(State(s): State<Arc<Api>>, headers: HeaderMap, body: Bytes) -> A
         Action::ManageJobs(request.account.as_str()),
         "submit into this account",
     )?;
-    let id = s.submit(request)?;
+    let id = s.change(move |s| s.submit(request)).await?;
     Ok((StatusCode::CREATED, Json(json!({"job_id": id}))).into_response())
 }
 
@@ -333,11 +352,15 @@ async fn cancel(
 ) -> ApiResult<Response> {
     let id = job_id(&id)?;
     s.own_job(&headers, &id, "cancel a job")?;
-    let info = if params.now {
-        s.cancel_now(&id)?
-    } else {
-        s.cancel(&id)?
-    };
+    let info = s
+        .change(move |s| {
+            if params.now {
+                s.cancel_now(&id)
+            } else {
+                s.cancel(&id)
+            }
+        })
+        .await?;
     Ok(Json(info).into_response())
 }
 
@@ -348,7 +371,7 @@ async fn checkpoint(
 ) -> ApiResult<Response> {
     let id = job_id(&id)?;
     s.own_job(&headers, &id, "report a job's checkpoint")?;
-    s.checkpointed(&id)?;
+    s.change(move |s| s.checkpointed(&id)).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -536,7 +559,8 @@ async fn drain(
 ) -> ApiResult<Response> {
     s.check(&headers, Action::Operate, "drain a node")?;
     let request: DrainRequest = parse_body(&body)?;
-    s.drain(&node, &request.reason, "operator")?;
+    s.change(move |s| s.drain(&node, &request.reason, "operator"))
+        .await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -546,7 +570,8 @@ async fn resume(
     Path(node): Path<String>,
 ) -> ApiResult<Response> {
     s.check(&headers, Action::Operate, "resume a node")?;
-    let was_drained = s.resume(&node)?;
+    let resumed = node.clone();
+    let was_drained = s.change(move |s| s.resume(&resumed)).await?;
     Ok(Json(json!({ "node": node, "was_drained": was_drained })).into_response())
 }
 
@@ -592,7 +617,7 @@ async fn reserve(
 ) -> ApiResult<Response> {
     s.check(&headers, Action::Operate, "make a reservation")?;
     let entry: ReservationEntry = parse_body(&body)?;
-    let placed = s.reserve(entry)?;
+    let placed = s.change(move |s| s.reserve(entry)).await?;
     Ok((StatusCode::CREATED, Json(placed)).into_response())
 }
 
@@ -602,7 +627,8 @@ async fn unreserve(
     Path(name): Path<String>,
 ) -> ApiResult<Response> {
     s.check(&headers, Action::Operate, "remove a reservation")?;
-    if s.unreserve(&name)? {
+    let removed = name.clone();
+    if s.change(move |s| s.unreserve(&removed)).await? {
         Ok(StatusCode::NO_CONTENT.into_response())
     } else {
         Err(ApiError {

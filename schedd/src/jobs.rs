@@ -44,7 +44,7 @@ impl Inner {
         });
         ev.exit_code = exit_code;
         self.state.outbox.push(ev);
-        self.dirty = true;
+        self.changed();
         Some(info)
     }
 
@@ -62,7 +62,7 @@ impl Inner {
         if let Some(job) = self.state.jobs.get_mut(id) {
             job.reason = Some(format!("launch failed: {error}"));
         }
-        self.dirty = true;
+        self.changed();
     }
 
     /// Signals a running job to stop (cancel or time limit); SIGKILL follows at the deadline.
@@ -82,7 +82,7 @@ impl Inner {
             job.stopping.get_or_insert(why);
             job.signal_s = Some(now);
         }
-        self.dirty = true;
+        self.changed();
     }
 
     pub(crate) fn reap(&mut self, now: UnixSeconds) {
@@ -110,7 +110,7 @@ impl Inner {
                 ev.exit_code = code;
                 self.state.outbox.push(ev);
                 tracing::info!(job = %id, exit_code = ?code, "preempted job exited and is requeued");
-                self.dirty = true;
+                self.changed();
                 continue;
             }
             self.sched.finish(&id, now);

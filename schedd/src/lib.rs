@@ -14,8 +14,10 @@
 //!   allows.
 //! - [`http`] is the API (`squeue`/`sshare`-like views, submit, cancel, reservations, the
 //!   allocation feed exporters read); [`serve`] runs it and the cycle loop.
-//! - On start the state file is read back: pending jobs queue again, running ones keep their
-//!   GPUs and their processes are adopted.
+//! - A request's change is appended to the journal (`journal.rs`) and flushed before it is
+//!   answered; the cycle writes the whole [`state::State`] and empties the journal.
+//! - On start the state file is read back, with the journal's later records: pending jobs
+//!   queue again, running ones keep their GPUs and their processes are adopted.
 
 pub mod aggregator;
 pub mod cgroup;
@@ -23,6 +25,7 @@ pub mod executor;
 mod feeds;
 pub mod http;
 mod jobs;
+mod journal;
 mod metrics;
 pub mod nodes;
 mod reservations;
@@ -48,6 +51,7 @@ use gpuledger_scheduler::{Cycle, JobSpec, Preempting, Refusal, Scheduler, Schedu
 
 use crate::aggregator::{AggregatorLink, HttpAggregator};
 use crate::executor::{Executor, ExitStatus, JobUser, Launch};
+use crate::journal::{Change, Journal};
 use crate::state::{JobInfo, JobState, Preemptor, State, SubmitRequest};
 
 /// What can go wrong in the service.
@@ -74,9 +78,19 @@ pub enum Error {
     Reservation(#[from] gpuledger_scheduler::reservation::ReservationError),
     #[error(transparent)]
     Service(#[from] gpuledger_service::Error),
+    /// A request's change could not be written to the journal: not acknowledged.
+    #[error("{what}; the scheduler's state could not be saved ({path}: {source})")]
+    NotStored {
+        what: String,
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The service's state, in its directory.
+const STATE_FILE: &str = "state.json";
 
 /// How the service runs.
 #[derive(Clone, Debug)]
@@ -104,6 +118,8 @@ pub struct ServiceConfig {
 #[derive(Debug)]
 pub struct Service {
     inner: Mutex<Inner>,
+    /// Requests' changes, on disk before they are answered.
+    journal: Journal,
     /// The aggregator: usage feed and job events.
     aggregator: Option<Box<dyn AggregatorLink>>,
     config: ServiceConfig,
@@ -116,10 +132,34 @@ struct Inner {
     sched: Scheduler,
     state: State,
     executor: Box<dyn Executor>,
+    /// Changed since the cycle last wrote the job mapping and the state.
     dirty: bool,
+    /// Billing's reservations file lags the state (its last write failed).
+    billing_file_stale: bool,
     last_usage_s: UnixSeconds,
     last_storage_s: UnixSeconds,
     counters: Counters,
+}
+
+impl Inner {
+    /// Marks the state changed: the next cycle writes the job mapping and the state (a
+    /// request's change is in the journal before it is answered).
+    fn changed(&mut self) {
+        self.dirty = true;
+    }
+
+    /// A journal record of the jobs `ids` as they are now and the events queued since the
+    /// outbox held `from`.
+    fn jobs_change(&self, ids: &[&JobId], from: usize) -> Change {
+        Change {
+            jobs: ids
+                .iter()
+                .filter_map(|id| self.state.jobs.get(*id).cloned())
+                .collect(),
+            events: self.state.outbox[from.min(self.state.outbox.len())..].to_vec(),
+            ..Change::default()
+        }
+    }
 }
 
 /// Counters since the service started (Prometheus counters reset with the process).
@@ -227,14 +267,15 @@ impl Service {
             move |source| Error::Io { path, source }
         };
         std::fs::create_dir_all(&config.dir).map_err(io(&config.dir))?;
-        let state = State::load(&config.dir.join("state.json"))?;
+        let mut state = State::load(&config.dir.join(STATE_FILE))?;
+        let journal = Journal::open(&config.dir, &mut state)?;
         let mut sched = Scheduler::new(&cluster, config.options);
         let mut executor = executor;
         for r in &state.reservations {
             // One kept before a rule that now refuses it (a name, a node named twice) is named
             // with the file to mend, rather than dropped from billing unseen.
             let stored = |e: gpuledger_scheduler::reservation::ReservationError| Error::State {
-                path: config.dir.join("state.json"),
+                path: config.dir.join(STATE_FILE),
                 message: format!(
                     "reservation `{}`: {e}",
                     gpuledger_scheduler::reservation::shown_name(&r.name)
@@ -309,10 +350,12 @@ impl Service {
                 state,
                 executor,
                 dirty: true,
+                billing_file_stale: true,
                 last_usage_s: i64::MIN,
                 last_storage_s: i64::MIN,
                 counters: Counters::default(),
             }),
+            journal,
             aggregator: config.aggregator.as_deref().map(|base| {
                 Box::new(HttpAggregator::new(
                     base,
@@ -335,6 +378,10 @@ impl Service {
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn state_path(&self) -> PathBuf {
+        self.config.dir.join(STATE_FILE)
     }
 
     fn now_s(&self) -> UnixSeconds {
@@ -368,7 +415,11 @@ impl Service {
         let account = request.account.clone();
         let info = JobInfo::pending(id.clone(), request, now);
         inner.sched.submit(spec_of(&info))?;
-        inner.state.next_job_number.insert(account, number + 1);
+        inner
+            .state
+            .next_job_number
+            .insert(account.clone(), number + 1);
+        let from = inner.state.outbox.len();
         let mut ev = event(&info, now, JobEventKind::Submitted);
         ev.gpus = Some(info.request.gpus);
         ev.partition = info.request.partition.clone();
@@ -376,33 +427,84 @@ impl Service {
         inner.state.outbox.push(ev);
         tracing::info!(job = %id, account = %info.request.account, gpus = info.request.gpus, "job submitted");
         inner.state.jobs.insert(id.clone(), info);
-        inner.dirty = true;
+        let change = Change {
+            next_job_number: Some((account, number + 1)),
+            ..inner.jobs_change(&[&id], from)
+        };
+        let ticket = self.record(&mut inner, change);
+        drop(inner);
+        if let Err(e) = self.commit(&ticket, || format!("job {id} withdrawn, nothing will run")) {
+            self.withdraw(&id, &e);
+            return Err(e);
+        }
         Ok(id)
+    }
+
+    /// Ends a job whose submission could not be saved, before it runs (or at once if a cycle
+    /// started it meanwhile): its owner was told it was not queued.
+    fn withdraw(&self, id: &JobId, why: &Error) {
+        tracing::error!(job = %id, error = %why, "submission not saved; job withdrawn");
+        let withdrawn = "withdrawn: its submission could not be saved";
+        if let Ok((_, Some(ticket))) = self.cancel_within(id, Some(0), Some(withdrawn)) {
+            // Likely to fail as the submission did; the next cycle's save holds it either way.
+            let _ = self.journal.commit(&ticket);
+        }
+    }
+
+    /// Queues `change` for the journal, in the order of the changes made under the lock.
+    fn record(&self, inner: &mut Inner, change: Change) -> journal::Ticket {
+        inner.changed();
+        self.journal.push(change)
+    }
+
+    /// Returns once the change is on disk; else what was done and why it is not acknowledged.
+    fn commit(&self, ticket: &journal::Ticket, what: impl FnOnce() -> String) -> Result<()> {
+        self.journal
+            .commit(ticket)
+            .map_err(|source| Error::NotStored {
+                what: what(),
+                path: self.journal.path().to_owned(),
+                source,
+            })
     }
 
     /// Cancels a job: a pending one leaves the queue, a running one gets its checkpoint signal
     /// and SIGKILL after its grace.
     pub fn cancel(&self, id: &JobId) -> Result<JobInfo> {
-        self.cancel_within(id, None)
+        self.cancel_committed(id, None)
     }
 
     /// [`Service::cancel`], with SIGKILL at once (`cancel --now`) instead of after the grace.
     pub fn cancel_now(&self, id: &JobId) -> Result<JobInfo> {
-        self.cancel_within(id, Some(0))
+        self.cancel_committed(id, Some(0))
     }
 
-    fn cancel_within(&self, id: &JobId, grace_s: Option<u64>) -> Result<JobInfo> {
+    fn cancel_committed(&self, id: &JobId, grace_s: Option<u64>) -> Result<JobInfo> {
+        let (info, ticket) = self.cancel_within(id, grace_s, None)?;
+        if let Some(ticket) = ticket {
+            self.commit(&ticket, || format!("job {id} cancelled"))?;
+        }
+        Ok(info)
+    }
+
+    /// The job as the cancel left it, and the journal's record of the change (none when it had
+    /// ended already). `reason`, when given, is what the job's record says.
+    fn cancel_within(
+        &self,
+        id: &JobId,
+        grace_s: Option<u64>,
+        reason: Option<&str>,
+    ) -> Result<(JobInfo, Option<journal::Ticket>)> {
         let now = self.now_s();
         let mut inner = self.lock();
         let Some(info) = inner.state.jobs.get(id).cloned() else {
             return Err(Error::UnknownJob(id.clone()));
         };
+        let from = inner.state.outbox.len();
         match info.state {
             JobState::Pending => {
                 inner.sched.cancel_pending(id);
-                inner
-                    .finish_record(id, now, JobState::Cancelled, None)
-                    .ok_or_else(|| Error::UnknownJob(id.clone()))
+                inner.finish_record(id, now, JobState::Cancelled, None);
             }
             JobState::Running | JobState::Preempting => {
                 let grace = grace_s.unwrap_or_else(|| self.grace_of(&info));
@@ -410,10 +512,15 @@ impl Service {
                 if grace == 0 {
                     let _ = inner.executor.signal(id, Signal::SIGKILL);
                 }
-                Ok(inner.state.jobs[id].clone())
             }
-            _ => Ok(info),
+            _ => return Ok((info, None)),
         }
+        if let (Some(reason), Some(job)) = (reason, inner.state.jobs.get_mut(id)) {
+            job.reason = Some(reason.to_owned());
+        }
+        let change = inner.jobs_change(&[id], from);
+        let ticket = self.record(&mut inner, change);
+        Ok((inner.state.jobs[id].clone(), Some(ticket)))
     }
 
     /// Records a checkpoint the job reports: preempting it now loses less.
@@ -426,8 +533,10 @@ impl Service {
         if let Some(job) = inner.state.jobs.get_mut(id) {
             job.last_checkpoint_s = Some(now);
         }
-        inner.dirty = true;
-        Ok(())
+        let change = inner.jobs_change(&[id], inner.state.outbox.len());
+        let ticket = self.record(&mut inner, change);
+        drop(inner);
+        self.commit(&ticket, || format!("job {id}'s checkpoint recorded"))
     }
 
     pub fn job(&self, id: &JobId) -> Option<JobInfo> {
@@ -680,18 +789,26 @@ impl Service {
         inner.refresh_pending();
         let history_s = self.cluster.scheduler.job_history.as_secs() as i64;
         if inner.state.forget_ended_before(now - history_s) > 0 {
-            inner.dirty = true;
+            inner.changed();
         }
+        self.batch_events(&mut inner);
         if inner.dirty {
             inner.write_job_mapping(&self.config.dir)?;
-            inner.state.save(&self.config.dir.join("state.json"))?;
+            inner.state.journal_seq = self.journal.last_seq();
+            inner.state.save(&self.state_path())?;
+            if let Err(error) = self.journal.saved_through(inner.state.journal_seq) {
+                tracing::warn!(%error, "the journal could not be emptied; its records are skipped at start");
+            }
             inner.dirty = false;
         }
-        let outbox = std::mem::take(&mut inner.state.outbox);
+        if inner.billing_file_stale {
+            self.write_billing_reservations_or_later(&mut inner);
+        }
+        let batch = inner.state.sending.clone();
         let seq = inner.state.event_seq;
         drop(inner);
-        if !outbox.is_empty() {
-            self.send_events(outbox, seq)?;
+        if !batch.is_empty() {
+            self.send_events(&batch, seq);
         }
         Ok(cycle)
     }
@@ -749,7 +866,7 @@ impl Service {
                 }
                 Err(e) => inner.fail_launch(&info.id, now, &e),
             }
-            inner.dirty = true;
+            inner.changed();
         }
         for p in &cycle.preempted {
             let Some(info) = inner.state.jobs.get(&p.job_id).cloned() else {
@@ -767,7 +884,7 @@ impl Service {
                 job.signal_s = Some(now);
                 job.kill_s = Some(p.kill_s);
             }
-            inner.dirty = true;
+            inner.changed();
         }
         for r in &cycle.resized {
             // A process cannot change its CUDA_VISIBLE_DEVICES while it runs: an elastic job is
@@ -796,7 +913,7 @@ impl Service {
                 ev.allocation = Some(r.allocation.clone());
                 inner.state.outbox.push(ev);
             }
-            inner.dirty = true;
+            inner.changed();
         }
     }
 }

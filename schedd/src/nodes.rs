@@ -70,11 +70,17 @@ impl Service {
             since_s: now,
             by: by.to_owned(),
         };
-        if !inner.drain_node(node, drained) {
+        if !inner.drain_node(node, drained.clone()) {
             return Err(Error::UnknownNode(node.to_owned()));
         }
         tracing::warn!(node, reason, by, "node drained");
-        Ok(())
+        let change = Change {
+            drained: vec![(node.to_owned(), Some(drained))],
+            ..Change::default()
+        };
+        let ticket = self.record(&mut inner, change);
+        drop(inner);
+        self.commit(&ticket, || format!("node {node} drained"))
     }
 
     /// Puts `node` back in service; false when it was not drained.
@@ -85,11 +91,18 @@ impl Service {
         }
         let was = inner.state.drained.remove(node).is_some();
         inner.sched.set_drained(node, false);
-        if was {
-            tracing::info!(node, "node resumed");
-            inner.dirty = true;
+        if !was {
+            return Ok(false);
         }
-        Ok(was)
+        tracing::info!(node, "node resumed");
+        let change = Change {
+            drained: vec![(node.to_owned(), None)],
+            ..Change::default()
+        };
+        let ticket = self.record(&mut inner, change);
+        drop(inner);
+        self.commit(&ticket, || format!("node {node} resumed"))?;
+        Ok(true)
     }
 
     /// Every node with its GPUs, what is allocated and whether it is in service (as `sinfo`).
@@ -143,7 +156,7 @@ impl Inner {
             return false;
         }
         self.state.drained.insert(node.to_owned(), drained);
-        self.dirty = true;
+        self.changed();
         true
     }
 
@@ -171,7 +184,7 @@ impl Inner {
                 };
                 self.drain_node(&node, drained);
             }
-            self.dirty = true;
+            self.changed();
         }
     }
 }

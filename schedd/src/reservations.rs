@@ -4,6 +4,7 @@
 use super::*;
 
 use gpuledger_model::{GpuModel, NodeId};
+use gpuledger_scheduler::reservation::shown_name;
 
 /// How far before now a reservation may say it starts: a client's clock, or the time its
 /// request took.
@@ -45,24 +46,63 @@ impl Service {
             .map(|n| inner.sched.cluster().node_spec(*n).id.clone())
             .collect();
         inner.state.reservations.push(entry.clone());
-        inner.dirty = true;
-        self.write_billing_reservations(&inner)?;
+        let ticket = self.record_reservations(&mut inner);
+        drop(inner);
+        let name = shown_name(&entry.name);
+        if let Err(e) = self.commit(&ticket, || format!("reservation `{name}` not made")) {
+            let mut inner = self.lock();
+            inner.sched.remove_reservation(&entry.name);
+            inner.state.reservations.retain(|r| r.name != entry.name);
+            self.record_reservations(&mut inner);
+            return Err(e);
+        }
+        self.write_billing_reservations_or_later(&mut self.lock());
         Ok(entry)
     }
 
     pub fn unreserve(&self, name: &str) -> Result<bool> {
         let mut inner = self.lock();
         let removed = inner.sched.remove_reservation(name).is_some();
+        if !removed {
+            return Ok(false);
+        }
         inner.state.reservations.retain(|r| r.name != name);
-        inner.dirty = true;
-        self.write_billing_reservations(&inner)?;
-        Ok(removed)
+        let ticket = self.record_reservations(&mut inner);
+        drop(inner);
+        self.commit(&ticket, || {
+            format!(
+                "reservation `{}` removed until the scheduler restarts",
+                shown_name(name)
+            )
+        })?;
+        self.write_billing_reservations_or_later(&mut self.lock());
+        Ok(true)
+    }
+
+    fn record_reservations(&self, inner: &mut Inner) -> journal::Ticket {
+        let change = Change {
+            reservations: Some(inner.state.reservations.clone()),
+            ..Change::default()
+        };
+        self.record(inner, change)
+    }
+
+    /// The reservations are saved in the state: a failed write of billing's copy is tried
+    /// again at every cycle until it succeeds.
+    pub(crate) fn write_billing_reservations_or_later(&self, inner: &mut Inner) {
+        if let Err(error) = self.write_billing_reservations(inner) {
+            tracing::warn!(%error, "billing's reservations file not written; trying again next cycle");
+        }
     }
 
     /// Billing charges the owner of a reservation for its reserved-but-unused GPU-hours; it
     /// reads them from this file.
-    pub(crate) fn write_billing_reservations(&self, inner: &Inner) -> Result<()> {
+    /// Written after the state that holds the same reservations (and again at the next
+    /// cycle, and at every start, if it fails), so billing never has one the scheduler lost.
+    pub(crate) fn write_billing_reservations(&self, inner: &mut Inner) -> Result<()> {
+        inner.billing_file_stale = true;
         let Some(path) = &self.config.billing_reservations else {
+            inner.billing_file_stale = false;
             return Ok(());
         };
         let mut billed = BilledReservations::default();
@@ -94,23 +134,26 @@ impl Service {
             }
         }
         let out = billed.to_toml();
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(|source| Error::Io {
-                path: parent.to_owned(),
-                source,
-            })?;
-        }
-        std::fs::write(path, out).map_err(|source| Error::Io {
-            path: path.clone(),
-            source,
-        })?;
-        std::fs::write(
-            self.config.dir.join("reservations.toml"),
-            reservations_toml(&inner.state.reservations),
-        )
-        .map_err(|source| Error::Io {
-            path: self.config.dir.join("reservations.toml"),
-            source,
-        })
+        let write = |path: &Path, text: &str| {
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent).map_err(|source| Error::Io {
+                    path: parent.to_owned(),
+                    source,
+                })?;
+            }
+            gpuledger_model::durable::replace_file(path, text.as_bytes()).map_err(|source| {
+                Error::Io {
+                    path: path.to_owned(),
+                    source,
+                }
+            })
+        };
+        write(path, &out)?;
+        write(
+            &self.config.dir.join("reservations.toml"),
+            &reservations_toml(&inner.state.reservations),
+        )?;
+        inner.billing_file_stale = false;
+        Ok(())
     }
 }

@@ -298,15 +298,23 @@ pub struct State {
     pub jobs: BTreeMap<JobId, JobInfo>,
     #[serde(default)]
     pub reservations: Vec<ReservationEntry>,
-    /// Job events not yet acknowledged by the aggregator.
+    /// Job events not yet put in a batch.
     #[serde(default)]
     pub outbox: Vec<JobEvent>,
-    /// Sequence number of the next batch of events sent.
+    /// The batch numbered `event_seq`, sent and not yet acknowledged: sent again exactly as it
+    /// is until it is, since the aggregator keeps the first copy of a number and drops any
+    /// later one whole (a batch that grew while its answer was lost would lose the new events).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sending: Vec<JobEvent>,
+    /// Sequence number of the batch in `sending`, or of the next one.
     #[serde(default)]
     pub event_seq: u64,
     /// Nodes out of service, by name.
     #[serde(default)]
     pub drained: BTreeMap<String, Drained>,
+    /// The last journal record this state holds (`journal.rs`).
+    #[serde(default)]
+    pub journal_seq: u64,
 }
 
 /// Why and since when a node is out of service (as Slurm's `scontrol show node` Reason).

@@ -2,6 +2,7 @@
 //! job preempts it (SIGTERM, checkpoint, requeue), both finish, the state survives a restart
 //! that adopts a running process, and bad requests get a clear 4xx.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -458,6 +459,8 @@ struct FakeAggregator {
     feed: std::sync::Mutex<gpuledger_model::usage::UsageFeed>,
     posted: std::sync::Mutex<Vec<(u64, Vec<gpuledger_model::job::JobEvent>)>>,
     down: std::sync::atomic::AtomicBool,
+    /// Stores what is posted but the answer never arrives (a timeout after the write).
+    answers_lost: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug)]
@@ -479,8 +482,65 @@ impl gpuledger_schedd::aggregator::AggregatorLink for Shared {
             return Err("connection refused".into());
         }
         self.0.posted.lock().unwrap().push((seq, events.to_vec()));
+        if self
+            .0
+            .answers_lost
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            return Err("timed out reading the answer".into());
+        }
         Ok(())
     }
+}
+
+/// The aggregator keeps the first copy of each batch number and drops later ones whole: a
+/// batch whose answer was lost is sent again exactly as it was, also after a restart, and the
+/// events that came meanwhile go in the next number, so none is dropped as a duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_whose_answer_was_lost_is_sent_again_unchanged_and_later_events_get_the_next_number(
+) {
+    use gpuledger_model::job::JobEventKind;
+    let dir = tempfile::tempdir().unwrap();
+    let _jobs = gpuledger_testkit::KillJobsUnder::new(dir.path());
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let fake = Arc::new(FakeAggregator::default());
+    fake.answers_lost
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let with_fake = |s: Service| Arc::new(s.with_aggregator(Box::new(Shared(Arc::clone(&fake)))));
+    let s = with_fake(open_with(dir.path(), cluster(), Arc::clone(&clock)).unwrap());
+    let job = json!({"command": "true", "account": "team-a", "gpus": 1, "time_limit": "1h"});
+    assert_eq!(submit(&s, job.clone()).await.0, StatusCode::CREATED);
+    s.tick().unwrap();
+    assert_eq!(submit(&s, job.clone()).await.0, StatusCode::CREATED);
+    s.tick().unwrap();
+    drop(s);
+    let s = with_fake(open_with(dir.path(), cluster(), Arc::clone(&clock)).unwrap());
+    s.tick().unwrap();
+    fake.answers_lost
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    for _ in 0..3 {
+        clock.advance_ms(1000);
+        s.tick().unwrap();
+    }
+    let posted = fake.posted.lock().unwrap().clone();
+    let numbers: Vec<u64> = posted.iter().map(|(seq, _)| *seq).collect();
+    assert_eq!(numbers[..5], [0, 0, 0, 0, 1], "{posted:?}");
+    assert!(
+        posted[..4].iter().all(|(_, events)| events == &posted[0].1),
+        "batch 0 sent again unchanged: {posted:?}"
+    );
+    // What the aggregator stored: the first copy of each number.
+    let mut stored = BTreeMap::new();
+    for (seq, events) in &posted {
+        stored.entry(*seq).or_insert_with(|| events.clone());
+    }
+    let submitted: Vec<String> = stored
+        .values()
+        .flatten()
+        .filter(|e| e.kind == JobEventKind::Submitted)
+        .map(|e| e.job_id.to_string())
+        .collect();
+    assert_eq!(submitted, ["team-a.1", "team-a.2"], "{posted:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -666,6 +726,7 @@ async fn a_job_runs_as_its_accounts_user_and_reaches_nothing_of_the_service_or_o
     let snoop = "id -u; \
         cat ../../../tokens.toml >/dev/null 2>&1 && echo READ-TOKENS; \
         cat ../../state.json >/dev/null 2>&1 && echo READ-STATE; \
+        cat ../../journal.jsonl >/dev/null 2>&1 && echo READ-JOURNAL; \
         ls ../team-a.1 >/dev/null 2>&1 && echo READ-OTHER-JOB; \
         kill -9 \"$VICTIM\" 2>/dev/null && echo KILLED-OTHER-JOB; \
         touch ../../planted 2>/dev/null && echo WROTE-STATE-DIR; \
@@ -686,8 +747,10 @@ async fn a_job_runs_as_its_accounts_user_and_reaches_nothing_of_the_service_or_o
     use std::os::unix::fs::MetadataExt;
     let b_dir = std::fs::metadata(dir.path().join(format!("scheduler/jobs/{b}"))).unwrap();
     assert_eq!((b_dir.uid(), b_dir.mode() & 0o777), (65534, 0o700));
-    let state_file = std::fs::metadata(dir.path().join("scheduler/state.json")).unwrap();
-    assert_eq!(state_file.mode() & 0o777, 0o600);
+    for file in ["state.json", "journal.jsonl"] {
+        let meta = std::fs::metadata(dir.path().join("scheduler").join(file)).unwrap();
+        assert_eq!(meta.mode() & 0o777, 0o600, "{file}");
+    }
     let (_, body) = call(&s, "DELETE", &format!("/api/v1/jobs/{a}?now=true"), None).await;
     assert_eq!(body["state"], "running", "{body}");
     tick_until(&s, &clock, |s| state(s, &a) == JobState::Cancelled);

@@ -1,0 +1,172 @@
+//! `gpuledger bench submit`: submissions to a real scheduler process over loopback, each
+//! answered only once the state file holding it is written and flushed. Every node is drained
+//! first, so the queue only grows and each write holds every job submitted so far (the worst
+//! case of a sweep script). Reports submissions per second and latency percentiles over the
+//! whole run and over its last tenth, and the state file's size at the end.
+//!
+//! `--binary` measures another build's scheduler (one from before a change) in the same run.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use gpuledger_model::stats::percentile;
+
+use crate::process::{spawn, stop};
+
+/// What `bench submit` runs.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SubmitArgs {
+    /// Jobs submitted in all.
+    #[arg(long, default_value_t = 2000)]
+    pub jobs: usize,
+    /// Clients submitting at once, each one after another.
+    #[arg(long, default_value_t = 1)]
+    pub clients: usize,
+    /// The gpuledger binary whose scheduler is measured (default: this one).
+    #[arg(long)]
+    pub binary: Option<PathBuf>,
+}
+
+const NODES: usize = 16;
+
+fn cluster_config() -> String {
+    // A scheduler running as root runs an account's jobs only as a user it is told.
+    let root = std::fs::metadata("/proc/self").is_ok_and(|m| {
+        use std::os::unix::fs::MetadataExt;
+        m.uid() == 0
+    });
+    let run_as = if root {
+        "run_as = { user = \"root\" }\n"
+    } else {
+        ""
+    };
+    format!(
+        "version = 1\n[cluster]\nname = \"bench\"\n[[node_pools]]\nname = \"p\"\nprefix = \"gpu\"\n\
+         count = {NODES}\ngpus_per_node = 8\ngpu_model = \"h100-sxm\"\n[[partitions]]\n\
+         name = \"train\"\npriority_tier = 20\ndefault = true\n[prices]\nversion = \"v\"\n\
+         effective_from = \"2026-01-01\"\ncurrency = \"USD\"\ngpu_hour = {{ h100-sxm = \"1\" }}\n\
+         [[accounts]]\nid = \"team-a\"\nname = \"A\"\nweight = 1\n{run_as}"
+    )
+}
+
+fn post(agent: &ureq::Agent, url: &str, body: &str) -> anyhow::Result<()> {
+    let mut reply = agent
+        .post(url)
+        .header("content-type", "application/json")
+        .send(body.as_bytes())?;
+    let status = reply.status().as_u16();
+    if !(200..300).contains(&status) {
+        let text = reply.body_mut().read_to_string().unwrap_or_default();
+        bail!("{url}: {status} {text}");
+    }
+    Ok(())
+}
+
+/// Runs the measurement; the report.
+pub fn run(args: &SubmitArgs) -> anyhow::Result<String> {
+    if args.jobs == 0 || args.clients == 0 {
+        bail!("--jobs and --clients must be at least 1");
+    }
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("cluster.toml");
+    std::fs::write(&config, cluster_config())?;
+    let data = dir.path().join("data");
+    let binary = match &args.binary {
+        Some(b) => b.clone(),
+        None => std::env::current_exe()?,
+    };
+    let service = spawn(
+        &binary,
+        &[
+            "scheduler",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data.to_str().context("a UTF-8 temporary path")?,
+            "--config",
+            config.to_str().context("a UTF-8 temporary path")?,
+        ],
+    )?;
+    let url = service.url.clone();
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(60)))
+        .build()
+        .into();
+    for n in 1..=NODES {
+        post(
+            &agent,
+            &format!("{url}/api/v1/nodes/gpu{n:03}/drain"),
+            "{\"reason\": \"bench\"}",
+        )?;
+    }
+    let latencies = Arc::new(Mutex::new(Vec::with_capacity(args.jobs)));
+    let began = Instant::now();
+    let per_client = args.jobs.div_ceil(args.clients);
+    let workers: Vec<_> = (0..args.clients)
+        .map(|c| {
+            let (agent, url, latencies) = (agent.clone(), url.clone(), Arc::clone(&latencies));
+            let count = per_client.min(args.jobs.saturating_sub(c * per_client));
+            std::thread::spawn(move || -> anyhow::Result<()> {
+                let body = "{\"command\": \"true\", \"account\": \"team-a\", \"gpus\": 1, \"time_limit\": \"1h\"}";
+                for _ in 0..count {
+                    let sent = Instant::now();
+                    post(&agent, &format!("{url}/api/v1/jobs"), body)?;
+                    let took = sent.elapsed();
+                    latencies
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push((sent.duration_since(began), took));
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join()
+            .map_err(|_| anyhow::anyhow!("a client panicked"))??;
+    }
+    let elapsed = began.elapsed();
+    stop(service)?;
+    let state_bytes = state_size(&data)?;
+    let mut all = latencies.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    all.sort_by_key(|(sent, _)| *sent);
+    let last_tenth: Vec<Duration> = all[all.len() - all.len().div_ceil(10)..]
+        .iter()
+        .map(|(_, t)| *t)
+        .collect();
+    let whole: Vec<Duration> = all.iter().map(|(_, t)| *t).collect();
+    Ok(format!(
+        "{} submissions from {} client(s) in {:.2} s: {:.0} per second\n\
+         latency ms, all: {}\nlatency ms, last tenth: {}\nstate.json at the end: {:.1} MB\n",
+        all.len(),
+        args.clients,
+        elapsed.as_secs_f64(),
+        all.len() as f64 / elapsed.as_secs_f64(),
+        summary(&whole),
+        summary(&last_tenth),
+        state_bytes as f64 / 1e6,
+    ))
+}
+
+fn summary(latencies: &[Duration]) -> String {
+    let mut us: Vec<i64> = latencies.iter().map(|d| d.as_micros() as i64).collect();
+    us.sort_unstable();
+    let ms = |p: f64| percentile(&us, p).unwrap_or(0) as f64 / 1000.0;
+    format!(
+        "p50 {:.2}  p99 {:.2}  max {:.2}",
+        ms(50.0),
+        ms(99.0),
+        ms(100.0)
+    )
+}
+
+fn state_size(data: &Path) -> anyhow::Result<u64> {
+    let path = data.join("scheduler").join("state.json");
+    Ok(std::fs::metadata(&path)
+        .with_context(|| path.display().to_string())?
+        .len())
+}

@@ -1,0 +1,328 @@
+//! The journal (`journal.jsonl`): a request's change (a submission, a cancel, a drain, a
+//! reservation) is appended and flushed before the request is answered, so `kill -9` or a power
+//! loss right after the answer keeps it. `state.json` is written whole at the cycle after a
+//! change, saying the last record it holds, and the journal is emptied; on start the records
+//! after that one are applied to the state read back.
+//!
+//! A record holds the objects the request changed as they are after it, so applying it again
+//! changes nothing. Requests that arrive while the journal is being flushed are flushed together
+//! by the next write (group commit): a submission costs one small append whatever the size of the
+//! state.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use serde::{Deserialize, Serialize};
+
+use gpuledger_model::job::JobEvent;
+use gpuledger_model::AccountId;
+use gpuledger_scheduler::reservation::ReservationEntry;
+
+use crate::state::{Drained, JobInfo, State};
+use crate::{Error, Result};
+
+pub(crate) const JOURNAL_FILE: &str = "journal.jsonl";
+
+/// One request's change: what it changed, as it is after the change.
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Change {
+    /// Set by the journal: records are applied in this order, those the state holds skipped.
+    #[serde(default)]
+    pub seq: u64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub jobs: Vec<JobInfo>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_job_number: Option<(AccountId, u64)>,
+    /// Events the change queued for the aggregator.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<JobEvent>,
+    /// Nodes drained (`Some`) or resumed (`None`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub drained: Vec<(String, Option<Drained>)>,
+    /// Every reservation, when they changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservations: Option<Vec<ReservationEntry>>,
+}
+
+impl Change {
+    fn apply(self, state: &mut State) {
+        for job in self.jobs {
+            state.jobs.insert(job.id.clone(), job);
+        }
+        if let Some((account, next)) = self.next_job_number {
+            let kept = state.next_job_number.entry(account).or_insert(next);
+            *kept = (*kept).max(next);
+        }
+        state.outbox.extend(self.events);
+        for (node, drained) in self.drained {
+            match drained {
+                Some(d) => state.drained.insert(node, d),
+                None => state.drained.remove(&node),
+            };
+        }
+        if let Some(reservations) = self.reservations {
+            state.reservations = reservations;
+        }
+    }
+}
+
+/// How a queued record's write ended: nothing yet, written (or saved in `state.json`), or the
+/// error (kind and message; `io::Error` cannot be cloned for every waiter).
+type Outcome = Arc<OnceLock<Result<(), (io::ErrorKind, String)>>>;
+
+/// A change queued for the journal; [`Journal::commit`] returns once it is on disk.
+#[derive(Debug)]
+pub(crate) struct Ticket {
+    outcome: Outcome,
+}
+
+#[derive(Debug)]
+struct Queued {
+    next_seq: u64,
+    records: Vec<(u64, Vec<u8>, Outcome)>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Journal {
+    path: PathBuf,
+    /// Held while records are written and flushed; later requests queue meanwhile.
+    file: Mutex<File>,
+    queued: Mutex<Queued>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Journal {
+    /// Opens `dir/journal.jsonl` and applies to `state` the records after those it holds. A
+    /// last record cut short (a crash while it was written: never acknowledged) is cut off; a
+    /// bad record before the last stops the start, naming its line.
+    pub(crate) fn open(dir: &Path, state: &mut State) -> Result<Journal> {
+        let path = dir.join(JOURNAL_FILE);
+        let io_error = |source| Error::Io {
+            path: path.clone(),
+            source,
+        };
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(io_error(e)),
+        };
+        let (changes, whole) = parse(&bytes).map_err(|(line, message)| Error::State {
+            path: path.clone(),
+            message: format!("line {line}: {message}"),
+        })?;
+        if whole < bytes.len() {
+            tracing::warn!(path = %path.display(), bytes = bytes.len() - whole, "a journal record cut short by a crash is dropped (it was never acknowledged)");
+        }
+        let mut last = state.journal_seq;
+        for change in changes {
+            if change.seq > state.journal_seq {
+                last = last.max(change.seq);
+                change.apply(state);
+            }
+        }
+        state.journal_seq = last;
+        // Tenants' commands and environments: the service's eyes only, as `state.json`.
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(io_error)?;
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))
+            .map_err(io_error)?;
+        file.set_len(whole as u64).map_err(io_error)?;
+        gpuledger_model::durable::sync_parent(&path).map_err(io_error)?;
+        Ok(Journal {
+            path,
+            file: Mutex::new(file),
+            queued: Mutex::new(Queued {
+                next_seq: last + 1,
+                records: Vec::new(),
+            }),
+        })
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Queues `change` as the next record. Called with the service's state locked, so the
+    /// records' order is the changes' order.
+    pub(crate) fn push(&self, mut change: Change) -> Ticket {
+        let mut queued = lock(&self.queued);
+        change.seq = queued.next_seq;
+        queued.next_seq += 1;
+        let outcome = Outcome::default();
+        // A change of plain data always serializes; were it not to, its write fails.
+        let line = serde_json::to_vec(&change).unwrap_or_default();
+        queued
+            .records
+            .push((change.seq, line, Arc::clone(&outcome)));
+        Ticket { outcome }
+    }
+
+    /// The last record queued: a `state.json` written now holds every change up to it.
+    pub(crate) fn last_seq(&self) -> u64 {
+        lock(&self.queued).next_seq - 1
+    }
+
+    /// Returns once `ticket`'s record is on disk, writing it and every record queued with it.
+    pub(crate) fn commit(&self, ticket: &Ticket) -> io::Result<()> {
+        let mut file = lock(&self.file);
+        if ticket.outcome.get().is_none() {
+            let records = std::mem::take(&mut lock(&self.queued).records);
+            let result = write_records(&mut file, &records);
+            for (_, _, outcome) in &records {
+                let _ = outcome.set(
+                    result
+                        .as_ref()
+                        .map(|_| ())
+                        .map_err(|e| (e.kind(), e.to_string())),
+                );
+            }
+        }
+        match ticket.outcome.get() {
+            Some(Err((kind, message))) => Err(io::Error::new(*kind, message.clone())),
+            _ => Ok(()),
+        }
+    }
+
+    /// `state.json` now holds every record up to `seq` (the last one queued, the state being
+    /// locked): those still queued are done, and the journal starts again empty.
+    pub(crate) fn saved_through(&self, seq: u64) -> io::Result<()> {
+        let file = lock(&self.file);
+        lock(&self.queued).records.retain(|(s, _, outcome)| {
+            if *s <= seq {
+                let _ = outcome.set(Ok(()));
+            }
+            *s > seq
+        });
+        // Not flushed: were the emptying lost, the records are ones the state holds, skipped.
+        file.set_len(0)
+    }
+}
+
+/// Appends the records and flushes them; on an error the file is cut back to where it was, so
+/// a later record never follows a torn one.
+fn write_records(file: &mut File, records: &[(u64, Vec<u8>, Outcome)]) -> io::Result<()> {
+    if records.is_empty() {
+        return Ok(());
+    }
+    let len = file.metadata()?.len();
+    let mut bytes = Vec::new();
+    for (_, line, _) in records {
+        if line.is_empty() {
+            return Err(io::Error::other("a journal record could not be encoded"));
+        }
+        bytes.extend_from_slice(line);
+        bytes.push(b'\n');
+    }
+    let written = file.write_all(&bytes).and_then(|()| file.sync_data());
+    if written.is_err() {
+        let _ = file.set_len(len);
+    }
+    written
+}
+
+/// The records of a journal and the length of its whole lines; a last line without its newline
+/// or unreadable is a torn write, left out. Any other bad line: its number and why.
+fn parse(bytes: &[u8]) -> std::result::Result<(Vec<Change>, usize), (usize, String)> {
+    let mut changes = Vec::new();
+    let mut whole = 0;
+    let lines: Vec<&[u8]> = bytes.split_inclusive(|b| *b == b'\n').collect();
+    for (i, line) in lines.iter().enumerate() {
+        let last = i + 1 == lines.len();
+        let Some(text) = line.strip_suffix(b"\n") else {
+            break;
+        };
+        match serde_json::from_slice::<Change>(text) {
+            Ok(change) => changes.push(change),
+            Err(_) if last => break,
+            Err(e) => return Err((i + 1, e.to_string())),
+        }
+        whole += line.len();
+    }
+    Ok((changes, whole))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drain(node: &str, reason: &str) -> Change {
+        Change {
+            drained: vec![(
+                node.into(),
+                Some(Drained {
+                    reason: reason.into(),
+                    since_s: 0,
+                    by: "op".into(),
+                }),
+            )],
+            ..Change::default()
+        }
+    }
+
+    #[test]
+    fn records_after_the_state_are_applied_and_a_torn_last_one_is_cut_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut state = State::default();
+        let journal = Journal::open(dir.path(), &mut state).unwrap();
+        let tickets: Vec<Ticket> = [("gpu001", "a"), ("gpu002", "b"), ("gpu003", "c")]
+            .into_iter()
+            .map(|(n, r)| journal.push(drain(n, r)))
+            .collect();
+        journal.commit(&tickets[0]).unwrap();
+        for t in &tickets {
+            assert!(matches!(t.outcome.get(), Some(Ok(()))), "one write for all");
+        }
+        drop(journal);
+        let path = dir.path().join(JOURNAL_FILE);
+        let mut text = std::fs::read_to_string(&path).unwrap();
+        text.push_str("{\"seq\": 4, \"drained\": [[\"gpu004\"");
+        std::fs::write(&path, &text).unwrap();
+
+        // A state saved after the first record: only the later two apply.
+        let mut state = State {
+            journal_seq: 1,
+            ..State::default()
+        };
+        let journal = Journal::open(dir.path(), &mut state).unwrap();
+        let drained: Vec<&str> = state.drained.keys().map(String::as_str).collect();
+        assert_eq!(drained, ["gpu002", "gpu003"]);
+        assert_eq!(state.journal_seq, 3);
+        assert_eq!(journal.last_seq(), 3);
+        let kept = std::fs::read_to_string(&path).unwrap();
+        assert!(!kept.contains("gpu004") && kept.ends_with('\n'), "{kept}");
+
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        journal.saved_through(3).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap().len(), 0);
+    }
+
+    #[test]
+    fn a_bad_record_before_the_last_stops_the_start_naming_its_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let line = serde_json::to_string(&drain("gpu001", "a")).unwrap();
+        std::fs::write(
+            dir.path().join(JOURNAL_FILE),
+            format!("{line}\n{{\"seq\": 2, \"colour\": 1}}\n{line}\n"),
+        )
+        .unwrap();
+        let e = Journal::open(dir.path(), &mut State::default()).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("journal.jsonl: state file unreadable: line 2: unknown field `colour`"),
+            "{e}"
+        );
+    }
+}
