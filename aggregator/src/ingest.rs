@@ -3,6 +3,7 @@
 //! log (when there is one) and applied to the store; it is acknowledged once the log is
 //! fsync'd. [`Ingestor::flush`] persists the store to Parquet and checkpoints the log.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs;
 use std::path::PathBuf;
@@ -15,8 +16,10 @@ use serde::{Deserialize, Serialize};
 use gpuledger_model::job::{job_events_from_batch, job_events_to_batch, JobEvent};
 use gpuledger_model::time::Clock;
 
+use gpuledger_model::config::UnknownTenants;
+use gpuledger_model::inventory::PLATFORM_ACCOUNT;
 use gpuledger_model::validate::rebook_unknown_tenants;
-use gpuledger_model::Inventory;
+use gpuledger_model::{AccountId, Inventory};
 
 use crate::coverage::Coverage;
 use crate::store::{FlushStats, Store};
@@ -66,38 +69,125 @@ impl IngestorConfig {
     }
 }
 
-/// Events against the aggregator's clock: a time before 1970, or further ahead than a sample
-/// may start, is no event's (a job finished years ahead would be billed years of GPUs). The
-/// batch is refused whole, naming each row, as a sample batch is.
-fn check_event_times(events: &[JobEvent], now_ms: i64, future_tolerance_ms: i64) -> Result<()> {
+/// Events checked against the aggregator's clock and the cluster config, each refusal naming
+/// its row and field; the batch is refused whole, as a sample batch is. A time before 1970, or
+/// further ahead than a sample may start, is no event's (a job finished years ahead would be
+/// billed years of GPUs); a job holds no more GPUs than the cluster has, and only GPUs of its
+/// nodes. An account (or a project of it) the config does not define is refused, or under
+/// `unknown_tenants = "platform"` booked to the platform account as a sample row is: the
+/// events to store, and how many were rebooked.
+fn check_events<'a>(
+    events: &'a [JobEvent],
+    now_ms: i64,
+    future_tolerance_ms: i64,
+    inventory: &Inventory,
+) -> Result<(Cow<'a, [JobEvent]>, usize)> {
     let latest = now_ms.saturating_add(future_tolerance_ms);
-    let errors: Vec<RowError> = events
-        .iter()
-        .enumerate()
-        .filter_map(|(row, event)| {
-            let why = if event.time_ms < 0 {
-                "is before 1970".to_owned()
-            } else if event.time_ms > latest {
-                format!(
-                    "is {} s ahead of the aggregator's clock",
-                    (event.time_ms - now_ms) / 1000
-                )
-            } else {
-                return None;
-            };
-            Some(RowError {
-                row: Some(row),
-                field: "time_ms".into(),
-                message: format!("{} {why}", event.time_ms),
-            })
+    let refuse_tenants = inventory.unknown_tenants() == UnknownTenants::Refuse;
+    let mut errors = Vec::new();
+    let mut error = |row: usize, field: &str, message: String| {
+        errors.push(RowError {
+            row: Some(row),
+            field: field.into(),
+            message,
         })
-        .take(gpuledger_model::validate::MAX_REPORTED_ERRORS)
-        .collect();
-    if errors.is_empty() {
-        Ok(())
-    } else {
-        Err(Error::Invalid(errors))
+    };
+    for (row, event) in events.iter().enumerate() {
+        if event.time_ms < 0 {
+            error(row, "time_ms", format!("{} is before 1970", event.time_ms));
+        } else if event.time_ms > latest {
+            let ahead = (event.time_ms - now_ms) / 1000;
+            error(
+                row,
+                "time_ms",
+                format!(
+                    "{} is {ahead} s ahead of the aggregator's clock",
+                    event.time_ms
+                ),
+            );
+        }
+        let account = event.account.as_str();
+        if refuse_tenants && !inventory.has_account(account) {
+            error(
+                row,
+                "account",
+                format!("`{account}` is not an account of this cluster's config"),
+            );
+        } else if let Some(p) = event.project.as_ref().map(|p| p.as_str()) {
+            if refuse_tenants && !inventory.has_project(account, p) {
+                error(
+                    row,
+                    "project",
+                    format!("`{p}` is not a project of account `{account}`"),
+                );
+            }
+        }
+        let cluster_gpus = inventory.cluster_gpus();
+        if let Some(gpus) = event.gpus.filter(|g| u64::from(*g) > cluster_gpus) {
+            error(
+                row,
+                "gpus",
+                format!("{gpus} GPUs; the cluster has {cluster_gpus}"),
+            );
+        }
+        for held in event.allocation.iter().flat_map(|a| &a.0) {
+            let node = held.node.as_str();
+            match inventory.cluster_node(node) {
+                None => error(
+                    row,
+                    "allocation",
+                    format!("node `{node}` is not a node of the cluster config"),
+                ),
+                Some(facts) => {
+                    if let Some(gpu) = held.gpus.iter().find(|g| **g >= facts.gpus) {
+                        error(
+                            row,
+                            "allocation",
+                            format!(
+                                "node `{node}` has {} GPUs; {gpu} is none of them",
+                                facts.gpus
+                            ),
+                        );
+                    }
+                }
+            }
+        }
     }
+    if !errors.is_empty() {
+        errors.truncate(gpuledger_model::validate::MAX_REPORTED_ERRORS);
+        return Err(Error::Invalid(errors));
+    }
+    let unknown = |e: &JobEvent| {
+        !inventory.has_account(e.account.as_str())
+            || e.project
+                .as_ref()
+                .is_some_and(|p| !inventory.has_project(e.account.as_str(), p.as_str()))
+    };
+    let rebooked = events.iter().filter(|e| unknown(e)).count();
+    if rebooked == 0 {
+        return Ok((Cow::Borrowed(events), 0));
+    }
+    let platform = AccountId::new(PLATFORM_ACCOUNT).map_err(|e| {
+        Error::Invalid(vec![RowError {
+            row: None,
+            field: "account".into(),
+            message: e.to_string(),
+        }])
+    })?;
+    let moved = events
+        .iter()
+        .map(|e| {
+            let mut e = e.clone();
+            if !inventory.has_account(e.account.as_str()) {
+                e.account = platform.clone();
+                e.project = None;
+            } else if unknown(&e) {
+                e.project = None;
+            }
+            e
+        })
+        .collect();
+    Ok((Cow::Owned(moved), rebooked))
 }
 
 /// What happened to a batch.
@@ -677,8 +767,20 @@ impl Ingestor {
             return Ok(IngestOutcome::rows(0));
         }
         self.check_available()?;
-        check_event_times(events, self.clock.now_ms(), self.config.future_tolerance_ms)?;
-        let batch = job_events_to_batch(events)?;
+        let (events, rebooked) = check_events(
+            events,
+            self.clock.now_ms(),
+            self.config.future_tolerance_ms,
+            &self.config.inventory,
+        )?;
+        if rebooked > 0 {
+            tracing::warn!(
+                source,
+                rebooked,
+                "job events of tenants the config does not define booked to the platform account"
+            );
+        }
+        let batch = job_events_to_batch(&events)?;
         let key = (RecordKind::JobEvents, source.to_owned());
         if let Some(seq) = seq {
             match lock(&self.seen).entry(key.clone()).or_default().claim(seq) {
@@ -841,6 +943,64 @@ fn write_checkpoint(path: &std::path::Path, checkpoint: &Checkpoint) -> Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn under_platform_events_of_unknown_tenants_are_rebooked_and_the_rest_checked_as_ever() {
+        use gpuledger_model::inventory::NodeFacts;
+        use gpuledger_model::job::JobEventKind;
+        let inventory = Inventory::new(
+            [(
+                "node001".to_owned(),
+                NodeFacts {
+                    gpus: 8,
+                    gpu_model: gpuledger_model::GpuModel::H100Sxm,
+                },
+            )],
+            [("alpha".to_owned(), vec!["train".to_owned()])],
+            UnknownTenants::Platform,
+        );
+        let event = |account: &str, project: Option<&str>| {
+            JobEvent::new(
+                1_000,
+                gpuledger_model::JobId::new("1").unwrap(),
+                AccountId::new(account).unwrap(),
+                project.map(|p| gpuledger_model::ProjectId::new(p).unwrap()),
+                JobEventKind::Submitted,
+            )
+        };
+        let events = [
+            event("alpha", Some("train")),
+            event("nosuch", Some("x")),
+            event("alpha", Some("nosuch")),
+        ];
+        let (kept, rebooked) = check_events(&events, 1_000, 0, &inventory).unwrap();
+        let tenants: Vec<(&str, Option<&str>)> = kept
+            .iter()
+            .map(|e| (e.account.as_str(), e.project.as_ref().map(|p| p.as_str())))
+            .collect();
+        assert_eq!(
+            (tenants, rebooked),
+            (
+                vec![
+                    ("alpha", Some("train")),
+                    ("platform", None),
+                    ("alpha", None)
+                ],
+                2
+            )
+        );
+        let mut greedy = event("alpha", None);
+        greedy.gpus = Some(9);
+        let Err(Error::Invalid(errors)) = check_events(&[greedy], 1_000, 0, &inventory) else {
+            panic!("9 GPUs on an 8-GPU cluster");
+        };
+        assert_eq!(errors[0].field, "gpus");
+        assert!(check_events(&events, 1_000, 0, &inventory).is_ok());
+        assert!(matches!(
+            check_events(&events[..1], 1_000, 0, &inventory),
+            Ok((Cow::Borrowed(_), 0))
+        ));
+    }
 
     #[test]
     fn sequence_window_tracks_out_of_order_arrivals() {

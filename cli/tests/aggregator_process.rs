@@ -357,3 +357,67 @@ fn slow_clients_cannot_stall_the_aggregator_and_nothing_half_sent_is_stored() {
         );
     });
 }
+
+/// `slurm follow` against an aggregator whose config lacks an account its jobs name: the
+/// aggregator refuses the batch for good (422, naming the row and field), the follower sets it
+/// aside beside its state file with the answer and goes on (before, it retried that batch for
+/// ever and held back every later one).
+#[test]
+fn a_batch_the_aggregator_refuses_for_good_is_set_aside_and_the_follower_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let aggregator = start(&dir.path().join("agg"));
+    let jobcomp = dir.path().join("jobcomp.log");
+    let line = |id: u32, account: &str| {
+        format!(
+            "JobId={id} UserId=alice(1000) GroupId=alice(1000) Name=wrap JobState=COMPLETED \
+             Partition=train TimeLimit=60 StartTime=2026-12-01T08:00:05 \
+             EndTime=2026-12-01T08:01:05 NodeList=gpu001 NodeCnt=1 ProcCnt=2 WorkDir=/ \
+             ReservationName= Tres=cpu=2,node=1,gres/gpu=2 Account={account} QOS=normal WcKey= \
+             Cluster=test SubmitTime=2026-12-01T08:00:00 EligibleTime=2026-12-01T08:00:00 \
+             DerivedExitCode=0:0 ExitCode=0:0\n"
+        )
+    };
+    std::fs::write(&jobcomp, line(12, "team-a") + &line(13, "nosuch")).unwrap();
+    let state = dir.path().join("follow.json");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpuledger"))
+        .args([
+            "slurm",
+            "follow",
+            "--aggregator",
+            &aggregator.url,
+            "--jobcomp",
+            jobcomp.to_str().unwrap(),
+            "--state-file",
+            state.to_str().unwrap(),
+            "--once",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("set aside"), "{stderr}");
+    let aside = dir.path().join("follow.json.refused/0.json");
+    let kept: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&aside).unwrap()).unwrap();
+    assert_eq!(kept["status"], 422, "{kept}");
+    let errors = kept["answer"]["errors"].as_array().unwrap();
+    assert!(
+        errors.iter().all(|e| e["field"] == "account") && !errors.is_empty(),
+        "{kept}"
+    );
+    let jobs: std::collections::BTreeSet<&str> = kept["batch"]["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["job_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(jobs.into_iter().collect::<Vec<_>>(), ["12", "13"], "{kept}");
+    let follow_state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
+    assert_eq!(
+        follow_state["outbox"],
+        serde_json::json!([]),
+        "{follow_state}"
+    );
+    terminate(aggregator);
+}

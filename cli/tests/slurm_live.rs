@@ -213,6 +213,14 @@ fn a_real_slurm_cluster_is_billed_its_jobs_gpus_times_elapsed() {
     // The follower stops cleanly on SIGTERM.
     terminate(follow);
     terminate(exporter);
+    // The aggregator took every batch of both: the Slurm node is one the config defines.
+    assert!(!dir.path().join("follow.json.refused").exists());
+    let rejected = dir.path().join("spool/rejected");
+    assert!(
+        std::fs::read_dir(&rejected).map_or(true, |mut d| d.next().is_none()),
+        "the exporter's batches were refused: {}",
+        rejected.display()
+    );
 
     // What Slurm reports, and what gpuledger must bill from it.
     let reports = slurm_reports(&std::fs::read_to_string(&slurm.jobcomp).unwrap());

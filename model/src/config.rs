@@ -48,10 +48,10 @@ pub struct ClusterConfig {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct TelemetryConfig {
-    /// A sample row labelled with an account, or a project of its account, that the config
-    /// does not define: `refuse` the batch (422, naming the row), or book the row to the
-    /// `platform` account (`platform`; an unknown project of a known account is dropped to
-    /// the account itself), counted per node.
+    /// A sample row or a job event labelled with an account, or a project of its account,
+    /// that the config does not define: `refuse` the batch (422, naming the row), or book the
+    /// row to the `platform` account (`platform`; an unknown project of a known account is
+    /// dropped to the account itself), counted per node.
     pub unknown_tenants: UnknownTenants,
     /// Where each job's allocation (which GPUs it held, and when) comes from: `events` (the
     /// scheduler's or the Slurm follower's job events; a sample row counts for a job only on a

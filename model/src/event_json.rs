@@ -35,6 +35,36 @@ impl EventBatch {
     }
 }
 
+/// Whether the aggregator's answer `status` to a batch refuses the batch itself (it is not
+/// JSON, too large, or names what the cluster config does not have): sending it again cannot
+/// succeed. Any other failure (unreachable, a token not yet known, a full disk) is retried.
+pub fn refusal_is_final(status: u16) -> bool {
+    matches!(status, 400 | 413 | 422)
+}
+
+/// Writes a batch the aggregator refused for good as `dir/<seq>.json`, with its answer, so the
+/// sender can go on with the next one and nothing is lost: an operator mends the file's
+/// `batch` (or the cluster config) and posts it again. The path written.
+pub fn set_aside(
+    dir: &std::path::Path,
+    batch: &EventBatch,
+    status: u16,
+    answer: &str,
+) -> std::io::Result<std::path::PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join(format!("{}.json", batch.seq.unwrap_or_default()));
+    let answer: Value =
+        serde_json::from_str(answer).unwrap_or_else(|_| Value::String(answer.to_owned()));
+    let text = serde_json::to_vec_pretty(&serde_json::json!({
+        "status": status,
+        "answer": answer,
+        "batch": batch,
+    }))
+    .map_err(std::io::Error::other)?;
+    crate::durable::replace_file_with_mode(&path, &text, Some(0o600))?;
+    Ok(path)
+}
+
 /// An event as the API takes it: absent fields left out.
 pub fn event_json(ev: &JobEvent) -> Value {
     let mut v = serde_json::to_value(ev).unwrap_or_default();

@@ -26,6 +26,8 @@ pub struct NodeFacts {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Inventory {
     nodes: HashMap<String, NodeFacts>,
+    /// The nodes whose batches are taken (the aggregator's `--node`); all when `None`.
+    pushing: Option<HashSet<String>>,
     accounts: HashMap<String, HashSet<String>>,
     unknown_tenants: UnknownTenants,
 }
@@ -44,6 +46,7 @@ impl Inventory {
     ) -> Self {
         Inventory {
             nodes: nodes.into_iter().collect(),
+            pushing: None,
             accounts: accounts
                 .into_iter()
                 .map(|(a, projects)| (a, projects.into_iter().collect()))
@@ -67,6 +70,7 @@ impl Inventory {
                     )
                 })
                 .collect(),
+            pushing: None,
             accounts: config
                 .accounts
                 .iter()
@@ -79,7 +83,8 @@ impl Inventory {
         }
     }
 
-    /// Keeps only `nodes` (the aggregator's `--node`); each must be a node of the config.
+    /// Takes batches only from `nodes` (the aggregator's `--node`); each must be a node of the
+    /// config. Jobs' allocations may still name any node of the config.
     pub fn only_nodes(mut self, nodes: &[String]) -> Result<Self, NotANode> {
         if nodes.is_empty() {
             return Ok(self);
@@ -87,13 +92,26 @@ impl Inventory {
         if let Some(stranger) = nodes.iter().find(|n| !self.nodes.contains_key(*n)) {
             return Err(NotANode(stranger.clone()));
         }
-        let keep: HashSet<&String> = nodes.iter().collect();
-        self.nodes.retain(|n, _| keep.contains(n));
+        self.pushing = Some(nodes.iter().cloned().collect());
         Ok(self)
     }
 
+    /// The node, if its batches are taken.
     pub fn node(&self, name: &str) -> Option<NodeFacts> {
+        if self.pushing.as_ref().is_some_and(|p| !p.contains(name)) {
+            return None;
+        }
+        self.cluster_node(name)
+    }
+
+    /// The node, if the config defines it (whether or not its batches are taken here).
+    pub fn cluster_node(&self, name: &str) -> Option<NodeFacts> {
         self.nodes.get(name).copied()
+    }
+
+    /// Every GPU of the config's nodes: no job holds more.
+    pub fn cluster_gpus(&self) -> u64 {
+        self.nodes.values().map(|n| u64::from(n.gpus)).sum()
     }
 
     pub fn has_account(&self, account: &str) -> bool {

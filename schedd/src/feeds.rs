@@ -3,6 +3,10 @@
 
 use super::*;
 
+use gpuledger_model::event_json::{set_aside, EventBatch};
+
+use crate::aggregator::{PostError, EVENT_SOURCE};
+
 impl Service {
     /// Bytes per account (project `None`: the account's total) and project in the newest scan
     /// of the storage-scan file.
@@ -52,16 +56,44 @@ impl Service {
             return;
         };
         let sent = aggregator.post_events(seq, events);
+        let set_aside = match &sent {
+            Err(PostError::Refused { status, answer }) => {
+                Some(self.set_aside_events(seq, events, *status, answer))
+            }
+            _ => None,
+        };
         let mut inner = self.lock();
-        match sent {
-            Ok(_) if inner.state.event_seq == seq => {
+        match (sent, set_aside) {
+            (Ok(()), _) | (Err(PostError::Refused { .. }), Some(true))
+                if inner.state.event_seq == seq =>
+            {
                 inner.state.sending.clear();
                 inner.state.event_seq = seq + 1;
                 inner.changed();
             }
-            Ok(_) => {}
-            Err(e) => {
+            (Err(e), _) => {
                 tracing::warn!(error = %e, seq, events = events.len(), "job events not delivered; will retry");
+            }
+            _ => {}
+        }
+        if matches!(set_aside, Some(true)) {
+            inner.counters.event_batches_refused += 1;
+        }
+    }
+
+    /// Keeps a batch the aggregator refused for good in `refused-events/<seq>.json` beside the
+    /// state, so the batches after it go out; whether it was written (if not, it is sent again).
+    fn set_aside_events(&self, seq: u64, events: &[JobEvent], status: u16, answer: &str) -> bool {
+        let dir = self.config.dir.join("refused-events");
+        let batch = EventBatch::of(EVENT_SOURCE, seq, events);
+        match set_aside(&dir, &batch, status, answer) {
+            Ok(path) => {
+                tracing::error!(seq, events = events.len(), status, %answer, path = %path.display(), "the aggregator refused a batch of job events; it is set aside (mend it or the cluster config and post it again)");
+                true
+            }
+            Err(error) => {
+                tracing::error!(seq, %error, "a refused batch of job events could not be set aside; sending it again");
+                false
             }
         }
     }

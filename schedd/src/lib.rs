@@ -170,6 +170,7 @@ struct Counters {
     resized: u64,
     cycles: u64,
     cycle_seconds: f64,
+    event_batches_refused: u64,
 }
 
 fn signal_named(name: Option<&str>) -> Result<Signal> {

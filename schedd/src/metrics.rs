@@ -153,6 +153,11 @@ impl Service {
                 "Time spent in scheduling cycles.",
                 c.cycle_seconds,
             ),
+            (
+                "gpuledger_scheduler_event_batches_refused_total",
+                "Batches of job events the aggregator refused for good, set aside in refused-events/.",
+                c.event_batches_refused as f64,
+            ),
         ] {
             let _ = writeln!(
                 out,

@@ -14,6 +14,7 @@ use tower::ServiceExt;
 
 use gpuledger_model::time::{Clock, ManualClock};
 use gpuledger_model::{ClusterConfig, JobId};
+use gpuledger_schedd::aggregator::PostError;
 use gpuledger_schedd::executor::{ExecutorOptions, LocalExecutor};
 use gpuledger_schedd::state::JobState;
 use gpuledger_schedd::{http, Service, ServiceConfig};
@@ -461,6 +462,8 @@ struct FakeAggregator {
     down: std::sync::atomic::AtomicBool,
     /// Stores what is posted but the answer never arrives (a timeout after the write).
     answers_lost: std::sync::atomic::AtomicBool,
+    /// Refuses the next batch for good with this answer.
+    refuse: std::sync::Mutex<Option<String>>,
 }
 
 #[derive(Debug)]
@@ -477,9 +480,9 @@ impl gpuledger_schedd::aggregator::AggregatorLink for Shared {
         &self,
         seq: u64,
         events: &[gpuledger_model::job::JobEvent],
-    ) -> Result<(), String> {
+    ) -> Result<(), PostError> {
         if self.0.down.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err("connection refused".into());
+            return Err(PostError::NotDelivered("connection refused".into()));
         }
         self.0.posted.lock().unwrap().push((seq, events.to_vec()));
         if self
@@ -487,7 +490,15 @@ impl gpuledger_schedd::aggregator::AggregatorLink for Shared {
             .answers_lost
             .load(std::sync::atomic::Ordering::SeqCst)
         {
-            return Err("timed out reading the answer".into());
+            return Err(PostError::NotDelivered(
+                "timed out reading the answer".into(),
+            ));
+        }
+        if let Some(answer) = self.0.refuse.lock().unwrap().take() {
+            return Err(PostError::Refused {
+                status: 422,
+                answer,
+            });
         }
         Ok(())
     }
@@ -495,9 +506,10 @@ impl gpuledger_schedd::aggregator::AggregatorLink for Shared {
 
 /// The aggregator keeps the first copy of each batch number and drops later ones whole: a
 /// batch whose answer was lost is sent again exactly as it was, also after a restart, and the
-/// events that came meanwhile go in the next number, so none is dropped as a duplicate.
+/// events that came meanwhile go in the next number, so none is dropped as a duplicate. A batch
+/// refused for good does not hold back the ones after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_batch_whose_answer_was_lost_is_sent_again_unchanged_and_later_events_get_the_next_number(
+async fn a_batch_whose_answer_was_lost_is_sent_again_unchanged_and_one_refused_for_good_is_set_aside(
 ) {
     use gpuledger_model::job::JobEventKind;
     let dir = tempfile::tempdir().unwrap();
@@ -541,6 +553,38 @@ async fn a_batch_whose_answer_was_lost_is_sent_again_unchanged_and_later_events_
         .map(|e| e.job_id.to_string())
         .collect();
     assert_eq!(submitted, ["team-a.1", "team-a.2"], "{posted:?}");
+
+    // A batch the aggregator refuses for good (its config lacks what the events name) is set
+    // aside beside the state, and the events after it go out under the next number.
+    let refused_seq = posted.last().unwrap().0 + 1;
+    *fake.refuse.lock().unwrap() = Some(r#"{"errors": [{"row": 0, "field": "account"}]}"#.into());
+    assert_eq!(submit(&s, job.clone()).await.0, StatusCode::CREATED);
+    for _ in 0..3 {
+        clock.advance_ms(1000);
+        s.tick().unwrap();
+    }
+    let aside = dir
+        .path()
+        .join(format!("scheduler/refused-events/{refused_seq}.json"));
+    let text = std::fs::read_to_string(&aside).unwrap();
+    let kept: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(kept["status"], 422, "{kept}");
+    assert_eq!(kept["answer"]["errors"][0]["field"], "account", "{kept}");
+    assert_eq!(kept["batch"]["seq"], refused_seq, "{kept}");
+    assert_eq!(kept["batch"]["events"][0]["job_id"], "team-a.3", "{kept}");
+    let posted = fake.posted.lock().unwrap().clone();
+    let after: Vec<u64> = posted
+        .iter()
+        .map(|(seq, _)| *seq)
+        .filter(|seq| *seq >= refused_seq)
+        .collect();
+    assert_eq!(after[..2], [refused_seq, refused_seq + 1], "{posted:?}");
+    assert!(
+        s.metrics()
+            .contains("gpuledger_scheduler_event_batches_refused_total 1"),
+        "{}",
+        s.metrics()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

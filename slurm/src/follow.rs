@@ -9,7 +9,9 @@
 //! readings are merged per job and turned into events by `gpuledger_adapters`' tracker, which
 //! remembers what it sent. The state file holds the tracker, the log offset and an outbox of
 //! numbered batches: a batch is saved before it is posted and posted again, with the same
-//! number, until the aggregator takes it, so a crash neither loses nor doubles an event.
+//! number, until the aggregator takes it, so a crash neither loses nor doubles an event. A
+//! batch the aggregator refuses for good (events naming what its cluster config lacks) is set
+//! aside in `STATE_FILE.refused/<seq>.json` with the answer, and the next one goes out.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -23,7 +25,7 @@ use gpuledger_adapters::slurm::Zone;
 use gpuledger_model::job::JobEvent;
 use serde::{Deserialize, Serialize};
 
-use gpuledger_model::event_json::{EventBatch, EVENTS_PATH};
+use gpuledger_model::event_json::{refusal_is_final, set_aside, EventBatch, EVENTS_PATH};
 use gpuledger_model::units::DurationSpecMs;
 
 use crate::{Error, Result};
@@ -188,14 +190,20 @@ fn poll(args: &FollowOptions, state: &mut FollowState) -> Result<Vec<SlurmJob>> 
     Ok(merge_readings(&readings))
 }
 
+/// What became of a posted batch.
+enum Posted {
+    Stored,
+    /// Refused for good ([`refusal_is_final`]): the status and the answer.
+    Refused(u16, String),
+}
+
 fn post(
     agent: &ureq::Agent,
     args: &FollowOptions,
     token: Option<&str>,
-    seq: u64,
-    events: &[JobEvent],
-) -> Result<()> {
-    let body = serde_json::to_string(&EventBatch::of(&args.source, seq, events))
+    batch: &EventBatch,
+) -> Result<Posted> {
+    let body = serde_json::to_string(batch)
         .map_err(|e| Error::Aggregator(format!("encoding events: {e}")))?;
     let url = format!("{}{EVENTS_PATH}", args.aggregator.trim_end_matches('/'));
     let mut request = agent.post(&url).header("content-type", "application/json");
@@ -207,12 +215,20 @@ fn post(
         .map_err(|e| Error::Aggregator(format!("{url}: {e}")))?;
     let status = response.status().as_u16();
     let text = response.body_mut().read_to_string().unwrap_or_default();
-    if !(200..300).contains(&status) {
-        return Err(Error::Aggregator(format!(
+    match status {
+        200..=299 => Ok(Posted::Stored),
+        _ if refusal_is_final(status) => Ok(Posted::Refused(status, text)),
+        _ => Err(Error::Aggregator(format!(
             "the aggregator answered {status}: {text}"
-        )));
+        ))),
     }
-    Ok(())
+}
+
+/// Where batches the aggregator refused for good are kept: beside the state file.
+fn refused_dir(state_file: &Path) -> PathBuf {
+    let mut name = state_file.as_os_str().to_owned();
+    name.push(".refused");
+    PathBuf::from(name)
 }
 
 /// Follows the cluster until SIGTERM or Ctrl-C (or one poll with `--once`).
@@ -284,17 +300,24 @@ pub fn follow(args: FollowOptions) -> Result<()> {
             }
         }
         while let Some((seq, events)) = state.outbox.first().cloned() {
-            match post(&agent, &args, token.as_deref(), seq, &events) {
-                Ok(()) => {
+            let batch = EventBatch::of(&args.source, seq, &events);
+            match post(&agent, &args, token.as_deref(), &batch) {
+                Ok(Posted::Stored) => {
                     tracing::info!(seq, events = events.len(), "events delivered");
-                    state.outbox.remove(0);
-                    save_state(&args.state_file, &state)?;
+                }
+                Ok(Posted::Refused(status, answer)) => {
+                    // Sending it again cannot succeed; holding it would hold every later batch.
+                    let path = set_aside(&refused_dir(&args.state_file), &batch, status, &answer)
+                        .map_err(Error::io("setting a refused batch aside"))?;
+                    tracing::error!(seq, events = events.len(), status, %answer, path = %path.display(), "the aggregator refused a batch of job events; it is set aside (mend it or the cluster config and post it again)");
                 }
                 Err(error) => {
                     tracing::warn!(seq, %error, "events not delivered; will retry");
                     break;
                 }
             }
+            state.outbox.remove(0);
+            save_state(&args.state_file, &state)?;
         }
         if args.once {
             if !state.outbox.is_empty() {

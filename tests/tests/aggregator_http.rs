@@ -182,6 +182,40 @@ async fn every_bad_input_gets_its_4xx_and_changes_nothing() {
         [(Some(1), Some("time_ms")), (Some(2), Some("time_ms"))],
         "{reply}"
     );
+    // Events against the config: an account it does not define, a project not the account's,
+    // more GPUs than the cluster's 16, a node it does not have, a GPU a node does not have.
+    // Each would put a charge on a bill nobody owns, or one of any size.
+    let (status, reply) = api
+        .post_json(
+            "/api/v1/events",
+            json!({"source": "sched", "seq": 2, "events": [
+                {"time_ms": T0, "job_id": "3", "account": "alpha", "kind": "submitted", "gpus": 2},
+                {"time_ms": T0, "job_id": "4", "account": "nosuch", "kind": "submitted"},
+                {"time_ms": T0, "job_id": "5", "account": "alpha", "project": "nosuch", "kind": "submitted"},
+                {"time_ms": T0, "job_id": "6", "account": "alpha", "kind": "submitted", "gpus": 2_000_000},
+                {"time_ms": T0, "job_id": "7", "account": "alpha", "kind": "started", "gpus": 1, "allocation": "node099:0"},
+                {"time_ms": T0, "job_id": "8", "account": "alpha", "kind": "started", "gpus": 1, "allocation": "node001:8"},
+            ]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{reply}");
+    let named: Vec<(Option<i64>, Option<&str>)> = reply["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["row"].as_i64(), e["field"].as_str()))
+        .collect();
+    assert_eq!(
+        named,
+        [
+            (Some(1), Some("account")),
+            (Some(2), Some("project")),
+            (Some(3), Some("gpus")),
+            (Some(4), Some("allocation")),
+            (Some(5), Some("allocation")),
+        ],
+        "{reply}"
+    );
 
     // DDL through the query endpoint would read any file: refused.
     let (status, _) = api
@@ -214,7 +248,7 @@ async fn every_bad_input_gets_its_4xx_and_changes_nothing() {
         "gpuledger_ingest_refused_batches_total{reason=\"schema\"} 1",
         "gpuledger_ingest_refused_batches_total{reason=\"decode\"} 2",
         "gpuledger_ingest_refused_batches_total{reason=\"header\"} 1",
-        "gpuledger_ingest_refused_batches_total{reason=\"invalid_events\"} 2",
+        "gpuledger_ingest_refused_batches_total{reason=\"invalid_events\"} 3",
         "gpuledger_ingest_refused_values_total{field=\"gpu_util_pct\"} 1",
     ] {
         assert!(metrics.contains(line), "missing {line} in\n{metrics}");

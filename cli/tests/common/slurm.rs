@@ -1,13 +1,16 @@
 //! A real Slurm on this host for a test (Debian's `slurm-wlm` and `munge`, which
 //! `./scripts/test.sh` installs when missing): a private munged with its own key and socket, a
-//! `slurmctld` and a `slurmd` in the foreground on free loopback ports, one node that declares
-//! 8 GPUs as GRES (its "devices" are links to /dev/null: slurmd needs character devices, not
-//! GPUs), the text job-completion log on, and gpuledger's prolog and epilog installed. All of
+//! `slurmctld` and a `slurmd` in the foreground on free loopback ports, one node ([`NODE`])
+//! that declares 8 GPUs as GRES (its "devices" are links to /dev/null: slurmd needs character
+//! devices, not GPUs), the text job-completion log on, and gpuledger's prolog and epilog installed. All of
 //! it lives in a temporary directory and stops when the value is dropped.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+/// The Slurm node's name: the first node of a gpuledger node pool with prefix `node`.
+pub const NODE: &str = "node001";
 
 pub struct Slurm {
     pub dir: PathBuf,
@@ -76,10 +79,13 @@ impl Slurm {
         for i in 0..8 {
             std::os::unix::fs::symlink("/dev/null", dir.join(format!("dev/nvidia{i}"))).unwrap();
         }
-        let node =
+        let host =
             String::from_utf8_lossy(&Command::new("hostname").arg("-s").output().unwrap().stdout)
                 .trim()
                 .to_owned();
+        // Named as a gpuledger node pool names its nodes, whatever this host is called: slurmd
+        // finds its node by `NodeHostname`.
+        let node = NODE.to_owned();
         // munge: a key of our own, so no system daemon or key is needed.
         let key = dir.join("munge/munge.key");
         let status = Command::new(need("mungekey"))
@@ -134,7 +140,7 @@ impl Slurm {
         let who = user();
         let jobcomp = dir.join("log/jobcomp.txt");
         let conf_text = format!(
-            "ClusterName=gpuledgertest\nSlurmctldHost={node}(127.0.0.1)\nSlurmUser={who}\nSlurmdUser={who}\n\
+            "ClusterName=gpuledgertest\nSlurmctldHost={host}(127.0.0.1)\nSlurmUser={who}\nSlurmdUser={who}\n\
              SlurmctldPort={ctld_port}\nSlurmdPort={slurmd_port}\nAuthType=auth/munge\nAuthInfo=socket={socket}\n\
              StateSaveLocation={d}/state\nSlurmdSpoolDir={d}/spool\nSlurmctldPidFile={d}/slurmctld.pid\nSlurmdPidFile={d}/slurmd.pid\n\
              SlurmctldLogFile={d}/log/slurmctld.log\nSlurmdLogFile={d}/log/slurmd.log\nProctrackType=proctrack/linuxproc\n\
@@ -142,7 +148,7 @@ impl Slurm {
              GresTypes=gpu\nJobCompType=jobcomp/filetxt\nJobCompLoc={jobcomp}\nAccountingStorageType=accounting_storage/none\n\
              JobAcctGatherType=jobacct_gather/none\nMpiDefault=none\nReturnToService=2\nPrologFlags=Alloc\n\
              Prolog={d}/prolog\nEpilog={d}/epilog\nMinJobAge=300\n{extra}\
-             NodeName={node} NodeAddr=127.0.0.1 CPUs=2 RealMemory=1000 Gres=gpu:h100:8 State=UNKNOWN\n\
+             NodeName={node} NodeHostname={host} NodeAddr=127.0.0.1 CPUs=2 RealMemory=1000 Gres=gpu:h100:8 State=UNKNOWN\n\
              PartitionName=train Nodes={node} Default=YES MaxTime=INFINITE State=UP\n",
             socket = socket.display(),
             jobcomp = jobcomp.display(),
