@@ -384,6 +384,20 @@ pub fn import(lines: &[DumpLine], origin: &str) -> Result<Import> {
         .collect();
     let mut accounts: Vec<Account> = Vec::new();
     let mut users: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    // Slurm's account names are one namespace: a name twice is a hand-edited or merged dump,
+    // and which parent (and which limits) it meant cannot be told.
+    let mut first_line: BTreeMap<&str, usize> = BTreeMap::new();
+    for l in lines.iter().filter(|l| l.kind == Kind::Account) {
+        if let Some(first) = first_line.insert(l.name.as_str(), l.line) {
+            return Err(err(
+                l.line,
+                format!(
+                    "account `{}` is defined twice (first on line {first})",
+                    l.name
+                ),
+            ));
+        }
+    }
     for l in lines {
         match l.kind {
             Kind::Cluster => {
@@ -648,6 +662,18 @@ Account - 'lattice-a':Fairshare=1\n";
                 "missing `{expected}` in\n{report}"
             );
         }
+    }
+
+    #[test]
+    fn an_account_defined_twice_is_refused_naming_both_lines() {
+        let dump = "Cluster - 'c':Fairshare=1\nParent - 'root'\nAccount - 'teama':Fairshare=5\n\
+                    Account - 'teamb'\nParent - 'teamb'\nAccount - 'teama':Fairshare=3\n";
+        let lines = parse_dump(dump, "d.cfg").unwrap();
+        let e = import(&lines, "d.cfg").unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "d.cfg:6: account `teama` is defined twice (first on line 3)"
+        );
     }
 
     #[test]
