@@ -94,6 +94,11 @@ pub trait Executor: Send + std::fmt::Debug {
     fn unkillable(&mut self) -> Vec<(JobId, usize)> {
         Vec::new()
     }
+    /// Ends the processes of a job the service holds as not running: those of a launch whose
+    /// start a crash kept from being saved. How many there were.
+    fn end_leftovers(&mut self, _job_id: &JobId) -> usize {
+        0
+    }
 }
 
 #[derive(Debug)]
@@ -367,6 +372,8 @@ impl Executor for LocalExecutor {
             return Err(error);
         }
         let pid = child.id();
+        // Where a crash keeps the start from being saved, the restart finds the job by this.
+        std::fs::write(dir.join("pid"), format!("{pid}\n"))?;
         self.jobs
             .insert(job.job_id.clone(), Watched::new(pid, Some(child)));
         Ok(pid)
@@ -432,6 +439,50 @@ impl Executor for LocalExecutor {
             out.push((id, status));
         }
         out
+    }
+
+    fn end_leftovers(&mut self, job_id: &JobId) -> usize {
+        if self.jobs.contains_key(job_id) {
+            return 0;
+        }
+        match &self.cgroups {
+            Some(cgroups) => {
+                let left = cgroups.processes(job_id).len();
+                if left > 0 {
+                    let _ = cgroups.signal(job_id, Signal::SIGKILL);
+                    let until = Instant::now() + Duration::from_secs(5);
+                    while !cgroups.is_empty(job_id) && Instant::now() < until {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                }
+                cgroups.remove(job_id);
+                left
+            }
+            None => {
+                // The wrapper's process group, if the pid it left is still this job's (its
+                // environment names it: a pid used again by another process does not).
+                let Some(pid) = std::fs::read_to_string(self.job_dir(job_id).join("pid"))
+                    .ok()
+                    .and_then(|t| t.trim().parse::<u32>().ok())
+                else {
+                    return 0;
+                };
+                let own = format!("GPULEDGER_JOB_ID={job_id}");
+                let is_job = std::fs::read(format!("/proc/{pid}/environ"))
+                    .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == own.as_bytes()));
+                let Ok(group) = i32::try_from(pid).map(Pid::from_raw) else {
+                    return 0;
+                };
+                if !is_job || killpg(group, Signal::SIGKILL).is_err() {
+                    return 0;
+                }
+                let until = Instant::now() + Duration::from_secs(5);
+                while group_alive(pid) && wrapper_running(pid) && Instant::now() < until {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                1
+            }
+        }
     }
 
     fn unkillable(&mut self) -> Vec<(JobId, usize)> {

@@ -291,6 +291,12 @@ impl Service {
             message: e.to_string(),
         };
         for info in state.jobs.values() {
+            if info.state == JobState::Pending {
+                let ended = executor.end_leftovers(&info.id);
+                if ended > 0 {
+                    tracing::warn!(job = %info.id, processes = ended, "a launch of this pending job outlived a crash before its start was saved; its processes were ended and it starts again");
+                }
+            }
             match info.state {
                 JobState::Pending => sched
                     .submit_with_history(spec_of(info), info.preemptions, info.gpu_wait_from_s)

@@ -530,10 +530,9 @@ async fn a_batch_whose_answer_was_lost_is_sent_again_unchanged_and_one_refused_f
     s.tick().unwrap();
     fake.answers_lost
         .store(false, std::sync::atomic::Ordering::SeqCst);
-    for _ in 0..3 {
-        clock.advance_ms(1000);
-        s.tick().unwrap();
-    }
+    tick_until(&s, &clock, |_| {
+        fake.posted.lock().unwrap().iter().any(|(seq, _)| *seq == 1)
+    });
     let posted = fake.posted.lock().unwrap().clone();
     let numbers: Vec<u64> = posted.iter().map(|(seq, _)| *seq).collect();
     assert_eq!(numbers[..5], [0, 0, 0, 0, 1], "{posted:?}");
@@ -559,10 +558,14 @@ async fn a_batch_whose_answer_was_lost_is_sent_again_unchanged_and_one_refused_f
     let refused_seq = posted.last().unwrap().0 + 1;
     *fake.refuse.lock().unwrap() = Some(r#"{"errors": [{"row": 0, "field": "account"}]}"#.into());
     assert_eq!(submit(&s, job.clone()).await.0, StatusCode::CREATED);
-    for _ in 0..3 {
-        clock.advance_ms(1000);
-        s.tick().unwrap();
-    }
+    // Until the job's end goes out after its start was refused.
+    tick_until(&s, &clock, |_| {
+        fake.posted
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(seq, _)| *seq > refused_seq)
+    });
     let aside = dir
         .path()
         .join(format!("scheduler/refused-events/{refused_seq}.json"));
@@ -1536,4 +1539,67 @@ async fn ended_jobs_are_forgotten_after_the_job_history_and_ids_are_never_reused
     );
     let err = ClusterConfig::from_toml_str(&bad, "bad.toml").unwrap_err();
     assert!(err.to_string().contains("scheduler.job_history"), "{err}");
+}
+
+/// Whether process `pid` is gone (or a zombie nobody waits for).
+fn gone(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            == Some("Z")
+    })
+}
+
+/// The scheduler dies after a cycle launched a job and before the cycle saved it: the state it
+/// comes back to says the job waits. The launch's processes are ended as it starts (by its
+/// cgroup, or without cgroups by the process group its pid file names), so the job runs once,
+/// not twice side by side.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_launch_a_crash_kept_from_the_state_is_ended_before_the_job_starts_again() {
+    use gpuledger_schedd::cgroup::CgroupMode;
+    for mode in [CgroupMode::Auto, CgroupMode::Off] {
+        let dir = tempfile::tempdir().unwrap();
+        let _jobs = gpuledger_testkit::KillJobsUnder::new(dir.path());
+        let clock = Arc::new(ManualClock::new(T0_MS));
+        let options = || ExecutorOptions {
+            cgroups: mode,
+            ..ExecutorOptions::default()
+        };
+        let reopen =
+            || Arc::new(open_on(dir.path(), cluster(), Arc::clone(&clock), options()).unwrap());
+        let s = reopen();
+        let (status, body) = submit(
+            &s,
+            json!({"command": "sleep 600", "account": "team-a", "gpus": 1, "time_limit": "1h"}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        let id = JobId::new(body["job_id"].as_str().unwrap()).unwrap();
+        // What the disk holds before the cycle that launches it: the job waiting (in the
+        // journal).
+        let sched_dir = dir.path().join("scheduler");
+        assert!(!sched_dir.join("state.json").exists());
+        let journal = std::fs::read(sched_dir.join("journal.jsonl")).unwrap();
+        s.tick().unwrap();
+        assert_eq!(state(&s, &id), JobState::Running);
+        let first = s.job(&id).unwrap().pid.unwrap();
+        drop(s);
+        // The crash: that cycle's save never happened.
+        std::fs::remove_file(sched_dir.join("state.json")).unwrap();
+        std::fs::write(sched_dir.join("journal.jsonl"), journal).unwrap();
+
+        let s = reopen();
+        assert_eq!(state(&s, &id), JobState::Pending);
+        assert!(
+            gone(first),
+            "{mode:?}: the unrecorded launch {first} still runs"
+        );
+        s.tick().unwrap();
+        assert_eq!(state(&s, &id), JobState::Running);
+        let second = s.job(&id).unwrap().pid.unwrap();
+        assert_ne!(second, first);
+        assert!(!gone(second));
+        s.cancel_now(&id).unwrap();
+        tick_until(&s, &clock, |s| state(s, &id) == JobState::Cancelled);
+    }
 }
