@@ -45,7 +45,8 @@ fn cluster_config() -> String {
     format!(
         "version = 1\n[cluster]\nname = \"bench\"\n[[node_pools]]\nname = \"p\"\nprefix = \"gpu\"\n\
          count = {NODES}\ngpus_per_node = 8\ngpu_model = \"h100-sxm\"\n[[partitions]]\n\
-         name = \"train\"\npriority_tier = 20\ndefault = true\n[prices]\nversion = \"v\"\n\
+         name = \"train\"\npriority_tier = 20\ndefault = true\n[scheduler]\n\
+         max_submit_jobs = 1000000\n[prices]\nversion = \"v\"\n\
          effective_from = \"2026-01-01\"\ncurrency = \"USD\"\ngpu_hour = {{ h100-sxm = \"1\" }}\n\
          [[accounts]]\nid = \"team-a\"\nname = \"A\"\nweight = 1\n{run_as}"
     )

@@ -272,7 +272,16 @@ pub struct SchedulerConfig {
     /// past. The aggregator keeps every job's events and usage for good (`GET
     /// /api/v1/jobs/{id}`, SQL).
     pub job_history: DurationSpec,
+    /// The jobs one account may have pending or running at once, unless its quota sets its
+    /// own `max_submit_jobs` (Slurm's `MaxSubmitJobs`; its `MaxJobCount` bounds the whole
+    /// cluster): past it a submission is refused (429) until some end, so one tenant's script
+    /// cannot fill the scheduler's memory and state file for everyone. The live scheduler's
+    /// admission only; a replayed trace is not held to it.
+    pub max_submit_jobs: u32,
 }
+
+/// The most jobs [`SchedulerConfig::max_submit_jobs`] (or a quota's) may allow one account.
+pub const MAX_SUBMIT_JOBS: u32 = 1_000_000;
 
 impl Default for SchedulerConfig {
     fn default() -> Self {
@@ -298,6 +307,7 @@ impl Default for SchedulerConfig {
             fair_share_preemption_after: DurationSpec::from_secs(3600),
             fair_share_preemption_max_loss: DurationSpec::from_secs(3600),
             job_history: DurationSpec::from_secs(30 * 86_400),
+            max_submit_jobs: 10_000,
         }
     }
 }
@@ -543,6 +553,11 @@ impl ClusterConfig {
                 "must be between 1h and 3650d, e.g. \"30d\"".into(),
             );
         }
+        check_submit_jobs(
+            &mut v,
+            "scheduler.max_submit_jobs",
+            Some(self.scheduler.max_submit_jobs),
+        );
         self.validate_prices(&mut v);
         self.validate_accounts(&mut v);
         v.errors
@@ -696,6 +711,7 @@ impl ClusterConfig {
             }
             check_priority(v, &at("quota.priority"), acc.quota.priority);
             check_gpu_hours(v, &at("quota"), &acc.quota);
+            check_submit_jobs(v, &at("quota.max_submit_jobs"), acc.quota.max_submit_jobs);
             let mut project_ids = HashSet::new();
             for (j, proj) in acc.projects.iter().enumerate() {
                 let pat = |f: &str| format!("accounts[{i}].projects[{j}].{f}");
@@ -710,6 +726,7 @@ impl ClusterConfig {
                 }
                 check_priority(v, &pat("quota.priority"), proj.quota.priority);
                 check_gpu_hours(v, &pat("quota"), &proj.quota);
+                check_submit_jobs(v, &pat("quota.max_submit_jobs"), proj.quota.max_submit_jobs);
                 for dim in proj.quota.exceeded_dimensions(&acc.quota) {
                     v.err(
                         &pat(&format!("quota.{}", dim.field())),
@@ -783,6 +800,15 @@ fn check_gpu_hours(v: &mut Validator, quota_field: &str, quota: &crate::quota::Q
                 format!("{hours} is out of range; use at most {MAX_QUOTA_GPU_HOURS}"),
             );
         }
+    }
+}
+
+fn check_submit_jobs(v: &mut Validator, field: &str, jobs: Option<u32>) {
+    if let Some(n) = jobs.filter(|n| !(1..=MAX_SUBMIT_JOBS).contains(n)) {
+        v.err(
+            field,
+            format!("{n} is out of range; use 1 to {MAX_SUBMIT_JOBS}"),
+        );
     }
 }
 
@@ -1025,6 +1051,25 @@ weight = 1
                 "weight = 1\nquota = { gpu_hours_per_week = 9223372036854775807 }",
                 "accounts[0].quota.gpu_hours_per_week",
                 "use at most 1000000000000",
+            ),
+            (
+                "weight = 1",
+                "weight = 1\nquota = { max_submit_jobs = 0 }",
+                "accounts[0].quota.max_submit_jobs",
+                "use 1 to 1000000",
+            ),
+            (
+                "weight = 1",
+                "weight = 1\nquota = { max_submit_jobs = 10 }\n\
+                 projects = [{ id = \"p\", quota = { max_submit_jobs = 11 } }]",
+                "accounts[0].projects[0].quota.max_submit_jobs",
+                "a project never exceeds its account",
+            ),
+            (
+                "name = \"t\"\n",
+                "name = \"t\"\n[scheduler]\nmax_submit_jobs = 2000000\n",
+                "scheduler.max_submit_jobs",
+                "use 1 to 1000000",
             ),
         ] {
             let src = MINIMAL.replace(from, to);

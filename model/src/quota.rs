@@ -1,5 +1,6 @@
 //! Quotas in the six dimensions of the design (and Slurm's association limits): concurrent
-//! running jobs, GPU-hours per day and per week, largest job, longest run, storage, priority.
+//! running jobs, GPU-hours per day and per week, largest job, longest run, storage, priority;
+//! and the jobs an account may have queued or running at once.
 
 use serde::{Deserialize, Serialize};
 
@@ -26,6 +27,10 @@ pub struct Quota {
     pub storage: Option<ByteSize>,
     /// Base priority 1-100 (higher runs first among equals).
     pub priority: Option<u8>,
+    /// Jobs pending or running at once (Slurm `GrpSubmitJobs`): a submission past it is
+    /// refused until some end. Unset: the scheduler's `max_submit_jobs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_submit_jobs: Option<u32>,
 }
 
 /// One dimension of a quota, to name a limit in errors and pending reasons.
@@ -39,6 +44,7 @@ pub enum QuotaDimension {
     MaxRunTime,
     Storage,
     Priority,
+    MaxSubmitJobs,
 }
 
 impl QuotaDimension {
@@ -52,6 +58,7 @@ impl QuotaDimension {
             QuotaDimension::MaxRunTime => "max_run_time",
             QuotaDimension::Storage => "storage",
             QuotaDimension::Priority => "priority",
+            QuotaDimension::MaxSubmitJobs => "max_submit_jobs",
         }
     }
 }
@@ -81,6 +88,7 @@ impl Quota {
             max_run_time: tighter(account.max_run_time, project.max_run_time),
             storage: tighter(account.storage, project.storage),
             priority: project.priority.or(account.priority),
+            max_submit_jobs: tighter(account.max_submit_jobs, project.max_submit_jobs),
         }
     }
 
@@ -108,6 +116,9 @@ impl Quota {
         }
         if exceeds(&self.storage, &parent.storage) {
             out.push(QuotaDimension::Storage);
+        }
+        if exceeds(&self.max_submit_jobs, &parent.max_submit_jobs) {
+            out.push(QuotaDimension::MaxSubmitJobs);
         }
         out
     }

@@ -63,6 +63,9 @@ impl From<Error> for ApiError {
             Error::Reservation(e) => (StatusCode::UNPROCESSABLE_ENTITY, Some(e.field().into())),
             Error::UnknownJob(_) => (StatusCode::NOT_FOUND, None),
             Error::UnknownNode(_) => (StatusCode::NOT_FOUND, Some("node".into())),
+            Error::TooManyJobs { field, .. } => {
+                (StatusCode::TOO_MANY_REQUESTS, Some(field.clone()))
+            }
             // Not acknowledged: the caller may send it again once the disk has room.
             Error::NotStored { .. } => (StatusCode::SERVICE_UNAVAILABLE, None),
             _ => (StatusCode::INTERNAL_SERVER_ERROR, None),
@@ -71,7 +74,9 @@ impl From<Error> for ApiError {
             status,
             field,
             message: match &e {
-                Error::Invalid { message, .. } => message.clone(),
+                Error::Invalid { message, .. } | Error::TooManyJobs { message, .. } => {
+                    message.clone()
+                }
                 other => other.to_string(),
             },
         }

@@ -78,6 +78,10 @@ pub enum Error {
     Reservation(#[from] gpuledger_scheduler::reservation::ReservationError),
     #[error(transparent)]
     Service(#[from] gpuledger_service::Error),
+    /// A submission past the jobs its account (or project) may have pending or running at
+    /// once; taken again once some end.
+    #[error("{field}: {message}")]
+    TooManyJobs { field: String, message: String },
     /// A request's change could not be written to the journal: not acknowledged.
     #[error("{what}; the scheduler's state could not be saved ({path}: {source})")]
     NotStored {
@@ -408,6 +412,7 @@ impl Service {
         self.job_user(&request.account, request.project.as_ref())?;
         let now = self.now_s();
         let mut inner = self.lock();
+        self.check_submit_limit(&inner, &request)?;
         let number = inner
             .state
             .next_job_number
@@ -445,6 +450,56 @@ impl Service {
             return Err(e);
         }
         Ok(id)
+    }
+
+    /// Refuses a submission past the jobs its account, or its project, may have pending or
+    /// running at once (`max_submit_jobs`): one tenant's loop cannot fill the scheduler's
+    /// memory and state for everyone.
+    fn check_submit_limit(&self, inner: &Inner, request: &SubmitRequest) -> Result<()> {
+        let Some(account) = self
+            .cluster
+            .accounts
+            .iter()
+            .find(|a| a.id == request.account)
+        else {
+            // Not an account: admission refuses it as such.
+            return Ok(());
+        };
+        let project = request
+            .project
+            .as_ref()
+            .and_then(|p| account.projects.iter().find(|x| &x.id == p));
+        let active = |in_project: bool| {
+            let counts = |spec: &JobSpec| {
+                spec.account == request.account
+                    && (!in_project || spec.project.as_ref() == request.project.as_ref())
+            };
+            inner.sched.pending().filter(|j| counts(&j.spec)).count()
+                + inner.sched.running().filter(|j| counts(&j.spec)).count()
+        };
+        let account_limit = account
+            .quota
+            .max_submit_jobs
+            .unwrap_or(self.cluster.scheduler.max_submit_jobs);
+        let limits = [
+            Some((account_limit, false, format!("account `{}`", account.id))),
+            project.and_then(|p| {
+                let limit = p.quota.max_submit_jobs?;
+                Some((limit, true, format!("project `{}`", p.id)))
+            }),
+        ];
+        for (limit, in_project, who) in limits.into_iter().flatten() {
+            let n = active(in_project);
+            if n >= limit as usize {
+                return Err(Error::TooManyJobs {
+                    field: if in_project { "project" } else { "account" }.into(),
+                    message: format!(
+                        "{who} has {n} jobs pending or running; at most {limit} (max_submit_jobs): submit again once some end, or cancel some"
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Ends a job whose submission could not be saved, before it runs (or at once if a cycle

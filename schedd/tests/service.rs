@@ -1603,3 +1603,82 @@ async fn a_launch_a_crash_kept_from_the_state_is_ended_before_the_job_starts_aga
         tick_until(&s, &clock, |s| state(s, &id) == JobState::Cancelled);
     }
 }
+
+/// One tenant's loop cannot fill the scheduler: past `max_submit_jobs` jobs pending or running
+/// (the scheduler's default, an account's quota, a project's) a submission is refused with a
+/// 429 naming the account or project, takes no job number, and is taken again once one ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submissions_past_max_submit_jobs_are_refused_until_some_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let _jobs = gpuledger_testkit::KillJobsUnder::new(dir.path());
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let toml = CLUSTER
+        .replace(
+            "min_run_time = \"1m\"\n",
+            "min_run_time = \"1m\"\nmax_submit_jobs = 3\n",
+        )
+        .replace(
+            "quota = { max_gpus_per_job = 8 }\nrun_as = { user = \"root\" }\n",
+            "quota = { max_gpus_per_job = 8, max_submit_jobs = 4 }\nrun_as = { user = \"root\" }\n\
+             projects = [{ id = \"p1\", quota = { max_submit_jobs = 2 } }]\n",
+        );
+    let cluster = ClusterConfig::from_toml_str(&toml, "one.toml").unwrap();
+    let s = Arc::new(open_with(dir.path(), cluster, Arc::clone(&clock)).unwrap());
+    let job = |account: &str, project: Option<&str>| {
+        let mut j =
+            json!({"command": "sleep 600", "account": account, "gpus": 8, "time_limit": "1h"});
+        if let Some(p) = project {
+            j["project"] = json!(p);
+        }
+        j
+    };
+    let refused = |(status, body): (StatusCode, Value), field: &str, says: &str| {
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+        assert_eq!(body["error"]["field"], field, "{body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{message}");
+    };
+    for n in 1..=3 {
+        let (status, body) = submit(&s, job("team-b", None)).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        assert_eq!(body["job_id"], format!("team-b.{n}"));
+        // The first runs (the node's 8 GPUs); the rest wait: both count.
+        s.tick().unwrap();
+    }
+    refused(
+        submit(&s, job("team-b", None)).await,
+        "account",
+        "account `team-b` has 3 jobs pending or running; at most 3",
+    );
+    // team-a's quota allows 4, its project p1 2 of them.
+    for project in [Some("p1"), Some("p1"), None, None] {
+        assert_eq!(
+            submit(&s, job("team-a", project)).await.0,
+            StatusCode::CREATED
+        );
+    }
+    refused(
+        submit(&s, job("team-a", Some("p1"))).await,
+        "account",
+        "account `team-a` has 4 jobs pending or running; at most 4",
+    );
+    let (status, _) = call(&s, "DELETE", "/api/v1/jobs/team-a.4", None).await;
+    assert_eq!(status, StatusCode::OK);
+    refused(
+        submit(&s, job("team-a", Some("p1"))).await,
+        "project",
+        "project `p1` has 2 jobs pending or running; at most 2",
+    );
+    assert_eq!(submit(&s, job("team-a", None)).await.0, StatusCode::CREATED);
+    // One of team-b's ends: the next is taken, under the next number (the refusals took none).
+    let (status, _) = call(&s, "DELETE", "/api/v1/jobs/team-b.3", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, body) = submit(&s, job("team-b", None)).await;
+    assert_eq!(
+        (status, &body["job_id"]),
+        (StatusCode::CREATED, &json!("team-b.4"))
+    );
+    for id in ["team-b.1", "team-b.2", "team-b.4"] {
+        call(&s, "DELETE", &format!("/api/v1/jobs/{id}?now=true"), None).await;
+    }
+}

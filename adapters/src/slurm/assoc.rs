@@ -11,6 +11,7 @@
 //! |---|---|
 //! | `Fairshare=N` | `weight` (`parent` or absent: 1) |
 //! | `GrpJobs=N` | `max_running_jobs` |
+//! | `GrpSubmitJobs=N` | `max_submit_jobs` (jobs pending or running at once) |
 //! | `GrpTRES=gres/gpu=N` | `max_gpus` (GPUs held at once by the account's running jobs) |
 //! | `GrpTRESMins=gres/gpu=M` | `gpu_hours_per_week` = M / 60 (Slurm's holds until its usage reset; gpuledger's is a rolling week) |
 //! | `MaxTRESPerJob=gres/gpu=N` | `max_gpus_per_job` |
@@ -26,6 +27,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use gpuledger_model::config::MAX_SUBMIT_JOBS;
 use gpuledger_model::quota::Quota;
 use gpuledger_model::tenant::{Account, Project};
 use gpuledger_model::units::DurationSpec;
@@ -192,7 +194,7 @@ fn why_not(key: &str) -> &'static str {
         "qos" | "defaultqos" => {
             "gpuledger's priority tiers are partitions ([[partitions]] in the cluster config)"
         }
-        "grpsubmitjobs" | "grpjobsaccrue" => "gpuledger does not limit pending jobs",
+        "grpjobsaccrue" => "gpuledger does not limit the jobs that accrue age",
         "grpwall" | "grptresrunmins" | "maxtresminsperjob" | "maxtresrunmins" => {
             "gpuledger has no such limit"
         }
@@ -246,6 +248,16 @@ fn limits(l: &DumpLine, not_mapped: &mut Vec<NotMapped>) -> Result<(Quota, Optio
                     Some(u32::try_from(int(value)?).map_err(|_| {
                         format!("`{key}={value}`: at most {} running jobs", u32::MAX)
                     })?);
+            }
+            "grpsubmitjobs" => {
+                let n = int(value)?;
+                let limit = u32::try_from(n)
+                    .ok()
+                    .filter(|n| (1..=MAX_SUBMIT_JOBS).contains(n))
+                    .ok_or_else(|| {
+                        format!("`{key}={value}`: gpuledger takes 1 to {MAX_SUBMIT_JOBS} jobs")
+                    })?;
+                quota.max_submit_jobs = Some(limit);
             }
             "priority" => {
                 let p = int(value)?;
@@ -548,6 +560,9 @@ fn quota_toml(q: &Quota) -> String {
     if let Some(v) = q.priority {
         parts.push(format!("priority = {v}"));
     }
+    if let Some(v) = q.max_submit_jobs {
+        parts.push(format!("max_submit_jobs = {v}"));
+    }
     format!("{{ {} }}", parts.join(", "))
 }
 
@@ -608,7 +623,7 @@ mod tests {
 Cluster - 'tux':Fairshare=1:QOS='normal'\n\
 Parent - 'root'\n\
 User - 'root':DefaultAccount='root':AdminLevel='Administrator':Fairshare=1\n\
-Account - 'physics':Description='Physics: theory and lab':Organization='science':Fairshare=40:GrpTRES=cpu=512,gres/gpu=64:GrpJobs=20:MaxJobs=4:MaxTRESPerJob=cpu=64,gres/gpu=16:MaxWallDurationPerJob=2880:QOS='normal,high'\n\
+Account - 'physics':Description='Physics: theory and lab':Organization='science':Fairshare=40:GrpTRES=cpu=512,gres/gpu=64:GrpJobs=20:GrpSubmitJobs=500:MaxJobs=4:MaxTRESPerJob=cpu=64,gres/gpu=16:MaxWallDurationPerJob=2880:QOS='normal,high'\n\
 Parent - 'physics'\n\
 Account - 'lattice':Description='lattice':GrpTRESMins=gres/gpu=6000:MaxWall=1-00:00:00\n\
 User - 'alice':DefaultAccount='physics':Fairshare=1:MaxJobs=2\n\
@@ -628,6 +643,7 @@ Account - 'lattice-a':Fairshare=1\n";
         );
         assert_eq!(physics.weight, 40);
         assert_eq!(physics.quota.max_running_jobs, Some(20));
+        assert_eq!(physics.quota.max_submit_jobs, Some(500));
         assert_eq!(physics.quota.max_gpus_per_job, Some(16));
         assert_eq!(physics.quota.max_gpus, Some(64), "GrpTRES=gres/gpu");
         assert_eq!(
@@ -692,6 +708,7 @@ Account - 'lattice-a':Fairshare=1\n";
                 "`GrpTRESMins`: the typed gres/gpu counts add up past",
             ),
             ("GrpJobs=4294967296", "at most 4294967295 running jobs"),
+            ("GrpSubmitJobs=0", "gpuledger takes 1 to 1000000 jobs"),
             ("MaxTRES=gres/gpu=-1", "expected a whole number"),
             (
                 "MaxTRESPerJob=cpu=4,gres/gpu",

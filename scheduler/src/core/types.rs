@@ -280,7 +280,8 @@ impl PendingReason {
             D::GpuHoursPerDay => Some(PendingReason::AssocGrpGpuHoursDay),
             D::GpuHoursPerWeek => Some(PendingReason::AssocGrpGpuHoursWeek),
             D::Storage => Some(PendingReason::AssocGrpStorage),
-            D::MaxGpusPerJob | D::MaxRunTime | D::Priority => None,
+            // Refused at submission, never waited out.
+            D::MaxGpusPerJob | D::MaxRunTime | D::Priority | D::MaxSubmitJobs => None,
         }
     }
 
