@@ -171,6 +171,54 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.starts_with("t.toml:2:"), "{err}");
+        // A name that would forge a line in `token list` and the logs, or a node no config
+        // can name, neither issued nor read.
+        let tenant = bad.replace(
+            "role = \"tenant\"",
+            "role = \"tenant\"\naccount = \"team-a\"",
+        );
+        for (from, to, says) in [
+            (
+                "name = \"x\"",
+                "name = \"x\\nforged\"",
+                "`tokens[0].name`: has a control character",
+            ),
+            ("name = \"x\"", "name = \"\"", "`tokens[0].name`: is empty"),
+            (
+                "role = \"tenant\"\naccount = \"team-a\"",
+                "role = \"node\"\nnode = \"../etc\"",
+                "`tokens[0].node`: node id `../etc`",
+            ),
+        ] {
+            let err = TokenFile::from_toml_str(&tenant.replace(from, to), "tokens.toml")
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.starts_with("tokens.toml:3:") && err.contains(says),
+                "{err}"
+            );
+        }
+        for (name, node, says) in [
+            ("a\nb", None, "--name has a control character"),
+            (
+                &"n".repeat(129)[..],
+                None,
+                "--name has 129 characters; at most 128",
+            ),
+            ("n", Some("gpu 1"), "--node: node id `gpu 1`"),
+        ] {
+            let role = if node.is_some() {
+                Role::Node
+            } else {
+                Role::Finance
+            };
+            let err = file
+                .issue(role, name, None, node.map(str::to_owned), now())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(says), "{err}");
+        }
+        assert_eq!(file.tokens.len(), 1, "nothing refused was added");
     }
 
     #[test]

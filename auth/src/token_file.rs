@@ -117,6 +117,33 @@ fn random_hex(bytes: usize) -> Result<String> {
     Ok(hex::encode(buf))
 }
 
+/// The longest name a token may have: it is shown in `token list` and in logs.
+pub const MAX_TOKEN_NAME_CHARS: usize = 128;
+
+/// Why `name` cannot name a token: empty, too long, or with a control character (a newline
+/// would forge a line in `token list` and in the services' logs).
+fn name_problem(name: &str) -> Option<String> {
+    if name.trim().is_empty() {
+        Some("is empty".into())
+    } else if name.chars().count() > MAX_TOKEN_NAME_CHARS {
+        Some(format!(
+            "has {} characters; at most {MAX_TOKEN_NAME_CHARS}",
+            name.chars().count()
+        ))
+    } else if name.chars().any(char::is_control) {
+        Some("has a control character (a newline, a tab, an escape)".into())
+    } else {
+        None
+    }
+}
+
+/// Why `node` cannot be a node token's node: it must be a node id, as the config's nodes are.
+fn node_problem(node: &str) -> Option<String> {
+    gpuledger_model::NodeId::new(node)
+        .err()
+        .map(|e| e.to_string())
+}
+
 /// The id part of a presented token, if it has the token shape.
 pub(crate) fn token_id(token: &str) -> Option<&str> {
     let rest = token.strip_prefix(PREFIX)?;
@@ -168,6 +195,12 @@ impl TokenFile {
                     &t.sha256,
                     format!("{}: must be 64 hex digits", field("sha256")),
                 ));
+            }
+            if let Some(why) = name_problem(&t.name) {
+                return Err(invalid(&t.id, format!("{}: {why}", field("name"))));
+            }
+            if let Some(why) = t.node.as_deref().and_then(node_problem) {
+                return Err(invalid(&t.id, format!("{}: {why}", field("node"))));
             }
             match (t.role, &t.account, &t.node) {
                 (Role::Tenant, Some(_), None) | (Role::Node, None, Some(_)) => {}
@@ -258,6 +291,12 @@ impl TokenFile {
                     "a {role} token takes no --account or --node"
                 )))
             }
+        }
+        if let Some(why) = name_problem(name) {
+            return Err(Error::Usage(format!("--name {why}")));
+        }
+        if let Some(why) = node.as_deref().and_then(node_problem) {
+            return Err(Error::Usage(format!("--node: {why}")));
         }
         let id = loop {
             let id = random_hex(ID_BYTES)?;
