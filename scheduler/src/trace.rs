@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use chrono::NaiveDateTime;
 
 use gpuledger_model::job::Outcome;
+use gpuledger_model::units::MAX_DURATION_S;
 use gpuledger_model::{AccountId, GpuShare, JobId, ProjectId};
 
 use crate::core::JobSpec;
@@ -67,6 +68,43 @@ fn error_at(origin: &str, line: usize) -> impl Fn(&str, String) -> TraceError + 
         line,
         field: field.to_owned(),
         message,
+    }
+}
+
+/// The latest submission a trace may hold (9999-12-31T23:59:59Z, as far as RFC 3339 goes):
+/// the simulator's clock adds run times and limits to it.
+pub(crate) const LATEST_SUBMIT_S: i64 = 253_402_300_799;
+
+/// A submission time within 1970 to [`LATEST_SUBMIT_S`].
+pub(crate) fn submit_in_range(
+    err: &dyn Fn(&str, String) -> TraceError,
+    field: &str,
+    submit: i64,
+) -> Result<i64, TraceError> {
+    if (0..=LATEST_SUBMIT_S).contains(&submit) {
+        Ok(submit)
+    } else {
+        Err(err(
+            field,
+            format!("{submit} is not a time from 1970 to the year 9999"),
+        ))
+    }
+}
+
+/// A duration of at most [`MAX_DURATION_S`] (100 years): longer ones would overflow the
+/// simulator's time arithmetic.
+pub(crate) fn seconds_in_range(
+    err: &dyn Fn(&str, String) -> TraceError,
+    field: &str,
+    seconds: u64,
+) -> Result<u64, TraceError> {
+    if seconds <= MAX_DURATION_S {
+        Ok(seconds)
+    } else {
+        Err(err(
+            field,
+            format!("{seconds} s is more than 100 years ({MAX_DURATION_S} s)"),
+        ))
     }
 }
 
@@ -132,6 +170,7 @@ pub fn parse_philly(
             })?
             .and_utc()
             .timestamp();
+        let submit = submit_in_range(&err, "timestamp", submit)?;
         let dur = cell(1, "duration")?;
         let duration: f64 = dur
             .parse()
@@ -140,6 +179,12 @@ pub fn parse_philly(
             return Err(err(
                 "duration",
                 format!("`{dur}` is not a non-negative number of seconds"),
+            ));
+        }
+        if duration > MAX_DURATION_S as f64 {
+            return Err(err(
+                "duration",
+                format!("`{dur}` s is more than 100 years ({MAX_DURATION_S} s)"),
             ));
         }
         let g = cell(2, "num_gpus")?;
@@ -269,6 +314,11 @@ pub fn parse_jobs(text: &str, origin: &str) -> Result<Vec<SimJob>, TraceError> {
                 })
                 .transpose()
         };
+        let seconds = |name: &str| -> Result<Option<u64>, TraceError> {
+            number(name)?
+                .map(|v| seconds_in_range(&err, name, v))
+                .transpose()
+        };
         let submit_text = required("submit")?;
         let submit = match submit_text.parse::<i64>() {
             Ok(s) => s,
@@ -281,12 +331,13 @@ pub fn parse_jobs(text: &str, origin: &str) -> Result<Vec<SimJob>, TraceError> {
                 })?
                 .timestamp(),
         };
+        let submit = submit_in_range(&err, "submit", submit)?;
         let account_text = required("account")?;
         let account = AccountId::new(account_text).map_err(|e| err("account", e.to_string()))?;
         let gpus = number("gpus")?.ok_or_else(|| err("gpus", "missing".into()))?;
         let gpus = u32::try_from(gpus).map_err(|_| err("gpus", format!("{gpus} is too large")))?;
         let run_time_s =
-            number("run_time_s")?.ok_or_else(|| err("run_time_s", "missing".into()))?;
+            seconds("run_time_s")?.ok_or_else(|| err("run_time_s", "missing".into()))?;
         let id = match get("job_id") {
             Some(v) => JobId::new(v).map_err(|e| err("job_id", e.to_string()))?,
             None => JobId::new(format!("j{:06}", jobs.len() + 1))
@@ -296,7 +347,7 @@ pub fn parse_jobs(text: &str, origin: &str) -> Result<Vec<SimJob>, TraceError> {
             id,
             account,
             gpus,
-            number("time_limit_s")?
+            seconds("time_limit_s")?
                 .unwrap_or_else(|| crate::workload::round_up_to_hour(run_time_s)),
             submit,
         );
@@ -304,14 +355,14 @@ pub fn parse_jobs(text: &str, origin: &str) -> Result<Vec<SimJob>, TraceError> {
             .map(|v| ProjectId::new(v).map_err(|e| err("project", e.to_string())))
             .transpose()?;
         spec.partition = get("partition").map(str::to_owned);
-        spec.min_gpus = number("min_gpus")?.map(|v| v as u32);
-        spec.grace_s = number("grace_s")?;
-        spec.checkpoint_every_s = number("checkpoint_every_s")?;
         let small = |name: &str| -> Result<Option<u32>, TraceError> {
             number(name)?
                 .map(|v| u32::try_from(v).map_err(|_| err(name, format!("{v} is too large"))))
                 .transpose()
         };
+        spec.min_gpus = small("min_gpus")?;
+        spec.grace_s = seconds("grace_s")?;
+        spec.checkpoint_every_s = seconds("checkpoint_every_s")?;
         spec.shape = crate::cluster::Shape {
             gpus_per_node: small("gpus_per_node")?,
             max_nodes: small("nodes")?,
@@ -337,7 +388,7 @@ pub fn parse_jobs(text: &str, origin: &str) -> Result<Vec<SimJob>, TraceError> {
             spec,
             run_time_s,
             outcome,
-            checkpoint_save_s: number("checkpoint_save_s")?,
+            checkpoint_save_s: seconds("checkpoint_save_s")?,
         });
     }
     Ok(jobs)
@@ -355,6 +406,55 @@ mod tests {
         assert_eq!(jobs[0].spec.account.as_str(), "vc-7f04ca");
         assert_eq!(jobs[0].run_time_s, 2_240_194);
         assert_eq!(jobs[0].spec.time_limit_s, 2_242_800);
+    }
+
+    #[test]
+    fn times_past_what_the_simulator_counts_are_refused_naming_line_and_field() {
+        let philly = |row: &str| {
+            parse_philly(
+                &format!("timestamp,duration,num_gpus,gpu_time,cluster\n{row}\n"),
+                "t.csv",
+                LimitEstimate::NextHour,
+            )
+            .unwrap_err()
+            .to_string()
+        };
+        let own = |row: &str| {
+            parse_jobs(
+                &format!("submit,account,gpus,run_time_s,time_limit_s,min_gpus\n{row}\n"),
+                "j.csv",
+            )
+            .unwrap_err()
+            .to_string()
+        };
+        for (err, says) in [
+            (
+                philly("2017-09-04 10:30:41,1e300,8,1,7f04ca"),
+                "t.csv:2: `duration`: `1e300` s is more than 100 years",
+            ),
+            (
+                own("1780272000,team-a,1,18446744073709551615,,"),
+                "j.csv:2: `run_time_s`: 18446744073709551615 s is more than 100 years",
+            ),
+            (
+                own("1780272000,team-a,1,60,3153600001,"),
+                "j.csv:2: `time_limit_s`: 3153600001 s is more than 100 years",
+            ),
+            (
+                own("9223372036854775807,team-a,1,60,,"),
+                "j.csv:2: `submit`: 9223372036854775807 is not a time from 1970",
+            ),
+            (
+                own("-5,team-a,1,60,,"),
+                "j.csv:2: `submit`: -5 is not a time from 1970",
+            ),
+            (
+                own("1780272000,team-a,8,60,,4294967297"),
+                "j.csv:2: `min_gpus`: 4294967297 is too large",
+            ),
+        ] {
+            assert!(err.starts_with(says), "{err}");
+        }
     }
 
     #[test]

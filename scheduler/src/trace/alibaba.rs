@@ -7,7 +7,9 @@
 use gpuledger_model::job::Outcome;
 use gpuledger_model::{AccountId, GpuModel, GpuShare, GpuType, JobId};
 
-use super::{data_rows, error_at, header_index, LimitEstimate, TraceError};
+use super::{
+    data_rows, error_at, header_index, seconds_in_range, submit_in_range, LimitEstimate, TraceError,
+};
 use crate::core::JobSpec;
 use crate::sim::SimJob;
 
@@ -143,7 +145,7 @@ pub fn parse_alibaba(
                 format!("{deleted} is before scheduled_time {scheduled}"),
             ));
         }
-        let run_time_s = (deleted - scheduled).max(1);
+        let run_time_s = seconds_in_range(&err, "deletion_time", (deleted - scheduled).max(1))?;
         let account = match cell(qos_col) {
             Some(qos) => AccountId::new(format!("qos-{}", qos.to_ascii_lowercase()))
                 .map_err(|e| err("qos", e.to_string()))?,
@@ -155,6 +157,7 @@ pub fn parse_alibaba(
             .map_err(|e| err("name", e.to_string()))?;
         let submit = i64::try_from(created)
             .map_err(|_| err("creation_time", format!("{created} is too large")))?;
+        let submit = submit_in_range(&err, "creation_time", submit)?;
         let mut spec = JobSpec::new(id, account, gpus, estimate.limit_s(run_time_s), submit);
         spec.shape.gpu_share = share;
         if gpu_spec == GpuSpec::Types {
@@ -266,6 +269,10 @@ openb-pod-0041,8000,1024,1,500,,BE,Pending,9967058,,\n";
             ("p,1,1200,1,9,2\n", "gpu_milli"),
             ("p,x,1000,1,9,2\n", "num_gpu"),
             ("p,1,1000,1,2,9\n", "deletion_time"),
+            // Past what the simulator's clock holds: a creation time past the year 9999, a run
+            // of more than 100 years.
+            ("p,1,1000,9223372036854775807,9,2\n", "creation_time"),
+            ("p,1,1000,1,18446744073709551615,2\n", "deletion_time"),
         ];
         for (line, field) in cases {
             let e = parse_alibaba(
