@@ -301,6 +301,12 @@ fn demo(args: DemoArgs) -> anyhow::Result<()> {
     let config = load_cluster(args.config.as_deref())?;
     let mut spec = load_demo(args.spec.as_deref())?;
     if let Some(days) = args.days {
+        if !(1..=gpuledger_sim::demo::MAX_DEMO_DAYS).contains(&days) {
+            anyhow::bail!(
+                "--days {days} is out of range; use 1 to {}",
+                gpuledger_sim::demo::MAX_DEMO_DAYS
+            );
+        }
         spec.workload.days = days;
     }
     if let Some(seed) = args.seed {

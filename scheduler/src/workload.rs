@@ -86,7 +86,84 @@ fn diurnal(hour: u32) -> f64 {
     }
 }
 
+/// The most jobs a day one team may submit in a generated workload.
+pub const MAX_JOBS_PER_DAY: f64 = 100_000.0;
+
 impl WorkloadSpec {
+    /// Values the generator cannot use as meant, as (field below `workload`, why): rates and
+    /// weights that are not finite and non-negative, no size with weight, run times out of
+    /// order, a share of failures outside 0-1, jobs of no GPUs or starting after the end.
+    pub fn problems(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for (i, team) in self.teams.iter().enumerate() {
+            let at = |f: &str| format!("teams[{i}].{f}");
+            let rate = team.jobs_per_day;
+            if !(rate.is_finite() && (0.0..=MAX_JOBS_PER_DAY).contains(&rate)) {
+                out.push((
+                    at("jobs_per_day"),
+                    format!("{rate} is out of range; use 0 to {MAX_JOBS_PER_DAY}"),
+                ));
+            }
+            let before = out.len();
+            for (j, (gpus, weight)) in team.gpus.iter().enumerate() {
+                if *gpus == 0 {
+                    out.push((
+                        at(&format!("gpus[{j}]")),
+                        "a job needs at least 1 GPU".into(),
+                    ));
+                }
+                if !(weight.is_finite() && *weight >= 0.0) {
+                    out.push((
+                        at(&format!("gpus[{j}]")),
+                        format!("weight {weight} is not a non-negative number"),
+                    ));
+                }
+            }
+            let sizes_ok = out.len() == before;
+            if sizes_ok && team.gpus.iter().map(|(_, w)| *w).sum::<f64>() <= 0.0 {
+                out.push((at("gpus"), "no size has a weight above 0".into()));
+            }
+            if team.run_time_min.as_secs() == 0 {
+                out.push((at("run_time_min"), "must be longer than 0s".into()));
+            }
+            if team.run_time_min > team.run_time_max {
+                out.push((
+                    at("run_time_max"),
+                    format!(
+                        "{} is shorter than run_time_min {}",
+                        team.run_time_max, team.run_time_min
+                    ),
+                ));
+            }
+            if !(team.failure_rate.is_finite() && (0.0..=1.0).contains(&team.failure_rate)) {
+                out.push((
+                    at("failure_rate"),
+                    format!("{} is out of range; use 0 to 1", team.failure_rate),
+                ));
+            }
+        }
+        let span = u64::from(self.days) * 86_400;
+        for (i, job) in self.fixed_jobs.iter().enumerate() {
+            let at = |f: &str| format!("fixed_jobs[{i}].{f}");
+            if job.gpus == 0 {
+                out.push((at("gpus"), "a job needs at least 1 GPU".into()));
+            }
+            if job.run_time.as_secs() == 0 {
+                out.push((at("run_time"), "must be longer than 0s".into()));
+            }
+            if job.submit_after.as_secs() >= span {
+                out.push((
+                    at("submit_after"),
+                    format!(
+                        "{} is past the workload's {} days",
+                        job.submit_after, self.days
+                    ),
+                ));
+            }
+        }
+        out
+    }
+
     pub fn start_s(&self) -> i64 {
         self.start.timestamp()
     }

@@ -25,6 +25,7 @@ use gpuledger_exporter::synthetic::{
     synthesize_node, synthetic_devices, Segment, TelemetryProfile,
 };
 use gpuledger_exporter::{GpuDevice, JobLabel};
+use gpuledger_model::config::{ConfigError, FieldError};
 use gpuledger_model::time::{ManualClock, MS_PER_HOUR};
 use gpuledger_model::ClusterConfig;
 use gpuledger_scheduler::workload::WorkloadSpec;
@@ -46,6 +47,77 @@ pub struct DemoSpec {
 
 fn default_interval() -> u32 {
     10
+}
+
+/// The longest demo: its telemetry is simulated second by second for every GPU.
+pub const MAX_DEMO_DAYS: u32 = 366;
+
+impl DemoSpec {
+    /// Parses and checks a demo spec; errors name `origin`, the field and its line.
+    pub fn from_toml_str(src: &str, origin: &str) -> Result<DemoSpec, ConfigError> {
+        let spec: DemoSpec = gpuledger_model::config::parse_toml(src, origin)?;
+        let mut errors = spec.validate();
+        if errors.is_empty() {
+            return Ok(spec);
+        }
+        gpuledger_model::config::locate_lines(src, &mut errors);
+        Err(ConfigError::Invalid {
+            origin: origin.to_owned(),
+            errors,
+        })
+    }
+
+    /// Every value that would stop or mislead the demo: a zero sample interval (nothing would
+    /// advance), more days than [`MAX_DEMO_DAYS`], the workload's and the telemetry profiles'
+    /// figures outside their ranges.
+    pub fn validate(&self) -> Vec<FieldError> {
+        let mut errors = Vec::new();
+        let mut err = |field: String, message: String| {
+            errors.push(FieldError {
+                field,
+                line: None,
+                message,
+            })
+        };
+        if !(1..=3600).contains(&self.sample_interval_s) {
+            err(
+                "sample_interval_s".into(),
+                format!("{} is out of range; use 1 to 3600", self.sample_interval_s),
+            );
+        }
+        if !(1..=MAX_DEMO_DAYS).contains(&self.workload.days) {
+            err(
+                "workload.days".into(),
+                format!(
+                    "{} is out of range; use 1 to {MAX_DEMO_DAYS}",
+                    self.workload.days
+                ),
+            );
+        }
+        for (field, message) in self.workload.problems() {
+            err(format!("workload.{field}"), message);
+        }
+        for (i, p) in self.telemetry.iter().enumerate() {
+            let mut fraction = |name: &str, value: f32, max: f32| {
+                if !(value.is_finite() && (0.0..=max).contains(&value)) {
+                    err(
+                        format!("telemetry[{i}].{name}"),
+                        format!("{value} is out of range; use 0 to {max}"),
+                    );
+                }
+            };
+            fraction("gpu_util_pct", p.gpu_util_pct, 100.0);
+            fraction("sm_active", p.sm_active, 1.0);
+            fraction("tensor_active", p.tensor_active, 1.0);
+            fraction("dram_active", p.dram_active, 1.0);
+            fraction("memory_fraction", p.memory_fraction, 1.0);
+            fraction("power_fraction", p.power_fraction, 1.0);
+            if let Some(mfu) = p.reported_mfu {
+                fraction("reported_mfu", mfu, 1.0);
+            }
+        }
+        errors
+    }
 }
 
 /// Reports progress of the long phases.

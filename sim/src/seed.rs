@@ -5,7 +5,6 @@
 use std::path::Path;
 
 use gpuledger_billing::PriceBook;
-use gpuledger_model::config::parse_toml;
 use gpuledger_model::ClusterConfig;
 
 use crate::demo::DemoSpec;
@@ -30,8 +29,8 @@ pub fn load_cluster(path: Option<&Path>) -> Result<ClusterConfig> {
 /// A demo spec from a file, or the embedded seed month.
 pub fn load_demo(path: Option<&Path>) -> Result<DemoSpec> {
     Ok(match path {
-        None => parse_toml(SEED_DEMO_TOML, "examples/seed-demo.toml")?,
-        Some(p) => parse_toml(&read(p)?, &p.display().to_string())?,
+        None => DemoSpec::from_toml_str(SEED_DEMO_TOML, "examples/seed-demo.toml")?,
+        Some(p) => DemoSpec::from_toml_str(&read(p)?, &p.display().to_string())?,
     })
 }
 
@@ -41,4 +40,74 @@ pub fn load_price_book(path: Option<&Path>) -> Result<PriceBook> {
         None => PriceBook::from_toml_str(SEED_PRICES_TOML, "examples/seed-prices.toml")?,
         Some(p) => PriceBook::from_toml_str(&read(p)?, &p.display().to_string())?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_demo_spec_that_would_stop_or_mislead_the_demo_is_refused_by_field_and_line() {
+        let one = |from: &str, to: &str| {
+            assert!(SEED_DEMO_TOML.contains(from), "{from}");
+            let src = SEED_DEMO_TOML.replacen(from, to, 1);
+            let err = DemoSpec::from_toml_str(&src, "d.toml").unwrap_err();
+            let errors = err.field_errors().to_vec();
+            assert_eq!(errors.len(), 1, "{err}");
+            (
+                errors[0].field.clone(),
+                errors[0].line.is_some(),
+                err.to_string(),
+            )
+        };
+        for (from, to, field, says) in [
+            (
+                "sample_interval_s = 10",
+                "sample_interval_s = 0",
+                "sample_interval_s",
+                "use 1 to 3600",
+            ),
+            (
+                "days = 30",
+                "days = 100000000",
+                "workload.days",
+                "use 1 to 366",
+            ),
+            (
+                "jobs_per_day = 4",
+                "jobs_per_day = 1e12",
+                "workload.teams[0].jobs_per_day",
+                "use 0 to 100000",
+            ),
+            (
+                "gpus = [[8, 1.0]]",
+                "gpus = [[8, -1.0]]",
+                "workload.teams[0].gpus[0]",
+                "weight -1",
+            ),
+            (
+                "run_time_min = \"30m\"",
+                "run_time_min = \"5h\"",
+                "workload.teams[0].run_time_max",
+                "shorter than run_time_min 5h",
+            ),
+            (
+                "failure_rate = 0.03",
+                "failure_rate = 3",
+                "workload.teams[0].failure_rate",
+                "use 0 to 1",
+            ),
+            (
+                "submit_after = \"15d\"",
+                "submit_after = \"45d\"",
+                "workload.fixed_jobs[1].submit_after",
+                "past the workload's 30 days",
+            ),
+        ] {
+            let (got, located, text) = one(from, to);
+            assert_eq!(got, field, "{text}");
+            assert!(located && text.contains(says), "{text}");
+        }
+        assert!(load_demo(None).is_ok(), "the seed month is valid");
+    }
 }
