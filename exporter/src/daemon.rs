@@ -78,7 +78,7 @@ pub struct ExporterOptions {
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// This node's name, as the aggregator knows it.
-    #[arg(long, env = "GPULEDGER_NODE")]
+    #[arg(long, env = "GPULEDGER_NODE", value_parser = parse_node)]
     pub node: String,
     /// Source of GPU readings.
     #[arg(long, value_enum, default_value = "synthetic")]
@@ -94,7 +94,7 @@ pub struct ExporterOptions {
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// dcgm-exporter source: the page to read.
-    #[arg(long, default_value = "http://127.0.0.1:9400/metrics")]
+    #[arg(long, default_value = "http://127.0.0.1:9400/metrics", value_parser = parse_http_url)]
     pub dcgm_url: String,
     /// dcgm-exporter source: the series label that names a job's project (a pod label
     /// dcgm-exporter adds with --kubernetes-enable-pod-labels, such as Kueue's queue name);
@@ -109,7 +109,7 @@ pub struct ExporterOptions {
     pub push_interval: Duration,
     /// The aggregator's base URL (e.g. http://aggregator:9400); without it batches stay in the
     /// spool.
-    #[arg(long, env = "GPULEDGER_AGGREGATOR_URL")]
+    #[arg(long, env = "GPULEDGER_AGGREGATOR_URL", value_parser = parse_http_url)]
     pub aggregator_url: Option<String>,
     /// A file holding this node's token for the aggregator (`gpuledger token add --role node
     /// --node NAME`), when the aggregator runs with --tokens.
@@ -119,8 +119,9 @@ pub struct ExporterOptions {
     /// that exporters of several nodes on one host keep apart).
     #[arg(long)]
     pub spool_dir: Option<PathBuf>,
-    /// Bound of the spool in bytes; past it the oldest batches are dropped and counted.
-    #[arg(long, default_value_t = 1 << 30)]
+    /// Bound of the spool in bytes (at least 1 MiB); past it the oldest batches are dropped and
+    /// counted.
+    #[arg(long, default_value_t = 1 << 30, value_parser = clap::value_parser!(u64).range(MIN_SPOOL_BYTES..))]
     pub spool_max_bytes: u64,
     /// Job-mapping directory: a file per GPU index holding `job_id account [project]`, or
     /// dcgm-exporter's (a job id a line; each job's account from the aggregator's allocation
@@ -129,7 +130,7 @@ pub struct ExporterOptions {
     pub job_mapping_dir: Option<PathBuf>,
     /// `gpuledger scheduler`'s URL: label GPUs from its allocation feed (wins over
     /// --job-mapping-dir).
-    #[arg(long)]
+    #[arg(long, value_parser = parse_http_url)]
     pub scheduler_url: Option<String>,
     /// Address of /metrics (`127.0.0.1:0` picks a free port; the address is printed). Default:
     /// `0.0.0.0:9401`, one exporter per node; the synthetic source, which runs several to a
@@ -146,7 +147,7 @@ pub struct ExporterOptions {
     pub client_tls: ClientTlsArgs,
     /// Also export the GPU series over OTLP/HTTP (JSON) to this receiver, e.g.
     /// `http://collector:4318` (`/v1/metrics` is appended).
-    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_parser = parse_http_url)]
     pub otlp_endpoint: Option<String>,
     /// How often the OTLP export runs.
     #[arg(long, default_value = "10s", value_parser = parse_interval)]
@@ -268,6 +269,30 @@ fn clap_message(error: &clap::Error) -> String {
 }
 
 /// `250ms`, `1s`, `2m`.
+/// The smallest spool: a few batches of a large node.
+const MIN_SPOOL_BYTES: u64 = 1 << 20;
+
+/// A node name as the cluster config's pools make them (it also names the default spool
+/// directory, so `../x` would put the spool elsewhere).
+fn parse_node(text: &str) -> Result<String, String> {
+    gpuledger_model::NodeId::new(text)
+        .map(|n| n.to_string())
+        .map_err(|e| e.to_string())
+}
+
+/// An `http://` or `https://` URL with a host.
+fn parse_http_url(text: &str) -> Result<String, String> {
+    let rest = text
+        .strip_prefix("http://")
+        .or_else(|| text.strip_prefix("https://"))
+        .ok_or_else(|| format!("`{text}` is not an http:// or https:// URL"))?;
+    let host = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    if host.is_empty() || host.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!("`{text}` names no host"));
+    }
+    Ok(text.to_owned())
+}
+
 pub fn parse_interval(text: &str) -> Result<Duration, String> {
     let (number, unit) = text
         .find(|c: char| !c.is_ascii_digit())
@@ -622,6 +647,40 @@ mod tests {
         assert!(err.contains("`source`") && err.contains("cuda"), "{err}");
         let err = err_of("node = [\n");
         assert!(err.contains("exporter.toml:"), "{err}");
+        // A node that would put the default spool elsewhere (`./gpuledger-spool/../x`), a URL
+        // that is no HTTP, a spool too small for one batch.
+        for (text, says) in [
+            (
+                "node = \"../x\"\n",
+                "exporter.toml:1: `node`: invalid value '../x'",
+            ),
+            (
+                "node = \"..\"\n",
+                "exporter.toml:1: `node`: invalid value '..'",
+            ),
+            (
+                "aggregator_url = \"ftp://agg\"\n",
+                "`ftp://agg` is not an http:// or https:// URL",
+            ),
+            ("scheduler_url = \"http://\"\n", "`http://` names no host"),
+            (
+                "spool_max_bytes = 0\n",
+                "exporter.toml:1: `spool_max_bytes`",
+            ),
+        ] {
+            let file = err_of(text);
+            let matched = config_file_args(&path, &command())
+                .map(|args| command().try_get_matches_from(args).map(drop));
+            let err = match matched {
+                Err(e) => e.to_string(),
+                Ok(Err(e)) => e.to_string(),
+                Ok(Ok(())) => String::new(),
+            };
+            assert!(
+                file.contains(says) || err.contains(says),
+                "{text}: {file} / {err}"
+            );
+        }
         let headers = {
             std::fs::write(&path, "otlp_header = [\"a=1\", \"b=2\"]\n").unwrap();
             config_file_args(&path, &command()).unwrap()

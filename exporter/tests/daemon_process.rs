@@ -113,13 +113,13 @@ fn synthetic_exporters_of_two_nodes_share_a_host_on_their_defaults() {
             "{node}'s spool"
         );
     }
-    // A node name that would leave the spool directory is refused.
+    // A node name that would leave the spool directory is refused as a usage error.
     let out = Command::new(env!("CARGO_BIN_EXE_gpuledger-exporter"))
         .args(["--node", "../etc", "--listen", "127.0.0.1:0"])
         .current_dir(dir.path())
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("--node"),
         "{}",
