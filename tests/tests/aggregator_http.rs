@@ -171,14 +171,8 @@ async fn every_bad_input_gets_its_4xx_and_changes_nothing() {
         )
         .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{reply}");
-    let named: Vec<(Option<i64>, Option<&str>)> = reply["errors"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| (e["row"].as_i64(), e["field"].as_str()))
-        .collect();
     assert_eq!(
-        named,
+        rows_and_fields(&reply),
         [(Some(1), Some("time_ms")), (Some(2), Some("time_ms"))],
         "{reply}"
     );
@@ -199,14 +193,8 @@ async fn every_bad_input_gets_its_4xx_and_changes_nothing() {
         )
         .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{reply}");
-    let named: Vec<(Option<i64>, Option<&str>)> = reply["errors"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| (e["row"].as_i64(), e["field"].as_str()))
-        .collect();
     assert_eq!(
-        named,
+        rows_and_fields(&reply),
         [
             (Some(1), Some("account")),
             (Some(2), Some("project")),
@@ -538,4 +526,14 @@ async fn a_low_watermark_closes_gaps_and_must_not_pass_the_batch() {
         "{checkpoint}"
     );
     assert_eq!(api.stored().await.0, 16, "batches 0 and 5, 8 rows each");
+}
+
+/// The (row, field) of each error in a 422's body.
+fn rows_and_fields(reply: &Value) -> Vec<(Option<i64>, Option<&str>)> {
+    reply["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["row"].as_i64(), e["field"].as_str()))
+        .collect()
 }
