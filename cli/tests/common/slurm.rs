@@ -2,8 +2,8 @@
 //! `./scripts/test.sh` installs when missing): a private munged with its own key and socket, a
 //! `slurmctld` and a `slurmd` in the foreground on free loopback ports, one node ([`NODE`])
 //! that declares 8 GPUs as GRES (its "devices" are links to /dev/null: slurmd needs character
-//! devices, not GPUs), the text job-completion log on, and gpuledger's prolog and epilog installed. All of
-//! it lives in a temporary directory and stops when the value is dropped.
+//! devices, not GPUs), the text job-completion log on, and gpuledger's prolog and epilog
+//! installed. All of it lives in a temporary directory and stops when the value is dropped.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
