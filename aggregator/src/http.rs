@@ -427,6 +427,10 @@ async fn events(
     authorize(&s, &headers, Action::PostEvents, "post job events")?;
     let request: EventBatch = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad("body", format!("not an events request: {e}")))?;
+    gpuledger_model::event_json::check_source(&request.source).map_err(|why| {
+        s.metrics.count_refused_events();
+        ApiError::bad("source", format!("`source` {why}"))
+    })?;
     let parsed = parse_events(&request.events).map_err(|errors| ApiError::Invalid {
         total: errors.len(),
         errors,

@@ -35,6 +35,27 @@ impl EventBatch {
     }
 }
 
+/// The longest `source` a batch may name.
+pub const MAX_SOURCE_CHARS: usize = 64;
+
+/// Checks a batch's `source` (the sender's name, the key of its numbered batches): 1 to
+/// [`MAX_SOURCE_CHARS`] letters, digits, `.`, `_` or `-`.
+pub fn check_source(source: &str) -> Result<(), String> {
+    if source.is_empty() || source.chars().count() > MAX_SOURCE_CHARS {
+        return Err(format!(
+            "must have 1 to {MAX_SOURCE_CHARS} characters, not {}",
+            source.chars().count()
+        ));
+    }
+    match source
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        Some(c) => Err(format!("has {c:?}; use letters, digits, '.', '_' or '-'")),
+        None => Ok(()),
+    }
+}
+
 /// Whether the aggregator's answer `status` to a batch refuses the batch itself (it is not
 /// JSON, too large, or names what the cluster config does not have): sending it again cannot
 /// succeed. Any other failure (unreachable, a token not yet known, a full disk) is retried.

@@ -61,7 +61,7 @@ pub struct FollowOptions {
     #[arg(long, default_value = "./gpuledger-slurm-state.json")]
     pub state_file: PathBuf,
     /// The source name events carry (one per Slurm cluster).
-    #[arg(long, default_value = "slurm")]
+    #[arg(long, default_value = "slurm", value_parser = parse_source)]
     pub source: String,
     /// Time between polls.
     #[arg(long, default_value = "10s")]
@@ -188,6 +188,10 @@ fn poll(args: &FollowOptions, state: &mut FollowState) -> Result<Vec<SlurmJob>> 
         state.jobcomp_offset = offset;
     }
     Ok(merge_readings(&readings))
+}
+
+fn parse_source(text: &str) -> std::result::Result<String, String> {
+    gpuledger_model::event_json::check_source(text).map(|()| text.to_owned())
 }
 
 /// What became of a posted batch.

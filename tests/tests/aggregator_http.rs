@@ -176,6 +176,19 @@ async fn every_bad_input_gets_its_4xx_and_changes_nothing() {
         [(Some(1), Some("time_ms")), (Some(2), Some("time_ms"))],
         "{reply}"
     );
+    // A source name is a key of numbered batches the aggregator keeps: bounded and plain.
+    for source in ["", "a b", "../x", &"s".repeat(65)] {
+        let (status, reply) = api
+            .post_json(
+                "/api/v1/events",
+                json!({"source": source, "seq": 0, "events": [
+                    {"time_ms": T0, "job_id": "9", "account": "alpha", "kind": "submitted"},
+                ]}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{source:?}: {reply}");
+        assert_eq!(reply["errors"][0]["field"], "source", "{source:?}: {reply}");
+    }
     // Events against the config: an account it does not define, a project not the account's,
     // more GPUs than the cluster's 16, a node it does not have, a GPU a node does not have.
     // Each would put a charge on a bill nobody owns, or one of any size.
@@ -236,7 +249,7 @@ async fn every_bad_input_gets_its_4xx_and_changes_nothing() {
         "gpuledger_ingest_refused_batches_total{reason=\"schema\"} 1",
         "gpuledger_ingest_refused_batches_total{reason=\"decode\"} 2",
         "gpuledger_ingest_refused_batches_total{reason=\"header\"} 1",
-        "gpuledger_ingest_refused_batches_total{reason=\"invalid_events\"} 3",
+        "gpuledger_ingest_refused_batches_total{reason=\"invalid_events\"} 7",
         "gpuledger_ingest_refused_values_total{field=\"gpu_util_pct\"} 1",
     ] {
         assert!(metrics.contains(line), "missing {line} in\n{metrics}");
