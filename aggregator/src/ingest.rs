@@ -84,6 +84,7 @@ fn check_events<'a>(
 ) -> Result<(Cow<'a, [JobEvent]>, usize)> {
     let latest = now_ms.saturating_add(future_tolerance_ms);
     let refuse_tenants = inventory.unknown_tenants() == UnknownTenants::Refuse;
+    let cluster_gpus = inventory.cluster_gpus();
     let mut errors = Vec::new();
     let mut error = |row: usize, field: &str, message: String| {
         errors.push(RowError {
@@ -122,7 +123,6 @@ fn check_events<'a>(
                 );
             }
         }
-        let cluster_gpus = inventory.cluster_gpus();
         if let Some(gpus) = event.gpus.filter(|g| u64::from(*g) > cluster_gpus) {
             error(
                 row,

@@ -11,8 +11,7 @@ use std::str::FromStr;
 use chrono::{Datelike, NaiveDate, TimeZone, Timelike, Weekday};
 use chrono_tz::Tz;
 use gpuledger_model::config::{
-    decimal_from_string, decimals_from_strings, locate_lines, parse_toml, FieldError,
-    PriceBookConfig,
+    decimal_from_string, decimals_from_strings, parse_toml, FieldError, PriceBookConfig,
 };
 use gpuledger_model::{AccountId, ConfigError, Currency, DurationSpec, GpuModel};
 use rust_decimal::Decimal;
@@ -278,13 +277,8 @@ impl PriceBook {
     /// Parses and validates a price book file; errors name the file, field and line.
     pub fn from_toml_str(src: &str, origin: &str) -> Result<Self, ConfigError> {
         let file: PriceBookFile = parse_toml(src, origin)?;
-        Self::from_versions(file.versions).map_err(|mut errors| {
-            locate_lines(src, &mut errors);
-            ConfigError::Invalid {
-                origin: origin.to_owned(),
-                errors,
-            }
-        })
+        Self::from_versions(file.versions)
+            .map_err(|errors| ConfigError::invalid_in(src, origin, errors))
     }
 
     /// The one-version book of a cluster config's `[prices]`: flat prices, GPU-hour model.
@@ -455,13 +449,7 @@ pub fn local_midnight(tz: Tz, date: NaiveDate) -> i64 {
 
 fn validate(versions: &[PriceVersion]) -> Vec<FieldError> {
     let mut errors = Vec::new();
-    let mut err = |field: String, message: String| {
-        errors.push(FieldError {
-            field,
-            line: None,
-            message,
-        })
-    };
+    let mut err = |field: String, message: String| errors.push(FieldError::new(field, message));
     if versions.is_empty() {
         err(
             "versions".into(),

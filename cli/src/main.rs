@@ -127,8 +127,8 @@ struct DemoArgs {
     /// Scheduling policy: fifo, fairshare, fifo+backfill, fairshare+backfill.
     #[arg(long, default_value = "fairshare+backfill")]
     policy: String,
-    /// Simulate this many days instead of the spec's.
-    #[arg(long)]
+    /// Simulate this many days instead of the spec's (1 to 366).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=i64::from(gpuledger_sim::demo::MAX_DEMO_DAYS)))]
     days: Option<u32>,
     /// Replace the workload's seed.
     #[arg(long)]
@@ -301,12 +301,6 @@ fn demo(args: DemoArgs) -> anyhow::Result<()> {
     let config = load_cluster(args.config.as_deref())?;
     let mut spec = load_demo(args.spec.as_deref())?;
     if let Some(days) = args.days {
-        if !(1..=gpuledger_sim::demo::MAX_DEMO_DAYS).contains(&days) {
-            anyhow::bail!(
-                "--days {days} is out of range; use 1 to {}",
-                gpuledger_sim::demo::MAX_DEMO_DAYS
-            );
-        }
         spec.workload.days = days;
     }
     if let Some(seed) = args.seed {

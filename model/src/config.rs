@@ -427,6 +427,17 @@ pub struct FieldError {
     pub message: String,
 }
 
+impl FieldError {
+    /// A problem with `field`, its line found later ([`ConfigError::invalid_in`]).
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        FieldError {
+            field: field.into(),
+            line: None,
+            message: message.into(),
+        }
+    }
+}
+
 impl fmt::Display for FieldError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.line {
@@ -464,6 +475,15 @@ fn list(errors: &[FieldError]) -> String {
 }
 
 impl ConfigError {
+    /// The refusal of `src` (read from `origin`) for `errors`, each with its field's line.
+    pub fn invalid_in(src: &str, origin: &str, mut errors: Vec<FieldError>) -> Self {
+        locate_lines(src, &mut errors);
+        ConfigError::Invalid {
+            origin: origin.to_owned(),
+            errors,
+        }
+    }
+
     /// The field errors (empty for a syntax error).
     pub fn field_errors(&self) -> &[FieldError] {
         match self {
@@ -477,15 +497,11 @@ impl ClusterConfig {
     /// Parses and validates a config. `origin` (usually the file name) prefixes every message.
     pub fn from_toml_str(src: &str, origin: &str) -> Result<Self, ConfigError> {
         let config: ClusterConfig = parse_toml(src, origin)?;
-        let mut errors = config.validate();
+        let errors = config.validate();
         if errors.is_empty() {
             return Ok(config);
         }
-        locate_lines(src, &mut errors);
-        Err(ConfigError::Invalid {
-            origin: origin.to_owned(),
-            errors,
-        })
+        Err(ConfigError::invalid_in(src, origin, errors))
     }
 
     /// Every problem found, with field paths (lines are filled in by [`Self::from_toml_str`]).
@@ -827,11 +843,7 @@ struct Validator {
 
 impl Validator {
     fn err(&mut self, field: &str, message: String) {
-        self.errors.push(FieldError {
-            field: field.to_owned(),
-            line: None,
-            message,
-        });
+        self.errors.push(FieldError::new(field, message));
     }
 }
 

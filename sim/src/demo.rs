@@ -56,15 +56,11 @@ impl DemoSpec {
     /// Parses and checks a demo spec; errors name `origin`, the field and its line.
     pub fn from_toml_str(src: &str, origin: &str) -> Result<DemoSpec, ConfigError> {
         let spec: DemoSpec = gpuledger_model::config::parse_toml(src, origin)?;
-        let mut errors = spec.validate();
+        let errors = spec.validate();
         if errors.is_empty() {
             return Ok(spec);
         }
-        gpuledger_model::config::locate_lines(src, &mut errors);
-        Err(ConfigError::Invalid {
-            origin: origin.to_owned(),
-            errors,
-        })
+        Err(ConfigError::invalid_in(src, origin, errors))
     }
 
     /// Every value that would stop or mislead the demo: a zero sample interval (nothing would
@@ -72,13 +68,7 @@ impl DemoSpec {
     /// figures outside their ranges.
     pub fn validate(&self) -> Vec<FieldError> {
         let mut errors = Vec::new();
-        let mut err = |field: String, message: String| {
-            errors.push(FieldError {
-                field,
-                line: None,
-                message,
-            })
-        };
+        let mut err = |field: String, message: String| errors.push(FieldError::new(field, message));
         if !(1..=3600).contains(&self.sample_interval_s) {
             err(
                 "sample_interval_s".into(),
