@@ -210,13 +210,13 @@ impl LocalExecutor {
             Some(c) => {
                 tracing::info!(
                     cgroup = c.version(),
-                    gpu_devices_confined = c.confines_devices(),
+                    gpu_device_filter = c.device_filter().map_or("none", |f| f.name()),
                     "each job runs in a cgroup of its own"
                 );
-                if !c.confines_devices()
-                    && !crate::cgroup::gpu_devices(&options.device_dir).is_empty()
-                {
-                    tracing::warn!("no cgroup v1 devices controller: a job can open the device files of GPUs it was not given (CUDA_VISIBLE_DEVICES only hides them)");
+                if let Err(why) = c.device_filter() {
+                    if !crate::cgroup::gpu_devices(&options.device_dir).is_empty() {
+                        tracing::warn!(%why, "no device filter: a job can open the device files of GPUs it was not given (CUDA_VISIBLE_DEVICES only hides them)");
+                    }
                 }
             }
             None if options.cgroups == CgroupMode::Off => {
@@ -767,25 +767,33 @@ mod tests {
     fn a_job_cannot_open_the_device_files_of_gpus_it_was_not_given() {
         // Real character devices of the NVIDIA driver's major number (195) and the GPUs' minor
         // numbers; without the driver, opening one that is allowed fails with ENXIO, one the
-        // job's cgroup denies with EPERM, whatever the file's mode.
+        // job's cgroup denies with EPERM, whatever the file's mode. `alias0` is GPU 0 by another
+        // name (as `/dev/char/195:0` is): the filter goes by number, not by path.
         let dir = tempfile::tempdir().unwrap();
         let dev = dir.path().join("dev");
         std::fs::create_dir(&dev).unwrap();
-        for minor in 0..4u64 {
+        let mknod = |name: &str, minor: u64| {
             nix::sys::stat::mknod(
-                &dev.join(format!("nvidia{minor}")),
+                &dev.join(name),
                 nix::sys::stat::SFlag::S_IFCHR,
                 nix::sys::stat::Mode::from_bits_truncate(0o666),
                 nix::sys::stat::makedev(195, minor),
             )
-            .unwrap();
+            .unwrap()
+        };
+        for minor in 0..4u64 {
+            mknod(&format!("nvidia{minor}"), minor);
         }
+        mknod("alias0", 0);
         let found = crate::cgroup::gpu_devices(&dev);
         assert_eq!(
             found.iter().map(|d| d.index).collect::<Vec<_>>(),
             [0, 1, 2, 3]
         );
-        for mode in [CgroupMode::V2, CgroupMode::V1] {
+        for (mode, filter) in [
+            (CgroupMode::V2, "cgroup v2 BPF"),
+            (CgroupMode::V1, "cgroup v1 devices"),
+        ] {
             let jobs = dir.path().join(format!("{mode:?}"));
             let options = ExecutorOptions {
                 cgroups: mode,
@@ -793,14 +801,15 @@ mod tests {
                 ..ExecutorOptions::default()
             };
             let mut ex = LocalExecutor::with_options(&jobs, options).unwrap();
-            assert!(
-                ex.cgroups().unwrap().confines_devices(),
-                "the v1 devices controller is mounted here"
+            assert_eq!(
+                ex.cgroups().unwrap().device_filter().map(|f| f.name()),
+                Ok(filter),
+                "this host has cgroup v2 with BPF and the v1 devices controller"
             );
             // Given GPUs 2 and 3 (launch's default).
             let mut job = launch(
                 "dev",
-                "for i in 0 1 2 3; do cat \"$DEV/nvidia$i\" 2>&1 >/dev/null | sed 's/.*: //'; done",
+                "for f in nvidia0 nvidia1 nvidia2 nvidia3 alias0; do cat \"$DEV/$f\" 2>&1 >/dev/null | sed 's/.*: //'; done; cat /dev/null && echo other devices open",
             );
             job.env.insert("DEV".into(), dev.display().to_string());
             ex.launch(&job).unwrap();
@@ -812,9 +821,12 @@ mod tests {
             let out = std::fs::read_to_string(jobs.join("dev/stdout")).unwrap();
             assert_eq!(
                 out,
-                "Operation not permitted\nOperation not permitted\nNo such device or address\nNo such device or address\n",
+                "Operation not permitted\nOperation not permitted\nNo such device or address\nNo such device or address\nOperation not permitted\nother devices open\n",
                 "{mode:?}"
             );
+            // Outside a job the same files open as the driver allows (the denial is the job's).
+            let outside = std::fs::File::open(dev.join("nvidia0")).unwrap_err();
+            assert_eq!(outside.raw_os_error(), Some(nix::libc::ENXIO), "{mode:?}");
         }
     }
 

@@ -6,8 +6,8 @@
 //!
 //! A GPU's index is taken to be the number in its file name, which is the driver's minor
 //! number; NVML numbers GPUs by PCI bus order, which is the same on the usual servers (check
-//! with `nvidia-smi -q | grep -i minor`). On a host with only the cgroup v2 hierarchy a
-//! device filter is a BPF program, which this crate does not load (it has no unsafe code).
+//! with `nvidia-smi -q | grep -i minor`). Under cgroup v2 the same devices are denied by a BPF
+//! program instead (`bpf`).
 
 use std::fs;
 use std::io;

@@ -10,14 +10,17 @@
 //!   `freezer` and `pids` controllers; SIGKILL freezes the job, kills every process and thaws it,
 //!   so that nothing forks away in between.
 //!
-//! Where the v1 `devices` controller is mounted ([`devices`]), a job's cgroup there denies the
-//! device files of the GPUs it was not given: `CUDA_VISIBLE_DEVICES` only hides them.
+//! A job cannot open the device files of the GPUs it was not given (`CUDA_VISIBLE_DEVICES` only
+//! hides them): under v2 a BPF device filter attached to its cgroup ([`bpf`]) denies them, under
+//! v1 (or where the kernel refuses the filter) its cgroup in the v1 `devices` controller
+//! ([`devices`]), where that is mounted.
 //!
 //! The job cgroups of one executor live under `<the service's own cgroup>/gpuledger-<key>/`, the
 //! key derived from the executor's job directory, so that two schedulers on one host (or two
 //! in one test process) never share one, and a restarted scheduler finds its jobs again. Under
 //! systemd the service needs `Delegate=yes` for its cgroup to be writable (deploy/systemd).
 
+mod bpf;
 mod devices;
 mod v1;
 mod v2;
@@ -55,12 +58,31 @@ enum Tracker {
     V1(v1::Hierarchy),
 }
 
+/// How a job is kept from the device files of the GPUs it was not given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceFilter {
+    /// A BPF program attached to the job's cgroup v2.
+    Bpf,
+    /// The job's cgroup in the v1 `devices` controller, under this parent.
+    V1(PathBuf),
+}
+
+impl DeviceFilter {
+    /// What it is, for the log.
+    pub fn name(&self) -> &'static str {
+        match self {
+            DeviceFilter::Bpf => "cgroup v2 BPF",
+            DeviceFilter::V1(_) => "cgroup v1 devices",
+        }
+    }
+}
+
 /// Where an executor's job cgroups live.
 #[derive(Debug, Clone)]
 pub struct JobCgroups {
     tracker: Tracker,
-    /// The v1 `devices` controller's parent of the job cgroups, where it is mounted.
-    devices: Option<PathBuf>,
+    /// How GPUs' device files are denied, or why they cannot be.
+    devices: Result<DeviceFilter, String>,
     /// Where the GPU device files are (`/dev`).
     device_dir: PathBuf,
 }
@@ -92,7 +114,15 @@ impl JobCgroups {
                 },
             },
         };
-        let devices = controller_cgroup("devices", &name).ok();
+        let bpf = match &tracker {
+            Tracker::V2(h) => bpf::probe(h.parent()).map_err(|e| format!("cgroup v2 BPF: {e}")),
+            Tracker::V1(_) => Err("jobs are tracked in cgroup v1".to_owned()),
+        };
+        let devices = bpf.map(|()| DeviceFilter::Bpf).or_else(|bpf_error| {
+            controller_cgroup("devices", &name)
+                .map(DeviceFilter::V1)
+                .map_err(|v1_error| format!("{bpf_error}; {v1_error}"))
+        });
         Ok(Some(JobCgroups {
             tracker,
             devices,
@@ -108,9 +138,9 @@ impl JobCgroups {
         }
     }
 
-    /// Whether GPUs a job was not given are denied to it (the v1 `devices` controller).
-    pub fn confines_devices(&self) -> bool {
-        self.devices.is_some()
+    /// How GPUs a job was not given are denied to it, or why they are not.
+    pub fn device_filter(&self) -> Result<&DeviceFilter, &str> {
+        self.devices.as_ref().map_err(String::as_str)
     }
 
     /// The job's cgroup directory in the hierarchy that tracks it.
@@ -125,12 +155,21 @@ impl JobCgroups {
     /// the command) into them; the device files of this host's GPUs other than `gpus` are
     /// denied first. The service moves it: a job's own user may not.
     pub fn enter(&self, job: &JobId, pid: u32, gpus: &[u32]) -> io::Result<()> {
-        if let Some(parent) = &self.devices {
-            let denied = devices::others(&gpu_devices(&self.device_dir), gpus);
+        let denied = match &self.devices {
+            Ok(_) => devices::others(&gpu_devices(&self.device_dir), gpus),
+            Err(_) => Vec::new(),
+        };
+        if let Ok(DeviceFilter::V1(parent)) = &self.devices {
             devices::confine(&parent.join(job.as_str()), &denied, pid)?;
         }
         match &self.tracker {
-            Tracker::V2(h) => h.enter(job, pid),
+            Tracker::V2(h) => {
+                let dir = h.create_job(job)?;
+                if self.devices == Ok(DeviceFilter::Bpf) && !denied.is_empty() {
+                    bpf::deny(&dir, &denied)?;
+                }
+                move_into(&dir, pid)
+            }
             Tracker::V1(h) => h.enter(job, pid),
         }
     }
@@ -159,7 +198,7 @@ impl JobCgroups {
 
     /// Removes the job's (empty) cgroups, and the executor's own once no job is left in it.
     pub fn remove(&self, job: &JobId) {
-        if let Some(parent) = &self.devices {
+        if let Ok(DeviceFilter::V1(parent)) = &self.devices {
             remove_with_parent(&parent.join(job.as_str()));
         }
         match &self.tracker {

@@ -4,7 +4,7 @@
 
 use std::fs;
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -28,10 +28,17 @@ impl Hierarchy {
         self.parent.join(job.as_str())
     }
 
-    pub(super) fn enter(&self, job: &JobId, pid: u32) -> io::Result<()> {
+    pub(super) fn parent(&self) -> &Path {
+        &self.parent
+    }
+
+    /// The job's cgroup, new: one left by an earlier launch of the job (emptied by
+    /// `end_leftovers`) is removed first, so that no device filter of that launch stays on it.
+    pub(super) fn create_job(&self, job: &JobId) -> io::Result<PathBuf> {
         let dir = self.path(job);
+        let _ = fs::remove_dir(&dir);
         fs::create_dir_all(&dir)?;
-        super::move_into(&dir, pid)
+        Ok(dir)
     }
 
     pub(super) fn signal(&self, job: &JobId, signal: Signal) -> io::Result<()> {
