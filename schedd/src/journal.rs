@@ -9,6 +9,7 @@
 //! by the next write (group commit): a submission costs one small append whatever the size of the
 //! state.
 
+use std::collections::BTreeSet;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
@@ -77,6 +78,7 @@ type Outcome = Arc<OnceLock<Result<(), (io::ErrorKind, String)>>>;
 /// A change queued for the journal; [`Journal::commit`] returns once it is on disk.
 #[derive(Debug)]
 pub(crate) struct Ticket {
+    seq: u64,
     outcome: Outcome,
 }
 
@@ -92,6 +94,9 @@ pub(crate) struct Journal {
     /// Held while records are written and flushed; later requests queue meanwhile.
     file: Mutex<File>,
     queued: Mutex<Queued>,
+    /// Records whose write failed and whose requests have not yet undone (or kept) their
+    /// change: `state.json` is not written meanwhile, lest it hold a change that was refused.
+    unsettled: Mutex<BTreeSet<u64>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -146,6 +151,7 @@ impl Journal {
                 next_seq: last + 1,
                 records: Vec::new(),
             }),
+            unsettled: Mutex::new(BTreeSet::new()),
         })
     }
 
@@ -165,7 +171,10 @@ impl Journal {
         queued
             .records
             .push((change.seq, line, Arc::clone(&outcome)));
-        Ticket { outcome }
+        Ticket {
+            seq: change.seq,
+            outcome,
+        }
     }
 
     /// The last record queued: a `state.json` written now holds every change up to it.
@@ -174,11 +183,16 @@ impl Journal {
     }
 
     /// Returns once `ticket`'s record is on disk, writing it and every record queued with it.
+    /// A record that could not be written stays unsettled (no `state.json` is written) until
+    /// its request calls [`Journal::settle`], having undone its change or chosen to keep it.
     pub(crate) fn commit(&self, ticket: &Ticket) -> io::Result<()> {
         let mut file = lock(&self.file);
         if ticket.outcome.get().is_none() {
             let records = std::mem::take(&mut lock(&self.queued).records);
             let result = write_records(&mut file, &records);
+            if result.is_err() {
+                lock(&self.unsettled).extend(records.iter().map(|(seq, _, _)| *seq));
+            }
             for (_, _, outcome) in &records {
                 let _ = outcome.set(
                     result
@@ -194,10 +208,27 @@ impl Journal {
         }
     }
 
-    /// `state.json` now holds every record up to `seq` (the last one queued, the state being
-    /// locked): those still queued are done, and the journal starts again empty.
-    pub(crate) fn saved_through(&self, seq: u64) -> io::Result<()> {
+    /// The request of a record that could not be written has put the state as it should be
+    /// saved: the change undone (a withdrawn submission) or kept (a cancel).
+    pub(crate) fn settle(&self, ticket: &Ticket) {
+        lock(&self.unsettled).remove(&ticket.seq);
+    }
+
+    /// Writes `state.json` with `save` holding every record up to `seq` (the last one queued,
+    /// the state being locked): those still queued are done, and the journal starts again
+    /// empty. Not while a record that could not be written is unsettled (its change may yet be
+    /// undone): then nothing is written and `Ok(false)` is returned. The journal is held
+    /// meanwhile, so no write can fail between that check and the save.
+    pub(crate) fn save_through<E>(
+        &self,
+        seq: u64,
+        save: impl FnOnce() -> Result<(), E>,
+    ) -> Result<bool, E> {
         let file = lock(&self.file);
+        if !lock(&self.unsettled).is_empty() {
+            return Ok(false);
+        }
+        save()?;
         lock(&self.queued).records.retain(|(s, _, outcome)| {
             if *s <= seq {
                 let _ = outcome.set(Ok(()));
@@ -205,7 +236,10 @@ impl Journal {
             *s > seq
         });
         // Not flushed: were the emptying lost, the records are ones the state holds, skipped.
-        file.set_len(0)
+        if let Err(error) = file.set_len(0) {
+            tracing::warn!(%error, "the journal could not be emptied; its records are skipped at start");
+        }
+        Ok(true)
     }
 }
 
@@ -305,7 +339,36 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
-        journal.saved_through(3).unwrap();
+        assert!(journal.save_through(3, || Ok::<_, ()>(())).unwrap());
+        assert_eq!(std::fs::read(&path).unwrap().len(), 0);
+    }
+
+    #[test]
+    fn no_state_is_saved_while_a_record_that_could_not_be_written_is_unsettled() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Journal::open(dir.path(), &mut State::default()).unwrap();
+        let path = dir.path().join(JOURNAL_FILE);
+        // Writes fail: the journal's file open for reading only.
+        let writable = std::mem::replace(&mut *lock(&journal.file), File::open(&path).unwrap());
+        let a = journal.push(drain("gpu001", "a"));
+        let b = journal.push(drain("gpu002", "b"));
+        assert!(journal.commit(&a).is_err());
+        *lock(&journal.file) = writable;
+        // B was written (and failed) with A: its own commit says so, and it is unsettled too.
+        assert!(journal.commit(&b).is_err());
+        let saves = std::cell::Cell::new(0);
+        let save = || {
+            saves.set(saves.get() + 1);
+            Ok::<_, ()>(())
+        };
+        journal.settle(&a);
+        assert_eq!(journal.save_through(2, save), Ok(false));
+        assert_eq!(saves.get(), 0, "B's change may yet be undone");
+        journal.settle(&b);
+        let c = journal.push(drain("gpu003", "c"));
+        journal.commit(&c).unwrap();
+        assert_eq!(journal.save_through(3, save), Ok(true));
+        assert_eq!(saves.get(), 1);
         assert_eq!(std::fs::read(&path).unwrap().len(), 0);
     }
 

@@ -445,10 +445,11 @@ impl Service {
         };
         let ticket = self.record(&mut inner, change);
         drop(inner);
-        if let Err(e) = self.commit(&ticket, || format!("job {id} withdrawn, nothing will run")) {
-            self.withdraw(&id, &e);
-            return Err(e);
-        }
+        self.commit_or_undo(
+            &ticket,
+            || format!("job {id} withdrawn, nothing will run"),
+            |e| self.withdraw(&id, e),
+        )?;
         Ok(id)
     }
 
@@ -509,7 +510,7 @@ impl Service {
         let withdrawn = "withdrawn: its submission could not be saved";
         if let Ok((_, Some(ticket))) = self.cancel_within(id, Some(0), Some(withdrawn)) {
             // Likely to fail as the submission did; the next cycle's save holds it either way.
-            let _ = self.journal.commit(&ticket);
+            let _ = self.commit(&ticket, String::new);
         }
     }
 
@@ -519,15 +520,31 @@ impl Service {
         self.journal.push(change)
     }
 
-    /// Returns once the change is on disk; else what was done and why it is not acknowledged.
+    /// Returns once the change is on disk; else what was done and why it is not acknowledged
+    /// (the change stays made, and the next cycle's `state.json` holds it).
     fn commit(&self, ticket: &journal::Ticket, what: impl FnOnce() -> String) -> Result<()> {
-        self.journal
-            .commit(ticket)
-            .map_err(|source| Error::NotStored {
-                what: what(),
-                path: self.journal.path().to_owned(),
-                source,
-            })
+        self.commit_or_undo(ticket, what, |_| {})
+    }
+
+    /// [`Service::commit`], where a change that could not be written is undone by `undo`
+    /// before any `state.json` may hold it.
+    pub(crate) fn commit_or_undo(
+        &self,
+        ticket: &journal::Ticket,
+        what: impl FnOnce() -> String,
+        undo: impl FnOnce(&Error),
+    ) -> Result<()> {
+        let Err(source) = self.journal.commit(ticket) else {
+            return Ok(());
+        };
+        let error = Error::NotStored {
+            what: what(),
+            path: self.journal.path().to_owned(),
+            source,
+        };
+        undo(&error);
+        self.journal.settle(ticket);
+        Err(error)
     }
 
     /// Cancels a job: a pending one leaves the queue, a running one gets its checkpoint signal
@@ -856,12 +873,16 @@ impl Service {
         self.batch_events(&mut inner);
         if inner.dirty {
             inner.write_job_mapping(&self.config.dir)?;
-            inner.state.journal_seq = self.journal.last_seq();
-            inner.state.save(&self.state_path())?;
-            if let Err(error) = self.journal.saved_through(inner.state.journal_seq) {
-                tracing::warn!(%error, "the journal could not be emptied; its records are skipped at start");
-            }
-            inner.dirty = false;
+            let seq = self.journal.last_seq();
+            let path = self.state_path();
+            let state = &mut inner.state;
+            let saved = self.journal.save_through(seq, || {
+                state.journal_seq = seq;
+                state.save(&path)
+            })?;
+            // Else a request whose record could not be written is undoing its change: the
+            // next cycle saves.
+            inner.dirty = !saved;
         }
         if inner.billing_file_stale {
             self.write_billing_reservations_or_later(&mut inner);

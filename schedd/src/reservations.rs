@@ -49,13 +49,16 @@ impl Service {
         let ticket = self.record_reservations(&mut inner);
         drop(inner);
         let name = shown_name(&entry.name);
-        if let Err(e) = self.commit(&ticket, || format!("reservation `{name}` not made")) {
-            let mut inner = self.lock();
-            inner.sched.remove_reservation(&entry.name);
-            inner.state.reservations.retain(|r| r.name != entry.name);
-            self.record_reservations(&mut inner);
-            return Err(e);
-        }
+        self.commit_or_undo(
+            &ticket,
+            || format!("reservation `{name}` not made"),
+            |_| {
+                let mut inner = self.lock();
+                inner.sched.remove_reservation(&entry.name);
+                inner.state.reservations.retain(|r| r.name != entry.name);
+                self.record_reservations(&mut inner);
+            },
+        )?;
         self.write_billing_reservations_or_later(&mut self.lock());
         Ok(entry)
     }
