@@ -1,6 +1,6 @@
 //! What a client is told when a request fails: one type for every route, turned into a status
-//! and a JSON body in one place (`{"error": ..., "errors": [{row, field, message}]}` for
-//! refused batches).
+//! and a JSON body in one place (`{"error": ..., "errors": [{row, field, message}],
+//! "stored_rows": n}` for batches with refused rows).
 
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -18,10 +18,15 @@ pub enum ApiError {
         field: String,
         message: String,
     },
-    /// 422: well-formed, but rows are invalid; nothing was stored.
+    /// 422: well-formed, but rows are invalid: those were refused, the batch's other rows
+    /// (`stored_rows`, perhaps none) stored.
     Invalid {
         errors: Vec<RowError>,
+        /// Bad values found.
         total: usize,
+        /// The rows refused (each one), where the batch had good rows too.
+        refused: Option<Vec<usize>>,
+        stored_rows: usize,
     },
     /// 401: no token where one is needed, or one nobody issued.
     Unauthenticated(String),
@@ -38,6 +43,16 @@ pub enum ApiError {
 }
 
 impl ApiError {
+    /// A batch refused whole for `errors`.
+    pub(crate) fn invalid(errors: Vec<RowError>) -> Self {
+        ApiError::Invalid {
+            total: errors.len(),
+            errors,
+            refused: None,
+            stored_rows: 0,
+        }
+    }
+
     pub(crate) fn bad(field: &str, message: impl Into<String>) -> Self {
         ApiError::BadRequest {
             field: field.to_owned(),
@@ -49,9 +64,21 @@ impl ApiError {
 impl From<Error> for ApiError {
     fn from(e: Error) -> Self {
         match e {
-            Error::Invalid(errors) => ApiError::Invalid {
-                total: errors.len(),
-                errors,
+            Error::Invalid(errors) => ApiError::invalid(errors),
+            Error::RowsRefused {
+                refusal,
+                stored_rows,
+                ..
+            } => ApiError::Invalid {
+                refused: Some(
+                    (refusal.bad_rows.iter().enumerate())
+                        .filter(|(_, bad)| **bad)
+                        .map(|(row, _)| row)
+                        .collect(),
+                ),
+                errors: refusal.errors,
+                total: refusal.total,
+                stored_rows,
             },
             Error::Unavailable(m) => ApiError::Unavailable(m),
             Error::BadRequest { field, message } => ApiError::BadRequest { field, message },
@@ -68,11 +95,21 @@ impl IntoResponse for ApiError {
                 StatusCode::BAD_REQUEST,
                 json!({"error": format!("`{field}`: {message}"), "errors": [{"row": null, "field": field, "message": message}]}),
             ),
-            ApiError::Invalid { errors, total } => (
+            ApiError::Invalid {
+                errors,
+                total,
+                refused,
+                stored_rows,
+            } => (
                 StatusCode::UNPROCESSABLE_ENTITY,
                 json!({
-                    "error": format!("batch refused: {total} bad value(s); nothing was stored"),
+                    "error": match &refused {
+                        Some(rows) => format!("{} row(s) refused for {total} bad value(s); the batch's other {stored_rows} row(s) were stored", rows.len()),
+                        None => format!("batch refused: {total} bad value(s); nothing was stored"),
+                    },
                     "errors": errors,
+                    "refused_rows": refused,
+                    "stored_rows": stored_rows,
                 }),
             ),
             ApiError::Unauthenticated(m) => {

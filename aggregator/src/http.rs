@@ -48,7 +48,7 @@ use gpuledger_model::{AccountId, JobId};
 use gpuledger_auth::{Action, Denied, Guard, Principal, Scope};
 
 use crate::api_error::ApiError;
-use crate::events::{parse_events, EventBatch, EVENTS_PATH};
+use crate::events::{parse_event_rows, EventBatch, EVENTS_PATH};
 use crate::ingest::{IngestOutcome, Ingestor, SamplePush};
 use crate::metrics::Metrics;
 use crate::query::{fill_job_figures, AccountIndicators, Query};
@@ -315,16 +315,13 @@ async fn ingest_batch(
         "push samples as this node",
     )?;
     if s.ingestor.config().inventory.node(&node).is_none() {
-        return Err(ApiError::Invalid {
-            total: 1,
-            errors: vec![RowError {
+        return Err(ApiError::invalid(vec![RowError {
                 row: None,
                 field: NODE_HEADER.to_owned(),
                 message: format!(
                     "`{node}` is not a node of this cluster's config (or not one of this aggregator's --node); nothing was stored"
                 ),
-            }],
-        });
+            }]));
     }
     let epoch = match headers.get(EPOCH_HEADER) {
         None => None,
@@ -364,9 +361,7 @@ async fn ingest_batch(
         s.metrics.observe_clock(&node, skew);
     }
     if let Some(crate::clock_skew::Skew::Refused { offset_s }) = skew {
-        return Err(ApiError::Invalid {
-            total: 1,
-            errors: vec![RowError {
+        return Err(ApiError::invalid(vec![RowError {
                 row: None,
                 field: SENT_AT_HEADER.to_owned(),
                 message: format!(
@@ -374,8 +369,7 @@ async fn ingest_batch(
                     crate::clock_skew::describe(offset_s),
                     crate::clock_skew::REFUSE_ABOVE_MS / 1000
                 ),
-            }],
-        });
+            }]));
     }
     let bytes = body.len();
     let service = Arc::clone(s);
@@ -414,7 +408,19 @@ async fn ingest_batch(
             }
             _ => {}
         }
-        Ok((bytes, ingested.outcome.into()))
+        match ingested.refused {
+            None => Ok((bytes, ingested.outcome.into())),
+            Some(refusal) => {
+                let refused_rows = refusal.bad_row_count(batch.num_rows());
+                service.metrics.count_refused_rows(&node, refused_rows);
+                Err(crate::Error::RowsRefused {
+                    refusal,
+                    refused_rows,
+                    stored_rows: batch.num_rows() - refused_rows,
+                }
+                .into())
+            }
+        }
     })
     .await
 }
@@ -431,31 +437,29 @@ async fn events(
         s.metrics.count_refused_events();
         ApiError::bad("source", format!("`source` {why}"))
     })?;
-    let parsed = parse_events(&request.events).map_err(|errors| ApiError::Invalid {
-        total: errors.len(),
-        errors,
-    });
-    let events: Vec<JobEvent> = match parsed {
-        Ok(events) => events,
-        Err(e) => {
-            s.metrics.count_refused_events();
-            return Err(e);
-        }
-    };
+    let rows = parse_event_rows(&request.events);
+    let parsed = rows.events.clone();
     let service = Arc::clone(&s);
     let outcome = blocking(move || {
-        let outcome = service
+        let ingested = service
             .ingestor
-            .ingest_job_events(&request.source, request.seq, &events)
+            .ingest_event_rows(&request.source, request.seq, rows)
             .inspect_err(|e| {
                 if matches!(e, crate::Error::Invalid(_)) {
                     service.metrics.count_refused_events();
                 }
             })?;
-        if matches!(outcome, IngestOutcome::Accepted { .. }) {
-            service.metrics.observe_events(&events);
+        if matches!(ingested.outcome, IngestOutcome::Accepted { .. }) {
+            let stored: Vec<JobEvent> = (parsed.into_iter().enumerate())
+                .filter(|(row, _)| !ingested.refused_row(*row))
+                .filter_map(|(_, e)| e)
+                .collect();
+            service.metrics.observe_events(&stored);
         }
-        Ok(outcome)
+        if ingested.refused.is_some() {
+            service.metrics.count_refused_events();
+        }
+        Ok(ingested.into_result()?)
     })
     .await?;
     Ok(Json(outcome.into()))

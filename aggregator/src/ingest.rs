@@ -1,7 +1,7 @@
 //! The one ingest path: the HTTP endpoints and the demo both call [`Ingestor`]. A batch is
-//! validated whole, de-duplicated on (source, sequence number), written to the write-ahead
-//! log (when there is one) and applied to the store; it is acknowledged once the log is
-//! fsync'd. [`Ingestor::flush`] persists the store to Parquet and checkpoints the log.
+//! validated row by row (its bad rows refused, named, and the others kept), de-duplicated on
+//! (source, sequence number), written to the write-ahead log (when there is one) and applied
+//! to the store; it is acknowledged once the log is fsync'd. [`Ingestor::flush`] persists the store to Parquet and checkpoints the log.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use arrow::record_batch::RecordBatch;
 use serde::{Deserialize, Serialize};
 
+use gpuledger_model::event_json::EventRows;
 use gpuledger_model::job::{job_events_from_batch, job_events_to_batch, JobEvent};
 use gpuledger_model::time::Clock;
 
@@ -23,7 +24,7 @@ use gpuledger_model::{AccountId, Inventory};
 
 use crate::coverage::Coverage;
 use crate::store::{FlushStats, Store};
-use crate::validate::{validate_samples, RowError, Rules};
+use crate::validate::{validate_samples, Refusal, RowError, Rules};
 use crate::wal::{sync_dir, RecordKind, Wal};
 use crate::{io_err, Error, Result};
 
@@ -81,17 +82,23 @@ fn check_events<'a>(
     now_ms: i64,
     future_tolerance_ms: i64,
     inventory: &Inventory,
-) -> Result<(Cow<'a, [JobEvent]>, usize)> {
+) -> Result<CheckedEvents<'a>> {
     let latest = now_ms.saturating_add(future_tolerance_ms);
     let refuse_tenants = inventory.unknown_tenants() == UnknownTenants::Refuse;
     let cluster_gpus = inventory.cluster_gpus();
     let mut errors = Vec::new();
+    let mut total = 0;
+    let mut bad_rows = vec![false; events.len()];
     let mut error = |row: usize, field: &str, message: String| {
-        errors.push(RowError {
-            row: Some(row),
-            field: field.into(),
-            message,
-        })
+        total += 1;
+        bad_rows[row] = true;
+        if errors.len() < gpuledger_model::validate::MAX_REPORTED_ERRORS {
+            errors.push(RowError {
+                row: Some(row),
+                field: field.into(),
+                message,
+            })
+        }
     };
     for (row, event) in events.iter().enumerate() {
         if event.time_ms < 0 {
@@ -153,10 +160,25 @@ fn check_events<'a>(
             }
         }
     }
-    if !errors.is_empty() {
-        errors.truncate(gpuledger_model::validate::MAX_REPORTED_ERRORS);
-        return Err(Error::Invalid(errors));
-    }
+    let (events, refused): (Cow<'a, [JobEvent]>, _) = if total == 0 {
+        (Cow::Borrowed(events), None)
+    } else {
+        let refusal = Refusal {
+            errors,
+            total,
+            bad_rows,
+        };
+        if refusal.refuses_every_row() {
+            return Err(Error::Invalid(refusal.errors));
+        }
+        let good = events
+            .iter()
+            .zip(&refusal.bad_rows)
+            .filter(|(_, bad)| !**bad)
+            .map(|(e, _)| e.clone())
+            .collect();
+        (Cow::Owned(good), Some(refusal))
+    };
     let unknown = |e: &JobEvent| {
         !inventory.has_account(e.account.as_str())
             || e.project
@@ -165,7 +187,11 @@ fn check_events<'a>(
     };
     let rebooked = events.iter().filter(|e| unknown(e)).count();
     if rebooked == 0 {
-        return Ok((Cow::Borrowed(events), 0));
+        return Ok(CheckedEvents {
+            events,
+            rebooked,
+            refused,
+        });
     }
     let platform = AccountId::new(PLATFORM_ACCOUNT).map_err(|e| {
         Error::Invalid(vec![RowError {
@@ -187,7 +213,96 @@ fn check_events<'a>(
             e
         })
         .collect();
-    Ok((Cow::Owned(moved), rebooked))
+    Ok(CheckedEvents {
+        events: Cow::Owned(moved),
+        rebooked,
+        refused,
+    })
+}
+
+/// Errors about parsed events (`kept[i]` is the i-th one's row), by their rows in the batch.
+fn in_batch(errors: Vec<RowError>, kept: &[usize]) -> impl Iterator<Item = RowError> + '_ {
+    errors.into_iter().map(|mut e| {
+        e.row = e.row.and_then(|r| kept.get(r).copied());
+        e
+    })
+}
+
+/// The bad rows of an event batch of `sent` rows: those that did not parse (all but `kept`,
+/// with their errors and count) and those of the parsed events the checks refused.
+fn refused_in_batch(
+    sent: usize,
+    kept: &[usize],
+    (errors, total): (Vec<RowError>, usize),
+    checked: Option<Refusal>,
+) -> Option<Refusal> {
+    if total == 0 && checked.is_none() {
+        return None;
+    }
+    let mut refusal = Refusal {
+        errors,
+        total,
+        bad_rows: vec![true; sent],
+    };
+    for &row in kept {
+        refusal.bad_rows[row] = false;
+    }
+    if let Some(checked) = checked {
+        for (i, bad) in checked.bad_rows.iter().enumerate() {
+            if *bad {
+                refusal.bad_rows[kept[i]] = true;
+            }
+        }
+        refusal.errors.extend(in_batch(checked.errors, kept));
+        refusal.total += checked.total;
+    }
+    refusal.errors.sort_by_key(|e| e.row);
+    refusal
+        .errors
+        .truncate(gpuledger_model::validate::MAX_REPORTED_ERRORS);
+    Some(refusal)
+}
+
+/// What [`Ingestor::ingest_job_events`] did, and the bad rows it refused (for a batch sent
+/// again too: the first answer may have been lost).
+#[derive(Debug)]
+pub struct EventsIngested {
+    pub outcome: IngestOutcome,
+    pub refused: Option<Refusal>,
+    /// Events in the batch as sent.
+    pub sent: usize,
+}
+
+impl EventsIngested {
+    /// The outcome, or [`Error::RowsRefused`] where rows were refused.
+    pub fn into_result(self) -> Result<IngestOutcome> {
+        match self.refused {
+            None => Ok(self.outcome),
+            Some(refusal) => {
+                let refused_rows = refusal.bad_row_count(self.sent);
+                Err(Error::RowsRefused {
+                    refusal,
+                    refused_rows,
+                    stored_rows: self.sent - refused_rows,
+                })
+            }
+        }
+    }
+
+    /// Whether `row` of the batch as sent was refused.
+    pub fn refused_row(&self, row: usize) -> bool {
+        self.refused
+            .as_ref()
+            .is_some_and(|r| r.bad_rows.get(row).copied().unwrap_or(true))
+    }
+}
+
+/// An event batch's events to store (rebooked where the config says so), and its bad rows.
+#[derive(Debug)]
+struct CheckedEvents<'a> {
+    events: Cow<'a, [JobEvent]>,
+    rebooked: usize,
+    refused: Option<Refusal>,
 }
 
 /// What happened to a batch.
@@ -237,16 +352,27 @@ pub struct Ingested {
     /// Rows dropped because their GPU's interval was stored already (for a batch whose every
     /// row was, answered as a duplicate under a new number, as for one partly stored).
     pub duplicate_rows: usize,
+    /// The batch's bad rows, refused while the others were stored (or were already).
+    pub refused: Option<Refusal>,
 }
 
 impl Ingested {
-    fn duplicate(duplicate_rows: usize) -> Self {
+    fn duplicate(duplicate_rows: usize, refused: Option<Refusal>) -> Self {
         Ingested {
             outcome: IngestOutcome::Duplicate,
             stored: None,
             duplicate_rows,
+            refused,
         }
     }
+}
+
+/// The good rows of a batch that has bad ones too; what is not stored, and why.
+#[derive(Debug)]
+struct Checked {
+    batch: RecordBatch,
+    rebooked_rows: usize,
+    refused: Option<Refusal>,
 }
 
 /// One pushed batch of samples and who sent it.
@@ -571,9 +697,13 @@ impl Ingestor {
             )))
             }
             SeqState::Stored(kept) => {
-                return self
-                    .known_again(&push, kept, digest)
-                    .map(|()| Ingested::duplicate(0))
+                self.known_again(&push, kept, digest)?;
+                // The first copy's bad rows, told again: its answer may have been lost.
+                let refused = self
+                    .check_samples(push.node, push.batch, now_ms)
+                    .ok()
+                    .and_then(|c| c.refused);
+                return Ok(Ingested::duplicate(0, refused));
             }
         }
         let settle = |stored: Option<Option<u64>>| {
@@ -582,14 +712,18 @@ impl Ingestor {
             }
         };
         let checked = self.check_samples(push.node, push.batch, now_ms);
-        let (batch, rebooked_rows) = match checked {
-            Ok(b) => b,
+        let Checked {
+            batch,
+            rebooked_rows,
+            refused,
+        } = match checked {
+            Ok(c) => c,
             Err(e) => {
                 settle(None);
                 return Err(e);
             }
         };
-        let ipc = (push.batch_is_body && rebooked_rows == 0)
+        let ipc = (push.batch_is_body && rebooked_rows == 0 && refused.is_none())
             .then_some(push.body)
             .flatten();
         let stored = {
@@ -636,7 +770,7 @@ impl Ingestor {
         }
         let (claimed, position) = match stored {
             Ok(stored) => stored,
-            Err(duplicate_rows) => return Ok(Ingested::duplicate(duplicate_rows)),
+            Err(duplicate_rows) => return Ok(Ingested::duplicate(duplicate_rows, refused)),
         };
         if let (Some(wal), Some(position)) = (&self.wal, position) {
             wal.sync(position).inspect_err(|e| self.fail(e))?;
@@ -650,6 +784,7 @@ impl Ingestor {
             }),
             duplicate_rows: claimed.duplicate_rows,
             stored: Some(claimed.batch),
+            refused,
         })
     }
 
@@ -692,8 +827,8 @@ impl Ingestor {
             (Some(k), Some(d)) => k == d,
             _ => {
                 let now_ms = self.clock.now_ms();
-                let (batch, _) = self.check_samples(push.node, push.batch, now_ms)?;
-                lock(&self.coverage).is_stored(push.node, &batch)?
+                let checked = self.check_samples(push.node, push.batch, now_ms)?;
+                lock(&self.coverage).is_stored(push.node, &checked.batch)?
             }
         };
         if !same {
@@ -719,14 +854,10 @@ impl Ingestor {
         Ok(())
     }
 
-    /// The batch checked against the rules and the inventory, with rows of unknown tenants
-    /// booked to the platform where the config says so (and how many).
-    fn check_samples(
-        &self,
-        node: &str,
-        batch: &RecordBatch,
-        now_ms: i64,
-    ) -> Result<(RecordBatch, usize)> {
+    /// The batch checked against the rules and the inventory: its good rows, with those of
+    /// unknown tenants booked to the platform where the config says so (and how many), and
+    /// its bad rows refused. A batch with no good row is an error.
+    fn check_samples(&self, node: &str, batch: &RecordBatch, now_ms: i64) -> Result<Checked> {
         let rules = Rules {
             node,
             inventory: &self.config.inventory,
@@ -734,12 +865,22 @@ impl Ingestor {
             future_tolerance_ms: self.config.future_tolerance_ms,
             max_age_ms: self.config.max_age_ms(),
         };
-        validate_samples(batch, &rules)
-            .map_err(|(errors, _total): (Vec<RowError>, usize)| Error::Invalid(errors))?;
-        match rebook_unknown_tenants(batch, &self.config.inventory)? {
-            Some((rebooked, rows)) => Ok((rebooked, rows)),
-            None => Ok((batch.clone(), 0)),
-        }
+        let (good, refused) = match validate_samples(batch, &rules) {
+            Ok(()) => (Cow::Borrowed(batch), None),
+            Err(refusal) if refusal.refuses_every_row() => {
+                return Err(Error::Invalid(refusal.errors))
+            }
+            Err(refusal) => (Cow::Owned(refusal.good_rows_of(batch)?), Some(refusal)),
+        };
+        let (batch, rebooked_rows) = match rebook_unknown_tenants(&good, &self.config.inventory)? {
+            Some((rebooked, rows)) => (rebooked, rows),
+            None => (good.into_owned(), 0),
+        };
+        Ok(Checked {
+            batch,
+            rebooked_rows,
+            refused,
+        })
     }
 
     fn log(
@@ -756,23 +897,76 @@ impl Ingestor {
     }
 
     /// Ingests job lifecycle events sent by `source`; with a sequence number, a re-sent
-    /// batch is recognised and stored once.
+    /// batch is recognised and stored once. Bad rows are refused and the others stored (a
+    /// batch with no good row is [`Error::Invalid`]).
     pub fn ingest_job_events(
         &self,
         source: &str,
         seq: Option<u64>,
         events: &[JobEvent],
-    ) -> Result<IngestOutcome> {
-        if events.is_empty() {
-            return Ok(IngestOutcome::rows(0));
+    ) -> Result<EventsIngested> {
+        let rows = EventRows {
+            events: events.iter().cloned().map(Some).collect(),
+            errors: Vec::new(),
+            total: 0,
+        };
+        self.ingest_event_rows(source, seq, rows)
+    }
+
+    /// [`Ingestor::ingest_job_events`] for a batch as parsed row by row: rows that did not
+    /// parse are refused with the rows the checks refuse, by their numbers in the batch.
+    pub fn ingest_event_rows(
+        &self,
+        source: &str,
+        seq: Option<u64>,
+        rows: EventRows,
+    ) -> Result<EventsIngested> {
+        let sent = rows.events.len();
+        if sent == 0 {
+            return Ok(EventsIngested {
+                outcome: IngestOutcome::rows(0),
+                refused: None,
+                sent: 0,
+            });
+        }
+        let kept: Vec<usize> = (rows.events.iter().enumerate())
+            .filter(|(_, e)| e.is_some())
+            .map(|(row, _)| row)
+            .collect();
+        let parsed: Vec<JobEvent> = rows.events.into_iter().flatten().collect();
+        if parsed.is_empty() {
+            return Err(Error::Invalid(rows.errors));
         }
         self.check_available()?;
-        let (events, rebooked) = check_events(
-            events,
+        let checked = check_events(
+            &parsed,
             self.clock.now_ms(),
             self.config.future_tolerance_ms,
             &self.config.inventory,
-        )?;
+        );
+        let CheckedEvents {
+            events,
+            rebooked,
+            refused,
+        } = match checked {
+            Ok(c) => c,
+            Err(Error::Invalid(errors)) => {
+                let mut errors: Vec<RowError> = (rows.errors.into_iter())
+                    .chain(in_batch(errors, &kept))
+                    .collect();
+                errors.sort_by_key(|e| e.row);
+                return Err(Error::Invalid(errors));
+            }
+            Err(e) => return Err(e),
+        };
+        let refused = refused_in_batch(sent, &kept, (rows.errors, rows.total), refused);
+        let told = |outcome: IngestOutcome| {
+            Ok(EventsIngested {
+                outcome,
+                refused: refused.clone(),
+                sent,
+            })
+        };
         if rebooked > 0 {
             tracing::warn!(
                 source,
@@ -790,7 +984,7 @@ impl Ingestor {
                     if let Some(wal) = &self.wal {
                         wal.sync_all()?;
                     }
-                    return Ok(IngestOutcome::Duplicate);
+                    return told(IngestOutcome::Duplicate);
                 }
             }
         }
@@ -822,7 +1016,7 @@ impl Ingestor {
         if let (Some(wal), Some(position)) = (&self.wal, position) {
             wal.sync(position).inspect_err(|e| self.fail(e))?;
         }
-        Ok(IngestOutcome::rows(batch.num_rows()))
+        told(IngestOutcome::rows(batch.num_rows()))
     }
 
     fn apply(&self, kind: RecordKind, batch: &RecordBatch) -> Result<()> {
@@ -973,8 +1167,10 @@ mod tests {
             event("nosuch", Some("x")),
             event("alpha", Some("nosuch")),
         ];
-        let (kept, rebooked) = check_events(&events, 1_000, 0, &inventory).unwrap();
-        let tenants: Vec<(&str, Option<&str>)> = kept
+        let checked = check_events(&events, 1_000, 0, &inventory).unwrap();
+        let rebooked = checked.rebooked;
+        let tenants: Vec<(&str, Option<&str>)> = checked
+            .events
             .iter()
             .map(|e| (e.account.as_str(), e.project.as_ref().map(|p| p.as_str())))
             .collect();
@@ -998,8 +1194,25 @@ mod tests {
         assert!(check_events(&events, 1_000, 0, &inventory).is_ok());
         assert!(matches!(
             check_events(&events[..1], 1_000, 0, &inventory),
-            Ok((Cow::Borrowed(_), 0))
+            Ok(CheckedEvents {
+                events: Cow::Borrowed(_),
+                rebooked: 0,
+                refused: None
+            })
         ));
+        // A bad row among good ones: the good ones are kept, the bad one named.
+        let mut mixed = events.to_vec();
+        let mut greedy = event("alpha", None);
+        greedy.gpus = Some(9);
+        mixed.insert(1, greedy);
+        let checked = check_events(&mixed, 1_000, 0, &inventory).unwrap();
+        assert_eq!(checked.events.len(), 3);
+        let refused = checked.refused.unwrap();
+        assert_eq!(refused.bad_rows, [false, true, false, false]);
+        assert_eq!(
+            (refused.errors[0].row, refused.errors[0].field.as_str()),
+            (Some(1), "gpus")
+        );
     }
 
     #[test]

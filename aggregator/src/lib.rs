@@ -52,7 +52,8 @@ pub mod wal;
 pub use gpuledger_model::{event_json as events, validate};
 
 pub use ingest::{
-    Accepted, IngestOutcome, Ingested, Ingestor, IngestorConfig, RecoveryReport, SamplePush,
+    Accepted, EventsIngested, IngestOutcome, Ingested, Ingestor, IngestorConfig, RecoveryReport,
+    SamplePush,
 };
 pub use store::Store;
 
@@ -81,6 +82,13 @@ pub enum Error {
     Query(#[from] datafusion::error::DataFusionError),
     #[error("batch refused: {} bad row(s); first: {}", .0.len(), .0.first().map(|e| e.to_string()).unwrap_or_default())]
     Invalid(Vec<validate::RowError>),
+    /// Some rows of a batch were refused (named in `refusal`); the other `stored_rows` stored.
+    #[error("{} row(s) of the batch refused, {stored_rows} stored; first: {}", .refused_rows, .refusal.errors.first().map(|e| e.to_string()).unwrap_or_default())]
+    RowsRefused {
+        refusal: validate::Refusal,
+        refused_rows: usize,
+        stored_rows: usize,
+    },
     #[error("unavailable: {0}")]
     Unavailable(String),
     /// A request whose `field` (a header) is refused.

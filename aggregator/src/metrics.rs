@@ -193,7 +193,7 @@ impl Metrics {
             batches: counter_vec(&r, "gpuledger_ingest_batches_total", "Sample batches received, by outcome (accepted, duplicate, refused).", &["outcome"]),
             refused: counter_vec(&r, "gpuledger_ingest_refused_batches_total", "Batches refused, by reason (header, decode, schema, invalid_rows, unknown_node, clock, conflict, unauthorized, unavailable).", &["reason"]),
             refused_values: counter_vec(&r, "gpuledger_ingest_refused_values_total", "Bad values found in refused batches, by field.", &["field"]),
-            rows_set_aside: counter_vec(&r, "gpuledger_ingest_rows_set_aside_total", "Rows of accepted batches not stored as sent, per node and reason: duplicate_interval (the GPU's interval was stored already: dropped), trimmed_interval (cut to the part not stored yet), unknown_tenant (an account or project the config does not define, booked to the platform account).", &["node", "reason"]),
+            rows_set_aside: counter_vec(&r, "gpuledger_ingest_rows_set_aside_total", "Rows of stored batches not stored as sent, per node and reason: duplicate_interval (the GPU's interval was stored already: dropped), trimmed_interval (cut to the part not stored yet), unknown_tenant (an account or project the config does not define, booked to the platform account), refused (a bad value: refused and named in the answer, the batch's other rows stored).", &["node", "reason"]),
             ledger_flagged: gauge_vec(&r, "gpuledger_ledger_flagged_gpu_seconds", "Measured GPU-seconds of the month so far billed to nobody, per node and reason: unknown_job (no job event names it), not_held (the job did not hold that GPU then), account_mismatch (the row names another account than the job's). Recomputed every few minutes.", &["node", "reason"]),
             ledger_gaps: gauge_vec(&r, "gpuledger_account_coverage_gap_gpu_seconds", "GPU-seconds of the month so far that an account's jobs held (by their events) and no exporter measured. Recomputed every few minutes.", &["account"]),
             samples: register(&r, IntCounter::new("gpuledger_ingest_samples_total", "Samples accepted.").expect("valid metric")),
@@ -338,6 +338,15 @@ impl Metrics {
         };
         self.refused.with_label_values(&[reason]).inc();
         self.batches.with_label_values(&["refused"]).inc();
+    }
+
+    /// Counts the bad rows of a batch of `node` refused while its other rows were stored.
+    pub fn count_refused_rows(&self, node: &str, rows: usize) {
+        if rows > 0 {
+            self.rows_set_aside
+                .with_label_values(&[node, "refused"])
+                .inc_by(rows as u64);
+        }
     }
 
     /// Counts the rows of an accepted batch of `node` that were not stored as sent.

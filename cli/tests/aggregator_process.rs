@@ -358,10 +358,11 @@ fn slow_clients_cannot_stall_the_aggregator_and_nothing_half_sent_is_stored() {
     });
 }
 
-/// `slurm follow` against an aggregator whose config lacks an account its jobs name: the
-/// aggregator refuses the batch for good (422, naming the row and field), the follower sets it
-/// aside beside its state file with the answer and goes on (before, it retried that batch for
-/// ever and held back every later one).
+/// `slurm follow` against an aggregator whose config lacks an account one of its jobs names:
+/// the aggregator refuses that job's events for good (422, naming the rows and field) and
+/// stores the other job's; the follower sets the refused events aside beside its state file
+/// with the answer and goes on (before, it retried that batch for ever and held back every
+/// later one; then, the whole batch was refused with its one bad job).
 #[test]
 fn a_batch_the_aggregator_refuses_for_good_is_set_aside_and_the_follower_goes_on() {
     let dir = tempfile::tempdir().unwrap();
@@ -405,13 +406,35 @@ fn a_batch_the_aggregator_refuses_for_good_is_set_aside_and_the_follower_goes_on
         errors.iter().all(|e| e["field"] == "account") && !errors.is_empty(),
         "{kept}"
     );
+    // What is left to post is job 13's events alone, without the stored batch's number.
     let jobs: std::collections::BTreeSet<&str> = kept["batch"]["events"]
         .as_array()
         .unwrap()
         .iter()
         .map(|e| e["job_id"].as_str().unwrap())
         .collect();
-    assert_eq!(jobs.into_iter().collect::<Vec<_>>(), ["12", "13"], "{kept}");
+    assert_eq!(jobs.into_iter().collect::<Vec<_>>(), ["13"], "{kept}");
+    assert!(kept["batch"]["seq"].is_null(), "{kept}");
+    assert_eq!(kept["sent_seq"], 0, "{kept}");
+    let stored = kept["answer"]["stored_rows"].as_u64().unwrap();
+    assert!(stored > 0, "{kept}");
+    // Job 12's events were stored (its end counted as the aggregator takes it in), 13's not.
+    let metrics = agent()
+        .get(format!("{}/metrics", aggregator.url))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap();
+    let finished: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("gpuledger_jobs_finished_total{") && !l.ends_with(" 0"))
+        .collect();
+    assert_eq!(
+        finished,
+        ["gpuledger_jobs_finished_total{account=\"team-a\",outcome=\"completed\"} 1"],
+        "{metrics}"
+    );
     let follow_state: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
     assert_eq!(

@@ -555,14 +555,22 @@ fn a_lying_node_moves_no_tenants_bill_and_is_flagged() {
         );
     }
 
-    // The refusals and the rows set aside are counted, per node and reason.
+    // The refusals and the rows set aside are counted, per node and reason: the honest rows
+    // sent again, and of the 65,536-index forgery the rows naming the node's eight real GPUs
+    // (its good rows, stored but for their intervals, stored already: duplicates) apart from
+    // the 65,528 refused.
     let page = &lying_run["metrics"];
-    assert_eq!(
+    let set_aside = |reason: &str| {
         metric(
             page,
-            "gpuledger_ingest_rows_set_aside_total{node=\"gpu001\",reason=\"duplicate_interval\"}"
-        ),
-        (2 * 30 * 8) as f64,
+            &format!(
+                "gpuledger_ingest_rows_set_aside_total{{node=\"gpu001\",reason=\"{reason}\"}}"
+            ),
+        )
+    };
+    assert_eq!(
+        (set_aside("duplicate_interval"), set_aside("refused")),
+        ((2 * 30 * 8 + 8) as f64, (65_536 - 8) as f64),
         "{page}"
     );
     assert!(

@@ -486,18 +486,24 @@ fn push_once(
         Ok(mut r) => {
             let status = r.status().as_u16();
             let text = r.body_mut().read_to_string().unwrap_or_default();
-            match status {
-                200..=299 => Pushed::Acknowledged,
-                // A missing or wrong token is the node's configuration, not the batch's
-                // fault: keep the batch and retry, loudly.
-                401 | 403 => {
-                    Pushed::Failed(format!("HTTP {status} (check the node's token): {text}"))
-                }
-                400..=499 => Pushed::Refused(status, text),
-                _ => Pushed::Failed(format!("HTTP {status}: {text}")),
-            }
+            answered(status, text)
         }
         Err(e) => Pushed::Failed(e.to_string()),
+    }
+}
+
+/// What the aggregator's answer makes of a batch: stored, refused for good (set aside), or to
+/// be sent again.
+fn answered(status: u16, text: String) -> Pushed {
+    match status {
+        200..=299 => Pushed::Acknowledged,
+        // A missing or wrong token is the node's configuration, not the batch's fault: keep
+        // the batch and retry, loudly.
+        401 | 403 => Pushed::Failed(format!("HTTP {status} (check the node's token): {text}")),
+        // Timed out, or told to slow down: the request's fault, not the batch's.
+        408 | 425 | 429 => Pushed::Failed(format!("HTTP {status}: {text}")),
+        400..=499 => Pushed::Refused(status, text),
+        _ => Pushed::Failed(format!("HTTP {status}: {text}")),
     }
 }
 
@@ -558,7 +564,7 @@ pub fn run_pusher(config: &AgentConfig, clock: &dyn Clock, shared: &Shared) {
             }
             Pushed::Refused(status, body) => {
                 tracing::error!(seq, status, body = %body, "aggregator refused a batch for good; kept in spool/rejected");
-                if let Err(error) = lock(&shared.spool).reject(seq) {
+                if let Err(error) = lock(&shared.spool).reject(seq, &body) {
                     tracing::error!(%error, seq, "moving a refused batch aside");
                 }
                 shared.update(|s| s.health.batches_rejected_total += 1);
@@ -604,6 +610,19 @@ mod tests {
             })
             .collect();
         assert_eq!(steps, vec![100, 200, 400, 800, 1000, 1000]);
+    }
+
+    #[test]
+    fn a_batch_is_set_aside_only_for_what_it_holds_never_for_a_time_out_or_a_token() {
+        let set_aside = |status| matches!(answered(status, String::new()), Pushed::Refused(..));
+        assert!(answered(200, String::new()) == Pushed::Acknowledged);
+        for status in [400, 409, 413, 422] {
+            assert!(set_aside(status), "{status}");
+        }
+        // The service's request time-out, rate limits, a token, a full disk: sent again.
+        for status in [401, 403, 408, 425, 429, 500, 503] {
+            assert!(!set_aside(status), "{status}");
+        }
     }
 
     fn row(gpu: u32, job: &str, account: &str) -> AllocationRow {

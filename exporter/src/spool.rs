@@ -209,10 +209,14 @@ impl Spool {
         Ok(())
     }
 
-    /// Moves a batch the aggregator refused for good aside (`rejected/`), for an operator.
-    pub fn reject(&mut self, seq: u64) -> Result<()> {
+    /// Moves a batch the aggregator refused for good aside (`rejected/`), for an operator, with
+    /// the aggregator's answer beside it (`<seq>.answer.json`: the rows refused and why, and how
+    /// many of the batch's other rows were stored).
+    pub fn reject(&mut self, seq: u64, answer: &str) -> Result<()> {
         let rejected = self.dir.join("rejected");
         fs::create_dir_all(&rejected).map_err(io(&rejected))?;
+        let told = rejected.join(format!("{seq:020}.answer.json"));
+        fs::write(&told, answer).map_err(io(&told))?;
         let from = self.dir.join(Self::name(seq));
         let to = rejected.join(Self::name(seq));
         fs::rename(&from, &to).map_err(io(&to))?;
@@ -329,5 +333,22 @@ mod tests {
         assert_eq!(spool.len(), 2);
         assert_eq!(spool.dropped(), 3);
         assert_eq!(spool.oldest().unwrap().unwrap().0, 3);
+    }
+
+    #[test]
+    fn a_refused_batch_is_kept_aside_with_the_answer_that_names_its_bad_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spool = Spool::open(dir.path(), 1 << 20).unwrap();
+        let seq = spool.push(b"batch").unwrap();
+        spool.push(b"next").unwrap();
+        let answer = r#"{"refused_rows": [5], "stored_rows": 7}"#;
+        spool.reject(seq, answer).unwrap();
+        let rejected = dir.path().join("rejected");
+        assert_eq!(fs::read(rejected.join(Spool::name(seq))).unwrap(), b"batch");
+        assert_eq!(
+            fs::read_to_string(rejected.join(format!("{seq:020}.answer.json"))).unwrap(),
+            answer
+        );
+        assert_eq!(spool.oldest().unwrap(), Some((1, b"next".to_vec())));
     }
 }

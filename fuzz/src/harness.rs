@@ -40,10 +40,22 @@ pub fn ingest_samples(data: &[u8]) {
         future_tolerance_ms: 300_000,
         max_age_ms: 90 * 86_400_000,
     };
-    if let Err((errors, total)) = validate_samples(&batch, &rules) {
-        assert!(!errors.is_empty() && errors.len() <= total);
-        for e in &errors {
+    if let Err(refusal) = validate_samples(&batch, &rules) {
+        assert!(!refusal.errors.is_empty() && refusal.errors.len() <= refusal.total);
+        for e in &refusal.errors {
             let _ = e.to_string();
+        }
+        let bad = refusal.bad_row_count(batch.num_rows());
+        assert!(bad <= batch.num_rows() && (bad >= 1 || refusal.bad_rows.is_empty()));
+        if !refusal.refuses_every_row() {
+            let good = refusal
+                .good_rows_of(&batch)
+                .expect("the good rows of a batch");
+            assert_eq!(good.num_rows(), batch.num_rows() - bad);
+            assert!(
+                validate_samples(&good, &rules).is_ok(),
+                "the good rows pass alone"
+            );
         }
         return;
     }
@@ -69,15 +81,15 @@ pub fn ingest_events(data: &[u8]) {
     let Some(rows) = value.get("events").and_then(|e| e.as_array()) else {
         return;
     };
-    match gpuledger_model::event_json::parse_events(rows) {
-        Ok(events) => assert_eq!(events.len(), rows.len()),
-        Err(errors) => {
-            assert!(!errors.is_empty());
-            for e in &errors {
-                let _ = e.to_string();
-            }
-        }
+    let parsed = gpuledger_model::event_json::parse_event_rows(rows);
+    assert_eq!(parsed.events.len(), rows.len());
+    assert!(parsed.errors.len() <= parsed.total);
+    for e in &parsed.errors {
+        let _ = e.to_string();
+        assert!(e.row.is_some_and(|r| parsed.events[r].is_none()), "{e}");
     }
+    let bad = parsed.events.iter().filter(|e| e.is_none()).count();
+    assert_eq!(bad == 0, parsed.total == 0);
 }
 
 /// A cluster config file: parsed and validated; an error's message (which locates its line)

@@ -65,7 +65,10 @@ pub fn refusal_is_final(status: u16) -> bool {
 
 /// Writes a batch the aggregator refused for good as `dir/<seq>.json`, with its answer, so the
 /// sender can go on with the next one and nothing is lost: an operator mends the file's
-/// `batch` (or the cluster config) and posts it again. The path written.
+/// `batch` (or the cluster config) and posts it again. Where the aggregator stored the batch's
+/// good rows and refused the others (its answer lists them as `refused_rows`), `batch` holds
+/// only the refused events, without the sequence number (which is stored): posting it again
+/// stores them once. The path written.
 pub fn set_aside(
     dir: &std::path::Path,
     batch: &EventBatch,
@@ -76,10 +79,22 @@ pub fn set_aside(
     let path = dir.join(format!("{}.json", batch.seq.unwrap_or_default()));
     let answer: Value =
         serde_json::from_str(answer).unwrap_or_else(|_| Value::String(answer.to_owned()));
+    let refused_rows: Option<Vec<usize>> = answer
+        .get("refused_rows")
+        .and_then(|rows| serde_json::from_value(rows.clone()).ok());
+    let left = refused_rows.map(|rows| EventBatch {
+        source: batch.source.clone(),
+        seq: None,
+        events: rows
+            .iter()
+            .filter_map(|row| batch.events.get(*row).cloned())
+            .collect(),
+    });
     let text = serde_json::to_vec_pretty(&serde_json::json!({
         "status": status,
         "answer": answer,
-        "batch": batch,
+        "sent_seq": batch.seq,
+        "batch": left.as_ref().unwrap_or(batch),
     }))
     .map_err(std::io::Error::other)?;
     crate::durable::replace_file_with_mode(&path, &text, Some(0o600))?;
@@ -113,12 +128,31 @@ const FIELDS: [&str; 12] = [
 struct Row<'a> {
     index: usize,
     object: &'a Map<String, Value>,
-    errors: &'a mut Vec<RowError>,
+    found: &'a mut Found,
+    /// Whether this row has a bad field.
+    bad: bool,
+}
+
+/// The bad values found so far: the first ones, and how many.
+#[derive(Debug, Default)]
+struct Found {
+    errors: Vec<RowError>,
+    total: usize,
+}
+
+impl Found {
+    fn push(&mut self, error: RowError) {
+        self.total += 1;
+        if self.errors.len() < MAX_REPORTED_ERRORS {
+            self.errors.push(error);
+        }
+    }
 }
 
 impl Row<'_> {
     fn error(&mut self, field: &str, message: String) {
-        self.errors.push(RowError {
+        self.bad = true;
+        self.found.push(RowError {
             row: Some(self.index),
             field: field.to_owned(),
             message,
@@ -145,41 +179,57 @@ impl Row<'_> {
     }
 }
 
-/// Parses every event; on any error returns all errors found (up to the reporting limit).
-pub fn parse_events(values: &[Value]) -> Result<Vec<JobEvent>, Vec<RowError>> {
-    let mut events = Vec::with_capacity(values.len());
-    let mut errors = Vec::new();
-    for (index, value) in values.iter().enumerate() {
-        let Some(object) = value.as_object() else {
-            errors.push(RowError {
-                row: Some(index),
-                field: String::new(),
-                message: format!("an event is a JSON object, got {value}"),
-            });
-            continue;
-        };
-        let mut row = Row {
-            index,
-            object,
-            errors: &mut errors,
-        };
-        if let Some(event) = parse_event(&mut row) {
-            events.push(event);
-        }
-        if errors.len() >= MAX_REPORTED_ERRORS {
-            break;
-        }
+/// The events of a batch, row by row: each one parsed, or `None` where the row is bad.
+#[derive(Debug)]
+pub struct EventRows {
+    pub events: Vec<Option<JobEvent>>,
+    /// The first bad values (at most [`MAX_REPORTED_ERRORS`]), by row and field.
+    pub errors: Vec<RowError>,
+    /// How many bad values there were.
+    pub total: usize,
+}
+
+/// Parses every event, each row on its own: a bad one is named and left out.
+pub fn parse_event_rows(values: &[Value]) -> EventRows {
+    let mut found = Found::default();
+    let events = values
+        .iter()
+        .enumerate()
+        .map(|(index, value)| {
+            let Some(object) = value.as_object() else {
+                found.push(RowError {
+                    row: Some(index),
+                    field: String::new(),
+                    message: format!("an event is a JSON object, got {value}"),
+                });
+                return None;
+            };
+            parse_event(&mut Row {
+                index,
+                object,
+                found: &mut found,
+                bad: false,
+            })
+        })
+        .collect();
+    EventRows {
+        events,
+        errors: found.errors,
+        total: found.total,
     }
-    if errors.is_empty() {
-        Ok(events)
+}
+
+/// Parses every event; on any error returns the errors found (up to the reporting limit).
+pub fn parse_events(values: &[Value]) -> Result<Vec<JobEvent>, Vec<RowError>> {
+    let rows = parse_event_rows(values);
+    if rows.total == 0 {
+        Ok(rows.events.into_iter().flatten().collect())
     } else {
-        errors.truncate(MAX_REPORTED_ERRORS);
-        Err(errors)
+        Err(rows.errors)
     }
 }
 
 fn parse_event(row: &mut Row<'_>) -> Option<JobEvent> {
-    let before = row.errors.len();
     for key in row.object.keys() {
         if !FIELDS.contains(&key.as_str()) {
             let message = format!("unknown field; known: {}", FIELDS.join(", "));
@@ -230,7 +280,7 @@ fn parse_event(row: &mut Row<'_>) -> Option<JobEvent> {
             );
         }
     }
-    (row.errors.len() == before).then_some(event)
+    (!row.bad).then_some(event)
 }
 
 #[cfg(test)]
@@ -259,6 +309,51 @@ mod tests {
                 (Some(4), "colour"),
             ]
         );
+    }
+
+    #[test]
+    fn each_row_parses_on_its_own_and_the_errors_kept_are_bounded() {
+        let mut values =
+            vec![json!({"time_ms": 0, "job_id": "j1", "account": "team-a", "kind": "submitted"})];
+        values.extend((0..500).map(|_| json!({"kind": "nonsense"})));
+        values
+            .push(json!({"time_ms": 9, "job_id": "j2", "account": "team-a", "kind": "submitted"}));
+        let rows = parse_event_rows(&values);
+        let parsed: Vec<usize> = (rows.events.iter().enumerate())
+            .filter(|(_, e)| e.is_some())
+            .map(|(row, _)| row)
+            .collect();
+        assert_eq!(
+            parsed,
+            [0, 501],
+            "the good rows after many bad ones parse too"
+        );
+        assert_eq!(rows.errors.len(), MAX_REPORTED_ERRORS);
+        assert!(rows.total >= 500, "{}", rows.total);
+    }
+
+    #[test]
+    fn a_batch_partly_stored_is_set_aside_as_its_refused_events_without_its_number() {
+        let dir = tempfile::tempdir().unwrap();
+        let batch = EventBatch {
+            source: "slurm".into(),
+            seq: Some(7),
+            events: (0..4).map(|i| json!({"job_id": format!("j{i}")})).collect(),
+        };
+        let answer = r#"{"errors": [], "refused_rows": [1, 3], "stored_rows": 2}"#;
+        let path = set_aside(dir.path(), &batch, 422, answer).unwrap();
+        assert_eq!(path, dir.path().join("7.json"));
+        let kept: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(kept["sent_seq"], 7);
+        assert_eq!(
+            kept["batch"],
+            json!({"source": "slurm", "events": [{"job_id": "j1"}, {"job_id": "j3"}]})
+        );
+        // Refused whole: the batch as it was, number and all.
+        let path = set_aside(dir.path(), &batch, 422, r#"{"errors": []}"#).unwrap();
+        let kept: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(kept["batch"]["seq"], 7);
+        assert_eq!(kept["batch"]["events"].as_array().unwrap().len(), 4);
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! Per-row validation of a sample batch. A batch is accepted or refused whole; a refusal names
-//! every bad row and field (up to a limit) so an exporter's operator can see what is wrong.
+//! Per-row validation of a sample batch. A refusal names every bad row and field (up to a
+//! limit) so an exporter's operator can see what is wrong, and says which rows are bad: the
+//! aggregator stores the others (one bad GPU's row never costs a node its other GPUs' interval).
 
 use std::fmt;
 use std::sync::Arc;
@@ -52,14 +53,61 @@ pub struct Rules<'a> {
     pub max_age_ms: i64,
 }
 
+/// The bad values of a batch and which rows hold them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// The first bad values (at most [`MAX_REPORTED_ERRORS`]).
+    pub errors: Vec<RowError>,
+    /// How many bad values there were.
+    pub total: usize,
+    /// Whether each row holds one; empty when the batch as a whole is bad (its schema).
+    pub bad_rows: Vec<bool>,
+}
+
+impl Refusal {
+    /// A refusal of the batch as a whole.
+    pub fn whole(error: RowError) -> Self {
+        Refusal {
+            errors: vec![error],
+            total: 1,
+            bad_rows: Vec::new(),
+        }
+    }
+
+    /// Whether no row of the batch may be stored.
+    pub fn refuses_every_row(&self) -> bool {
+        !self.bad_rows.iter().any(|bad| !bad)
+    }
+
+    /// How many rows are bad (every row where the batch as a whole is).
+    pub fn bad_row_count(&self, rows: usize) -> usize {
+        if self.bad_rows.is_empty() {
+            rows
+        } else {
+            self.bad_rows.iter().filter(|bad| **bad).count()
+        }
+    }
+
+    /// The batch without its bad rows.
+    pub fn good_rows_of(
+        &self,
+        batch: &RecordBatch,
+    ) -> Result<RecordBatch, arrow::error::ArrowError> {
+        let keep: arrow::array::BooleanArray = self.bad_rows.iter().map(|bad| Some(!bad)).collect();
+        arrow::compute::filter_record_batch(batch, &keep)
+    }
+}
+
 struct Collector {
     errors: Vec<RowError>,
     total: usize,
+    bad_rows: Vec<bool>,
 }
 
 impl Collector {
     fn push(&mut self, row: usize, field: &str, message: String) {
         self.total += 1;
+        self.bad_rows[row] = true;
         if self.errors.len() < MAX_REPORTED_ERRORS {
             self.errors.push(RowError {
                 row: Some(row),
@@ -89,11 +137,9 @@ fn check_unit_range(c: &mut Collector, batch: &RecordBatch, name: &str, max: f32
     }
 }
 
-/// Checks a batch; `Err` holds the bad rows (at most [`MAX_REPORTED_ERRORS`]) and their count.
-pub fn validate_samples(
-    batch: &RecordBatch,
-    rules: &Rules<'_>,
-) -> Result<(), (Vec<RowError>, usize)> {
+/// Checks a batch; `Err` names the bad values (at most [`MAX_REPORTED_ERRORS`]), counts them
+/// and says which rows hold them.
+pub fn validate_samples(batch: &RecordBatch, rules: &Rules<'_>) -> Result<(), Refusal> {
     if !is_sample_schema(batch.schema_ref()) {
         let got: Vec<String> = batch
             .schema()
@@ -101,22 +147,20 @@ pub fn validate_samples(
             .iter()
             .map(|f| format!("{}:{}", f.name(), f.data_type()))
             .collect();
-        return Err((
-            vec![RowError {
-                row: None,
-                field: "schema".into(),
-                message: format!(
-                    "not the sample schema (version {}); got [{}]",
-                    crate::sample::SAMPLE_SCHEMA_VERSION,
-                    got.join(", ")
-                ),
-            }],
-            1,
-        ));
+        return Err(Refusal::whole(RowError {
+            row: None,
+            field: "schema".into(),
+            message: format!(
+                "not the sample schema (version {}); got [{}]",
+                crate::sample::SAMPLE_SCHEMA_VERSION,
+                got.join(", ")
+            ),
+        }));
     }
     let mut c = Collector {
         errors: Vec::new(),
         total: 0,
+        bad_rows: vec![false; batch.num_rows()],
     };
     let time = batch.column(0).as_primitive::<TimestampMillisecondType>();
     let interval = batch.column(1).as_primitive::<UInt32Type>();
@@ -251,7 +295,11 @@ pub fn validate_samples(
     if c.total == 0 {
         Ok(())
     } else {
-        Err((c.errors, c.total))
+        Err(Refusal {
+            errors: c.errors,
+            total: c.total,
+            bad_rows: c.bad_rows,
+        })
     }
 }
 
@@ -547,7 +595,21 @@ unknown_tenants = "{}"
         };
         match validate_samples(batch, &rules) {
             Ok(()) => Vec::new(),
-            Err((errors, _)) => errors.into_iter().map(|e| (e.row, e.field)).collect(),
+            Err(refusal) => {
+                let flagged: Vec<usize> = refusal.errors.iter().filter_map(|e| e.row).collect();
+                for (row, bad) in refusal.bad_rows.iter().enumerate() {
+                    assert_eq!(
+                        *bad,
+                        flagged.contains(&row),
+                        "row {row}: bad_rows agrees with errors"
+                    );
+                }
+                refusal
+                    .errors
+                    .into_iter()
+                    .map(|e| (e.row, e.field))
+                    .collect()
+            }
         }
     }
 
@@ -634,7 +696,9 @@ unknown_tenants = "{}"
             future_tolerance_ms: 300_000,
             max_age_ms: 90 * 86_400_000,
         };
-        let (errors, _) = validate_samples(&b.finish().unwrap(), &rules_node).unwrap_err();
+        let errors = validate_samples(&b.finish().unwrap(), &rules_node)
+            .unwrap_err()
+            .errors;
         assert_eq!(errors[0].field, col::NODE);
         assert!(errors[0].message.contains("not a node"), "{errors:?}");
     }

@@ -226,9 +226,13 @@ pub fn store_and_bill(
         IngestorConfig::new(gpuledger_model::Inventory::from_config(config)),
         clock,
     );
-    ingestor.ingest_job_events("scheduler", None, &sim.events)?;
+    ingestor
+        .ingest_job_events("scheduler", None, &sim.events)?
+        .into_result()?;
     let reports = flops_reports(config, spec, sim, end_s);
-    ingestor.ingest_job_events("frameworks", None, &reports)?;
+    ingestor
+        .ingest_job_events("frameworks", None, &reports)?
+        .into_result()?;
     let (samples, batches) =
         ingest_telemetry(config, spec, sim, &ingestor, start_s, end_s, progress)?;
     let flush = store.flush()?;

@@ -60,19 +60,19 @@ async fn every_bad_input_gets_its_4xx_and_changes_nothing() {
     assert_eq!(before, (80, 800));
 
     // Rows out of range, NaN, negative memory is unrepresentable (unsigned): use the others.
-    let mut bad = sample_batch(0..16, T0, "node001");
-    let mut rows: Vec<_> = (0..16)
+    // (A batch with good rows too stores those: `bad_rows_are_refused_and_the_rest_stored`.)
+    let mut rows: Vec<_> = (0..4)
         .map(|i| gpuledger_tests::sample_row(i, T0, "node001"))
         .collect();
-    rows[3].gpu_util_pct = Some(140.0);
-    rows[5].tensor_active = Some(f32::NAN);
-    rows[7].time_ms = T0 + 10 * 86_400_000; // far in the future
-    rows[9].time_ms = T0 - 400 * 86_400_000; // older than retention
-    let mut builder = gpuledger_model::sample::SampleBatchBuilder::with_capacity(16);
+    rows[0].gpu_util_pct = Some(140.0);
+    rows[1].tensor_active = Some(f32::NAN);
+    rows[2].time_ms = T0 + 10 * 86_400_000; // far in the future
+    rows[3].time_ms = T0 - 400 * 86_400_000; // older than retention
+    let mut builder = gpuledger_model::sample::SampleBatchBuilder::with_capacity(4);
     for r in &rows {
         builder.push(r);
     }
-    bad = builder.finish().unwrap_or(bad);
+    let bad = builder.finish().unwrap();
     let (status, reply) = api.ingest("node001", 1, encode_ipc(&bad).unwrap()).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{reply}");
     let named: Vec<(i64, String)> = reply["errors"]
@@ -86,11 +86,12 @@ async fn every_bad_input_gets_its_4xx_and_changes_nothing() {
             )
         })
         .collect();
+    assert_eq!(reply["stored_rows"], 0, "{reply}");
     for expected in [
-        (3, "gpu_util_pct"),
-        (5, "tensor_active"),
-        (7, "time"),
-        (9, "time"),
+        (0, "gpu_util_pct"),
+        (1, "tensor_active"),
+        (2, "time"),
+        (3, "time"),
     ] {
         assert!(
             named.contains(&(expected.0, expected.1.to_owned())),
@@ -145,7 +146,6 @@ async fn every_bad_input_gets_its_4xx_and_changes_nothing() {
         .post_json(
             "/api/v1/events",
             json!({"source": "sched", "seq": 0, "events": [
-                {"time_ms": T0, "job_id": "1", "account": "alpha", "kind": "submitted"},
                 {"time_ms": T0, "job_id": "1", "account": "alpha", "kind": "finished"},
             ]}),
         )
@@ -156,7 +156,7 @@ async fn every_bad_input_gets_its_4xx_and_changes_nothing() {
             reply["errors"][0]["row"].as_i64(),
             reply["errors"][0]["field"].as_str()
         ),
-        (Some(1), Some("outcome"))
+        (Some(0), Some("outcome"))
     );
     // Times no event can have: before 1970, or a day ahead of the aggregator's clock (a job
     // finished then would be billed a day of GPUs it has not held).
@@ -164,7 +164,6 @@ async fn every_bad_input_gets_its_4xx_and_changes_nothing() {
         .post_json(
             "/api/v1/events",
             json!({"source": "sched", "seq": 1, "events": [
-                {"time_ms": T0, "job_id": "2", "account": "alpha", "kind": "submitted"},
                 {"time_ms": -1, "job_id": "2", "account": "alpha", "kind": "submitted"},
                 {"time_ms": T0 + 86_400_000, "job_id": "2", "account": "alpha", "kind": "finished", "outcome": "completed"},
             ]}),
@@ -173,7 +172,7 @@ async fn every_bad_input_gets_its_4xx_and_changes_nothing() {
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{reply}");
     assert_eq!(
         rows_and_fields(&reply),
-        [(Some(1), Some("time_ms")), (Some(2), Some("time_ms"))],
+        [(Some(0), Some("time_ms")), (Some(1), Some("time_ms"))],
         "{reply}"
     );
     // A source name is a key of numbered batches the aggregator keeps: bounded and plain.
@@ -196,7 +195,6 @@ async fn every_bad_input_gets_its_4xx_and_changes_nothing() {
         .post_json(
             "/api/v1/events",
             json!({"source": "sched", "seq": 2, "events": [
-                {"time_ms": T0, "job_id": "3", "account": "alpha", "kind": "submitted", "gpus": 2},
                 {"time_ms": T0, "job_id": "4", "account": "nosuch", "kind": "submitted"},
                 {"time_ms": T0, "job_id": "5", "account": "alpha", "project": "nosuch", "kind": "submitted"},
                 {"time_ms": T0, "job_id": "6", "account": "alpha", "kind": "submitted", "gpus": 2_000_000},
@@ -209,11 +207,11 @@ async fn every_bad_input_gets_its_4xx_and_changes_nothing() {
     assert_eq!(
         rows_and_fields(&reply),
         [
-            (Some(1), Some("account")),
-            (Some(2), Some("project")),
-            (Some(3), Some("gpus")),
+            (Some(0), Some("account")),
+            (Some(1), Some("project")),
+            (Some(2), Some("gpus")),
+            (Some(3), Some("allocation")),
             (Some(4), Some("allocation")),
-            (Some(5), Some("allocation")),
         ],
         "{reply}"
     );
@@ -251,6 +249,82 @@ async fn every_bad_input_gets_its_4xx_and_changes_nothing() {
         "gpuledger_ingest_refused_batches_total{reason=\"header\"} 1",
         "gpuledger_ingest_refused_batches_total{reason=\"invalid_events\"} 7",
         "gpuledger_ingest_refused_values_total{field=\"gpu_util_pct\"} 1",
+    ] {
+        assert!(metrics.contains(line), "missing {line} in\n{metrics}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_rows_are_refused_and_the_rest_stored() {
+    let api = api().await;
+    // One GPU's reading no GPU can give among a node's honest interval: the 422 names it, the
+    // node's other rows are stored (not set aside with it).
+    let mut rows: Vec<_> = (0..8)
+        .map(|i| gpuledger_tests::sample_row(i, T0, "node001"))
+        .collect();
+    rows[5].gpu_util_pct = Some(140.0);
+    let mut builder = gpuledger_model::sample::SampleBatchBuilder::with_capacity(8);
+    for r in &rows {
+        builder.push(r);
+    }
+    let batch = encode_ipc(&builder.finish().unwrap()).unwrap();
+    for attempt in ["first", "sent again"] {
+        let (status, reply) = api.ingest("node001", 0, batch.clone()).await;
+        assert_eq!(
+            status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{attempt}: {reply}"
+        );
+        assert_eq!(rows_and_fields(&reply), [(Some(5), Some("gpu_util_pct"))]);
+        assert_eq!(
+            (reply["stored_rows"].as_u64(), &reply["refused_rows"]),
+            (Some(7), &json!([5])),
+            "{attempt}: {reply}"
+        );
+        assert_eq!(api.stored().await.0, 7, "{attempt}: stored once");
+    }
+
+    // Events: a row that does not parse and a row the config refuses, among good ones.
+    let batch = json!({"source": "sched", "seq": 0, "events": [
+        {"time_ms": T0, "job_id": "1", "account": "alpha", "kind": "submitted", "gpus": 1},
+        {"time_ms": T0, "job_id": "2", "account": "alpha", "kind": "finished"},
+        {"time_ms": T0, "job_id": "3", "account": "nosuch", "kind": "submitted"},
+        {"time_ms": T0, "job_id": "4", "account": "alpha", "kind": "submitted", "gpus": 2},
+    ]});
+    for attempt in ["first", "sent again"] {
+        let (status, reply) = api.post_json("/api/v1/events", batch.clone()).await;
+        assert_eq!(
+            status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{attempt}: {reply}"
+        );
+        assert_eq!(
+            rows_and_fields(&reply),
+            [(Some(1), Some("outcome")), (Some(2), Some("account"))],
+            "{attempt}"
+        );
+        assert_eq!(
+            (reply["stored_rows"].as_u64(), &reply["refused_rows"]),
+            (Some(2), &json!([1, 2])),
+            "{attempt}: {reply}"
+        );
+        api.stored().await;
+        let (_, jobs) = api
+            .post_json(
+                "/api/v1/query",
+                json!({"sql": "SELECT job_id FROM jobs ORDER BY job_id"}),
+            )
+            .await;
+        assert_eq!(
+            jobs["rows"],
+            json!([{"job_id": "1"}, {"job_id": "4"}]),
+            "{attempt}: the good events, once"
+        );
+    }
+    let (_, _, metrics) = api.get("/metrics").await;
+    for line in [
+        "gpuledger_ingest_rows_set_aside_total{node=\"node001\",reason=\"refused\"} 2",
+        "gpuledger_ingest_refused_values_total{field=\"gpu_util_pct\"} 2",
     ] {
         assert!(metrics.contains(line), "missing {line} in\n{metrics}");
     }

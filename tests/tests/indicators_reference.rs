@@ -185,7 +185,11 @@ proptest! {
                 ingestor.ingest_samples(node, seq as u64, &b.finish().unwrap()).unwrap();
             }
         }
-        ingestor.ingest_job_events("sched", None, &events(&jobs)).unwrap();
+        ingestor
+            .ingest_job_events("sched", None, &events(&jobs))
+            .unwrap()
+            .into_result()
+            .unwrap();
         ingestor.flush().unwrap();
 
         // The reference.
