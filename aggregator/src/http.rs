@@ -413,12 +413,7 @@ async fn ingest_batch(
             Some(refusal) => {
                 let refused_rows = refusal.bad_row_count(batch.num_rows());
                 service.metrics.count_refused_rows(&node, refused_rows);
-                Err(crate::Error::RowsRefused {
-                    refusal,
-                    refused_rows,
-                    stored_rows: batch.num_rows() - refused_rows,
-                }
-                .into())
+                Err(crate::ingest::rows_refused(refusal, batch.num_rows()).into())
             }
         }
     })

@@ -220,6 +220,17 @@ fn check_events<'a>(
     })
 }
 
+/// The answer to a batch of `sent` rows whose good rows were stored and whose bad ones were
+/// not.
+pub(crate) fn rows_refused(refusal: Refusal, sent: usize) -> Error {
+    let refused_rows = refusal.bad_row_count(sent);
+    Error::RowsRefused {
+        refusal,
+        refused_rows,
+        stored_rows: sent - refused_rows,
+    }
+}
+
 /// Errors about parsed events (`kept[i]` is the i-th one's row), by their rows in the batch.
 fn in_batch(errors: Vec<RowError>, kept: &[usize]) -> impl Iterator<Item = RowError> + '_ {
     errors.into_iter().map(|mut e| {
@@ -278,14 +289,7 @@ impl EventsIngested {
     pub fn into_result(self) -> Result<IngestOutcome> {
         match self.refused {
             None => Ok(self.outcome),
-            Some(refusal) => {
-                let refused_rows = refusal.bad_row_count(self.sent);
-                Err(Error::RowsRefused {
-                    refusal,
-                    refused_rows,
-                    stored_rows: self.sent - refused_rows,
-                })
-            }
+            Some(refusal) => Err(rows_refused(refusal, self.sent)),
         }
     }
 
@@ -675,8 +679,11 @@ impl Ingestor {
         seq: u64,
         batch: &RecordBatch,
     ) -> Result<IngestOutcome> {
-        self.ingest_push(SamplePush::new(node, seq, batch))
-            .map(|i| i.outcome)
+        let ingested = self.ingest_push(SamplePush::new(node, seq, batch))?;
+        match ingested.refused {
+            None => Ok(ingested.outcome),
+            Some(refusal) => Err(rows_refused(refusal, batch.num_rows())),
+        }
     }
 
     /// Ingests a pushed batch: known by (node, epoch, seq), a re-send of the same body is a

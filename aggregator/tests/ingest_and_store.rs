@@ -95,6 +95,13 @@ fn accepted(rows: usize) -> IngestOutcome {
     })
 }
 
+fn stored_rows_in(dir: &std::path::Path) -> usize {
+    read_table(dir, Table::Samples)
+        .iter()
+        .map(RecordBatch::num_rows)
+        .sum()
+}
+
 fn read_table(dir: &std::path::Path, table: Table) -> Vec<RecordBatch> {
     let mut out = Vec::new();
     let mut files: Vec<_> = walk(&dir.join(table.dir()));
@@ -164,7 +171,7 @@ fn rollups_hold_exactly_the_samples_gpu_seconds() {
 }
 
 #[test]
-fn a_bad_batch_is_refused_whole_naming_rows_and_fields() {
+fn a_batchs_bad_rows_are_refused_naming_rows_and_fields_and_its_good_rows_stored() {
     let dir = tempfile::tempdir().unwrap();
     let ing = ingestor(dir.path());
     let mut rows: Vec<SampleRow> = (0..20).map(row).collect();
@@ -174,14 +181,24 @@ fn a_bad_batch_is_refused_whole_naming_rows_and_fields() {
     rows[9].time_ms = T0 + 86_400_000; // a day ahead of the aggregator's clock
     rows[11].node = "node002".into();
     rows[13].account = None; // a job without its account
+    let bad = [3, 5, 8, 9, 11, 13];
     let err = ing
         .ingest_samples("node001", 0, &batch(rows.into_iter()))
         .unwrap_err();
-    let Error::Invalid(errors) = err else {
-        panic!("expected Invalid")
+    let Error::RowsRefused {
+        refusal,
+        refused_rows,
+        stored_rows,
+    } = err
+    else {
+        panic!("expected RowsRefused, got {err}")
     };
-    let named: Vec<(Option<usize>, &str)> =
-        errors.iter().map(|e| (e.row, e.field.as_str())).collect();
+    assert_eq!((refused_rows, stored_rows), (6, 14));
+    let named: Vec<(Option<usize>, &str)> = refusal
+        .errors
+        .iter()
+        .map(|e| (e.row, e.field.as_str()))
+        .collect();
     for expected in [
         (Some(3), "gpu_util_pct"),
         (Some(5), "tensor_active"),
@@ -193,13 +210,40 @@ fn a_bad_batch_is_refused_whole_naming_rows_and_fields() {
         assert!(named.contains(&expected), "{expected:?} not in {named:?}");
     }
     ing.store().flush().unwrap();
-    assert!(
-        read_table(dir.path(), Table::Samples).is_empty(),
-        "nothing of a refused batch is stored"
+    assert_eq!(stored_rows_in(dir.path()), 14);
+    // The refused rows, corrected, go under a new number; the batch's own is taken.
+    let again = batch((0..20).map(row));
+    assert!(matches!(
+        ing.ingest_samples("node001", 0, &again),
+        Err(Error::Conflict { .. })
+    ));
+    let mended = batch(bad.into_iter().map(row));
+    assert_eq!(
+        ing.ingest_samples("node001", 1, &mended).unwrap(),
+        accepted(6)
     );
-    // The refused sequence number can be sent again, corrected.
-    let ok = batch((0..20).map(row));
-    assert_eq!(ing.ingest_samples("node001", 0, &ok).unwrap(), accepted(20));
+    ing.store().flush().unwrap();
+    assert_eq!(stored_rows_in(dir.path()), 20);
+}
+
+#[test]
+fn a_batch_with_no_good_row_is_refused_whole_and_its_number_may_be_sent_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let ing = ingestor(dir.path());
+    let mut rows: Vec<SampleRow> = (0..2).map(row).collect();
+    rows[0].gpu_util_pct = Some(140.0);
+    rows[1].node = "node002".into();
+    let err = ing
+        .ingest_samples("node001", 0, &batch(rows.into_iter()))
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Invalid(ref errors) if errors.len() == 2),
+        "{err}"
+    );
+    ing.store().flush().unwrap();
+    assert!(read_table(dir.path(), Table::Samples).is_empty());
+    let ok = batch((0..2).map(row));
+    assert_eq!(ing.ingest_samples("node001", 0, &ok).unwrap(), accepted(2));
 }
 
 #[test]
