@@ -20,6 +20,7 @@ use nix::unistd::Pid;
 use gpuledger_model::{GpuShare, JobId};
 
 use crate::cgroup::{CgroupMode, JobCgroups};
+use crate::job_files::{self, Writing};
 
 /// What a job needs to start.
 #[derive(Clone, Debug)]
@@ -98,6 +99,11 @@ pub trait Executor: Send + std::fmt::Debug {
     /// start a crash kept from being saved. How many there were.
     fn end_leftovers(&mut self, _job_id: &JobId) -> usize {
         0
+    }
+    /// Tells a running elastic job its new allocation: the `allocation` file of its launch
+    /// (`GPULEDGER_ALLOCATION_FILE`) is rewritten, then it gets SIGHUP.
+    fn resized(&mut self, job_id: &JobId, _allocation: &str) -> std::io::Result<()> {
+        self.signal(job_id, Signal::SIGHUP)
     }
 }
 
@@ -246,14 +252,11 @@ impl LocalExecutor {
     pub fn job_dir(&self, job_id: &JobId) -> PathBuf {
         self.root.join(job_id.as_str())
     }
-
-    fn exit_file(&self, job_id: &JobId) -> PathBuf {
-        self.job_dir(job_id).join("exit")
-    }
 }
 
-fn read_exit(path: &Path) -> Option<i32> {
-    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+/// The exit status the job's wrapper left in its directory.
+fn read_exit(job_dir: &Path) -> Option<i32> {
+    job_files::read_small(job_dir, "exit")?.trim().parse().ok()
 }
 
 fn group_alive(pid: u32) -> bool {
@@ -301,39 +304,28 @@ impl Executor for LocalExecutor {
     fn launch(&mut self, job: &Launch) -> std::io::Result<u32> {
         use std::os::unix::process::CommandExt;
         let dir = self.job_dir(&job.job_id);
+        // The directory is the service's to make (the one above is root's), but what is in it
+        // is the job's: a requeued job's earlier run may have swapped any of it for a link.
         std::fs::create_dir_all(&dir)?;
         // Its output and allocation are the job's own business.
         std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
-        let tmp = dir.join("tmp");
-        std::fs::create_dir_all(&tmp)?;
-        let _ = std::fs::remove_file(dir.join("exit"));
-        // Appended, as Slurm's `--open-mode=append`: a requeued job's runs follow each other.
-        let append = |name: &str| {
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(dir.join(name))
-        };
-        std::fs::write(dir.join("allocation"), format!("{}\n", job.allocation))?;
-        let stdout = append("stdout")?;
-        let stderr = append("stderr")?;
-        let visible: Vec<String> = job.gpus.iter().map(u32::to_string).collect();
         if let Some(user) = job.user {
-            // Its directory and files are its user's; the directory above only lets it through.
+            // Its directory is its user's; the directory above only lets it through.
             std::fs::set_permissions(
                 &self.root,
                 std::os::unix::fs::PermissionsExt::from_mode(0o711),
             )?;
-            for path in [
-                &dir,
-                &tmp,
-                &dir.join("stdout"),
-                &dir.join("stderr"),
-                &dir.join("allocation"),
-            ] {
-                std::os::unix::fs::chown(path, Some(user.uid), Some(user.gid))?;
-            }
+            std::os::unix::fs::chown(&dir, Some(user.uid), Some(user.gid))?;
         }
+        let owner = job.user;
+        job_files::make_dir(&dir, "tmp", owner)?;
+        let tmp = dir.join("tmp");
+        let _ = std::fs::remove_file(dir.join("exit"));
+        job_files::write(&dir, "allocation", &format!("{}\n", job.allocation), owner)?;
+        // Appended, as Slurm's `--open-mode=append`: a requeued job's runs follow each other.
+        let stdout = job_files::open(&dir, "stdout", Writing::Append, owner)?;
+        let stderr = job_files::open(&dir, "stderr", Writing::Append, owner)?;
+        let visible: Vec<String> = job.gpus.iter().map(u32::to_string).collect();
         // A clean environment: never the service's (its credentials directory, tokens, proxy
         // settings); a default PATH, HOME and TMPDIR in the job's directory, the job's own
         // variables, then gpuledger's, which a job cannot override.
@@ -373,10 +365,23 @@ impl Executor for LocalExecutor {
         }
         let pid = child.id();
         // Where a crash keeps the start from being saved, the restart finds the job by this.
-        std::fs::write(dir.join("pid"), format!("{pid}\n"))?;
+        job_files::write(&dir, "pid", &format!("{pid}\n"), None)?;
         self.jobs
             .insert(job.job_id.clone(), Watched::new(pid, Some(child)));
         Ok(pid)
+    }
+
+    fn resized(&mut self, job_id: &JobId, allocation: &str) -> std::io::Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        let dir = self.job_dir(job_id);
+        // Made anew if the job swapped it: its user is its directory's (which it cannot change).
+        let meta = std::fs::metadata(&dir)?;
+        let owner = JobUser {
+            uid: meta.uid(),
+            gid: meta.gid(),
+        };
+        job_files::write(&dir, "allocation", &format!("{allocation}\n"), Some(owner))?;
+        self.signal(job_id, Signal::SIGHUP)
     }
 
     fn adopt(&mut self, job_id: &JobId, pid: u32) {
@@ -432,7 +437,7 @@ impl Executor for LocalExecutor {
         let mut out = Vec::with_capacity(done.len());
         for id in done {
             self.jobs.remove(&id);
-            let status = match read_exit(&self.exit_file(&id)) {
+            let status = match read_exit(&self.job_dir(&id)) {
                 Some(code) => ExitStatus::Code(code),
                 None => ExitStatus::Killed,
             };
@@ -461,8 +466,7 @@ impl Executor for LocalExecutor {
             None => {
                 // The wrapper's process group, if the pid it left is still this job's (its
                 // environment names it: a pid used again by another process does not).
-                let Some(pid) = std::fs::read_to_string(self.job_dir(job_id).join("pid"))
-                    .ok()
+                let Some(pid) = job_files::read_small(&self.job_dir(job_id), "pid")
                     .and_then(|t| t.trim().parse::<u32>().ok())
                 else {
                     return 0;
@@ -864,6 +868,74 @@ mod tests {
         assert_eq!(done, vec![(job, ExitStatus::Killed)]);
         assert!(!alive(sleeper));
         std::fs::remove_dir(&freezer).unwrap();
+    }
+
+    #[test]
+    fn links_a_job_leaves_in_its_directory_never_make_the_service_write_or_chown_elsewhere() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        // The job runs as `nobody` and owns its directory; before it is launched again (a
+        // requeue after preemption) or resized, it swaps every file the service (root) writes
+        // or gives it for a link to root's files: its output would be appended to root's file
+        // (a cron entry, authorized_keys), root's file truncated, or chowned to the tenant.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+        let victims = dir.path().join("root-only");
+        std::fs::create_dir(&victims).unwrap();
+        std::fs::set_permissions(&victims, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let (file, folder) = (victims.join("file"), victims.join("folder"));
+        std::fs::write(&file, "root's\n").unwrap();
+        std::fs::create_dir(&folder).unwrap();
+        let nobody = JobUser {
+            uid: 65534,
+            gid: 65534,
+        };
+        let mut ex = LocalExecutor::new(dir.path().join("jobs"));
+        let mut job = launch(
+            "requeued",
+            "rm -f stdout stderr allocation pid && rmdir tmp && \
+             for f in stdout allocation pid; do ln -s \"$VICTIMS/file\" $f; done && \
+             ln -s \"$VICTIMS/folder\" tmp && mkfifo stderr && echo swapped >&2",
+        );
+        job.user = Some(nobody);
+        job.env
+            .insert("VICTIMS".into(), victims.display().to_string());
+        ex.launch(&job).unwrap();
+        assert_eq!(wait_exit(&mut ex, Duration::from_secs(10)).len(), 1);
+        let job_dir = ex.job_dir(&job.job_id);
+        assert!(
+            std::fs::symlink_metadata(job_dir.join("stdout"))
+                .unwrap()
+                .file_type()
+                .is_symlink(),
+            "the job swapped its files"
+        );
+        // Launched again, then resized.
+        job.command =
+            "trap '' HUP; echo again; sleep 0.3; cat \"$GPULEDGER_ALLOCATION_FILE\"".into();
+        ex.launch(&job).unwrap();
+        // Once its command is up (a resize comes minutes into a run).
+        std::thread::sleep(Duration::from_millis(150));
+        ex.resized(&job.job_id, "n001:0-3").unwrap();
+        let done = wait_exit(&mut ex, Duration::from_secs(10));
+        assert_eq!(done, vec![(job.job_id.clone(), ExitStatus::Code(0))]);
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "root's\n");
+        for victim in [&file, &folder] {
+            let meta = std::fs::metadata(victim).unwrap();
+            assert_eq!((meta.uid(), meta.gid()), (0, 0), "{}", victim.display());
+        }
+        // The job's own files are new plain files of its own.
+        for name in ["stdout", "stderr", "allocation", "tmp"] {
+            let meta = std::fs::symlink_metadata(job_dir.join(name)).unwrap();
+            assert!(!meta.file_type().is_symlink(), "{name}");
+            assert_eq!(meta.uid(), 65534, "{name}");
+        }
+        assert!(std::fs::read_to_string(job_dir.join("stdout"))
+            .unwrap()
+            .starts_with("again\n"));
+        assert_eq!(
+            std::fs::read_to_string(job_dir.join("allocation")).unwrap(),
+            "n001:0-3\n"
+        );
     }
 
     #[test]

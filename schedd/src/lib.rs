@@ -24,6 +24,7 @@ pub mod cgroup;
 pub mod executor;
 mod feeds;
 pub mod http;
+mod job_files;
 mod jobs;
 mod journal;
 mod metrics;
@@ -978,17 +979,9 @@ impl Service {
             if let Some(job) = inner.state.jobs.get_mut(&r.job_id) {
                 job.allocation = Some(r.allocation.to_string());
                 let info = job.clone();
-                let file = self
-                    .config
-                    .dir
-                    .join("jobs")
-                    .join(r.job_id.as_str())
-                    .join("allocation");
-                if let Err(e) = std::fs::write(&file, format!("{}\n", r.allocation)) {
-                    tracing::warn!(job = %r.job_id, error = %e, "allocation file not written");
-                }
-                if let Err(e) = inner.executor.signal(&r.job_id, Signal::SIGHUP) {
-                    tracing::warn!(job = %r.job_id, error = %e, "resize signal failed");
+                let allocation = r.allocation.to_string();
+                if let Err(e) = inner.executor.resized(&r.job_id, &allocation) {
+                    tracing::warn!(job = %r.job_id, error = %e, "the resized job not told its new allocation");
                 }
                 tracing::info!(job = %r.job_id, gpus = r.gpus, allocation = %r.allocation, "elastic job resized");
                 let mut ev = event(&info, now, JobEventKind::Resumed);
