@@ -21,6 +21,26 @@ const CONFIG: &str = "version = 1\n[cluster]\nname = \"two\"\n[[node_pools]]\nna
     gpu_hour = { h100-sxm = \"1\" }\n\
     [[accounts]]\nid = \"team-a\"\nname = \"A\"\nweight = 1\nrun_as = { user = \"root\" }\n";
 
+/// A scheduler cycling every 100 ms, with its jobs' directories under `jobs` where given.
+fn start_running(data: &Path, config: &Path, jobs: Option<&Path>) -> Process {
+    let mut args = vec![
+        "scheduler",
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--config",
+        config.to_str().unwrap(),
+        "--cycle",
+        "100ms",
+    ];
+    if let Some(jobs) = jobs {
+        args.extend(["--jobs-dir", jobs.to_str().unwrap()]);
+    }
+    spawn(&args, Stdio::inherit())
+}
+
 /// A scheduler whose only cycle is the one at its start.
 fn start(data: &Path, config: &Path) -> Process {
     spawn(
@@ -251,4 +271,50 @@ fn what_the_scheduler_acknowledged_survives_kill_9_and_a_full_disk_acknowledges_
     }
     assert_eq!(billed.matches("id = ").count(), reserved.len(), "{billed}");
     drop(sched);
+}
+
+/// A tenant's job that writes until its disk is full: where the jobs' directories share the
+/// scheduler's filesystem (the default) every request that must be saved is refused until an
+/// operator frees space; with `--jobs-dir` on a filesystem of their own the scheduler goes on
+/// taking and saving requests, and the filler job simply fails.
+#[test]
+fn a_job_that_fills_its_disk_stops_the_scheduler_only_where_jobs_share_its_filesystem() {
+    for own_disk in [false, true] {
+        let disk = Tmpfs::mount("4m");
+        let jobs_disk = own_disk.then(|| Tmpfs::mount("4m"));
+        let _jobs = gpuledger_testkit::KillJobsUnder::new(disk.path());
+        let config = disk.path().join("cluster.toml");
+        std::fs::write(&config, CONFIG).unwrap();
+        let data = disk.path().join("data");
+        let jobs = jobs_disk.as_ref().map(|d| d.path().join("jobs"));
+        let sched = start_running(&data, &config, jobs.as_deref());
+        let url = sched.url.clone();
+        let (status, body) = call(
+            "POST",
+            &format!("{url}/api/v1/jobs"),
+            Some(
+                json!({"command": "head -c 64M /dev/zero > fill", "account": "team-a", "gpus": 1, "time_limit": "10m"}),
+            ),
+        );
+        assert_eq!(status, 201, "{body}");
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while job(&url, "team-a.1")["state"] != "failed" {
+            assert!(
+                std::time::Instant::now() < until,
+                "{}",
+                job(&url, "team-a.1")
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let answers: Vec<u16> = (0..20).map(|_| submit(&url).0).collect();
+        if own_disk {
+            assert_eq!(answers, [201; 20], "jobs on their own filesystem");
+        } else {
+            assert!(
+                answers.contains(&503),
+                "jobs on the scheduler's: {answers:?}"
+            );
+        }
+        drop(sched);
+    }
 }

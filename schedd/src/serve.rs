@@ -3,7 +3,7 @@
 //! state. Jobs keep running across a restart: the next start adopts them.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,6 +25,12 @@ pub struct ServeOptions {
     pub listen: SocketAddr,
     #[arg(long, default_value = "./gpuledger-data", env = "GPULEDGER_DATA_DIR")]
     pub data_dir: PathBuf,
+    /// Where each job's directory (its working directory, `HOME`, `TMPDIR` and output) is made
+    /// (default: `DATA_DIR/scheduler/jobs`). Put it on another filesystem than the data
+    /// directory: a job that fills the filesystem it writes to must not stop the scheduler
+    /// saving what it acknowledges.
+    #[arg(long, env = "GPULEDGER_JOBS_DIR")]
+    pub jobs_dir: Option<PathBuf>,
     /// Cluster config (default: the embedded seed cluster).
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -71,6 +77,29 @@ fn invalid(field: &str, message: impl std::fmt::Display) -> Error {
     }
 }
 
+/// Creates both directories, and warns when they are on one filesystem: a job that fills it
+/// (a runaway log, a checkpoint too large) makes every request that must be saved fail.
+fn warn_if_jobs_share_the_state_filesystem(state: &Path, jobs: &Path) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let device = |dir: &Path| {
+        std::fs::create_dir_all(dir)
+            .and_then(|()| std::fs::metadata(dir))
+            .map(|m| m.dev())
+            .map_err(|source| Error::Io {
+                path: dir.to_owned(),
+                source,
+            })
+    };
+    if device(state)? == device(jobs)? {
+        tracing::warn!(
+            state = %state.display(),
+            jobs = %jobs.display(),
+            "job directories are on the filesystem of the scheduler's state: a job that fills it makes every submission, cancel and drain fail (503) until space is freed; give --jobs-dir on another filesystem"
+        );
+    }
+    Ok(())
+}
+
 /// Runs the service under `cluster` until SIGTERM or Ctrl-C.
 pub fn run(options: ServeOptions, cluster: ClusterConfig) -> Result<()> {
     let guard = options.access.guard("scheduler", options.listen)?;
@@ -106,8 +135,16 @@ pub fn run(options: ServeOptions, cluster: ClusterConfig) -> Result<()> {
         storage_scans: Some(data_dir.join("storage").join("scans.csv")),
         tls: options.client_tls.config()?,
     };
+    let jobs_dir = match &options.jobs_dir {
+        Some(jobs) => std::path::absolute(jobs).map_err(|source| Error::Io {
+            path: jobs.clone(),
+            source,
+        })?,
+        None => dir.join("jobs"),
+    };
+    warn_if_jobs_share_the_state_filesystem(&dir, &jobs_dir)?;
     let executor = LocalExecutor::with_options(
-        dir.join("jobs"),
+        jobs_dir,
         ExecutorOptions {
             cgroups: options.cgroup,
             unkillable_after: Duration::from_secs(options.unkillable_timeout.as_secs().max(1)),
