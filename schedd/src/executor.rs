@@ -20,6 +20,7 @@ use nix::unistd::Pid;
 use gpuledger_model::{GpuShare, JobId};
 
 use crate::cgroup::{CgroupMode, JobCgroups};
+pub use crate::job_files::JobUser;
 use crate::job_files::{self, Writing};
 
 /// What a job needs to start.
@@ -59,13 +60,6 @@ fn share_env(share: Option<GpuShare>) -> Vec<(&'static str, String)> {
         ));
     }
     env
-}
-
-/// A Unix user and group, by number.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct JobUser {
-    pub uid: u32,
-    pub gid: u32,
 }
 
 /// `PATH` for a job that sets none.

@@ -18,7 +18,12 @@ use std::path::Path;
 
 use nix::libc;
 
-use crate::executor::JobUser;
+/// A Unix user and group, by number: whom a job runs as and whose its files are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JobUser {
+    pub uid: u32,
+    pub gid: u32,
+}
 
 /// How a file is written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
