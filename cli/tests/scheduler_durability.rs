@@ -21,8 +21,8 @@ const CONFIG: &str = "version = 1\n[cluster]\nname = \"two\"\n[[node_pools]]\nna
     gpu_hour = { h100-sxm = \"1\" }\n\
     [[accounts]]\nid = \"team-a\"\nname = \"A\"\nweight = 1\nrun_as = { user = \"root\" }\n";
 
-/// A scheduler cycling every 100 ms, with its jobs' directories under `jobs` where given.
-fn start_running(data: &Path, config: &Path, jobs: Option<&Path>) -> Process {
+/// A scheduler cycling every `cycle`, with its jobs' directories under `jobs` where given.
+fn start_with(data: &Path, config: &Path, cycle: &str, jobs: Option<&Path>) -> Process {
     let mut args = vec![
         "scheduler",
         "serve",
@@ -33,7 +33,7 @@ fn start_running(data: &Path, config: &Path, jobs: Option<&Path>) -> Process {
         "--config",
         config.to_str().unwrap(),
         "--cycle",
-        "100ms",
+        cycle,
     ];
     if let Some(jobs) = jobs {
         args.extend(["--jobs-dir", jobs.to_str().unwrap()]);
@@ -43,21 +43,7 @@ fn start_running(data: &Path, config: &Path, jobs: Option<&Path>) -> Process {
 
 /// A scheduler whose only cycle is the one at its start.
 fn start(data: &Path, config: &Path) -> Process {
-    spawn(
-        &[
-            "scheduler",
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            data.to_str().unwrap(),
-            "--config",
-            config.to_str().unwrap(),
-            "--cycle",
-            "1h",
-        ],
-        Stdio::inherit(),
-    )
+    start_with(data, config, "1h", None)
 }
 
 fn call(method: &str, url: &str, body: Option<Value>) -> (u16, Value) {
@@ -287,7 +273,7 @@ fn a_job_that_fills_its_disk_stops_the_scheduler_only_where_jobs_share_its_files
         std::fs::write(&config, CONFIG).unwrap();
         let data = disk.path().join("data");
         let jobs = jobs_disk.as_ref().map(|d| d.path().join("jobs"));
-        let sched = start_running(&data, &config, jobs.as_deref());
+        let sched = start_with(&data, &config, "100ms", jobs.as_deref());
         let url = sched.url.clone();
         let (status, body) = call(
             "POST",
