@@ -38,6 +38,10 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> SpoolError + '_ {
     }
 }
 
+/// How many refused batches `rejected/` keeps, the newest.
+pub const KEEP_REJECTED: usize = 1000;
+const ANSWER_SUFFIX: &str = ".answer.json";
+
 const NEXT_SEQ: &str = "next-seq";
 const EPOCH: &str = "epoch";
 const SUFFIX: &str = ".arrows";
@@ -211,17 +215,18 @@ impl Spool {
 
     /// Moves a batch the aggregator refused for good aside (`rejected/`), for an operator, with
     /// the aggregator's answer beside it (`<seq>.answer.json`: the rows refused and why, and how
-    /// many of the batch's other rows were stored).
+    /// many of the batch's other rows were stored). The newest [`KEEP_REJECTED`] batches are
+    /// kept: a GPU whose every reading is refused must not fill the node's disk with them.
     pub fn reject(&mut self, seq: u64, answer: &str) -> Result<()> {
         let rejected = self.dir.join("rejected");
         fs::create_dir_all(&rejected).map_err(io(&rejected))?;
-        let told = rejected.join(format!("{seq:020}.answer.json"));
+        let told = rejected.join(format!("{seq:020}{ANSWER_SUFFIX}"));
         fs::write(&told, answer).map_err(io(&told))?;
         let from = self.dir.join(Self::name(seq));
         let to = rejected.join(Self::name(seq));
         fs::rename(&from, &to).map_err(io(&to))?;
         self.queued.retain(|(s, _)| *s != seq);
-        Ok(())
+        prune_rejected(&rejected, KEEP_REJECTED)
     }
 
     pub fn len(&self) -> usize {
@@ -284,6 +289,32 @@ fn read_or_make_epoch(dir: &Path) -> Result<String> {
         }
         Err(e) => Err(io(&path)(e)),
     }
+}
+
+/// Removes from `rejected/` all but the newest `keep` batches (and their answers).
+fn prune_rejected(dir: &Path, keep: usize) -> Result<()> {
+    let mut seqs: Vec<(u64, PathBuf)> = Vec::new();
+    for entry in fs::read_dir(dir).map_err(io(dir))? {
+        let entry = entry.map_err(io(dir))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let seq = name
+            .strip_suffix(SUFFIX)
+            .or_else(|| name.strip_suffix(ANSWER_SUFFIX))
+            .and_then(|s| s.parse().ok());
+        if let Some(seq) = seq {
+            seqs.push((seq, entry.path()));
+        }
+    }
+    let mut batches: Vec<u64> = seqs.iter().map(|(s, _)| *s).collect();
+    batches.sort_unstable();
+    batches.dedup();
+    let Some(&oldest_kept) = batches.len().checked_sub(keep).and_then(|n| batches.get(n)) else {
+        return Ok(());
+    };
+    for (_, path) in seqs.iter().filter(|(s, _)| *s < oldest_kept) {
+        fs::remove_file(path).map_err(io(path))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -350,5 +381,30 @@ mod tests {
             answer
         );
         assert_eq!(spool.oldest().unwrap(), Some((1, b"next".to_vec())));
+    }
+
+    #[test]
+    fn only_the_newest_refused_batches_are_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spool = Spool::open(dir.path(), 1 << 20).unwrap();
+        for _ in 0..5 {
+            let seq = spool.push(b"batch").unwrap();
+            spool.reject(seq, "{}").unwrap();
+        }
+        prune_rejected(&dir.path().join("rejected"), 2).unwrap();
+        let mut left: Vec<String> = fs::read_dir(dir.path().join("rejected"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [
+                "00000000000000000003.answer.json",
+                "00000000000000000003.arrows",
+                "00000000000000000004.answer.json",
+                "00000000000000000004.arrows"
+            ]
+        );
     }
 }
