@@ -85,7 +85,18 @@ pub(crate) struct Ticket {
 #[derive(Debug)]
 struct Queued {
     next_seq: u64,
-    records: Vec<(u64, Vec<u8>, Outcome)>,
+    records: Vec<Record>,
+}
+
+/// A change queued for writing: its number, its line, how its write ended, and whether its
+/// request undoes the change when the write fails (a submission withdrawn, a reservation
+/// removed) rather than keep it (a cancel, a drain: the next `state.json` holds them).
+#[derive(Debug)]
+struct Record {
+    seq: u64,
+    line: Vec<u8>,
+    outcome: Outcome,
+    undone_on_failure: bool,
 }
 
 #[derive(Debug)]
@@ -94,8 +105,8 @@ pub(crate) struct Journal {
     /// Held while records are written and flushed; later requests queue meanwhile.
     file: Mutex<File>,
     queued: Mutex<Queued>,
-    /// Records whose write failed and whose requests have not yet undone (or kept) their
-    /// change: `state.json` is not written meanwhile, lest it hold a change that was refused.
+    /// Records undone on failure whose write failed and whose requests have not yet undone
+    /// their change: `state.json` is not written meanwhile, lest it hold a refused change.
     unsettled: Mutex<BTreeSet<u64>>,
 }
 
@@ -160,17 +171,21 @@ impl Journal {
     }
 
     /// Queues `change` as the next record. Called with the service's state locked, so the
-    /// records' order is the changes' order.
-    pub(crate) fn push(&self, mut change: Change) -> Ticket {
+    /// records' order is the changes' order. A change `undone_on_failure` must be committed
+    /// and then settled ([`Journal::settle`]) once undone where its write failed.
+    pub(crate) fn push(&self, mut change: Change, undone_on_failure: bool) -> Ticket {
         let mut queued = lock(&self.queued);
         change.seq = queued.next_seq;
         queued.next_seq += 1;
         let outcome = Outcome::default();
         // A change of plain data always serializes; were it not to, its write fails.
         let line = serde_json::to_vec(&change).unwrap_or_default();
-        queued
-            .records
-            .push((change.seq, line, Arc::clone(&outcome)));
+        queued.records.push(Record {
+            seq: change.seq,
+            line,
+            outcome: Arc::clone(&outcome),
+            undone_on_failure,
+        });
         Ticket {
             seq: change.seq,
             outcome,
@@ -183,17 +198,18 @@ impl Journal {
     }
 
     /// Returns once `ticket`'s record is on disk, writing it and every record queued with it.
-    /// A record that could not be written stays unsettled (no `state.json` is written) until
-    /// its request calls [`Journal::settle`], having undone its change or chosen to keep it.
+    /// A record undone on failure that could not be written stays unsettled (no `state.json`
+    /// is written) until its request has undone its change and calls [`Journal::settle`].
     pub(crate) fn commit(&self, ticket: &Ticket) -> io::Result<()> {
         let mut file = lock(&self.file);
         if ticket.outcome.get().is_none() {
             let records = std::mem::take(&mut lock(&self.queued).records);
             let result = write_records(&mut file, &records);
             if result.is_err() {
-                lock(&self.unsettled).extend(records.iter().map(|(seq, _, _)| *seq));
+                let undone = records.iter().filter(|r| r.undone_on_failure);
+                lock(&self.unsettled).extend(undone.map(|r| r.seq));
             }
-            for (_, _, outcome) in &records {
+            for Record { outcome, .. } in &records {
                 let _ = outcome.set(
                     result
                         .as_ref()
@@ -208,8 +224,8 @@ impl Journal {
         }
     }
 
-    /// The request of a record that could not be written has put the state as it should be
-    /// saved: the change undone (a withdrawn submission) or kept (a cancel).
+    /// The request of a record that could not be written has undone its change (a withdrawn
+    /// submission, a removed reservation): the state may be saved again.
     pub(crate) fn settle(&self, ticket: &Ticket) {
         lock(&self.unsettled).remove(&ticket.seq);
     }
@@ -229,11 +245,11 @@ impl Journal {
             return Ok(false);
         }
         save()?;
-        lock(&self.queued).records.retain(|(s, _, outcome)| {
-            if *s <= seq {
-                let _ = outcome.set(Ok(()));
+        lock(&self.queued).records.retain(|r| {
+            if r.seq <= seq {
+                let _ = r.outcome.set(Ok(()));
             }
-            *s > seq
+            r.seq > seq
         });
         // Not flushed: were the emptying lost, the records are ones the state holds, skipped.
         if let Err(error) = file.set_len(0) {
@@ -245,13 +261,13 @@ impl Journal {
 
 /// Appends the records and flushes them; on an error the file is cut back to where it was, so
 /// a later record never follows a torn one.
-fn write_records(file: &mut File, records: &[(u64, Vec<u8>, Outcome)]) -> io::Result<()> {
+fn write_records(file: &mut File, records: &[Record]) -> io::Result<()> {
     if records.is_empty() {
         return Ok(());
     }
     let len = file.metadata()?.len();
     let mut bytes = Vec::new();
-    for (_, line, _) in records {
+    for Record { line, .. } in records {
         if line.is_empty() {
             return Err(io::Error::other("a journal record could not be encoded"));
         }
@@ -311,7 +327,7 @@ mod tests {
         let journal = Journal::open(dir.path(), &mut state).unwrap();
         let tickets: Vec<Ticket> = [("gpu001", "a"), ("gpu002", "b"), ("gpu003", "c")]
             .into_iter()
-            .map(|(n, r)| journal.push(drain(n, r)))
+            .map(|(n, r)| journal.push(drain(n, r), false))
             .collect();
         journal.commit(&tickets[0]).unwrap();
         for t in &tickets {
@@ -350,11 +366,14 @@ mod tests {
         let path = dir.path().join(JOURNAL_FILE);
         // Writes fail: the journal's file open for reading only.
         let writable = std::mem::replace(&mut *lock(&journal.file), File::open(&path).unwrap());
-        let a = journal.push(drain("gpu001", "a"));
-        let b = journal.push(drain("gpu002", "b"));
+        let a = journal.push(drain("gpu001", "a"), true);
+        let b = journal.push(drain("gpu002", "b"), true);
+        // Kept on failure (a cancel, a drain): never holds the state back.
+        let kept = journal.push(drain("gpu004", "d"), false);
         assert!(journal.commit(&a).is_err());
         *lock(&journal.file) = writable;
-        // B was written (and failed) with A: its own commit says so, and it is unsettled too.
+        // B was written (and failed) with A: its own commit says so, and it is unsettled too;
+        // the kept record failed with them and holds nothing back.
         assert!(journal.commit(&b).is_err());
         let saves = std::cell::Cell::new(0);
         let save = || {
@@ -365,9 +384,10 @@ mod tests {
         assert_eq!(journal.save_through(2, save), Ok(false));
         assert_eq!(saves.get(), 0, "B's change may yet be undone");
         journal.settle(&b);
-        let c = journal.push(drain("gpu003", "c"));
+        assert!(journal.commit(&kept).is_err());
+        let c = journal.push(drain("gpu003", "c"), false);
         journal.commit(&c).unwrap();
-        assert_eq!(journal.save_through(3, save), Ok(true));
+        assert_eq!(journal.save_through(4, save), Ok(true));
         assert_eq!(saves.get(), 1);
         assert_eq!(std::fs::read(&path).unwrap().len(), 0);
     }

@@ -444,7 +444,7 @@ impl Service {
             next_job_number: Some((account, number + 1)),
             ..inner.jobs_change(&[&id], from)
         };
-        let ticket = self.record(&mut inner, change);
+        let ticket = self.record_undoable(&mut inner, change);
         drop(inner);
         self.commit_or_undo(
             &ticket,
@@ -518,7 +518,14 @@ impl Service {
     /// Queues `change` for the journal, in the order of the changes made under the lock.
     fn record(&self, inner: &mut Inner, change: Change) -> journal::Ticket {
         inner.changed();
-        self.journal.push(change)
+        self.journal.push(change, false)
+    }
+
+    /// [`Service::record`] for a change undone where its write fails: it must be committed
+    /// with [`Service::commit_or_undo`].
+    fn record_undoable(&self, inner: &mut Inner, change: Change) -> journal::Ticket {
+        inner.changed();
+        self.journal.push(change, true)
     }
 
     /// Returns once the change is on disk; else what was done and why it is not acknowledged

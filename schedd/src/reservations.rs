@@ -46,7 +46,8 @@ impl Service {
             .map(|n| inner.sched.cluster().node_spec(*n).id.clone())
             .collect();
         inner.state.reservations.push(entry.clone());
-        let ticket = self.record_reservations(&mut inner);
+        let change = reservations_change(&inner);
+        let ticket = self.record_undoable(&mut inner, change);
         drop(inner);
         let name = shown_name(&entry.name);
         self.commit_or_undo(
@@ -56,6 +57,7 @@ impl Service {
                 let mut inner = self.lock();
                 inner.sched.remove_reservation(&entry.name);
                 inner.state.reservations.retain(|r| r.name != entry.name);
+                // Queued: written with the next record or held by the next state.json.
                 self.record_reservations(&mut inner);
             },
         )?;
@@ -83,10 +85,7 @@ impl Service {
     }
 
     fn record_reservations(&self, inner: &mut Inner) -> journal::Ticket {
-        let change = Change {
-            reservations: Some(inner.state.reservations.clone()),
-            ..Change::default()
-        };
+        let change = reservations_change(inner);
         self.record(inner, change)
     }
 
@@ -158,5 +157,13 @@ impl Service {
         )?;
         inner.billing_file_stale = false;
         Ok(())
+    }
+}
+
+/// A change holding every reservation as they are now.
+fn reservations_change(inner: &Inner) -> Change {
+    Change {
+        reservations: Some(inner.state.reservations.clone()),
+        ..Change::default()
     }
 }
