@@ -186,11 +186,17 @@ struct ProgAttachAttr {
     replace_bpf_fd: u32,
 }
 
-/// Loads `insns` as a cgroup device program; the verifier's log is in the error.
+/// Loads `insns` as a cgroup device program. Without the verifier's log first (a long one
+/// would not fit its buffer and fail the load); where the load fails, again with the log, which
+/// the error then holds.
 fn load(insns: &[Insn]) -> io::Result<OwnedFd> {
+    load_logging(insns, false).or_else(|_| load_logging(insns, true))
+}
+
+fn load_logging(insns: &[Insn], logging: bool) -> io::Result<OwnedFd> {
     let code: Vec<u8> = insns.iter().flat_map(|i| i.to_bytes()).collect();
     let license = c"GPL";
-    let mut log = vec![0u8; 4096];
+    let mut log = vec![0u8; if logging { 64 << 10 } else { 0 }];
     let mut name = [0u8; 16];
     name[..13].copy_from_slice(b"gpuledger_dev");
     let mut attr = ProgLoadAttr {
@@ -198,9 +204,9 @@ fn load(insns: &[Insn]) -> io::Result<OwnedFd> {
         insn_cnt: u32::try_from(insns.len()).expect("bounded by MAX_DENIED"),
         insns: code.as_ptr() as u64,
         license: license.as_ptr() as u64,
-        log_level: 1,
-        log_size: u32::try_from(log.len()).expect("4 KiB"),
-        log_buf: log.as_mut_ptr() as u64,
+        log_level: u32::from(logging),
+        log_size: u32::try_from(log.len()).expect("64 KiB"),
+        log_buf: if logging { log.as_mut_ptr() as u64 } else { 0 },
         kern_version: 0,
         prog_flags: 0,
         prog_name: name,
@@ -281,6 +287,12 @@ mod tests {
             Insn::load_word(3, 1, 4).to_bytes(),
             [0x61, 0x13, 4, 0, 0, 0, 0, 0]
         );
+    }
+
+    #[test]
+    fn the_kernel_takes_the_largest_filter() {
+        let most: Vec<GpuDevice> = (0..MAX_DENIED as u64).map(|i| gpu(0, 195, i)).collect();
+        load(&program(&most).unwrap()).expect("this host loads BPF device programs");
     }
 
     #[test]
