@@ -248,6 +248,43 @@ impl LocalExecutor {
     }
 }
 
+/// A launch its user could not start: where the reason is a directory above the job's that the
+/// user may not pass (a data directory under `/root`, or in a 0700 temporary directory), says
+/// which; the bare `EACCES` named nothing.
+fn explain_spawn_error(error: std::io::Error, dir: &Path, user: Option<JobUser>) -> std::io::Error {
+    let Some(user) = user.filter(|_| error.kind() == std::io::ErrorKind::PermissionDenied) else {
+        return error;
+    };
+    match first_closed_to(dir, user) {
+        Some(closed) => std::io::Error::new(
+            error.kind(),
+            format!(
+                "the job's user (uid {}, gid {}) may not pass {} to reach its directory: let it through (`chmod o+x`), or give the scheduler a --jobs-dir it can reach ({error})",
+                user.uid,
+                user.gid,
+                closed.display()
+            ),
+        ),
+        None => error,
+    }
+}
+
+/// The first directory above `dir` whose mode bits deny `user` passage (search), if any.
+fn first_closed_to(dir: &Path, user: JobUser) -> Option<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    dir.ancestors().skip(1).find_map(|above| {
+        let meta = std::fs::metadata(above).ok()?;
+        let search = if meta.uid() == user.uid {
+            0o100
+        } else if meta.gid() == user.gid {
+            0o010
+        } else {
+            0o001
+        };
+        (meta.mode() & search == 0).then(|| above.to_owned())
+    })
+}
+
 /// The exit status the job's wrapper left in its directory.
 fn read_exit(job_dir: &Path) -> Option<i32> {
     job_files::read_small(job_dir, "exit")?.trim().parse().ok()
@@ -351,7 +388,9 @@ impl Executor for LocalExecutor {
             // std drops root's supplementary groups when it changes the user.
             command.uid(user.uid).gid(user.gid);
         }
-        let mut child = command.spawn()?;
+        let mut child = command
+            .spawn()
+            .map_err(|e| explain_spawn_error(e, &dir, job.user))?;
         if let Err(error) = self.start(job, &mut child) {
             let _ = child.kill();
             let _ = child.wait();
@@ -862,6 +901,28 @@ mod tests {
         assert_eq!(done, vec![(job, ExitStatus::Killed)]);
         assert!(!alive(sleeper));
         std::fs::remove_dir(&freezer).unwrap();
+    }
+
+    #[test]
+    fn a_job_whose_user_cannot_reach_its_directory_is_told_which_directory_stops_it() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let closed = dir.path().join("closed");
+        std::fs::create_dir(&closed).unwrap();
+        std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+        let mut ex = LocalExecutor::new(closed.join("jobs"));
+        let mut job = launch("far", "true");
+        job.user = Some(JobUser {
+            uid: 65534,
+            gid: 65534,
+        });
+        let error = ex.launch(&job).unwrap_err().to_string();
+        assert!(
+            error.contains(&format!("may not pass {} ", closed.display()))
+                && error.contains("--jobs-dir"),
+            "{error}"
+        );
     }
 
     #[test]
