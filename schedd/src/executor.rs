@@ -19,7 +19,7 @@ use nix::unistd::Pid;
 
 use gpuledger_model::{GpuShare, JobId};
 
-use crate::cgroup::{CgroupMode, JobCgroups};
+use crate::cgroup::{CgroupMode, JobCgroups, JobLimits};
 pub use crate::job_files::JobUser;
 use crate::job_files::{self, Writing};
 
@@ -72,6 +72,13 @@ pub enum ExitStatus {
     Code(i32),
     /// Killed by a signal before the wrapper could record anything (SIGKILL).
     Killed,
+    /// The kernel's OOM killer ended `kills` of its processes at its memory limit
+    /// (`limit_bytes`, where known); `code` is what the wrapper recorded, if it lived.
+    OutOfMemory {
+        code: Option<i32>,
+        kills: u64,
+        limit_bytes: Option<u64>,
+    },
 }
 
 /// The seam between the service and whatever runs jobs.
@@ -130,6 +137,8 @@ pub struct ExecutorOptions {
     /// How long a job's processes may outlive SIGKILL before the job is reported unkillable
     /// (Slurm's `UnkillableStepTimeout`).
     pub unkillable_after: Duration,
+    /// Memory and CPU each job may use per GPU it holds; needs cgroups.
+    pub limits: JobLimits,
 }
 
 impl Default for ExecutorOptions {
@@ -138,6 +147,7 @@ impl Default for ExecutorOptions {
             cgroups: CgroupMode::Auto,
             device_dir: PathBuf::from("/dev"),
             unkillable_after: Duration::from_secs(60),
+            limits: JobLimits::default(),
         }
     }
 }
@@ -150,6 +160,7 @@ pub struct LocalExecutor {
     jobs: HashMap<JobId, Watched>,
     cgroups: Option<JobCgroups>,
     unkillable_after: Duration,
+    limits: JobLimits,
 }
 
 /// Waits for the command and records its status; see the module docs.
@@ -186,16 +197,28 @@ impl LocalExecutor {
     }
 
     /// An executor containing jobs as `options` say; an error when the cgroup hierarchy asked
-    /// for (`v1`, `v2`) is not there or not writable.
+    /// for (`v1`, `v2`) is not there or not writable, or when limits are asked for that no
+    /// cgroup controller here can hold.
     pub fn with_options(
         root: impl Into<PathBuf>,
         options: ExecutorOptions,
     ) -> std::io::Result<Self> {
         let root = root.into();
         let key = std::path::absolute(&root).unwrap_or_else(|_| root.clone());
-        let cgroups = match JobCgroups::for_executor(&key, options.cgroups, &options.device_dir) {
+        let limited = !options.limits.is_empty();
+        if limited && options.cgroups == CgroupMode::Off {
+            return Err(std::io::Error::other(
+                "memory and CPU limits per job need job cgroups, and --cgroup is off",
+            ));
+        }
+        let cgroups = match JobCgroups::for_executor(
+            &key,
+            options.cgroups,
+            &options.device_dir,
+            &options.limits,
+        ) {
             Ok(cgroups) => cgroups,
-            Err(error) if options.cgroups == CgroupMode::Auto => {
+            Err(error) if options.cgroups == CgroupMode::Auto && !limited => {
                 tracing::warn!(%error, "no job cgroups (neither a writable cgroup v2 hierarchy nor v1 freezer and pids): jobs are tracked by process group only, and a job that leaves its group (setsid) escapes its stop");
                 None
             }
@@ -208,9 +231,12 @@ impl LocalExecutor {
         };
         match &cgroups {
             Some(c) => {
+                let (memory, cpu) = c.limit_places();
                 tracing::info!(
                     cgroup = c.version(),
                     gpu_device_filter = c.device_filter().map_or("none", |f| f.name()),
+                    memory_limit = memory.unwrap_or("none"),
+                    cpu_limit = cpu.unwrap_or("none"),
                     "each job runs in a cgroup of its own"
                 );
                 if let Err(why) = c.device_filter() {
@@ -229,6 +255,7 @@ impl LocalExecutor {
             jobs: HashMap::new(),
             cgroups,
             unkillable_after: options.unkillable_after,
+            limits: options.limits,
         })
     }
 
@@ -321,7 +348,8 @@ impl LocalExecutor {
     fn start(&self, job: &Launch, child: &mut Child) -> std::io::Result<()> {
         use std::io::Write;
         if let Some(cgroups) = &self.cgroups {
-            cgroups.enter(&job.job_id, child.id(), &job.gpus)?;
+            let limits = self.limits.for_job(job.gpus.len(), job.gpu_share);
+            cgroups.enter(&job.job_id, child.id(), &job.gpus, limits)?;
         }
         let mut go = child
             .stdin
@@ -441,6 +469,7 @@ impl Executor for LocalExecutor {
 
     fn reap(&mut self) -> Vec<(JobId, ExitStatus)> {
         let mut done = Vec::new();
+        let mut out_of_memory = HashMap::new();
         for (id, w) in self.jobs.iter_mut() {
             let wrapper_gone = match w.child.as_mut() {
                 Some(child) => matches!(child.try_wait(), Ok(Some(_))),
@@ -457,6 +486,9 @@ impl Executor for LocalExecutor {
                     let _ = cgroups.signal(id, Signal::SIGKILL);
                     continue;
                 }
+                if let Some(oom) = cgroups.out_of_memory(id) {
+                    out_of_memory.insert(id.clone(), oom);
+                }
                 cgroups.remove(id);
             } else if group_alive(w.pid) {
                 // The wrapper is gone; the group may still hold the command (it outlived a
@@ -470,9 +502,15 @@ impl Executor for LocalExecutor {
         let mut out = Vec::with_capacity(done.len());
         for id in done {
             self.jobs.remove(&id);
-            let status = match read_exit(&self.job_dir(&id)) {
-                Some(code) => ExitStatus::Code(code),
-                None => ExitStatus::Killed,
+            let code = read_exit(&self.job_dir(&id));
+            let status = match (out_of_memory.remove(&id), code) {
+                (Some(oom), code) => ExitStatus::OutOfMemory {
+                    code,
+                    kills: oom.kills,
+                    limit_bytes: oom.limit_bytes,
+                },
+                (None, Some(code)) => ExitStatus::Code(code),
+                (None, None) => ExitStatus::Killed,
             };
             out.push((id, status));
         }
@@ -1028,5 +1066,118 @@ mod tests {
         expected.push((JobId::new("plain").unwrap(), ExitStatus::Code(143)));
         expected.sort_by(|a, b| a.0.cmp(&b.0));
         assert_eq!(done, expected);
+    }
+
+    /// The job's cgroup of a v1 controller, as `/proc/<pid>/cgroup` printed by the job names
+    /// it (`4:memory:/a/b`), under that controller's mount on this host.
+    fn v1_cgroup_in(printed: &str, controller: &str) -> PathBuf {
+        let path = printed
+            .lines()
+            .find_map(|l| {
+                let mut parts = l.splitn(3, ':');
+                let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+                controllers
+                    .split(',')
+                    .any(|c| c == controller)
+                    .then_some(path)
+            })
+            .unwrap_or_else(|| panic!("no {controller} line in {printed:?}"));
+        PathBuf::from(format!("/sys/fs/cgroup/{controller}{path}"))
+    }
+
+    #[test]
+    fn a_job_is_held_to_its_memory_and_cpu_per_gpu_and_ends_out_of_memory_past_it() {
+        for mode in [CgroupMode::V2, CgroupMode::V1] {
+            let dir = tempfile::tempdir().unwrap();
+            let options = ExecutorOptions {
+                cgroups: mode,
+                limits: JobLimits {
+                    memory_per_gpu: Some(gpuledger_model::ByteSize(32 << 20)),
+                    cpus_per_gpu: Some("0.1".parse().unwrap()),
+                },
+                ..ExecutorOptions::default()
+            };
+            let mut ex = LocalExecutor::with_options(dir.path(), options).unwrap();
+            assert_eq!(
+                ex.cgroups().unwrap().limit_places(),
+                (Some("v1"), Some("v1")),
+                "this host binds memory and cpu to cgroup v1 ({mode:?})"
+            );
+            // Two GPUs each (launch's default): 64 MiB and a fifth of a CPU.
+            let hog = "cat /proc/self/cgroup; head -c 200000000 /dev/zero | tail -c 200000000 >/dev/null; echo after";
+            let small = "head -c 8000000 /dev/zero | tail -c 8000000 >/dev/null";
+            let spin = "timeout 1 sh -c 'while :; do :; done'; times";
+            for (id, command) in [("hog", hog), ("small", small), ("spin", spin)] {
+                ex.launch(&launch(id, command)).unwrap();
+            }
+            let mut done = Vec::new();
+            let until = Instant::now() + Duration::from_secs(20);
+            while done.len() < 3 && Instant::now() < until {
+                done.extend(wait_exit(&mut ex, Duration::from_secs(1)));
+            }
+            done.sort_by(|a, b| a.0.cmp(&b.0));
+            let id = |s: &str| JobId::new(s).unwrap();
+            assert_eq!(
+                done,
+                vec![
+                    (
+                        id("hog"),
+                        ExitStatus::OutOfMemory {
+                            // Under v1 the kernel kills the biggest process, not the job whole.
+                            code: Some(0),
+                            kills: 1,
+                            limit_bytes: Some(64 << 20),
+                        }
+                    ),
+                    (id("small"), ExitStatus::Code(0)),
+                    (id("spin"), ExitStatus::Code(0)),
+                ],
+                "{mode:?}"
+            );
+            let out =
+                |id: &str| std::fs::read_to_string(dir.path().join(id).join("stdout")).unwrap();
+            let hog_out = out("hog");
+            assert!(hog_out.ends_with("after\n"), "{hog_out}");
+            for controller in ["memory", "cpu"] {
+                let cgroup = v1_cgroup_in(&hog_out, controller);
+                assert!(
+                    cgroup.ends_with("hog") && !cgroup.exists(),
+                    "the job's {controller} cgroup {cgroup:?} is removed with it"
+                );
+            }
+            // `times`: the shell's, then its children's user and system time. A busy second
+            // at a fifth of a CPU: at most 0.2 s and a period's slack.
+            let spin_out = out("spin");
+            let seconds = |t: &str| -> f64 {
+                let (m, s) = t.trim_end_matches('s').split_once('m').unwrap();
+                m.parse::<f64>().unwrap() * 60.0 + s.parse::<f64>().unwrap()
+            };
+            let children: f64 = spin_out
+                .lines()
+                .nth(1)
+                .unwrap()
+                .split_whitespace()
+                .map(seconds)
+                .sum();
+            assert!(
+                children < 0.5,
+                "{mode:?}: {children} s of CPU in a second: {spin_out}"
+            );
+        }
+    }
+
+    #[test]
+    fn limits_without_a_cgroup_to_hold_them_refuse_to_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = ExecutorOptions {
+            cgroups: CgroupMode::Off,
+            limits: JobLimits {
+                memory_per_gpu: Some(gpuledger_model::ByteSize(1 << 30)),
+                cpus_per_gpu: None,
+            },
+            ..ExecutorOptions::default()
+        };
+        let error = LocalExecutor::with_options(dir.path(), options).unwrap_err();
+        assert!(error.to_string().contains("--cgroup is off"), "{error}");
     }
 }

@@ -93,6 +93,7 @@ impl Inner {
             let code = match status {
                 ExitStatus::Code(c) => Some(c),
                 ExitStatus::Killed => Some(137),
+                ExitStatus::OutOfMemory { code, .. } => code.or(Some(137)),
             };
             if info.state == JobState::Preempting && info.stopping.is_none() {
                 self.sched.requeue(&id, now);
@@ -121,6 +122,17 @@ impl Inner {
             };
             tracing::info!(job = %id, exit_code = ?code, state = ?state, "job ended");
             self.finish_record(&id, now, state, code);
+            if let ExitStatus::OutOfMemory {
+                kills, limit_bytes, ..
+            } = status
+            {
+                let reason = out_of_memory_reason(kills, limit_bytes);
+                tracing::warn!(job = %id, %reason, "job ran out of memory");
+                self.counters.out_of_memory += 1;
+                if let Some(job) = self.state.jobs.get_mut(&id) {
+                    job.reason = Some(reason);
+                }
+            }
         }
     }
 
@@ -222,4 +234,18 @@ fn read_dir_paths(dir: &Path) -> Vec<PathBuf> {
     std::fs::read_dir(dir)
         .map(|entries| entries.flatten().map(|e| e.path()).collect())
         .unwrap_or_default()
+}
+
+/// Why a job the kernel's OOM killer hit ended (Slurm's `OUT_OF_MEMORY`), for its owner.
+fn out_of_memory_reason(kills: u64, limit_bytes: Option<u64>) -> String {
+    let processes = if kills == 1 { "process" } else { "processes" };
+    match limit_bytes {
+        Some(bytes) => format!(
+            "out of memory: the kernel killed {kills} {processes} of the job at its memory limit of {} (--job-memory-per-gpu times its GPUs)",
+            gpuledger_model::ByteSize(bytes)
+        ),
+        None => format!(
+            "out of memory: the kernel killed {kills} {processes} of the job at its memory limit"
+        ),
+    }
 }

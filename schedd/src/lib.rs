@@ -176,6 +176,7 @@ struct Counters {
     cycles: u64,
     cycle_seconds: f64,
     event_batches_refused: u64,
+    out_of_memory: u64,
 }
 
 fn signal_named(name: Option<&str>) -> Result<Signal> {

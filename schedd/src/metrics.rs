@@ -158,6 +158,11 @@ impl Service {
                 "Batches of job events the aggregator refused for good, set aside in refused-events/.",
                 c.event_batches_refused as f64,
             ),
+            (
+                "gpuledger_scheduler_jobs_out_of_memory_total",
+                "Jobs the kernel's OOM killer hit at their memory limit (--job-memory-per-gpu); they end failed.",
+                c.out_of_memory as f64,
+            ),
         ] {
             let _ = writeln!(
                 out,

@@ -58,6 +58,15 @@ pub struct ServeOptions {
     /// UnkillableStepTimeout).
     #[arg(long, default_value = "60s")]
     pub unkillable_timeout: DurationSpec,
+    /// Memory each job may use per GPU it holds (`64GiB`; a part of a GPU gets that part),
+    /// without swap beyond it: past it the kernel ends the job's processes, not the node's
+    /// others (Slurm's DefMemPerGPU with ConstrainRAMSpace). Unlimited when not given.
+    #[arg(long, env = "GPULEDGER_JOB_MEMORY_PER_GPU")]
+    pub job_memory_per_gpu: Option<gpuledger_model::ByteSize>,
+    /// CPUs' time each job may use per GPU it holds (`8`, `2.5`), however many threads it runs
+    /// (a CFS quota, as Slurm's DefCpuPerGPU). Unlimited when not given.
+    #[arg(long, env = "GPULEDGER_JOB_CPUS_PER_GPU")]
+    pub job_cpus_per_gpu: Option<crate::cgroup::CpuCount>,
     // With a token file, tenants submit and see their own jobs, nodes read their own GPUs of
     // the allocation feed, operators do the rest.
     #[command(flatten)]
@@ -148,10 +157,21 @@ pub fn run(options: ServeOptions, cluster: ClusterConfig) -> Result<()> {
         ExecutorOptions {
             cgroups: options.cgroup,
             unkillable_after: Duration::from_secs(options.unkillable_timeout.as_secs().max(1)),
+            limits: crate::cgroup::JobLimits {
+                memory_per_gpu: options.job_memory_per_gpu,
+                cpus_per_gpu: options.job_cpus_per_gpu,
+            },
             ..ExecutorOptions::default()
         },
     )
-    .map_err(|e| invalid("--cgroup", e))?;
+    .map_err(|e| {
+        let field = match (options.job_memory_per_gpu, options.job_cpus_per_gpu) {
+            (Some(_), _) => "--job-memory-per-gpu",
+            (None, Some(_)) => "--job-cpus-per-gpu",
+            (None, None) => "--cgroup",
+        };
+        invalid(field, e)
+    })?;
     let executor = Box::new(executor);
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let service = Arc::new(Service::open(cluster, config, executor, clock)?);

@@ -903,6 +903,57 @@ async fn a_job_whose_processes_outlive_sigkill_keeps_its_gpus_and_its_node_is_dr
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_past_its_memory_limit_ends_failed_out_of_memory_and_the_others_run_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let _jobs = gpuledger_testkit::KillJobsUnder::new(dir.path());
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let executor = ExecutorOptions {
+        limits: gpuledger_schedd::cgroup::JobLimits {
+            memory_per_gpu: Some("48MiB".parse().unwrap()),
+            cpus_per_gpu: None,
+        },
+        ..ExecutorOptions::default()
+    };
+    let s = Arc::new(open_on(dir.path(), cluster(), Arc::clone(&clock), executor).unwrap());
+    // 200 MB held at once by one process, then a line: the job's shell outlives the kill.
+    let hog = "head -c 200000000 /dev/zero | tail -c 200000000 >/dev/null; echo after";
+    let mut ids = Vec::new();
+    for (account, command) in [
+        ("team-a", hog),
+        (
+            "team-b",
+            "head -c 20000000 /dev/zero | tail -c 20000000 >/dev/null",
+        ),
+    ] {
+        let (status, body) = submit(
+            &s,
+            json!({"command": command, "account": account, "gpus": 1, "time_limit": "1h"}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        ids.push(JobId::new(body["job_id"].as_str().unwrap()).unwrap());
+    }
+    tick_until(&s, &clock, |s| ids.iter().all(|id| state(s, id).is_done()));
+    let (_, hog) = call(&s, "GET", &format!("/api/v1/jobs/{}", ids[0]), None).await;
+    assert_eq!(hog["state"], "failed", "{hog}");
+    assert_eq!(
+        hog["reason"],
+        "out of memory: the kernel killed 1 process of the job at its memory limit of 48MiB (--job-memory-per-gpu times its GPUs)",
+        "{hog}"
+    );
+    assert_eq!(
+        state(&s, &ids[1]),
+        JobState::Completed,
+        "20 MB fit in 48 MiB"
+    );
+    let metrics = s.metrics();
+    assert!(
+        metrics.contains("gpuledger_scheduler_jobs_out_of_memory_total 1\n"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn free_gpus_held_for_a_waiting_jobs_planned_start_show_as_planned() {
     let dir = tempfile::tempdir().unwrap();
     let _jobs = gpuledger_testkit::KillJobsUnder::new(dir.path());

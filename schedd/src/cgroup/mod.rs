@@ -15,6 +15,9 @@
 //! v1 (or where the kernel refuses the filter) its cgroup in the v1 `devices` controller
 //! ([`devices`]), where that is mounted.
 //!
+//! Memory and CPU may be held to each job's part of the host ([`limits`]): in v2 where the
+//! hierarchy has the controllers, else in the v1 `memory` and `cpu` controllers.
+//!
 //! The job cgroups of one executor live under `<the service's own cgroup>/gpuledger-<key>/`, the
 //! key derived from the executor's job directory, so that two schedulers on one host (or two
 //! in one test process) never share one, and a restarted scheduler finds its jobs again. Under
@@ -22,6 +25,7 @@
 
 mod bpf;
 mod devices;
+mod limits;
 mod v1;
 mod v2;
 
@@ -34,6 +38,7 @@ use nix::sys::signal::Signal;
 use gpuledger_model::JobId;
 
 pub use devices::{gpu_devices, GpuDevice};
+pub use limits::{CpuCount, JobLimits, Limits, OutOfMemory};
 
 /// Which cgroup hierarchy tracks jobs (`--cgroup`).
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -85,16 +90,20 @@ pub struct JobCgroups {
     devices: Result<DeviceFilter, String>,
     /// Where the GPU device files are (`/dev`).
     device_dir: PathBuf,
+    /// Where jobs' memory and CPU are limited.
+    enforcement: limits::Enforcement,
 }
 
 impl JobCgroups {
     /// The job cgroups of the executor whose job directory is `jobs_root`, under this process's
     /// own cgroups, created if needed; `None` for [`CgroupMode::Off`]. An error when the mode
-    /// asked for has no writable hierarchy here (`Auto`: neither has).
+    /// asked for has no writable hierarchy here (`Auto`: neither has), or when `limits` asks
+    /// for a limit no controller here can hold.
     pub fn for_executor(
         jobs_root: &Path,
         mode: CgroupMode,
         device_dir: &Path,
+        limits: &JobLimits,
     ) -> io::Result<Option<Self>> {
         let name = format!("gpuledger-{:016x}", fnv1a(jobs_root));
         let tracker = match mode {
@@ -123,10 +132,16 @@ impl JobCgroups {
                 .map(DeviceFilter::V1)
                 .map_err(|v1_error| format!("{bpf_error}; {v1_error}"))
         });
+        let v2_parent = match &tracker {
+            Tracker::V2(h) => Some(h.parent()),
+            Tracker::V1(_) => None,
+        };
+        let enforcement = limits::Enforcement::set_up(limits, v2_parent, &name)?;
         Ok(Some(JobCgroups {
             tracker,
             devices,
             device_dir: device_dir.to_owned(),
+            enforcement,
         }))
     }
 
@@ -143,6 +158,17 @@ impl JobCgroups {
         self.devices.as_ref().map_err(String::as_str)
     }
 
+    /// Where memory and CPU limits are held (`v2`, `v1`), each `None` when not limited.
+    pub fn limit_places(&self) -> (Option<&'static str>, Option<&'static str>) {
+        let name = |place: &Option<limits::Place>| {
+            place.as_ref().map(|p| match p {
+                limits::Place::V2 => "v2",
+                limits::Place::V1(_) => "v1",
+            })
+        };
+        (name(&self.enforcement.memory), name(&self.enforcement.cpu))
+    }
+
     /// The job's cgroup directory in the hierarchy that tracks it.
     pub fn path(&self, job: &JobId) -> PathBuf {
         match &self.tracker {
@@ -153,8 +179,9 @@ impl JobCgroups {
 
     /// Creates the job's cgroups and moves process `pid` (the job's wrapper, before it starts
     /// the command) into them; the device files of this host's GPUs other than `gpus` are
-    /// denied first. The service moves it: a job's own user may not.
-    pub fn enter(&self, job: &JobId, pid: u32, gpus: &[u32]) -> io::Result<()> {
+    /// denied first, and its memory and CPU limited to `limits`. The service moves it: a job's
+    /// own user may not.
+    pub fn enter(&self, job: &JobId, pid: u32, gpus: &[u32], limits: Limits) -> io::Result<()> {
         let denied = match &self.devices {
             Ok(_) => devices::others(&gpu_devices(&self.device_dir), gpus),
             Err(_) => Vec::new(),
@@ -168,10 +195,20 @@ impl JobCgroups {
                 if self.devices == Ok(DeviceFilter::Bpf) && !denied.is_empty() {
                     bpf::deny(&dir, &denied)?;
                 }
+                self.enforcement.apply(job, Some(&dir), limits, pid)?;
                 move_into(&dir, pid)
             }
-            Tracker::V1(h) => h.enter(job, pid),
+            Tracker::V1(h) => {
+                self.enforcement.apply(job, None, limits, pid)?;
+                h.enter(job, pid)
+            }
         }
+    }
+
+    /// Whether the kernel's OOM killer ended processes of the job at its memory limit; read
+    /// before the job's cgroups are removed.
+    pub fn out_of_memory(&self, job: &JobId) -> Option<OutOfMemory> {
+        self.enforcement.out_of_memory(job, &self.path(job))
     }
 
     /// The processes in the job's cgroup now.
@@ -200,6 +237,9 @@ impl JobCgroups {
     pub fn remove(&self, job: &JobId) {
         if let Ok(DeviceFilter::V1(parent)) = &self.devices {
             remove_with_parent(&parent.join(job.as_str()));
+        }
+        for dir in self.enforcement.v1_dirs(job) {
+            remove_with_parent(&dir);
         }
         match &self.tracker {
             Tracker::V2(h) => remove_with_parent(&h.path(job)),
@@ -280,6 +320,14 @@ fn own_cgroup(controller: Option<&str>) -> io::Result<String> {
             let wanted = match controller {
                 None => controllers.is_empty(),
                 Some(c) => controllers.split(',').any(|x| x == c),
+            };
+            // Where the service moved into a leaf to hand controllers to its jobs, its own
+            // cgroup is the one above.
+            let path = match controller {
+                None => path
+                    .strip_suffix(&format!("/{}", limits::SERVICE_LEAF))
+                    .unwrap_or(path),
+                Some(_) => path,
             };
             wanted.then(|| path.to_owned())
         })
