@@ -231,12 +231,13 @@ impl LocalExecutor {
         };
         match &cgroups {
             Some(c) => {
-                let (memory, cpu) = c.limit_places();
+                let [memory, cpu, tasks] = c.limit_places();
                 tracing::info!(
                     cgroup = c.version(),
                     gpu_device_filter = c.device_filter().map_or("none", |f| f.name()),
                     memory_limit = memory.unwrap_or("none"),
                     cpu_limit = cpu.unwrap_or("none"),
+                    tasks_limit = tasks.unwrap_or("none"),
                     "each job runs in a cgroup of its own"
                 );
                 if let Err(why) = c.device_filter() {
@@ -1094,31 +1095,41 @@ mod tests {
                 limits: JobLimits {
                     memory_per_gpu: Some(gpuledger_model::ByteSize(32 << 20)),
                     cpus_per_gpu: Some("0.1".parse().unwrap()),
+                    tasks_max: Some(20),
                 },
                 ..ExecutorOptions::default()
             };
             let mut ex = LocalExecutor::with_options(dir.path(), options).unwrap();
             assert_eq!(
                 ex.cgroups().unwrap().limit_places(),
-                (Some("v1"), Some("v1")),
-                "this host binds memory and cpu to cgroup v1 ({mode:?})"
+                [Some("v1"); 3],
+                "this host binds memory, cpu and pids to cgroup v1 ({mode:?})"
             );
             // Two GPUs each (launch's default): 64 MiB and a fifth of a CPU.
             let hog = "cat /proc/self/cgroup; head -c 200000000 /dev/zero | tail -c 200000000 >/dev/null; echo after";
             let small = "head -c 8000000 /dev/zero | tail -c 8000000 >/dev/null";
             let spin = "timeout 1 sh -c 'while :; do :; done'; times";
-            for (id, command) in [("hog", hog), ("small", small), ("spin", spin)] {
+            // A fork bomb, slowed down: each child it got noted, then all waited for.
+            let forks = "for i in $(seq 60); do sleep 3 & echo $! >> children; done";
+            let jobs = [
+                ("forks", forks),
+                ("hog", hog),
+                ("small", small),
+                ("spin", spin),
+            ];
+            for (id, command) in jobs {
                 ex.launch(&launch(id, command)).unwrap();
             }
             let mut done = Vec::new();
             let until = Instant::now() + Duration::from_secs(20);
-            while done.len() < 3 && Instant::now() < until {
+            while done.len() < 4 && Instant::now() < until {
                 done.extend(wait_exit(&mut ex, Duration::from_secs(1)));
             }
             done.sort_by(|a, b| a.0.cmp(&b.0));
             let id = |s: &str| JobId::new(s).unwrap();
+            assert_eq!(done[0].0, id("forks"));
             assert_eq!(
-                done,
+                done[1..],
                 vec![
                     (
                         id("hog"),
@@ -1163,6 +1174,13 @@ mod tests {
                 children < 0.5,
                 "{mode:?}: {children} s of CPU in a second: {spin_out}"
             );
+            // 20 tasks: the wrapper and the job's shell, 18 children at most (the `$(seq)`
+            // subshell was one before them); the 19th fork failed and the shell gave up.
+            let children = std::fs::read_to_string(dir.path().join("forks/children")).unwrap();
+            let forked = children.lines().count();
+            assert!((10..=18).contains(&forked), "{mode:?}: {forked} children");
+            let err = std::fs::read_to_string(dir.path().join("forks/stderr")).unwrap();
+            assert!(err.contains("Cannot fork"), "{err}");
         }
     }
 
@@ -1173,7 +1191,7 @@ mod tests {
             cgroups: CgroupMode::Off,
             limits: JobLimits {
                 memory_per_gpu: Some(gpuledger_model::ByteSize(1 << 30)),
-                cpus_per_gpu: None,
+                ..JobLimits::default()
             },
             ..ExecutorOptions::default()
         };

@@ -67,6 +67,11 @@ pub struct ServeOptions {
     /// (a CFS quota, as Slurm's DefCpuPerGPU). Unlimited when not given.
     #[arg(long, env = "GPULEDGER_JOB_CPUS_PER_GPU")]
     pub job_cpus_per_gpu: Option<crate::cgroup::CpuCount>,
+    /// Processes and threads each job may run at once (`pids.max`, as systemd's TasksMax=):
+    /// past it the job's `fork` fails, and a fork bomb takes no process id from the node.
+    /// Unlimited when not given.
+    #[arg(long, env = "GPULEDGER_JOB_TASKS_MAX", value_parser = clap::value_parser!(u32).range(1..))]
+    pub job_tasks_max: Option<u32>,
     // With a token file, tenants submit and see their own jobs, nodes read their own GPUs of
     // the allocation feed, operators do the rest.
     #[command(flatten)]
@@ -160,15 +165,20 @@ pub fn run(options: ServeOptions, cluster: ClusterConfig) -> Result<()> {
             limits: crate::cgroup::JobLimits {
                 memory_per_gpu: options.job_memory_per_gpu,
                 cpus_per_gpu: options.job_cpus_per_gpu,
+                tasks_max: options.job_tasks_max,
             },
             ..ExecutorOptions::default()
         },
     )
     .map_err(|e| {
-        let field = match (options.job_memory_per_gpu, options.job_cpus_per_gpu) {
-            (Some(_), _) => "--job-memory-per-gpu",
-            (None, Some(_)) => "--job-cpus-per-gpu",
-            (None, None) => "--cgroup",
+        let field = if options.job_memory_per_gpu.is_some() {
+            "--job-memory-per-gpu"
+        } else if options.job_cpus_per_gpu.is_some() {
+            "--job-cpus-per-gpu"
+        } else if options.job_tasks_max.is_some() {
+            "--job-tasks-max"
+        } else {
+            "--cgroup"
         };
         invalid(field, e)
     })?;

@@ -910,7 +910,7 @@ async fn a_job_past_its_memory_limit_ends_failed_out_of_memory_and_the_others_ru
     let executor = ExecutorOptions {
         limits: gpuledger_schedd::cgroup::JobLimits {
             memory_per_gpu: Some("48MiB".parse().unwrap()),
-            cpus_per_gpu: None,
+            ..Default::default()
         },
         ..ExecutorOptions::default()
     };

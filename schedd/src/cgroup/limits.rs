@@ -1,13 +1,15 @@
 //! Memory and CPU held to a job's part of the host, as Slurm's `ConstrainRAMSpace` and
-//! `ConstrainCores` with `DefMemPerGPU` and `DefCpuPerGPU`: without them one tenant's job can
-//! take every byte and core of a node that runs other tenants' jobs, and the node's own
-//! services with them.
+//! `ConstrainCores` with `DefMemPerGPU` and `DefCpuPerGPU`, and its tasks (processes and
+//! threads) counted, as systemd's `TasksMax=`: without them one tenant's job can take every
+//! byte, core or process id of a node that runs other tenants' jobs, and the node's own
+//! services with them (a fork bomb leaves the scheduler unable to start anything).
 //!
 //! A job gets the configured amount per GPU it holds (a part of a GPU gets that part). Memory
 //! is a hard limit without swap beyond it: past it the kernel's OOM killer ends processes of
 //! that job only (under v2 all of them, `memory.oom.group`), and the job ends as failed, out
 //! of memory. CPU is a bandwidth quota (CFS): the job's processes together get that many CPUs'
-//! time in every period, however many threads they run.
+//! time in every period, however many threads they run. Tasks are a count per job, not per
+//! GPU: past it `fork` and `clone` fail in that job.
 //!
 //! Where: the cgroup v2 `memory` and `cpu` controllers when the hierarchy that tracks jobs has
 //! them, else the v1 `memory` and `cpu` controllers (a hybrid host binds them to v1, as this
@@ -73,12 +75,13 @@ impl fmt::Display for CpuCount {
     }
 }
 
-/// What each job may use per GPU it holds (`--job-memory-per-gpu`, `--job-cpus-per-gpu`);
-/// nothing is limited where `None`.
+/// What each job may use per GPU it holds (`--job-memory-per-gpu`, `--job-cpus-per-gpu`), and
+/// how many tasks it may run at once (`--job-tasks-max`); nothing is limited where `None`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct JobLimits {
     pub memory_per_gpu: Option<ByteSize>,
     pub cpus_per_gpu: Option<CpuCount>,
+    pub tasks_max: Option<u32>,
 }
 
 /// One job's limits.
@@ -87,11 +90,12 @@ pub struct Limits {
     pub memory_bytes: Option<u64>,
     /// Microseconds of CPU time per [`CPU_PERIOD_US`].
     pub cpu_quota_us: Option<u64>,
+    pub tasks_max: Option<u32>,
 }
 
 impl JobLimits {
     pub fn is_empty(&self) -> bool {
-        self.memory_per_gpu.is_none() && self.cpus_per_gpu.is_none()
+        self.memory_per_gpu.is_none() && self.cpus_per_gpu.is_none() && self.tasks_max.is_none()
     }
 
     /// The limits of a job holding `gpus` GPUs, or `share` of one.
@@ -109,6 +113,7 @@ impl JobLimits {
             cpu_quota_us: self
                 .cpus_per_gpu
                 .map(|c| part(c.milli * CPU_PERIOD_US / 1000)),
+            tasks_max: self.tasks_max,
         }
     }
 }
@@ -122,11 +127,12 @@ pub(super) enum Place {
     V1(PathBuf),
 }
 
-/// Where a job's memory and CPU are limited: `None` for what is not limited.
+/// Where a job's memory, CPU and tasks are limited: `None` for what is not limited.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(super) struct Enforcement {
     pub(super) memory: Option<Place>,
     pub(super) cpu: Option<Place>,
+    pub(super) tasks: Option<Place>,
 }
 
 impl Enforcement {
@@ -160,6 +166,7 @@ impl Enforcement {
         Ok(Enforcement {
             memory: place(limits.memory_per_gpu.is_some(), "memory")?,
             cpu: place(limits.cpus_per_gpu.is_some(), "cpu")?,
+            tasks: place(limits.tasks_max.is_some(), "pids")?,
         })
     }
 
@@ -199,6 +206,13 @@ impl Enforcement {
                 }
             }
         }
+        if let (Some(place), Some(tasks)) = (&self.tasks, limits.tasks_max) {
+            let dir = job_dir(place, job, v2_dir)?;
+            fs::write(dir.join("pids.max"), tasks.to_string())?;
+            if let Place::V1(_) = place {
+                super::move_into(&dir, pid)?;
+            }
+        }
         Ok(())
     }
 
@@ -229,7 +243,7 @@ impl Enforcement {
 
     /// The job's v1 cgroups of these controllers (to remove them).
     pub(super) fn v1_dirs(&self, job: &JobId) -> Vec<PathBuf> {
-        [&self.memory, &self.cpu]
+        [&self.memory, &self.cpu, &self.tasks]
             .into_iter()
             .filter_map(|place| match place {
                 Some(Place::V1(parent)) => Some(parent.join(job.as_str())),
@@ -338,8 +352,10 @@ mod tests {
         let limits = JobLimits {
             memory_per_gpu: Some(ByteSize(8 << 30)),
             cpus_per_gpu: Some("2.5".parse().unwrap()),
+            tasks_max: Some(512),
         };
         let two = limits.for_job(2, None);
+        assert_eq!(two.tasks_max, Some(512), "tasks are per job, not per GPU");
         assert_eq!(two.memory_bytes, Some(16 << 30));
         assert_eq!(two.cpu_quota_us, Some(500_000));
         let quarter = limits.for_job(1, Some(GpuShare::Milli(250)));
@@ -362,10 +378,12 @@ mod tests {
         let limits = Limits {
             memory_bytes: Some(1 << 30),
             cpu_quota_us: Some(250_000),
+            tasks_max: Some(100),
         };
         let v2 = Enforcement {
             memory: Some(Place::V2),
             cpu: Some(Place::V2),
+            tasks: Some(Place::V2),
         };
         v2.apply(&job, Some(&v2_dir), limits, 42).unwrap();
         let read = |f: PathBuf| fs::read_to_string(f).unwrap();
@@ -373,6 +391,7 @@ mod tests {
         assert_eq!(read(v2_dir.join("memory.swap.max")), "0");
         assert_eq!(read(v2_dir.join("memory.oom.group")), "1");
         assert_eq!(read(v2_dir.join("cpu.max")), "250000 100000");
+        assert_eq!(read(v2_dir.join("pids.max")), "100");
         assert_eq!(
             read(v2_dir.join("cgroup.procs")),
             "",

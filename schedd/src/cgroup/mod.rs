@@ -158,15 +158,19 @@ impl JobCgroups {
         self.devices.as_ref().map_err(String::as_str)
     }
 
-    /// Where memory and CPU limits are held (`v2`, `v1`), each `None` when not limited.
-    pub fn limit_places(&self) -> (Option<&'static str>, Option<&'static str>) {
+    /// Where memory, CPU and task limits are held (`v2`, `v1`), each `None` when not limited.
+    pub fn limit_places(&self) -> [Option<&'static str>; 3] {
         let name = |place: &Option<limits::Place>| {
             place.as_ref().map(|p| match p {
                 limits::Place::V2 => "v2",
                 limits::Place::V1(_) => "v1",
             })
         };
-        (name(&self.enforcement.memory), name(&self.enforcement.cpu))
+        [
+            name(&self.enforcement.memory),
+            name(&self.enforcement.cpu),
+            name(&self.enforcement.tasks),
+        ]
     }
 
     /// The job's cgroup directory in the hierarchy that tracks it.
