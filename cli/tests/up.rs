@@ -136,8 +136,31 @@ fn listening(base: &str) -> bool {
 fn one_command_starts_a_live_stack_that_stops_on_sigterm_and_continues_when_started_again() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("stack");
+    // Closed to others, as `/root` is: the stack's jobs run as `nobody`, who may not pass it.
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
     let _jobs = gpuledger_testkit::KillJobsUnder::new(dir.path());
     let first = up(&state);
+    let jobs_dir = first
+        .text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("jobs' directories"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| panic!("no jobs' directories in\n{}", first.text));
+    assert!(
+        first.text.contains(&format!(
+            "(the accounts' users cannot pass {})",
+            std::fs::canonicalize(dir.path()).unwrap().display()
+        )),
+        "{}",
+        first.text
+    );
+    let _jobs_elsewhere = gpuledger_testkit::KillJobsUnder::new(&jobs_dir);
+    let _remove_jobs_dir = RemoveOnDrop(jobs_dir.clone());
     let token = first
         .text
         .lines()
@@ -193,10 +216,25 @@ fn one_command_starts_a_live_stack_that_stops_on_sigterm_and_continues_when_star
 
     // The workload's jobs run on the stack's GPUs, and the exporters label them.
     let scheduler = first.base("scheduler ");
+    let mut running = Value::Null;
     wait_for("a workload job to run", 90, || {
         let (code, body) = get(&format!("{scheduler}/api/v1/queue"), &token);
-        code == 200 && body.contains("\"state\":\"running\"")
+        let queue: Value = serde_json::from_str(&body).unwrap_or_default();
+        let first_running = queue["jobs"].as_array().and_then(|jobs| {
+            jobs.iter()
+                .find(|j| j["state"] == "running" && j["pid"].is_u64())
+                .cloned()
+        });
+        running = first_running.unwrap_or_default();
+        code == 200 && !running.is_null()
     });
+    // It runs in its directory under the jobs' directory the stack chose.
+    let cwd = std::fs::read_link(format!("/proc/{}/cwd", running["pid"])).unwrap();
+    assert_eq!(
+        cwd,
+        jobs_dir.join(running["id"].as_str().unwrap()),
+        "{running}"
+    );
     let prometheus_token = std::fs::read_to_string(state.join("secrets/prometheus")).unwrap();
     wait_for("an exporter to label a GPU with a job", 60, || {
         ["exporter gpu001", "exporter gpu002", "exporter gpu003"]
@@ -253,4 +291,13 @@ fn one_command_starts_a_live_stack_that_stops_on_sigterm_and_continues_when_star
         String::from_utf8_lossy(&out.stderr)
     );
     stop(second);
+}
+
+/// Removes a directory outside the test's own when the test ends, however it ends.
+struct RemoveOnDrop(std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }

@@ -10,6 +10,9 @@
 //! STATE/logs/NAME.log     each service's output
 //! STATE/up.lock           held while the stack runs: one stack per directory
 //! ```
+//!
+//! The jobs' directories are the scheduler's, under `STATE/data/`, unless [`crate::jobs_dir`]
+//! puts them elsewhere.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -35,6 +38,7 @@ pub struct Layout {
     first_start: bool,
     /// The operator's token, when this start issued it (it is never written down).
     operator_token: Option<String>,
+    jobs_dir: Option<crate::jobs_dir::JobsDir>,
     _lock: nix::fcntl::Flock<File>,
 }
 
@@ -135,11 +139,17 @@ impl Layout {
                 model: n.gpu_model,
             })
             .collect();
+        let jobs_dir = crate::jobs_dir::choose(
+            &root,
+            options.jobs_dir.as_deref(),
+            nix::unistd::geteuid().is_root(),
+        )?;
         let mut layout = Layout {
             root,
             nodes,
             first_start,
             operator_token: None,
+            jobs_dir,
             _lock: lock,
         };
         layout.issue_missing_tokens()?;
@@ -208,6 +218,10 @@ impl Layout {
     }
     pub fn data(&self) -> PathBuf {
         self.root.join("data")
+    }
+    /// Where the jobs' directories go, when not the scheduler's default.
+    pub fn jobs_dir(&self) -> Option<&crate::jobs_dir::JobsDir> {
+        self.jobs_dir.as_ref()
     }
     pub fn logs(&self) -> PathBuf {
         self.root.join("logs")

@@ -7,10 +7,12 @@
 //! and tokens.
 //!
 //! - [`layout`]: the state directory, the stack's cluster config and its tokens;
+//! - [`jobs_dir`]: where its jobs' directories go when their users cannot reach it;
 //! - [`processes`]: starting a service, learning its address, stopping them all;
 //! - [`prometheus`]: the scrape configuration and Prometheus itself;
 //! - [`workload`]: jobs submitted while the stack runs.
 
+pub mod jobs_dir;
 pub mod layout;
 pub mod processes;
 pub mod prometheus;
@@ -76,6 +78,11 @@ pub struct UpOptions {
     /// Submit no jobs.
     #[arg(long)]
     pub no_workload: bool,
+    /// Where the jobs' directories go (default: under the state directory, or, when the stack
+    /// runs as root and its jobs' users cannot pass a directory above it, as under `/root`, a
+    /// directory of its own under `/var/tmp`).
+    #[arg(long)]
+    pub jobs_dir: Option<PathBuf>,
 }
 
 /// The ports of the stack's services (0: the service picks one and says which).
@@ -158,6 +165,7 @@ fn start_and_watch(
     let config = processes::arg(&layout.config_path());
     let tokens = processes::arg(&layout.tokens_path());
     let data = processes::arg(&layout.data());
+    let jobs_dir = layout.jobs_dir().map(|j| processes::arg(&j.path));
     let aggregator = services.start(Service::new("aggregator", exe).args([
         "aggregator",
         "--listen",
@@ -171,22 +179,28 @@ fn start_and_watch(
         "--flush-interval",
         "10s",
     ]))?;
-    let scheduler = services.start(Service::new("scheduler", exe).args([
-        "scheduler",
-        "serve",
-        "--listen",
-        &listen(ports.scheduler),
-        "--data-dir",
-        &data,
-        "--config",
-        &config,
-        "--tokens",
-        &tokens,
-        "--aggregator",
-        &aggregator,
-        "--aggregator-token-file",
-        &processes::arg(&layout.secret("scheduler")),
-    ]))?;
+    let scheduler = services.start(
+        Service::new("scheduler", exe).args(
+            [
+                "scheduler",
+                "serve",
+                "--listen",
+                &listen(ports.scheduler),
+                "--data-dir",
+                &data,
+                "--config",
+                &config,
+                "--tokens",
+                &tokens,
+                "--aggregator",
+                &aggregator,
+                "--aggregator-token-file",
+                &processes::arg(&layout.secret("scheduler")),
+            ]
+            .into_iter()
+            .chain(jobs_dir.iter().flat_map(|dir| ["--jobs-dir", dir.as_str()])),
+        ),
+    )?;
     let mut exporters = Vec::new();
     for (i, node) in layout.nodes().iter().enumerate() {
         let url = services.start(Service::new(&format!("exporter {}", node.name), exe).args([
@@ -279,6 +293,18 @@ fn print_urls(
     lines.push(format!(
         "  scheduler CLI      GPULEDGER_TOKEN=<token> gpuledger scheduler queue --url {scheduler}"
     ));
+    match layout.jobs_dir() {
+        Some(jobs_dir::JobsDir {
+            path,
+            closed: Some(closed),
+        }) => lines.push(format!(
+            "  jobs' directories  {} (the accounts' users cannot pass {})",
+            path.display(),
+            closed.display()
+        )),
+        Some(jobs) => lines.push(format!("  jobs' directories  {}", jobs.path.display())),
+        None => {}
+    }
     lines.push(format!(
         "  logs in {}; Ctrl-C stops everything",
         layout.logs().display()
