@@ -22,6 +22,7 @@ use gpuledger_model::{GpuShare, JobId};
 use crate::cgroup::{CgroupMode, JobCgroups, JobLimits};
 pub use crate::job_files::JobUser;
 use crate::job_files::{self, Writing};
+use crate::job_tmp::{self, JobTmp};
 
 /// What a job needs to start.
 #[derive(Clone, Debug)]
@@ -139,6 +140,8 @@ pub struct ExecutorOptions {
     pub unkillable_after: Duration,
     /// Memory and CPU each job may use per GPU it holds; needs cgroups.
     pub limits: JobLimits,
+    /// Whether jobs get a `/tmp` and `/dev/shm` of their own.
+    pub tmp: JobTmp,
 }
 
 impl Default for ExecutorOptions {
@@ -148,6 +151,7 @@ impl Default for ExecutorOptions {
             device_dir: PathBuf::from("/dev"),
             unkillable_after: Duration::from_secs(60),
             limits: JobLimits::default(),
+            tmp: JobTmp::Auto,
         }
     }
 }
@@ -161,6 +165,8 @@ pub struct LocalExecutor {
     cgroups: Option<JobCgroups>,
     unkillable_after: Duration,
     limits: JobLimits,
+    /// Whether each job gets its own `/tmp` and `/dev/shm`, or why not.
+    private_tmp: job_tmp::Decision,
 }
 
 /// Waits for the command and records its status; see the module docs.
@@ -208,7 +214,7 @@ impl LocalExecutor {
         let limited = !options.limits.is_empty();
         if limited && options.cgroups == CgroupMode::Off {
             return Err(std::io::Error::other(
-                "memory and CPU limits per job need job cgroups, and --cgroup is off",
+                "--cgroup: off, and limits per job (--job-memory-per-gpu, --job-cpus-per-gpu, --job-tasks-max) need job cgroups",
             ));
         }
         let cgroups = match JobCgroups::for_executor(
@@ -229,6 +235,14 @@ impl LocalExecutor {
                 ))
             }
         };
+        let private_tmp = job_tmp::decide(options.tmp, &key)?;
+        match &private_tmp {
+            Ok(()) => tracing::info!("each job gets a /tmp and /dev/shm of its own"),
+            Err(why) if nix::unistd::geteuid().is_root() => {
+                tracing::warn!(%why, "jobs share this host's /tmp and /dev/shm: one tenant's job can read or replace what another's leaves there");
+            }
+            Err(why) => tracing::info!(%why, "jobs share this host's /tmp and /dev/shm"),
+        }
         match &cgroups {
             Some(c) => {
                 let [memory, cpu, tasks] = c.limit_places();
@@ -257,6 +271,7 @@ impl LocalExecutor {
             cgroups,
             unkillable_after: options.unkillable_after,
             limits: options.limits,
+            private_tmp,
         })
     }
 
@@ -413,9 +428,14 @@ impl Executor for LocalExecutor {
             .stdout(stdout)
             .stderr(stderr)
             .process_group(0);
-        if let Some(user) = job.user {
+        match (&self.private_tmp, job.user) {
+            // It becomes its user once its own /tmp is mounted.
+            (Ok(()), user) => job_tmp::confine(&mut command, &tmp, user)?,
             // std drops root's supplementary groups when it changes the user.
-            command.uid(user.uid).gid(user.gid);
+            (Err(_), Some(user)) => {
+                command.uid(user.uid).gid(user.gid);
+            }
+            (Err(_), None) => {}
         }
         let mut child = command
             .spawn()
@@ -1196,6 +1216,71 @@ mod tests {
             ..ExecutorOptions::default()
         };
         let error = LocalExecutor::with_options(dir.path(), options).unwrap_err();
-        assert!(error.to_string().contains("--cgroup is off"), "{error}");
+        assert!(
+            error
+                .to_string()
+                .contains("--cgroup: off, and limits per job"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_job_has_a_tmp_and_dev_shm_of_its_own() {
+        // Not below /tmp, which the jobs' own would hide.
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        let options = ExecutorOptions {
+            tmp: JobTmp::Private,
+            ..ExecutorOptions::default()
+        };
+        let mut ex = LocalExecutor::with_options(dir.path(), options).unwrap();
+        let mark = format!("gpuledger-tmp-test-{}", std::process::id());
+        let mounts = || {
+            std::fs::read_to_string("/proc/self/mountinfo")
+                .unwrap()
+                .lines()
+                .filter(|l| l.contains(" /tmp ") || l.contains(" /dev/shm "))
+                .count()
+        };
+        let host_mounts = mounts();
+        std::fs::write(format!("/tmp/{mark}-host"), "the host's").unwrap();
+        let mut writer = launch(
+            "writer",
+            &format!("id -u; echo mine > /tmp/{mark} && echo shm > /dev/shm/{mark} && ls -A /tmp /dev/shm"),
+        );
+        writer.user = Some(JobUser {
+            uid: 65534,
+            gid: 65534,
+        });
+        ex.launch(&writer).unwrap();
+        let done = wait_exit(&mut ex, Duration::from_secs(10));
+        assert_eq!(
+            done,
+            vec![(JobId::new("writer").unwrap(), ExitStatus::Code(0))]
+        );
+        ex.launch(&launch("reader", "ls -A /tmp /dev/shm; cat /tmp/*"))
+            .unwrap();
+        let done = wait_exit(&mut ex, Duration::from_secs(10));
+        let _ = std::fs::remove_file(format!("/tmp/{mark}-host"));
+        assert_eq!(
+            done,
+            vec![(JobId::new("reader").unwrap(), ExitStatus::Code(1))]
+        );
+        let out = |id: &str| std::fs::read_to_string(dir.path().join(id).join("stdout")).unwrap();
+        // Its user, and only its own files in either.
+        assert_eq!(
+            out("writer"),
+            format!("65534\n/dev/shm:\n{mark}\n\n/tmp:\n{mark}\n")
+        );
+        assert_eq!(
+            out("reader"),
+            "/dev/shm:\n\n/tmp:\n",
+            "nothing of the other job's"
+        );
+        // Its /tmp is its directory's tmp; nothing reached the host's, and no mount stayed.
+        let kept = std::fs::read_to_string(dir.path().join("writer/tmp").join(&mark)).unwrap();
+        assert_eq!(kept, "mine\n");
+        assert!(!Path::new("/tmp").join(&mark).exists());
+        assert!(!Path::new("/dev/shm").join(&mark).exists());
+        assert_eq!(mounts(), host_mounts);
     }
 }

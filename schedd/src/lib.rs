@@ -25,6 +25,7 @@ pub mod executor;
 mod feeds;
 pub mod http;
 mod job_files;
+pub mod job_tmp;
 mod jobs;
 mod journal;
 mod metrics;

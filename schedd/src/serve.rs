@@ -72,6 +72,11 @@ pub struct ServeOptions {
     /// Unlimited when not given.
     #[arg(long, env = "GPULEDGER_JOB_TASKS_MAX", value_parser = clap::value_parser!(u32).range(1..))]
     pub job_tasks_max: Option<u32>,
+    /// Whether each job gets a `/tmp` and `/dev/shm` of its own (a mount namespace, as Slurm's
+    /// job_container/tmpfs): `auto` (where the host allows, else shared with a warning),
+    /// `private` (refuse to start without), `shared`.
+    #[arg(long, value_enum, env = "GPULEDGER_JOB_TMP", default_value = "auto")]
+    pub job_tmp: crate::job_tmp::JobTmp,
     // With a token file, tenants submit and see their own jobs, nodes read their own GPUs of
     // the allocation feed, operators do the rest.
     #[command(flatten)]
@@ -167,20 +172,17 @@ pub fn run(options: ServeOptions, cluster: ClusterConfig) -> Result<()> {
                 cpus_per_gpu: options.job_cpus_per_gpu,
                 tasks_max: options.job_tasks_max,
             },
+            tmp: options.job_tmp,
             ..ExecutorOptions::default()
         },
     )
     .map_err(|e| {
-        let field = if options.job_memory_per_gpu.is_some() {
-            "--job-memory-per-gpu"
-        } else if options.job_cpus_per_gpu.is_some() {
-            "--job-cpus-per-gpu"
-        } else if options.job_tasks_max.is_some() {
-            "--job-tasks-max"
-        } else {
-            "--cgroup"
-        };
-        invalid(field, e)
+        // The executor's errors about a limit or /tmp start with the flag they are about.
+        let message = e.to_string();
+        match message.split_once(": ") {
+            Some((flag, rest)) if flag.starts_with("--") => invalid(flag, rest),
+            _ => invalid("--cgroup", message),
+        }
     })?;
     let executor = Box::new(executor);
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);

@@ -144,7 +144,7 @@ impl Enforcement {
         v2_parent: Option<&Path>,
         name: &str,
     ) -> io::Result<Self> {
-        let place = |wanted: bool, controller: &str| -> io::Result<Option<Place>> {
+        let place = |wanted: bool, controller: &str, flag: &str| -> io::Result<Option<Place>> {
             if !wanted {
                 return Ok(None);
             }
@@ -159,14 +159,20 @@ impl Enforcement {
                 Ok(parent) => Ok(Some(Place::V1(parent))),
                 Err(v1_error) => Err(io::Error::new(
                     v1_error.kind(),
-                    format!("the `{controller}` controller: {v2_error}cgroup v1: {v1_error}"),
+                    format!(
+                        "{flag}: no `{controller}` controller to hold it: {v2_error}cgroup v1: {v1_error}"
+                    ),
                 )),
             }
         };
         Ok(Enforcement {
-            memory: place(limits.memory_per_gpu.is_some(), "memory")?,
-            cpu: place(limits.cpus_per_gpu.is_some(), "cpu")?,
-            tasks: place(limits.tasks_max.is_some(), "pids")?,
+            memory: place(
+                limits.memory_per_gpu.is_some(),
+                "memory",
+                "--job-memory-per-gpu",
+            )?,
+            cpu: place(limits.cpus_per_gpu.is_some(), "cpu", "--job-cpus-per-gpu")?,
+            tasks: place(limits.tasks_max.is_some(), "pids", "--job-tasks-max")?,
         })
     }
 
