@@ -61,6 +61,12 @@ fn systemd_units_pass_accepted_arguments() {
         unit.contains("\nDelegate=yes\n"),
         "the scheduler makes a cgroup per job below its own"
     );
+    for hiding in ["ProtectHome=", "ProtectSystem=", "PrivateTmp="] {
+        assert!(
+            !unit.lines().any(|l| l.starts_with(hiding)),
+            "jobs start in the scheduler's mount namespace: its {hiding} would be theirs"
+        );
+    }
 }
 
 #[test]
