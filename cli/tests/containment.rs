@@ -3,8 +3,9 @@
 //! tenant's job, run as its account's user, tries to read the token file, the state file and
 //! another job's directory, to signal another tenant's job, to move itself out of its cgroup and
 //! to read the service's environment; another escapes with `setsid` and a double fork and
-//! ignores SIGTERM past its grace. Every attempt fails, and the job's end (time, outcome, the
-//! aggregator's events) is exact.
+//! ignores SIGTERM past its grace; one reads what the other left in `/tmp` and `/dev/shm`, and
+//! forks without end. Every attempt fails, and the job's end (time, outcome, the aggregator's
+//! events) is exact.
 
 mod common;
 
@@ -68,7 +69,8 @@ fn running(pid: &str) -> bool {
 
 #[test]
 fn tenants_jobs_reach_nothing_of_the_service_or_each_other_and_none_outlives_its_stop() {
-    let dir = tempfile::tempdir().unwrap();
+    // Not below /tmp, which each job's own /tmp would hide (as an operator's /var/lib is not).
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
     let _jobs = gpuledger_testkit::KillJobsUnder::new(dir.path());
     // As an operator's /var/lib: passable by the jobs' users, listable by none of them.
     use std::os::unix::fs::PermissionsExt;
@@ -109,6 +111,10 @@ fn tenants_jobs_reach_nothing_of_the_service_or_each_other_and_none_outlives_its
             "127.0.0.1:0",
             "--cycle",
             "100ms",
+            "--job-tmp",
+            "private",
+            "--job-tasks-max",
+            "64",
         ])
         .args(["--data-dir", data.to_str().unwrap()])
         .args(["--config", config.to_str().unwrap()])
@@ -124,8 +130,8 @@ fn tenants_jobs_reach_nothing_of_the_service_or_each_other_and_none_outlives_its
 
     // team-a's job ignores SIGTERM, and leaves a daemon that does too (setsid and a double
     // fork: outside its process group and session, its parent gone).
-    let stubborn =
-        "(setsid sh -c 'trap \"\" TERM; echo $$ > daemon; while :; do sleep 0.1; done' &); \
+    let stubborn = "echo team-a > /tmp/secret; echo team-a > /dev/shm/secret; \
+        (setsid sh -c 'trap \"\" TERM; echo $$ > daemon; while :; do sleep 0.1; done' &); \
         trap '' TERM; echo $$ > pid; while :; do sleep 0.1; done";
     let submitted = as_tenant(
         &a,
@@ -164,7 +170,9 @@ fn tenants_jobs_reach_nothing_of_the_service_or_each_other_and_none_outlives_its
         for root in /sys/fs/cgroup /sys/fs/cgroup/unified /sys/fs/cgroup/freezer; do \
           echo $$ > $root/cgroup.procs 2>/dev/null && echo LEFT-CGROUP; done; \
         env | grep -E '^(CREDENTIALS_DIRECTORY|GPULEDGER_TOKEN|GPULEDGER_AGGREGATOR_TOKEN)' && echo SAW-SECRETS; \
-        echo done";
+        cat /tmp/secret /dev/shm/secret 2>/dev/null && echo READ-OTHER-TMP; \
+        echo done; \
+        (for i in $(seq 200); do sleep 1 & done; echo FORKED-ALL) 2>/dev/null; true";
     let submitted = as_tenant(
         &b,
         &[
@@ -196,6 +204,12 @@ fn tenants_jobs_reach_nothing_of_the_service_or_each_other_and_none_outlives_its
     let out = std::fs::read_to_string(jobs.join("team-b.1/stdout")).unwrap();
     assert_eq!(out, "65534\ndone\n", "what team-b's job reached");
     assert!(!data.join("scheduler/planted").exists());
+    for host in ["/tmp/secret", "/dev/shm/secret"] {
+        assert!(
+            std::fs::read_to_string(host).map_or(true, |t| t != "team-a\n"),
+            "team-a's {host} is its own, not the host's"
+        );
+    }
     assert!(
         running(&victim) && running(&daemon),
         "team-a's job is untouched"

@@ -523,6 +523,7 @@ impl Executor for LocalExecutor {
         let mut out = Vec::with_capacity(done.len());
         for id in done {
             self.jobs.remove(&id);
+            job_files::discard_tmp(&self.job_dir(&id));
             let code = read_exit(&self.job_dir(&id));
             let status = match (out_of_memory.remove(&id), code) {
                 (Some(oom), code) => ExitStatus::OutOfMemory {
@@ -1025,7 +1026,7 @@ mod tests {
         );
         // Launched again, then resized.
         job.command =
-            "trap '' HUP; echo again; sleep 0.3; cat \"$GPULEDGER_ALLOCATION_FILE\"".into();
+            "trap '' HUP; echo again; stat -c '%u %F' tmp; sleep 0.3; cat \"$GPULEDGER_ALLOCATION_FILE\"".into();
         ex.launch(&job).unwrap();
         // Once its command is up (a resize comes minutes into a run).
         std::thread::sleep(Duration::from_millis(150));
@@ -1037,15 +1038,15 @@ mod tests {
             let meta = std::fs::metadata(victim).unwrap();
             assert_eq!((meta.uid(), meta.gid()), (0, 0), "{}", victim.display());
         }
-        // The job's own files are new plain files of its own.
-        for name in ["stdout", "stderr", "allocation", "tmp"] {
+        // The job's own files are new plain files of its own (its tmp was, while it ran).
+        for name in ["stdout", "stderr", "allocation"] {
             let meta = std::fs::symlink_metadata(job_dir.join(name)).unwrap();
             assert!(!meta.file_type().is_symlink(), "{name}");
             assert_eq!(meta.uid(), 65534, "{name}");
         }
         assert!(std::fs::read_to_string(job_dir.join("stdout"))
             .unwrap()
-            .starts_with("again\n"));
+            .starts_with("again\n65534 directory\n"));
         assert_eq!(
             std::fs::read_to_string(job_dir.join("allocation")).unwrap(),
             "n001:0-3\n"
@@ -1245,7 +1246,7 @@ mod tests {
         std::fs::write(format!("/tmp/{mark}-host"), "the host's").unwrap();
         let mut writer = launch(
             "writer",
-            &format!("id -u; echo mine > /tmp/{mark} && echo shm > /dev/shm/{mark} && ls -A /tmp /dev/shm"),
+            &format!("id -u; echo mine > /tmp/{mark} && echo shm > /dev/shm/{mark} && ls -A /tmp /dev/shm && cat \"$TMPDIR/{mark}\""),
         );
         writer.user = Some(JobUser {
             uid: 65534,
@@ -1269,18 +1270,67 @@ mod tests {
         // Its user, and only its own files in either.
         assert_eq!(
             out("writer"),
-            format!("65534\n/dev/shm:\n{mark}\n\n/tmp:\n{mark}\n")
+            format!("65534\n/dev/shm:\n{mark}\n\n/tmp:\n{mark}\nmine\n")
         );
         assert_eq!(
             out("reader"),
             "/dev/shm:\n\n/tmp:\n",
             "nothing of the other job's"
         );
-        // Its /tmp is its directory's tmp; nothing reached the host's, and no mount stayed.
-        let kept = std::fs::read_to_string(dir.path().join("writer/tmp").join(&mark)).unwrap();
-        assert_eq!(kept, "mine\n");
+        // Its /tmp was its TMPDIR, thrown away as it ended; nothing reached the host's, and no
+        // mount stayed.
+        wait_until_tmp_discarded(&dir.path().join("writer"));
         assert!(!Path::new("/tmp").join(&mark).exists());
         assert!(!Path::new("/dev/shm").join(&mark).exists());
         assert_eq!(mounts(), host_mounts);
+    }
+
+    /// Waits (a while) until the job's `tmp` and whatever was set aside of it are gone.
+    fn wait_until_tmp_discarded(job_dir: &Path) {
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let left: Vec<String> = std::fs::read_dir(job_dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|name| name.starts_with("tmp") || name.starts_with(".tmp"))
+                .collect();
+            if left.is_empty() {
+                return;
+            }
+            assert!(Instant::now() < until, "left in {job_dir:?}: {left:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    #[test]
+    fn a_runs_tmp_is_thrown_away_when_it_ends_and_its_output_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ex = LocalExecutor::new(dir.path());
+        let job_dir = dir.path().join("scratch");
+        // What an earlier removal, cut short by a restart, left is removed too.
+        std::fs::create_dir_all(job_dir.join(".tmp-discarded-1/deep")).unwrap();
+        let outside = dir.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("keep"), "keep").unwrap();
+        let command = format!(
+            "mkdir -p $TMPDIR/a/b && head -c 100000 /dev/zero > $TMPDIR/a/b/big && ln -s {} $TMPDIR/link && echo done",
+            outside.display()
+        );
+        ex.launch(&launch("scratch", &command)).unwrap();
+        let done = wait_exit(&mut ex, Duration::from_secs(10));
+        assert_eq!(
+            done,
+            vec![(JobId::new("scratch").unwrap(), ExitStatus::Code(0))]
+        );
+        wait_until_tmp_discarded(&job_dir);
+        assert_eq!(
+            std::fs::read_to_string(job_dir.join("stdout")).unwrap(),
+            "done\n"
+        );
+        assert_eq!(
+            std::fs::read_to_string(outside.join("keep")).unwrap(),
+            "keep",
+            "a link in it is removed, not followed"
+        );
     }
 }

@@ -121,6 +121,41 @@ pub(crate) fn read_small(dir: &Path, name: &str) -> Option<String> {
     Some(text)
 }
 
+/// The prefix of a job's `tmp` set aside to be removed.
+const DISCARDED_TMP: &str = ".tmp-discarded-";
+
+/// Throws away the job's `tmp` (its `TMPDIR`, and its `/tmp` where it has its own) once its run
+/// is over, as Slurm's `job_container/tmpfs` does: what it left there would otherwise fill the
+/// jobs' filesystem run after run. Its output stays. The directory is renamed at once (the next
+/// run of a requeued job gets a new one) and removed on a thread of its own, with whatever an
+/// earlier removal (cut short by a restart) left; never following a link.
+pub(crate) fn discard_tmp(dir: &Path) {
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let aside = dir.join(format!("{DISCARDED_TMP}{stamp}"));
+    if fs::rename(dir.join("tmp"), &aside).is_err() {
+        return;
+    }
+    let dir = dir.to_owned();
+    std::thread::spawn(move || {
+        let Ok(entries) = fs::read_dir(&dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            if entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with(DISCARDED_TMP)
+            {
+                if let Err(error) = remove_entry(&entry.path()) {
+                    tracing::warn!(path = %entry.path().display(), %error, "a finished job's tmp could not be removed");
+                }
+            }
+        }
+    });
+}
+
 /// Whether an open file is a plain file that no other name links to.
 fn is_plain(file: &File) -> io::Result<bool> {
     let meta = file.metadata()?;
