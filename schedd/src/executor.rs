@@ -437,6 +437,14 @@ impl Executor for LocalExecutor {
             }
             (Err(_), None) => {}
         }
+        if let (Ok(()), Some(user)) = (&self.private_tmp, job.user) {
+            // Started as root (to mount its /tmp), it would get into its directory where its
+            // user cannot pass the way there, and its HOME and exit status would not.
+            if first_closed_to(&dir, user).is_some() {
+                let denied = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+                return Err(explain_spawn_error(denied, &dir, Some(user)));
+            }
+        }
         let mut child = command
             .spawn()
             .map_err(|e| explain_spawn_error(e, &dir, job.user))?;
@@ -966,23 +974,31 @@ mod tests {
     #[test]
     fn a_job_whose_user_cannot_reach_its_directory_is_told_which_directory_stops_it() {
         use std::os::unix::fs::PermissionsExt;
-        let dir = tempfile::tempdir().unwrap();
-        let closed = dir.path().join("closed");
-        std::fs::create_dir(&closed).unwrap();
-        std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
-        let mut ex = LocalExecutor::new(closed.join("jobs"));
-        let mut job = launch("far", "true");
-        job.user = Some(JobUser {
-            uid: 65534,
-            gid: 65534,
-        });
-        let error = ex.launch(&job).unwrap_err().to_string();
-        assert!(
-            error.contains(&format!("may not pass {} ", closed.display()))
-                && error.contains("--jobs-dir"),
-            "{error}"
-        );
+        // Below /tmp, jobs share its /tmp and are started as their user; elsewhere they get
+        // their own and are started as root, which reaches the directory their user cannot.
+        for (under, tmp) in [("/tmp", JobTmp::Shared), ("/var/tmp", JobTmp::Private)] {
+            let dir = tempfile::tempdir_in(under).unwrap();
+            let closed = dir.path().join("closed");
+            std::fs::create_dir(&closed).unwrap();
+            std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
+            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+            let options = ExecutorOptions {
+                tmp,
+                ..ExecutorOptions::default()
+            };
+            let mut ex = LocalExecutor::with_options(closed.join("jobs"), options).unwrap();
+            let mut job = launch("far", "true");
+            job.user = Some(JobUser {
+                uid: 65534,
+                gid: 65534,
+            });
+            let error = ex.launch(&job).unwrap_err().to_string();
+            assert!(
+                error.contains(&format!("may not pass {} ", closed.display()))
+                    && error.contains("--jobs-dir"),
+                "{tmp:?}: {error}"
+            );
+        }
     }
 
     #[test]
