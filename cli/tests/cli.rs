@@ -55,6 +55,83 @@ fn an_error_is_one_line_and_exit_status_1_even_with_backtraces_asked_for() {
     assert_eq!(gpuledger(&["no-such-command"]).status.code(), Some(2));
 }
 
+/// `gpuledger ARGS`, which must exit within 20 s (a service that took them would run on).
+fn refused_at_once(args: &[&str]) -> std::process::Output {
+    use std::io::Read;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuledger"))
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > until {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{args:?} was taken: the service runs");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let mut stderr = Vec::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_end(&mut stderr)
+        .unwrap();
+    std::process::Output {
+        status,
+        stdout: Vec::new(),
+        stderr,
+    }
+}
+
+#[test]
+fn job_limits_that_would_kill_every_job_are_refused_naming_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap();
+    for (flag, value, says) in [
+        (
+            "--job-memory-per-gpu",
+            "64",
+            "`64` is 64B per GPU; at least 16MiB",
+        ),
+        ("--job-memory-per-gpu", "64XB", "not a valid size"),
+        ("--job-cpus-per-gpu", "0.001", "at least 0.01 CPU per GPU"),
+        ("--job-cpus-per-gpu", "1e3", "is not a number of CPUs"),
+        ("--job-tasks-max", "3", "3 is not in 16.."),
+        ("--job-tmp", "tmpfs", "invalid value 'tmpfs'"),
+    ] {
+        let out = refused_at_once(&["scheduler", "serve", "--data-dir", data, flag, value]);
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(flag) && stderr.contains(says), "{stderr}");
+    }
+    // Limits with no cgroup to hold them: the scheduler does not start.
+    let out = refused_at_once(&[
+        "scheduler",
+        "serve",
+        "--data-dir",
+        data,
+        "--listen",
+        "127.0.0.1:0",
+        "--cgroup",
+        "off",
+        "--job-memory-per-gpu",
+        "1GiB",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--cgroup: off, and limits per job"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn logs_are_json_lines_when_asked_and_never_coloured_when_not_on_a_terminal() {
     use std::io::BufRead;

@@ -61,7 +61,7 @@ pub struct ServeOptions {
     /// Memory each job may use per GPU it holds (`64GiB`; a part of a GPU gets that part),
     /// without swap beyond it: past it the kernel ends the job's processes, not the node's
     /// others (Slurm's DefMemPerGPU with ConstrainRAMSpace). Unlimited when not given.
-    #[arg(long, env = "GPULEDGER_JOB_MEMORY_PER_GPU")]
+    #[arg(long, env = "GPULEDGER_JOB_MEMORY_PER_GPU", value_parser = crate::cgroup::parse_memory_per_gpu)]
     pub job_memory_per_gpu: Option<gpuledger_model::ByteSize>,
     /// CPUs' time each job may use per GPU it holds (`8`, `2.5`), however many threads it runs
     /// (a CFS quota, as Slurm's DefCpuPerGPU). Unlimited when not given.
@@ -70,7 +70,7 @@ pub struct ServeOptions {
     /// Processes and threads each job may run at once (`pids.max`, as systemd's TasksMax=):
     /// past it the job's `fork` fails, and a fork bomb takes no process id from the node.
     /// Unlimited when not given.
-    #[arg(long, env = "GPULEDGER_JOB_TASKS_MAX", value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, env = "GPULEDGER_JOB_TASKS_MAX", value_parser = clap::value_parser!(u32).range(crate::cgroup::MIN_TASKS as i64..))]
     pub job_tasks_max: Option<u32>,
     /// Whether each job gets a `/tmp` and `/dev/shm` of its own (a mount namespace, as Slurm's
     /// job_container/tmpfs): `auto` (where the host allows, else shared with a warning),

@@ -41,6 +41,14 @@ pub struct CpuCount {
 
 /// At most this many CPUs per GPU: more is a typo.
 const MAX_CPUS: u64 = 4096;
+/// At least a hundredth of a CPU per GPU: the kernel takes no quota under a millisecond a
+/// period, and a job with less could not start its shell in time.
+const MIN_CPU_MILLI: u64 = 10;
+/// At least this much memory per GPU: a size without its unit (`64` for `64GiB`) would kill
+/// every job as it starts.
+pub const MIN_MEMORY_PER_GPU: u64 = 16 << 20;
+/// At least this many tasks per job: its wrapper, its shell and a command.
+pub const MIN_TASKS: u32 = 16;
 
 impl FromStr for CpuCount {
     type Err = String;
@@ -57,8 +65,10 @@ impl FromStr for CpuCount {
             return Err(format!("`{text}`: at most {MAX_CPUS} CPUs"));
         }
         let milli = whole * 1000 + fraction;
-        if milli == 0 {
-            return Err(format!("`{text}`: a job needs some CPU time"));
+        if milli < MIN_CPU_MILLI {
+            return Err(format!(
+                "`{text}`: at least 0.01 CPU per GPU (a job needs some CPU time)"
+            ));
         }
         Ok(CpuCount { milli })
     }
@@ -73,6 +83,18 @@ impl fmt::Display for CpuCount {
             write!(f, "{}", format!("{whole}.{milli:03}").trim_end_matches('0'))
         }
     }
+}
+
+/// `--job-memory-per-gpu`: a size of at least [`MIN_MEMORY_PER_GPU`].
+pub fn parse_memory_per_gpu(text: &str) -> Result<ByteSize, String> {
+    let size: ByteSize = text.parse().map_err(|e| format!("{e}"))?;
+    if size.0 < MIN_MEMORY_PER_GPU {
+        return Err(format!(
+            "`{text}` is {size} per GPU; at least {} (write the unit: `64GiB`)",
+            ByteSize(MIN_MEMORY_PER_GPU)
+        ));
+    }
+    Ok(size)
 }
 
 /// What each job may use per GPU it holds (`--job-memory-per-gpu`, `--job-cpus-per-gpu`), and
@@ -110,9 +132,10 @@ impl JobLimits {
         };
         Limits {
             memory_bytes: self.memory_per_gpu.map(|m| part(m.0)),
+            // A part of a GPU gets its part, never under the kernel's least quota (1 ms).
             cpu_quota_us: self
                 .cpus_per_gpu
-                .map(|c| part(c.milli * CPU_PERIOD_US / 1000)),
+                .map(|c| part(c.milli * CPU_PERIOD_US / 1000).max(1000)),
             tasks_max: self.tasks_max,
         }
     }
@@ -348,7 +371,9 @@ mod tests {
             assert_eq!(cpus.milli, milli);
             assert_eq!(cpus.to_string(), back);
         }
-        for wrong in ["", "0", "0.000", "-1", "1.2345", "1e3", "4097", ".5", "two"] {
+        for wrong in [
+            "", "0", "0.000", "0.009", "-1", "1.2345", "1e3", "4097", ".5", "two",
+        ] {
             assert!(wrong.parse::<CpuCount>().is_err(), "{wrong:?} was taken");
         }
     }
@@ -370,6 +395,20 @@ mod tests {
         let slice = limits.for_job(1, Some(GpuShare::Mig(1)));
         assert_eq!(slice.memory_bytes, Some((8u64 << 30) / 7));
         assert_eq!(JobLimits::default().for_job(4, None), Limits::default());
+        let least = JobLimits {
+            cpus_per_gpu: Some("0.01".parse().unwrap()),
+            ..JobLimits::default()
+        };
+        assert_eq!(
+            least.for_job(1, Some(GpuShare::Mig(1))).cpu_quota_us,
+            Some(1000),
+            "never under the kernel's least quota"
+        );
+        assert_eq!(parse_memory_per_gpu("64GiB").unwrap(), ByteSize(64 << 30));
+        for typo in ["64", "1MiB", "0"] {
+            let refused = parse_memory_per_gpu(typo).unwrap_err();
+            assert!(refused.contains("at least 16MiB"), "{refused}");
+        }
     }
 
     #[test]

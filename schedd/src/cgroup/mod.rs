@@ -38,7 +38,7 @@ use nix::sys::signal::Signal;
 use gpuledger_model::JobId;
 
 pub use devices::{gpu_devices, GpuDevice};
-pub use limits::{CpuCount, JobLimits, Limits, OutOfMemory};
+pub use limits::{parse_memory_per_gpu, CpuCount, JobLimits, Limits, OutOfMemory, MIN_TASKS};
 
 /// Which cgroup hierarchy tracks jobs (`--cgroup`).
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
