@@ -19,7 +19,7 @@ use nix::unistd::Pid;
 
 use gpuledger_model::{GpuShare, JobId};
 
-use crate::cgroup::{CgroupMode, JobCgroups, JobLimits};
+use crate::cgroup::{CgroupMode, JobCgroups, JobLimits, JobUsage};
 pub use crate::job_files::JobUser;
 use crate::job_files::{self, Writing};
 use crate::job_tmp::{self, JobTmp};
@@ -102,6 +102,11 @@ pub trait Executor: Send + std::fmt::Debug {
     fn end_leftovers(&mut self, _job_id: &JobId) -> usize {
         0
     }
+    /// What the run of `job_id` that [`Executor::reap`] last reported used (CPU time, peak
+    /// memory), where it was counted; asked once, after `reap`.
+    fn take_usage(&mut self, _job_id: &JobId) -> Option<JobUsage> {
+        None
+    }
     /// Tells a running elastic job its new allocation: the `allocation` file of its launch
     /// (`GPULEDGER_ALLOCATION_FILE`) is rewritten, then it gets SIGHUP.
     fn resized(&mut self, job_id: &JobId, _allocation: &str) -> std::io::Result<()> {
@@ -167,6 +172,8 @@ pub struct LocalExecutor {
     limits: JobLimits,
     /// Whether each job gets its own `/tmp` and `/dev/shm`, or why not.
     private_tmp: job_tmp::Decision,
+    /// What each run `reap` reported used, until the service takes it.
+    usage: HashMap<JobId, JobUsage>,
 }
 
 /// Waits for the command and records its status; see the module docs.
@@ -272,6 +279,7 @@ impl LocalExecutor {
             unkillable_after: options.unkillable_after,
             limits: options.limits,
             private_tmp,
+            usage: HashMap::new(),
         })
     }
 
@@ -518,6 +526,7 @@ impl Executor for LocalExecutor {
                 if let Some(oom) = cgroups.out_of_memory(id) {
                     out_of_memory.insert(id.clone(), oom);
                 }
+                self.usage.insert(id.clone(), cgroups.usage(id));
                 cgroups.remove(id);
             } else if group_alive(w.pid) {
                 // The wrapper is gone; the group may still hold the command (it outlived a
@@ -545,6 +554,10 @@ impl Executor for LocalExecutor {
             out.push((id, status));
         }
         out
+    }
+
+    fn take_usage(&mut self, job_id: &JobId) -> Option<JobUsage> {
+        self.usage.remove(job_id)
     }
 
     fn end_leftovers(&mut self, job_id: &JobId) -> usize {
@@ -1182,6 +1195,26 @@ mod tests {
                 ],
                 "{mode:?}"
             );
+            // What each used: the hog's memory up to its limit; the spinner's CPU time, where
+            // jobs are tracked in v2 (cpu.stat counts it in every v2 cgroup).
+            let hog = ex.take_usage(&id("hog")).unwrap();
+            let peak = hog.peak_memory_bytes.unwrap();
+            assert!(
+                ((32 << 20)..=(64 << 20)).contains(&peak),
+                "{mode:?}: {peak}"
+            );
+            assert_eq!(ex.take_usage(&id("hog")), None, "taken once");
+            let spun = ex.take_usage(&id("spin")).unwrap().cpu_time_us;
+            match mode {
+                CgroupMode::V2 => {
+                    let us = spun.unwrap();
+                    assert!(
+                        (100_000..=400_000).contains(&us),
+                        "{us} µs in a second at 0.2 CPU"
+                    );
+                }
+                _ => assert_eq!(spun, None),
+            }
             let out =
                 |id: &str| std::fs::read_to_string(dir.path().join(id).join("stdout")).unwrap();
             let hog_out = out("hog");

@@ -87,9 +87,13 @@ impl Inner {
 
     pub(crate) fn reap(&mut self, now: UnixSeconds) {
         for (id, status) in self.executor.reap() {
-            let Some(info) = self.state.jobs.get(&id).cloned() else {
+            let usage = self.executor.take_usage(&id).unwrap_or_default();
+            let Some(info) = self.state.jobs.get_mut(&id) else {
                 continue;
             };
+            info.cpu_time_ms = usage.cpu_time_us.map(|us| us / 1000);
+            info.peak_memory_bytes = usage.peak_memory_bytes;
+            let info = info.clone();
             let code = match status {
                 ExitStatus::Code(c) => Some(c),
                 ExitStatus::Killed => Some(137),

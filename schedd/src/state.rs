@@ -234,6 +234,14 @@ pub struct JobInfo {
     /// GPUs stay held and its nodes drained until they are gone.
     #[serde(default)]
     pub unkillable_s: Option<UnixSeconds>,
+    /// Its last run's CPU time, all its processes together, in milliseconds (Slurm's
+    /// `TotalCPU`), where its cgroup counts it.
+    #[serde(default)]
+    pub cpu_time_ms: Option<u64>,
+    /// Its last run's peak memory, in bytes (its cgroup's high-water mark, page cache
+    /// included: what its memory limit is held against), where memory is limited.
+    #[serde(default)]
+    pub peak_memory_bytes: Option<u64>,
 }
 
 impl JobInfo {
@@ -259,6 +267,8 @@ impl JobInfo {
             kill_s: None,
             stopping: None,
             unkillable_s: None,
+            cpu_time_ms: None,
+            peak_memory_bytes: None,
         }
     }
 }

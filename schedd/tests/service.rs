@@ -946,6 +946,10 @@ async fn a_job_past_its_memory_limit_ends_failed_out_of_memory_and_the_others_ru
         JobState::Completed,
         "20 MB fit in 48 MiB"
     );
+    // Its peak memory, at the limit, for its owner to size the next run by.
+    let peak = hog["peak_memory_bytes"].as_u64().unwrap();
+    assert!(((40 << 20)..=(48 << 20)).contains(&peak), "{hog}");
+    assert!(hog["cpu_time_ms"].as_u64().is_some(), "{hog}");
     let metrics = s.metrics();
     assert!(
         metrics.contains("gpuledger_scheduler_jobs_out_of_memory_total 1\n"),

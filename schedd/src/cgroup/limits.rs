@@ -258,16 +258,23 @@ impl Enforcement {
                 )
             }
         };
-        let kills = fs::read_to_string(events)
-            .ok()?
-            .lines()
-            .find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse::<u64>().ok())?;
+        let kills = super::read_field(&events, "oom_kill")?;
         (kills > 0).then(|| OutOfMemory {
             kills,
             limit_bytes: fs::read_to_string(limit)
                 .ok()
                 .and_then(|t| t.trim().parse().ok()),
         })
+    }
+
+    /// The job's peak memory (`memory.peak`, kernel 5.19 and later, or v1's
+    /// `memory.max_usage_in_bytes`); `None` where memory is not limited.
+    pub(super) fn peak_memory(&self, job: &JobId, v2_dir: &Path) -> Option<u64> {
+        let file = match self.memory.as_ref()? {
+            Place::V2 => v2_dir.join("memory.peak"),
+            Place::V1(parent) => parent.join(job.as_str()).join("memory.max_usage_in_bytes"),
+        };
+        fs::read_to_string(file).ok()?.trim().parse().ok()
     }
 
     /// The job's v1 cgroups of these controllers (to remove them).

@@ -209,6 +209,20 @@ impl JobCgroups {
         }
     }
 
+    /// What the job's processes used, all of them together: CPU time where its cgroup v2
+    /// counts it (every v2 cgroup does), peak memory where its memory is limited. Read before
+    /// its cgroups are removed.
+    pub fn usage(&self, job: &JobId) -> JobUsage {
+        let cpu_time_us = match &self.tracker {
+            Tracker::V2(h) => read_field(&h.path(job).join("cpu.stat"), "usage_usec"),
+            Tracker::V1(_) => None,
+        };
+        JobUsage {
+            cpu_time_us,
+            peak_memory_bytes: self.enforcement.peak_memory(job, &self.path(job)),
+        }
+    }
+
     /// Whether the kernel's OOM killer ended processes of the job at its memory limit; read
     /// before the job's cgroups are removed.
     pub fn out_of_memory(&self, job: &JobId) -> Option<OutOfMemory> {
@@ -250,6 +264,22 @@ impl JobCgroups {
             Tracker::V1(h) => h.remove(job),
         }
     }
+}
+
+/// What a job's processes used (see [`JobCgroups::usage`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct JobUsage {
+    pub cpu_time_us: Option<u64>,
+    pub peak_memory_bytes: Option<u64>,
+}
+
+/// The number after `key ` on its line of a cgroup's flat-keyed file (`cpu.stat`,
+/// `memory.events`).
+fn read_field(file: &Path, key: &str) -> Option<u64> {
+    fs::read_to_string(file).ok()?.lines().find_map(|l| {
+        let (k, v) = l.split_once(' ')?;
+        (k == key).then(|| v.trim().parse().ok()).flatten()
+    })
 }
 
 /// Removes an empty cgroup, then its parent if that is empty too (it is created again with the
