@@ -11,12 +11,15 @@
 //! - `schedule` ([`schedule`]): one scheduling cycle over a long queue;
 //! - `submit` ([`submit`]): submissions to a real scheduler process, each saved before it is
 //!   answered;
+//! - `launch` ([`launch`]): jobs started and reaped by the scheduler's executor under each way
+//!   of containing them;
 //! - `fairness` ([`fairness`]): a policy against fifo+backfill on variants of a trace at
 //!   several loads, by the figures issue 22's goals name;
 //! - [`process`]: the services under measurement as child processes, their CPU and memory.
 
 pub mod fairness;
 pub mod fill;
+pub mod launch;
 pub mod load;
 pub mod process;
 pub mod schedule;
@@ -89,6 +92,9 @@ pub enum BenchCommand {
     /// Submissions to a real scheduler process over loopback, each saved before it is
     /// answered, into a queue that only grows: per second, latency, the state file's size.
     Submit(submit::SubmitArgs),
+    /// Jobs started and reaped by the scheduler's executor (as root): a cgroup alone, with
+    /// memory, CPU and task limits, with a /tmp of its own, with both; launches per second.
+    Launch(launch::LaunchArgs),
     /// A policy against fifo+backfill on variants of a trace at several offered loads: jobs
     /// waiting over 7 days, the longest wait, weeks under 0.5 and 0.8 of the fair share, mean
     /// wait and utilization against the baseline's, per run and summed.
@@ -124,6 +130,10 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         }
         BenchCommand::Submit(args) => {
             print!("{}", submit::run(&args)?);
+            Ok(())
+        }
+        BenchCommand::Launch(args) => {
+            print!("{}", launch::run(&args)?);
             Ok(())
         }
         BenchCommand::Fairness(args) => {
