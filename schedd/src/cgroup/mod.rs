@@ -90,7 +90,7 @@ pub struct JobCgroups {
     devices: Result<DeviceFilter, String>,
     /// Where the GPU device files are (`/dev`).
     device_dir: PathBuf,
-    /// Where jobs' memory and CPU are limited.
+    /// Where jobs' memory, CPU and tasks are limited.
     enforcement: limits::Enforcement,
 }
 
@@ -183,8 +183,8 @@ impl JobCgroups {
 
     /// Creates the job's cgroups and moves process `pid` (the job's wrapper, before it starts
     /// the command) into them; the device files of this host's GPUs other than `gpus` are
-    /// denied first, and its memory and CPU limited to `limits`. The service moves it: a job's
-    /// own user may not.
+    /// denied first, and its memory, CPU and tasks limited to `limits`. The service moves it:
+    /// a job's own user may not.
     pub fn enter(&self, job: &JobId, pid: u32, gpus: &[u32], limits: Limits) -> io::Result<()> {
         let denied = match &self.devices {
             Ok(_) => devices::others(&gpu_devices(&self.device_dir), gpus),
