@@ -259,6 +259,7 @@ impl Metrics {
                 Outcome::Cancelled,
                 Outcome::Timeout,
                 Outcome::NodeFail,
+                Outcome::OutOfMemory,
             ] {
                 self.jobs_finished
                     .with_label_values(&[account, outcome.as_str()]);

@@ -160,7 +160,7 @@ pub struct FinishedJob {
     pub submitted_ms: Option<UnixMillis>,
     pub started_ms: Option<UnixMillis>,
     pub finished_ms: UnixMillis,
-    /// `completed`, `failed`, `cancelled`, `timeout`, `preempted`, `node_fail`...
+    /// `completed`, `failed`, `cancelled`, `timeout`, `preempted`, `node_fail`, `out_of_memory`...
     pub outcome: Option<String>,
     /// GPU-seconds measured for it.
     pub gpu_seconds: i64,

@@ -49,6 +49,9 @@ pub enum Outcome {
     Cancelled,
     Timeout,
     NodeFail,
+    /// Failed with processes killed at its memory limit (Slurm's `OUT_OF_MEMORY`); a failure
+    /// wherever successes are counted.
+    OutOfMemory,
 }
 
 macro_rules! text_enum {
@@ -91,6 +94,7 @@ text_enum!(Outcome {
     Cancelled => "cancelled",
     Timeout => "timeout",
     NodeFail => "node_fail",
+    OutOfMemory => "out_of_memory",
 });
 
 /// One job event.

@@ -26,6 +26,25 @@ impl Inner {
         state: JobState,
         exit_code: Option<i32>,
     ) -> Option<JobInfo> {
+        let outcome = match state {
+            JobState::Completed => Outcome::Completed,
+            JobState::Cancelled => Outcome::Cancelled,
+            JobState::Timeout => Outcome::Timeout,
+            _ => Outcome::Failed,
+        };
+        self.finish_record_as(id, now, state, exit_code, outcome)
+    }
+
+    /// [`Inner::finish_record`] with the event's outcome finer than the state's (a failure out
+    /// of memory).
+    fn finish_record_as(
+        &mut self,
+        id: &JobId,
+        now: UnixSeconds,
+        state: JobState,
+        exit_code: Option<i32>,
+        outcome: Outcome,
+    ) -> Option<JobInfo> {
         let job = self.state.jobs.get_mut(id)?;
         job.state = state;
         job.end_s = Some(now);
@@ -36,12 +55,7 @@ impl Inner {
         job.stopping = None;
         let info = job.clone();
         let mut ev = event(&info, now, JobEventKind::Finished);
-        ev.outcome = Some(match state {
-            JobState::Completed => Outcome::Completed,
-            JobState::Cancelled => Outcome::Cancelled,
-            JobState::Timeout => Outcome::Timeout,
-            _ => Outcome::Failed,
-        });
+        ev.outcome = Some(outcome);
         ev.exit_code = exit_code;
         self.state.outbox.push(ev);
         self.changed();
@@ -125,7 +139,12 @@ impl Inner {
                 _ => JobState::Failed,
             };
             tracing::info!(job = %id, exit_code = ?code, state = ?state, "job ended");
-            self.finish_record(&id, now, state, code);
+            let out_of_memory = matches!(status, ExitStatus::OutOfMemory { .. });
+            if out_of_memory && state == JobState::Failed {
+                self.finish_record_as(&id, now, state, code, Outcome::OutOfMemory);
+            } else {
+                self.finish_record(&id, now, state, code);
+            }
             if let ExitStatus::OutOfMemory {
                 kills, limit_bytes, ..
             } = status

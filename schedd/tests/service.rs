@@ -914,7 +914,9 @@ async fn a_job_past_its_memory_limit_ends_failed_out_of_memory_and_the_others_ru
         },
         ..ExecutorOptions::default()
     };
-    let s = Arc::new(open_on(dir.path(), cluster(), Arc::clone(&clock), executor).unwrap());
+    let fake = Arc::new(FakeAggregator::default());
+    let s = open_on(dir.path(), cluster(), Arc::clone(&clock), executor).unwrap();
+    let s = Arc::new(s.with_aggregator(Box::new(Shared(Arc::clone(&fake)))));
     // 200 MB held at once by one process, then a line: the job's shell outlives the kill.
     let hog = "head -c 200000000 /dev/zero | tail -c 200000000 >/dev/null; echo after";
     let mut ids = Vec::new();
@@ -955,6 +957,19 @@ async fn a_job_past_its_memory_limit_ends_failed_out_of_memory_and_the_others_ru
         metrics.contains("gpuledger_scheduler_jobs_out_of_memory_total 1\n"),
         "{metrics}"
     );
+    // The aggregator is told how each ended: out of memory, as Slurm's OUT_OF_MEMORY.
+    use gpuledger_model::job::{JobEventKind, Outcome};
+    let outcome = |id: &JobId| {
+        let posted = fake.posted.lock().unwrap().clone();
+        posted
+            .iter()
+            .flat_map(|(_, events)| events.iter())
+            .find(|e| &e.job_id == id && e.kind == JobEventKind::Finished)
+            .and_then(|e| e.outcome)
+    };
+    tick_until(&s, &clock, |_| outcome(&ids[1]).is_some());
+    assert_eq!(outcome(&ids[0]), Some(Outcome::OutOfMemory));
+    assert_eq!(outcome(&ids[1]), Some(Outcome::Completed));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

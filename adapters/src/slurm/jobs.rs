@@ -79,7 +79,8 @@ impl State {
     pub fn outcome(self) -> Option<Outcome> {
         match self {
             State::Completed => Some(Outcome::Completed),
-            State::Failed | State::OutOfMemory | State::BootFail => Some(Outcome::Failed),
+            State::Failed | State::BootFail => Some(Outcome::Failed),
+            State::OutOfMemory => Some(Outcome::OutOfMemory),
             State::Cancelled => Some(Outcome::Cancelled),
             State::Timeout | State::Deadline => Some(Outcome::Timeout),
             State::NodeFail => Some(Outcome::NodeFail),
@@ -785,6 +786,21 @@ JobId=15 JobName=wrap UserId=bob(1001) Account=teamb JobState=PENDING Reason=Res
         assert_eq!(comp[0].user.as_deref(), Some("alice"));
         assert_eq!(comp[0].time_limit_s, Some(3600), "TimeLimit in minutes");
         assert_eq!(comp[1].state, Some(State::Failed));
+        let ends: Vec<Option<Outcome>> = ["FAILED", "OUT_OF_MEMORY", "OOM", "NODE_FAIL", "TIMEOUT"]
+            .iter()
+            .map(|word| State::parse(word).outcome())
+            .collect();
+        assert_eq!(
+            ends,
+            [
+                Outcome::Failed,
+                Outcome::OutOfMemory,
+                Outcome::OutOfMemory,
+                Outcome::NodeFail,
+                Outcome::Timeout
+            ]
+            .map(Some)
+        );
         let sc = parse_scontrol(SCONTROL, "scontrol", Zone::Utc).unwrap();
         assert_eq!(sc[0].gpu_indices["gpu001"], vec![0, 1, 2]);
         assert_eq!(sc[0].gpus, Some(3));
