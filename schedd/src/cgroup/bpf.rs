@@ -154,11 +154,32 @@ pub(super) fn deny(dir: &Path, denied: &[GpuDevice]) -> io::Result<()> {
 /// Whether this kernel and this process can filter devices of cgroups under `parent`: a
 /// program allowing everything is attached to a cgroup made for the trial, which is removed.
 pub(super) fn probe(parent: &Path) -> io::Result<()> {
+    lift_memlock_limit();
     let trial = parent.join(format!("device-filter-probe-{}", std::process::id()));
     fs::create_dir_all(&trial)?;
     let attached = load(&program(&[])?).and_then(|program| attach(&trial, &program));
     let _ = fs::remove_dir(&trial);
     attached
+}
+
+/// Before Linux 5.11 every BPF program's memory counts against the loader's
+/// `RLIMIT_MEMLOCK`, 64 KiB by default (systemd before 253, Debian 11's 5.10 with cgroup v2):
+/// with a page or more a program and one program a running job, launches would start failing
+/// after a dozen jobs. The limit is lifted for this process, as libbpf does; where it cannot be
+/// (no `CAP_SYS_RESOURCE`), raised to the hard limit, and the filter works as far as that lets
+/// it (a launch past it fails with the reason). Later kernels count the memory in the memory
+/// cgroup instead.
+fn lift_memlock_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource, RLIM_INFINITY};
+    let memlock = Resource::RLIMIT_MEMLOCK;
+    if setrlimit(memlock, RLIM_INFINITY, RLIM_INFINITY).is_ok() {
+        return;
+    }
+    if let Ok((soft, hard)) = getrlimit(memlock) {
+        if soft < hard {
+            let _ = setrlimit(memlock, hard, hard);
+        }
+    }
 }
 
 /// `union bpf_attr` as `BPF_PROG_LOAD` reads it (up to `prog_name`).
