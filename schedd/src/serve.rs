@@ -119,6 +119,51 @@ fn warn_if_jobs_share_the_state_filesystem(state: &Path, jobs: &Path) -> Result<
     Ok(())
 }
 
+/// The accounts whose jobs would run as one Unix user, by that user's id (`resolve` gives a
+/// user name's id on this host; names that do not resolve are left out: a submission names
+/// them). Projects' own users count for their account. Jobs of one user can signal, trace and
+/// read each other's processes and files: tenants sharing a user are not kept apart.
+pub fn accounts_sharing_users(
+    cluster: &ClusterConfig,
+    resolve: impl Fn(&str) -> Option<u32>,
+) -> Vec<(u32, Vec<String>)> {
+    let mut by_user: std::collections::BTreeMap<u32, Vec<String>> = Default::default();
+    for account in &cluster.accounts {
+        let users = account
+            .run_as
+            .iter()
+            .chain(account.projects.iter().filter_map(|p| p.run_as.as_ref()))
+            .filter_map(|run_as| resolve(&run_as.user));
+        for uid in users {
+            let accounts = by_user.entry(uid).or_default();
+            if !accounts.contains(&account.id.to_string()) {
+                accounts.push(account.id.to_string());
+            }
+        }
+    }
+    by_user.into_iter().filter(|(_, a)| a.len() > 1).collect()
+}
+
+/// Warns, for a scheduler running as root, of accounts whose jobs run as one user.
+fn warn_of_accounts_sharing_users(cluster: &ClusterConfig) {
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    let resolve = |name: &str| {
+        nix::unistd::User::from_name(name)
+            .ok()
+            .flatten()
+            .map(|u| u.uid.as_raw())
+    };
+    for (uid, accounts) in accounts_sharing_users(cluster, resolve) {
+        tracing::warn!(
+            uid,
+            accounts = %accounts.join(", "),
+            "these accounts' jobs run as one Unix user: each can signal, trace and read the others' jobs and files; give each account a user of its own (run_as)"
+        );
+    }
+}
+
 /// Runs the service under `cluster` until SIGTERM or Ctrl-C.
 pub fn run(options: ServeOptions, cluster: ClusterConfig) -> Result<()> {
     let guard = options.access.guard("scheduler", options.listen)?;
@@ -162,6 +207,7 @@ pub fn run(options: ServeOptions, cluster: ClusterConfig) -> Result<()> {
         None => dir.join("jobs"),
     };
     warn_if_jobs_share_the_state_filesystem(&dir, &jobs_dir)?;
+    warn_of_accounts_sharing_users(&cluster);
     let executor = LocalExecutor::with_options(
         jobs_dir,
         ExecutorOptions {
@@ -249,5 +295,40 @@ async fn cycle_loop(service: Arc<Service>, every: Duration) {
             Ok(Err(error)) => tracing::error!(%error, "scheduling cycle failed"),
             Err(error) => tracing::error!(%error, "scheduling cycle panicked"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accounts_whose_jobs_run_as_one_user_are_named_together() {
+        let toml = "version = 1\n[cluster]\nname = \"one\"\n[[node_pools]]\nname = \"p\"\n\
+            prefix = \"gpu\"\ncount = 1\ngpus_per_node = 4\ngpu_model = \"h100-sxm\"\n\
+            [[partitions]]\nname = \"train\"\npriority_tier = 20\ndefault = true\n\
+            [prices]\nversion = \"v\"\neffective_from = \"2026-01-01\"\ncurrency = \"USD\"\n\
+            gpu_hour = { h100-sxm = \"1\" }\n\
+            [[accounts]]\nid = \"team-a\"\nname = \"A\"\nweight = 1\nrun_as = { user = \"alice\" }\n\
+            [[accounts]]\nid = \"team-b\"\nname = \"B\"\nweight = 1\nrun_as = { user = \"nobody\" }\n\
+            [[accounts]]\nid = \"team-c\"\nname = \"C\"\nweight = 1\nrun_as = { user = \"nobody\" }\n\
+            [[accounts]]\nid = \"team-d\"\nname = \"D\"\nweight = 1\nrun_as = { user = \"dora\" }\n\
+            projects = [{ id = \"vision\", run_as = { user = \"alice\" } }, { id = \"nlp\", run_as = { user = \"dora\" } }]\n\
+            [[accounts]]\nid = \"team-e\"\nname = \"E\"\nweight = 1\nrun_as = { user = \"gone\" }\n";
+        let cluster = ClusterConfig::from_toml_str(toml, "one.toml").unwrap();
+        let uid = |name: &str| match name {
+            "alice" => Some(1001),
+            "dora" => Some(1002),
+            "nobody" => Some(65534),
+            _ => None,
+        };
+        assert_eq!(
+            accounts_sharing_users(&cluster, uid),
+            vec![
+                (1001, vec!["team-a".to_owned(), "team-d".to_owned()]),
+                (65534, vec!["team-b".to_owned(), "team-c".to_owned()]),
+            ],
+            "team-d's own user twice is one account; team-e's user does not resolve"
+        );
     }
 }
