@@ -196,6 +196,16 @@ const JOB_COLUMNS: &[Column<JobInfo>] = &[
         j.exit_code.map_or("-".into(), |c| c.to_string())
     }),
     ("reason", "REASON", |j| or_dash(j.reason.as_deref())),
+    // The last run's, from its cgroup: sacct's TotalCPU and MaxRSS.
+    ("totalcpu", "TOTALCPU", |j| {
+        j.cpu_time_ms
+            .map_or("-".into(), |ms| format!("{}.{:03}s", ms / 1000, ms % 1000))
+    }),
+    ("maxrss", "MAXRSS", |j| {
+        j.peak_memory_bytes.map_or("-".into(), |b| {
+            format!("{:.1}MiB", b as f64 / f64::from(1u32 << 20))
+        })
+    }),
     ("nodelist", "NODELIST", |j| or_dash(j.allocation.as_deref())),
     ("nodelist_reason", "NODELIST(REASON)", |j| {
         if j.state == JobState::Pending {

@@ -284,7 +284,7 @@ fn jobs_run_report_to_the_aggregator_and_survive_a_scheduler_restart() {
         "--since",
         "1h",
         "--format",
-        "jobid,state,exit_code",
+        "jobid,state,exit_code,totalcpu,maxrss",
     ]);
     assert_eq!(
         recent
@@ -292,9 +292,19 @@ fn jobs_run_report_to_the_aggregator_and_survive_a_scheduler_restart() {
             .next()
             .map(str::split_whitespace)
             .map(Iterator::collect::<Vec<_>>),
-        Some(vec!["JOBID", "STATE", "EXIT"]),
+        Some(vec!["JOBID", "STATE", "EXIT", "TOTALCPU", "MAXRSS"]),
         "{recent}"
     );
+    // CPU time from the job's cgroup v2 (this host tracks jobs there); memory is not limited,
+    // so no peak is kept.
+    let first: Vec<&str> = recent
+        .lines()
+        .find(|l| l.starts_with("team-a.1 "))
+        .unwrap_or_else(|| panic!("{recent}"))
+        .split_whitespace()
+        .collect();
+    assert!(first[3].ends_with('s') && first[3] != "-", "{recent}");
+    assert_eq!(first[4], "-", "{recent}");
     assert!(recent.contains("team-a.2"), "{recent}");
     let future = stdout(&["scheduler", "jobs", "--url", &url, "--since", "2099-01-01"]);
     assert_eq!(
