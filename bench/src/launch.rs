@@ -42,6 +42,7 @@ fn variants() -> anyhow::Result<Vec<Variant>> {
         memory_per_gpu: Some("1GiB".parse()?),
         cpus_per_gpu: Some("1".parse().map_err(anyhow::Error::msg)?),
         tasks_max: Some(256),
+        bind_cores: false,
     };
     Ok(vec![
         Variant {

@@ -105,6 +105,7 @@ fn job_limits_that_would_kill_every_job_are_refused_naming_the_flag() {
         ("--job-cpus-per-gpu", "1e3", "is not a number of CPUs"),
         ("--job-tasks-max", "3", "3 is not in 16.."),
         ("--job-tmp", "tmpfs", "invalid value 'tmpfs'"),
+        ("--job-cpu-bind", "threads", "invalid value 'threads'"),
     ] {
         let out = refused_at_once(&["scheduler", "serve", "--data-dir", data, flag, value]);
         assert_eq!(out.status.code(), Some(2), "{flag} {value}");
@@ -128,6 +129,25 @@ fn job_limits_that_would_kill_every_job_are_refused_naming_the_flag() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("--cgroup: off, and limits per job"),
+        "{stderr}"
+    );
+    // Cores without a count of them.
+    let out = refused_at_once(&[
+        "scheduler",
+        "serve",
+        "--data-dir",
+        data,
+        "--listen",
+        "127.0.0.1:0",
+        "--job-cpu-bind",
+        "cores",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "--job-cpu-bind: cores: how many each job gets comes from --job-cpus-per-gpu"
+        ),
         "{stderr}"
     );
 }

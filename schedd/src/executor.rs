@@ -20,6 +20,7 @@ use nix::unistd::Pid;
 use gpuledger_model::{GpuShare, JobId};
 
 use crate::cgroup::{CgroupMode, JobCgroups, JobLimits, JobUsage};
+use crate::cores::{self, CoreBook};
 pub use crate::job_files::JobUser;
 use crate::job_files::{self, Writing};
 use crate::job_tmp::{self, JobTmp};
@@ -174,6 +175,8 @@ pub struct LocalExecutor {
     private_tmp: job_tmp::Decision,
     /// What each run `reap` reported used, until the service takes it.
     usage: HashMap<JobId, JobUsage>,
+    /// The cores running jobs are bound to (`--job-cpu-bind cores`).
+    cores: CoreBook,
 }
 
 /// Waits for the command and records its status; see the module docs.
@@ -219,6 +222,11 @@ impl LocalExecutor {
         let root = root.into();
         let key = std::path::absolute(&root).unwrap_or_else(|_| root.clone());
         let limited = !options.limits.is_empty();
+        if options.limits.bind_cores && options.limits.cpus_per_gpu.is_none() {
+            return Err(std::io::Error::other(
+                "--job-cpu-bind: cores: how many each job gets comes from --job-cpus-per-gpu, which is not given",
+            ));
+        }
         if limited && options.cgroups == CgroupMode::Off {
             return Err(std::io::Error::other(
                 "--cgroup: off, and limits per job (--job-memory-per-gpu, --job-cpus-per-gpu, --job-tasks-max) need job cgroups",
@@ -252,13 +260,14 @@ impl LocalExecutor {
         }
         match &cgroups {
             Some(c) => {
-                let [memory, cpu, tasks] = c.limit_places();
+                let [memory, cpu, tasks, cores] = c.limit_places();
                 tracing::info!(
                     cgroup = c.version(),
                     gpu_device_filter = c.device_filter().map_or("none", |f| f.name()),
                     memory_limit = memory.unwrap_or("none"),
                     cpu_limit = cpu.unwrap_or("none"),
                     tasks_limit = tasks.unwrap_or("none"),
+                    cpu_bind = cores.unwrap_or("none"),
                     "each job runs in a cgroup of its own"
                 );
                 if let Err(why) = c.device_filter() {
@@ -280,6 +289,7 @@ impl LocalExecutor {
             limits: options.limits,
             private_tmp,
             usage: HashMap::new(),
+            cores: CoreBook::new(cores::online_cores()),
         })
     }
 
@@ -369,10 +379,17 @@ fn wrapper_running(pid: u32) -> bool {
 impl LocalExecutor {
     /// Moves a just-spawned wrapper into the job's cgroup (where there are cgroups), then tells
     /// it to start the command.
-    fn start(&self, job: &Launch, child: &mut Child) -> std::io::Result<()> {
+    fn start(&mut self, job: &Launch, child: &mut Child) -> std::io::Result<()> {
         use std::io::Write;
         if let Some(cgroups) = &self.cgroups {
-            let limits = self.limits.for_job(job.gpus.len(), job.gpu_share);
+            let mut limits = self.limits.for_job(job.gpus.len(), job.gpu_share);
+            if let Some(count) = self.limits.cores_for_job(job.gpus.len(), job.gpu_share) {
+                let (chosen, shared) = self.cores.take(&job.job_id, count);
+                if shared {
+                    tracing::warn!(job = %job.job_id, cores = %cores::cpu_list(&chosen), "not enough free cores: the job shares cores with another (more CPUs per GPU than this host has)");
+                }
+                limits.cores = Some(cores::cpu_list(&chosen));
+            }
             cgroups.enter(&job.job_id, child.id(), &job.gpus, limits)?;
         }
         let mut go = child
@@ -459,6 +476,7 @@ impl Executor for LocalExecutor {
         if let Err(error) = self.start(job, &mut child) {
             let _ = child.kill();
             let _ = child.wait();
+            self.cores.release(&job.job_id);
             return Err(error);
         }
         let pid = child.id();
@@ -483,6 +501,10 @@ impl Executor for LocalExecutor {
     }
 
     fn adopt(&mut self, job_id: &JobId, pid: u32) {
+        let bound = self.cgroups.as_ref().and_then(|c| c.bound_cores(job_id));
+        if let Some(held) = bound.as_deref().and_then(cores::parse_cpu_list) {
+            self.cores.adopt(job_id, held);
+        }
         self.jobs.insert(job_id.clone(), Watched::new(pid, None));
     }
 
@@ -540,6 +562,7 @@ impl Executor for LocalExecutor {
         let mut out = Vec::with_capacity(done.len());
         for id in done {
             self.jobs.remove(&id);
+            self.cores.release(&id);
             job_files::discard_tmp(&self.job_dir(&id));
             let code = read_exit(&self.job_dir(&id));
             let status = match (out_of_memory.remove(&id), code) {
@@ -564,6 +587,7 @@ impl Executor for LocalExecutor {
         if self.jobs.contains_key(job_id) {
             return 0;
         }
+        self.cores.release(job_id);
         match &self.cgroups {
             Some(cgroups) => {
                 let left = cgroups.processes(job_id).len();
@@ -1156,13 +1180,14 @@ mod tests {
                     memory_per_gpu: Some(gpuledger_model::ByteSize(32 << 20)),
                     cpus_per_gpu: Some("0.1".parse().unwrap()),
                     tasks_max: Some(20),
+                    bind_cores: false,
                 },
                 ..ExecutorOptions::default()
             };
             let mut ex = LocalExecutor::with_options(dir.path(), options).unwrap();
             assert_eq!(
                 ex.cgroups().unwrap().limit_places(),
-                [Some("v1"); 3],
+                [Some("v1"), Some("v1"), Some("v1"), None],
                 "this host binds memory, cpu and pids to cgroup v1 ({mode:?})"
             );
             // Two GPUs each (launch's default): 64 MiB and a fifth of a CPU.
@@ -1391,5 +1416,68 @@ mod tests {
             "keep",
             "a link in it is removed, not followed"
         );
+    }
+
+    #[test]
+    fn jobs_bound_to_cores_get_cores_of_their_own_and_an_adopted_job_keeps_its() {
+        let dir = tempfile::tempdir().unwrap();
+        let online = cores::online_cores();
+        assert!(online.len() >= 2, "this host has two cores: {online:?}");
+        let options = || ExecutorOptions {
+            cgroups: CgroupMode::V2,
+            limits: JobLimits {
+                // Two GPUs each (launch's default): one core.
+                cpus_per_gpu: Some("0.5".parse().unwrap()),
+                bind_cores: true,
+                ..JobLimits::default()
+            },
+            ..ExecutorOptions::default()
+        };
+        let mut ex = LocalExecutor::with_options(dir.path(), options()).unwrap();
+        assert_eq!(ex.cgroups().unwrap().limit_places()[3], Some("v1"));
+        let allowed = "grep Cpus_allowed_list /proc/self/status | cut -f2; nproc; sleep 1";
+        for id in ["a", "b"] {
+            ex.launch(&launch(id, allowed)).unwrap();
+        }
+        // Restarted: a new executor adopts `b` and finds the core its cgroup holds.
+        let b_pid = pid_in(&dir.path().join("b"), "pid") as u32;
+        let mut again = LocalExecutor::with_options(dir.path(), options()).unwrap();
+        again.adopt(&JobId::new("b").unwrap(), b_pid);
+        again.launch(&launch("c", allowed)).unwrap();
+        let out = |id: &str| std::fs::read_to_string(dir.path().join(id).join("stdout"));
+        let until = Instant::now() + Duration::from_secs(10);
+        while ["a", "b", "c"]
+            .iter()
+            .any(|id| !out(id).is_ok_and(|t| t.lines().count() == 2))
+        {
+            assert!(Instant::now() < until, "the jobs printed nothing");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let (a, b, c) = (out("a").unwrap(), out("b").unwrap(), out("c").unwrap());
+        let first = online[0];
+        let second = online[1];
+        assert_eq!(a, format!("{first}\n1\n"), "one core, and nproc says so");
+        assert_eq!(b, format!("{second}\n1\n"));
+        assert_eq!(
+            c,
+            format!("{first}\n1\n"),
+            "b's core is held: c gets a's (the only other)"
+        );
+        wait_exit(&mut ex, Duration::from_secs(10));
+        wait_exit(&mut again, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn core_binding_needs_cpus_per_gpu() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = ExecutorOptions {
+            limits: JobLimits {
+                bind_cores: true,
+                ..JobLimits::default()
+            },
+            ..ExecutorOptions::default()
+        };
+        let error = LocalExecutor::with_options(dir.path(), options).unwrap_err();
+        assert!(error.to_string().starts_with("--job-cpu-bind: "), "{error}");
     }
 }

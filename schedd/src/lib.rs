@@ -21,6 +21,7 @@
 
 pub mod aggregator;
 pub mod cgroup;
+mod cores;
 pub mod executor;
 mod feeds;
 pub mod http;

@@ -77,6 +77,16 @@ pub struct ServeOptions {
     /// `private` (refuse to start without), `shared`.
     #[arg(long, value_enum, env = "GPULEDGER_JOB_TMP", default_value = "auto")]
     pub job_tmp: crate::job_tmp::JobTmp,
+    /// `cores`: bind each job to whole cores of its own, its `--job-cpus-per-gpu` times its
+    /// GPUs rounded up (a cpuset, as Slurm's ConstrainCores with --cpu-bind=cores), so that its
+    /// thread pools size to what it has; `none`: any core, within its CPU quota.
+    #[arg(
+        long,
+        value_enum,
+        env = "GPULEDGER_JOB_CPU_BIND",
+        default_value = "none"
+    )]
+    pub job_cpu_bind: CpuBind,
     // With a token file, tenants submit and see their own jobs, nodes read their own GPUs of
     // the allocation feed, operators do the rest.
     #[command(flatten)]
@@ -87,6 +97,16 @@ pub struct ServeOptions {
     pub tls: TlsArgs,
     #[command(flatten)]
     pub client_tls: ClientTlsArgs,
+}
+
+/// How jobs are bound to cores (`--job-cpu-bind`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CpuBind {
+    /// Any core, within the job's CPU quota.
+    #[default]
+    None,
+    /// Whole cores of its own.
+    Cores,
 }
 
 fn invalid(field: &str, message: impl std::fmt::Display) -> Error {
@@ -217,6 +237,7 @@ pub fn run(options: ServeOptions, cluster: ClusterConfig) -> Result<()> {
                 memory_per_gpu: options.job_memory_per_gpu,
                 cpus_per_gpu: options.job_cpus_per_gpu,
                 tasks_max: options.job_tasks_max,
+                bind_cores: options.job_cpu_bind == CpuBind::Cores,
             },
             tmp: options.job_tmp,
             ..ExecutorOptions::default()

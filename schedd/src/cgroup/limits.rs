@@ -104,20 +104,37 @@ pub struct JobLimits {
     pub memory_per_gpu: Option<ByteSize>,
     pub cpus_per_gpu: Option<CpuCount>,
     pub tasks_max: Option<u32>,
+    /// Bind each job to whole cores of its own, as many as its CPUs (`--job-cpu-bind cores`).
+    pub bind_cores: bool,
 }
 
 /// One job's limits.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Limits {
     pub memory_bytes: Option<u64>,
     /// Microseconds of CPU time per [`CPU_PERIOD_US`].
     pub cpu_quota_us: Option<u64>,
     pub tasks_max: Option<u32>,
+    /// The cores it is bound to, as a cpu list (`0-3,8`); the executor chooses them.
+    pub cores: Option<String>,
 }
 
 impl JobLimits {
     pub fn is_empty(&self) -> bool {
-        self.memory_per_gpu.is_none() && self.cpus_per_gpu.is_none() && self.tasks_max.is_none()
+        self.memory_per_gpu.is_none()
+            && self.cpus_per_gpu.is_none()
+            && self.tasks_max.is_none()
+            && !self.bind_cores
+    }
+
+    /// Whole cores for a job holding `gpus` GPUs, or `share` of one, when jobs are bound to
+    /// cores: its CPUs rounded up, at least one.
+    pub fn cores_for_job(&self, gpus: usize, share: Option<GpuShare>) -> Option<usize> {
+        if !self.bind_cores {
+            return None;
+        }
+        let quota = self.for_job(gpus, share).cpu_quota_us?;
+        Some(quota.div_ceil(CPU_PERIOD_US).max(1) as usize)
     }
 
     /// The limits of a job holding `gpus` GPUs, or `share` of one.
@@ -137,6 +154,7 @@ impl JobLimits {
                 .cpus_per_gpu
                 .map(|c| part(c.milli * CPU_PERIOD_US / 1000).max(1000)),
             tasks_max: self.tasks_max,
+            cores: None,
         }
     }
 }
@@ -156,6 +174,7 @@ pub(super) struct Enforcement {
     pub(super) memory: Option<Place>,
     pub(super) cpu: Option<Place>,
     pub(super) tasks: Option<Place>,
+    pub(super) cpuset: Option<Place>,
 }
 
 impl Enforcement {
@@ -196,6 +215,13 @@ impl Enforcement {
             )?,
             cpu: place(limits.cpus_per_gpu.is_some(), "cpu", "--job-cpus-per-gpu")?,
             tasks: place(limits.tasks_max.is_some(), "pids", "--job-tasks-max")?,
+            cpuset: match place(limits.bind_cores, "cpuset", "--job-cpu-bind")? {
+                Some(Place::V1(parent)) => {
+                    inherit_cpuset(&parent)?;
+                    Some(Place::V1(parent))
+                }
+                other => other,
+            },
         })
     }
 
@@ -242,7 +268,31 @@ impl Enforcement {
                 super::move_into(&dir, pid)?;
             }
         }
+        if let (Some(place), Some(cores)) = (&self.cpuset, &limits.cores) {
+            let dir = job_dir(place, job, v2_dir)?;
+            if let Place::V1(parent) = place {
+                // A v1 cpuset takes no task before it has memory nodes.
+                fs::write(
+                    dir.join("cpuset.mems"),
+                    fs::read_to_string(parent.join("cpuset.mems"))?.trim(),
+                )?;
+            }
+            fs::write(dir.join("cpuset.cpus"), cores)?;
+            if let Place::V1(_) = place {
+                super::move_into(&dir, pid)?;
+            }
+        }
         Ok(())
+    }
+
+    /// The cores the job's cpuset holds (a job adopted after a restart).
+    pub(super) fn bound_cores(&self, job: &JobId, v2_dir: &Path) -> Option<String> {
+        let file = match self.cpuset.as_ref()? {
+            Place::V2 => v2_dir.join("cpuset.cpus"),
+            Place::V1(parent) => parent.join(job.as_str()).join("cpuset.cpus"),
+        };
+        let cores = fs::read_to_string(file).ok()?;
+        Some(cores.trim().to_owned()).filter(|c| !c.is_empty())
     }
 
     /// How often the kernel's OOM killer ended a process of the job at its memory limit, and
@@ -279,7 +329,7 @@ impl Enforcement {
 
     /// The job's v1 cgroups of these controllers (to remove them).
     pub(super) fn v1_dirs(&self, job: &JobId) -> Vec<PathBuf> {
-        [&self.memory, &self.cpu, &self.tasks]
+        [&self.memory, &self.cpu, &self.tasks, &self.cpuset]
             .into_iter()
             .filter_map(|place| match place {
                 Some(Place::V1(parent)) => Some(parent.join(job.as_str())),
@@ -312,6 +362,23 @@ fn job_dir(place: &Place, job: &JobId, v2_dir: Option<&Path>) -> io::Result<Path
             Ok(dir)
         }
     }
+}
+
+/// A new v1 cpuset has no cores and no memory nodes: the executor's takes its parent's, so
+/// that its jobs' cpusets may take theirs from it.
+fn inherit_cpuset(dir: &Path) -> io::Result<()> {
+    let parent = dir
+        .parent()
+        .ok_or_else(|| io::Error::other("the executor's cpuset has no parent"))?;
+    for file in ["cpuset.cpus", "cpuset.mems"] {
+        if fs::read_to_string(dir.join(file))?.trim().is_empty() {
+            fs::write(
+                dir.join(file),
+                fs::read_to_string(parent.join(file))?.trim(),
+            )?;
+        }
+    }
+    Ok(())
 }
 
 fn write_if_present(file: &Path, value: &str) -> io::Result<()> {
@@ -391,9 +458,21 @@ mod tests {
             memory_per_gpu: Some(ByteSize(8 << 30)),
             cpus_per_gpu: Some("2.5".parse().unwrap()),
             tasks_max: Some(512),
+            bind_cores: true,
         };
         let two = limits.for_job(2, None);
         assert_eq!(two.tasks_max, Some(512), "tasks are per job, not per GPU");
+        assert_eq!(
+            limits.cores_for_job(2, None),
+            Some(5),
+            "2.5 CPUs a GPU: 5 cores"
+        );
+        assert_eq!(
+            limits.cores_for_job(1, Some(GpuShare::Milli(250))),
+            Some(1),
+            "0.625: 1"
+        );
+        assert_eq!(JobLimits::default().cores_for_job(2, None), None);
         assert_eq!(two.memory_bytes, Some(16 << 30));
         assert_eq!(two.cpu_quota_us, Some(500_000));
         let quarter = limits.for_job(1, Some(GpuShare::Milli(250)));
@@ -431,11 +510,13 @@ mod tests {
             memory_bytes: Some(1 << 30),
             cpu_quota_us: Some(250_000),
             tasks_max: Some(100),
+            cores: Some("2-3".into()),
         };
         let v2 = Enforcement {
             memory: Some(Place::V2),
             cpu: Some(Place::V2),
             tasks: Some(Place::V2),
+            cpuset: Some(Place::V2),
         };
         v2.apply(&job, Some(&v2_dir), limits, 42).unwrap();
         let read = |f: PathBuf| fs::read_to_string(f).unwrap();
@@ -444,6 +525,8 @@ mod tests {
         assert_eq!(read(v2_dir.join("memory.oom.group")), "1");
         assert_eq!(read(v2_dir.join("cpu.max")), "250000 100000");
         assert_eq!(read(v2_dir.join("pids.max")), "100");
+        assert_eq!(read(v2_dir.join("cpuset.cpus")), "2-3");
+        assert_eq!(v2.bound_cores(&job, &v2_dir).as_deref(), Some("2-3"));
         assert_eq!(
             read(v2_dir.join("cgroup.procs")),
             "",

@@ -158,8 +158,9 @@ impl JobCgroups {
         self.devices.as_ref().map_err(String::as_str)
     }
 
-    /// Where memory, CPU and task limits are held (`v2`, `v1`), each `None` when not limited.
-    pub fn limit_places(&self) -> [Option<&'static str>; 3] {
+    /// Where memory, CPU, task limits and core binding are held (`v2`, `v1`), each `None`
+    /// when not asked for.
+    pub fn limit_places(&self) -> [Option<&'static str>; 4] {
         let name = |place: &Option<limits::Place>| {
             place.as_ref().map(|p| match p {
                 limits::Place::V2 => "v2",
@@ -170,6 +171,7 @@ impl JobCgroups {
             name(&self.enforcement.memory),
             name(&self.enforcement.cpu),
             name(&self.enforcement.tasks),
+            name(&self.enforcement.cpuset),
         ]
     }
 
@@ -221,6 +223,12 @@ impl JobCgroups {
             cpu_time_us,
             peak_memory_bytes: self.enforcement.peak_memory(job, &self.path(job)),
         }
+    }
+
+    /// The cores the job's cpuset binds it to, where jobs are bound (a job adopted after a
+    /// restart).
+    pub fn bound_cores(&self, job: &JobId) -> Option<String> {
+        self.enforcement.bound_cores(job, &self.path(job))
     }
 
     /// Whether the kernel's OOM killer ended processes of the job at its memory limit; read

@@ -1,0 +1,150 @@
+//! Which of this host's CPU cores each running job is bound to (`--job-cpu-bind cores`), as
+//! Slurm's `ConstrainCores` with `--cpu-bind=cores`: a job gets whole cores of its own, so its
+//! threads do not crowd other jobs' caches, and `nproc`, `os.cpu_count()` in a cgroup-aware
+//! runtime, OpenMP and PyTorch's data loaders size their thread pools to what it has rather
+//! than to the whole node (with a CPU quota alone they would see every core and be throttled).
+//!
+//! The scheduler places GPUs, not cores: a job gets free cores where there are enough; where
+//! there are not (more CPUs per GPU were given than the host has per GPU), it shares the cores
+//! fewest jobs hold, and the launch says so. The book is rebuilt from the jobs' cgroups when a
+//! restarted scheduler adopts them.
+
+use std::collections::HashMap;
+
+use gpuledger_model::JobId;
+
+/// The cores jobs hold.
+#[derive(Debug, Default)]
+pub(crate) struct CoreBook {
+    online: Vec<u32>,
+    held: HashMap<JobId, Vec<u32>>,
+}
+
+impl CoreBook {
+    pub(crate) fn new(online: Vec<u32>) -> Self {
+        CoreBook {
+            online,
+            held: HashMap::new(),
+        }
+    }
+
+    /// `count` cores for `job` (at least one, at most the host's): free ones first, lowest
+    /// numbers first, then those fewest jobs hold; and whether it had to share.
+    pub(crate) fn take(&mut self, job: &JobId, count: usize) -> (Vec<u32>, bool) {
+        self.held.remove(job);
+        let count = count.clamp(1, self.online.len().max(1));
+        let mut by_load: Vec<(usize, u32)> = self
+            .online
+            .iter()
+            .map(|&core| (self.holders(core), core))
+            .collect();
+        by_load.sort_unstable();
+        let mut cores: Vec<u32> = by_load.iter().take(count).map(|&(_, c)| c).collect();
+        let shared = by_load.iter().take(count).any(|&(holders, _)| holders > 0);
+        cores.sort_unstable();
+        self.held.insert(job.clone(), cores.clone());
+        (cores, shared)
+    }
+
+    /// A job adopted after a restart, with the cores its cgroup holds.
+    pub(crate) fn adopt(&mut self, job: &JobId, cores: Vec<u32>) {
+        self.held.insert(job.clone(), cores);
+    }
+
+    pub(crate) fn release(&mut self, job: &JobId) {
+        self.held.remove(job);
+    }
+
+    fn holders(&self, core: u32) -> usize {
+        self.held.values().filter(|c| c.contains(&core)).count()
+    }
+}
+
+/// The cores a cpu list names (`0-3,8,10-11`, as `cpuset.cpus` and
+/// `/sys/devices/system/cpu/online` write them); `None` when it is not one.
+pub(crate) fn parse_cpu_list(text: &str) -> Option<Vec<u32>> {
+    let mut cores = Vec::new();
+    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((from, to)) => {
+                let (from, to): (u32, u32) = (from.parse().ok()?, to.parse().ok()?);
+                if to < from || to - from > 65_536 {
+                    return None;
+                }
+                cores.extend(from..=to);
+            }
+            None => cores.push(part.parse().ok()?),
+        }
+    }
+    Some(cores)
+}
+
+/// Cores as a cpu list, ranges joined (`0-3,8`).
+pub(crate) fn cpu_list(cores: &[u32]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < cores.len() {
+        let start = cores[i];
+        let mut end = start;
+        while i + 1 < cores.len() && cores[i + 1] == end + 1 {
+            i += 1;
+            end = cores[i];
+        }
+        out.push(if start == end {
+            start.to_string()
+        } else {
+            format!("{start}-{end}")
+        });
+        i += 1;
+    }
+    out.join(",")
+}
+
+/// This host's online cores.
+pub(crate) fn online_cores() -> Vec<u32> {
+    std::fs::read_to_string("/sys/devices/system/cpu/online")
+        .ok()
+        .and_then(|t| parse_cpu_list(&t))
+        .filter(|c| !c.is_empty())
+        .unwrap_or_else(|| {
+            let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+            (0..n as u32).collect()
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists_read_and_write_back() {
+        assert_eq!(
+            parse_cpu_list("0-3,8,10-11\n"),
+            Some(vec![0, 1, 2, 3, 8, 10, 11])
+        );
+        assert_eq!(cpu_list(&[0, 1, 2, 3, 8, 10, 11]), "0-3,8,10-11");
+        assert_eq!(parse_cpu_list(""), Some(vec![]));
+        for wrong in ["a", "3-1", "1-", "0-999999"] {
+            assert_eq!(parse_cpu_list(wrong), None, "{wrong}");
+        }
+    }
+
+    #[test]
+    fn jobs_get_free_cores_first_then_share_the_least_held() {
+        let mut book = CoreBook::new((0..8).collect());
+        let id = |s: &str| JobId::new(s).unwrap();
+        assert_eq!(book.take(&id("a"), 3), (vec![0, 1, 2], false));
+        assert_eq!(book.take(&id("b"), 4), (vec![3, 4, 5, 6], false));
+        // One free core left: it and the least held (each held once) after it.
+        assert_eq!(book.take(&id("c"), 2), (vec![0, 7], true));
+        book.release(&id("a"));
+        assert_eq!(book.take(&id("d"), 2), (vec![1, 2], false));
+        book.adopt(&id("e"), vec![3]);
+        assert!(book.take(&id("f"), 1).1, "every core is held now");
+        assert_eq!(
+            book.take(&id("g"), 99).0.len(),
+            8,
+            "never more than the host's"
+        );
+    }
+}
