@@ -146,6 +146,9 @@ pub struct ExecutorOptions {
     pub unkillable_after: Duration,
     /// Memory and CPU each job may use per GPU it holds; needs cgroups.
     pub limits: JobLimits,
+    /// Where the NVIDIA driver's `proc/driver/nvidia/gpus` and the PCI bus's `sys/bus/pci` are
+    /// (`/`): which cores are local to which GPU, for jobs bound to cores.
+    pub topology_root: PathBuf,
     /// Whether jobs get a `/tmp` and `/dev/shm` of their own.
     pub tmp: JobTmp,
 }
@@ -157,6 +160,7 @@ impl Default for ExecutorOptions {
             device_dir: PathBuf::from("/dev"),
             unkillable_after: Duration::from_secs(60),
             limits: JobLimits::default(),
+            topology_root: PathBuf::from("/"),
             tmp: JobTmp::Auto,
         }
     }
@@ -177,6 +181,8 @@ pub struct LocalExecutor {
     usage: HashMap<JobId, JobUsage>,
     /// The cores running jobs are bound to (`--job-cpu-bind cores`).
     cores: CoreBook,
+    /// The cores local to each GPU, by index (none known without the driver).
+    gpu_cores: HashMap<u32, Vec<u32>>,
 }
 
 /// Waits for the command and records its status; see the module docs.
@@ -290,6 +296,7 @@ impl LocalExecutor {
             private_tmp,
             usage: HashMap::new(),
             cores: CoreBook::new(cores::online_cores()),
+            gpu_cores: cores::gpu_local_cores(&options.topology_root),
         })
     }
 
@@ -384,7 +391,14 @@ impl LocalExecutor {
         if let Some(cgroups) = &self.cgroups {
             let mut limits = self.limits.for_job(job.gpus.len(), job.gpu_share);
             if let Some(count) = self.limits.cores_for_job(job.gpus.len(), job.gpu_share) {
-                let (chosen, shared) = self.cores.take(&job.job_id, count);
+                let local: Vec<u32> = job
+                    .gpus
+                    .iter()
+                    .filter_map(|g| self.gpu_cores.get(g))
+                    .flatten()
+                    .copied()
+                    .collect();
+                let (chosen, shared) = self.cores.take(&job.job_id, count, &local);
                 if shared {
                     tracing::warn!(job = %job.job_id, cores = %cores::cpu_list(&chosen), "not enough free cores: the job shares cores with another (more CPUs per GPU than this host has)");
                 }
@@ -1423,6 +1437,25 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let online = cores::online_cores();
         assert!(online.len() >= 2, "this host has two cores: {online:?}");
+        // The driver and the PCI bus say GPUs 2 and 3 (launch's default) are on the second
+        // core; no GPU is on the first.
+        let topology = tempfile::tempdir().unwrap();
+        let (first, second) = (online[0], online[1]);
+        for (minor, address) in [(2, "0000:9a:00.0"), (3, "0000:ab:00.0")] {
+            let gpu = topology
+                .path()
+                .join("proc/driver/nvidia/gpus")
+                .join(address);
+            std::fs::create_dir_all(&gpu).unwrap();
+            std::fs::write(
+                gpu.join("information"),
+                format!("Device Minor: \t {minor}\n"),
+            )
+            .unwrap();
+            let pci = topology.path().join("sys/bus/pci/devices").join(address);
+            std::fs::create_dir_all(&pci).unwrap();
+            std::fs::write(pci.join("local_cpulist"), second.to_string()).unwrap();
+        }
         let options = || ExecutorOptions {
             cgroups: CgroupMode::V2,
             limits: JobLimits {
@@ -1431,6 +1464,7 @@ mod tests {
                 bind_cores: true,
                 ..JobLimits::default()
             },
+            topology_root: topology.path().to_owned(),
             ..ExecutorOptions::default()
         };
         let mut ex = LocalExecutor::with_options(dir.path(), options()).unwrap();
@@ -1454,14 +1488,20 @@ mod tests {
             std::thread::sleep(Duration::from_millis(20));
         }
         let (a, b, c) = (out("a").unwrap(), out("b").unwrap(), out("c").unwrap());
-        let first = online[0];
-        let second = online[1];
-        assert_eq!(a, format!("{first}\n1\n"), "one core, and nproc says so");
-        assert_eq!(b, format!("{second}\n1\n"));
+        assert_eq!(
+            a,
+            format!("{second}\n1\n"),
+            "its GPUs' core, and nproc says one"
+        );
+        assert_eq!(
+            b,
+            format!("{first}\n1\n"),
+            "the GPUs' core is a's: a free one"
+        );
         assert_eq!(
             c,
-            format!("{first}\n1\n"),
-            "b's core is held: c gets a's (the only other)"
+            format!("{second}\n1\n"),
+            "b's core is held (adopted): c gets the GPUs' core, free in this executor's book"
         );
         wait_exit(&mut ex, Duration::from_secs(10));
         wait_exit(&mut again, Duration::from_secs(10));
