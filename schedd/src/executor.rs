@@ -1503,8 +1503,26 @@ mod tests {
             format!("{second}\n1\n"),
             "b's core is held (adopted): c gets the GPUs' core, free in this executor's book"
         );
-        wait_exit(&mut ex, Duration::from_secs(10));
-        wait_exit(&mut again, Duration::from_secs(10));
+        let mut ended = 0;
+        let until = Instant::now() + Duration::from_secs(10);
+        while ended < 3 {
+            assert!(Instant::now() < until, "the jobs did not end");
+            ended += ex.reap().len() + again.reap().len();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // All ended, their cgroups (and the executor's, emptied) removed: the next job's are
+        // made again, and it is still bound.
+        again
+            .launch(&launch(
+                "d",
+                "grep Cpus_allowed_list /proc/self/status | cut -f2",
+            ))
+            .unwrap();
+        assert_eq!(
+            wait_exit(&mut again, Duration::from_secs(10)),
+            vec![(JobId::new("d").unwrap(), ExitStatus::Code(0))]
+        );
+        assert_eq!(out("d").unwrap(), format!("{second}\n"));
     }
 
     #[test]

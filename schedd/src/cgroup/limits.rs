@@ -269,6 +269,11 @@ impl Enforcement {
             }
         }
         if let (Some(place), Some(cores)) = (&self.cpuset, &limits.cores) {
+            if let Place::V1(parent) = place {
+                // Made again after the last job's removal took it: empty until it inherits.
+                fs::create_dir_all(parent)?;
+                inherit_cpuset(parent)?;
+            }
             let dir = job_dir(place, job, v2_dir)?;
             if let Place::V1(parent) = place {
                 // A v1 cpuset takes no task before it has memory nodes.
