@@ -112,44 +112,31 @@ fn job_limits_that_would_kill_every_job_are_refused_naming_the_flag() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains(flag) && stderr.contains(says), "{stderr}");
     }
-    // Limits with no cgroup to hold them: the scheduler does not start.
-    let out = refused_at_once(&[
-        "scheduler",
-        "serve",
-        "--data-dir",
-        data,
-        "--listen",
-        "127.0.0.1:0",
-        "--cgroup",
-        "off",
-        "--job-memory-per-gpu",
-        "1GiB",
-    ]);
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("--cgroup: off, and limits per job"),
-        "{stderr}"
-    );
-    // Cores without a count of them.
-    let out = refused_at_once(&[
-        "scheduler",
-        "serve",
-        "--data-dir",
-        data,
-        "--listen",
-        "127.0.0.1:0",
-        "--job-cpu-bind",
-        "cores",
-    ]);
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains(
-            "--job-cpu-bind: cores: how many each job gets comes from --job-cpus-per-gpu"
+    // Limits with no cgroup to hold them, cores without a count of them: it does not start.
+    for (flags, says) in [
+        (
+            &["--cgroup", "off", "--job-memory-per-gpu", "1GiB"][..],
+            "--cgroup: off, and limits per job",
         ),
-        "{stderr}"
-    );
+        (
+            &["--job-cpu-bind", "cores"][..],
+            "--job-cpu-bind: cores: how many each job gets comes from --job-cpus-per-gpu",
+        ),
+    ] {
+        let mut args = vec![
+            "scheduler",
+            "serve",
+            "--data-dir",
+            data,
+            "--listen",
+            "127.0.0.1:0",
+        ];
+        args.extend_from_slice(flags);
+        let out = refused_at_once(&args);
+        assert_eq!(out.status.code(), Some(1), "{flags:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(says), "{stderr}");
+    }
 }
 
 #[test]

@@ -153,6 +153,22 @@ pub(crate) fn online_cores() -> Vec<u32> {
         })
 }
 
+/// Writes what the NVIDIA driver and the PCI bus say of a GPU under `root`, in their formats:
+/// its minor number, its PCI address and the cores local to it (for tests).
+#[cfg(test)]
+pub(crate) fn describe_gpu(root: &Path, minor: u32, address: &str, cores: &str) {
+    let gpu = root.join("proc/driver/nvidia/gpus").join(address);
+    std::fs::create_dir_all(&gpu).unwrap();
+    std::fs::write(
+        gpu.join("information"),
+        format!("Model: \t\t NVIDIA H100 80GB HBM3\nIRQ:   \t\t 185\nDevice Minor: \t {minor}\nBus Location: \t {address}\n"),
+    )
+    .unwrap();
+    let pci = root.join("sys/bus/pci/devices").join(address);
+    std::fs::create_dir_all(&pci).unwrap();
+    std::fs::write(pci.join("local_cpulist"), cores).unwrap();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -200,16 +216,7 @@ mod tests {
             (2, "0000:9a:00.0", "4-7\n"),
             (3, "0000:ab:00.0", "4-7\n"),
         ] {
-            let gpu = root.path().join("proc/driver/nvidia/gpus").join(address);
-            std::fs::create_dir_all(&gpu).unwrap();
-            std::fs::write(
-                gpu.join("information"),
-                format!("Model: \t\t NVIDIA H100 80GB HBM3\nIRQ:   \t\t 185\nDevice Minor: \t {minor}\nBus Location: \t {address}\n"),
-            )
-            .unwrap();
-            let pci = root.path().join("sys/bus/pci/devices").join(address);
-            std::fs::create_dir_all(&pci).unwrap();
-            std::fs::write(pci.join("local_cpulist"), cores).unwrap();
+            describe_gpu(root.path(), minor, address, cores);
         }
         let local = gpu_local_cores(root.path());
         assert_eq!(local.len(), 4);

@@ -1442,19 +1442,7 @@ mod tests {
         let topology = tempfile::tempdir().unwrap();
         let (first, second) = (online[0], online[1]);
         for (minor, address) in [(2, "0000:9a:00.0"), (3, "0000:ab:00.0")] {
-            let gpu = topology
-                .path()
-                .join("proc/driver/nvidia/gpus")
-                .join(address);
-            std::fs::create_dir_all(&gpu).unwrap();
-            std::fs::write(
-                gpu.join("information"),
-                format!("Device Minor: \t {minor}\n"),
-            )
-            .unwrap();
-            let pci = topology.path().join("sys/bus/pci/devices").join(address);
-            std::fs::create_dir_all(&pci).unwrap();
-            std::fs::write(pci.join("local_cpulist"), second.to_string()).unwrap();
+            cores::describe_gpu(topology.path(), minor, address, &second.to_string());
         }
         let options = || ExecutorOptions {
             cgroups: CgroupMode::V2,
