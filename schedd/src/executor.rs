@@ -440,6 +440,9 @@ impl Executor for LocalExecutor {
         let stdout = job_files::open(&dir, "stdout", Writing::Append, owner)?;
         let stderr = job_files::open(&dir, "stderr", Writing::Append, owner)?;
         let visible: Vec<String> = job.gpus.iter().map(u32::to_string).collect();
+        let cpus = self
+            .limits
+            .whole_cpus_for_job(job.gpus.len(), job.gpu_share);
         // A clean environment: never the service's (its credentials directory, tokens, proxy
         // settings); a default PATH, HOME and TMPDIR in the job's directory, the job's own
         // variables, then gpuledger's, which a job cannot override.
@@ -455,7 +458,11 @@ impl Executor for LocalExecutor {
             .env("PATH", JOB_PATH)
             .env("HOME", &dir)
             .env("TMPDIR", &tmp)
+            // Thread pools sized to its CPUs, unless it says otherwise (Python's
+            // `os.cpu_count()` and many pools count the whole node).
+            .envs(cpus.iter().map(|n| ("OMP_NUM_THREADS", n.to_string())))
             .envs(&job.env)
+            .envs(cpus.iter().map(|n| ("GPULEDGER_CPUS", n.to_string())))
             .env("CUDA_VISIBLE_DEVICES", visible.join(","))
             .env("GPULEDGER_JOB_ID", job.job_id.as_str())
             .env("GPULEDGER_ACCOUNT", &job.account)
@@ -1527,5 +1534,32 @@ mod tests {
         };
         let error = LocalExecutor::with_options(dir.path(), options).unwrap_err();
         assert!(error.to_string().starts_with("--job-cpu-bind: "), "{error}");
+    }
+
+    #[test]
+    fn a_job_with_limited_cpus_is_told_how_many_and_its_thread_pools_sized_to_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = ExecutorOptions {
+            limits: JobLimits {
+                cpus_per_gpu: Some("1.5".parse().unwrap()),
+                ..JobLimits::default()
+            },
+            ..ExecutorOptions::default()
+        };
+        let mut ex = LocalExecutor::with_options(dir.path(), options).unwrap();
+        let echo = "echo $GPULEDGER_CPUS $OMP_NUM_THREADS";
+        ex.launch(&launch("sized", echo)).unwrap();
+        let mut own = launch("own", echo);
+        own.env.insert("OMP_NUM_THREADS".into(), "7".into());
+        ex.launch(&own).unwrap();
+        let mut done = Vec::new();
+        let until = Instant::now() + Duration::from_secs(10);
+        while done.len() < 2 && Instant::now() < until {
+            done.extend(wait_exit(&mut ex, Duration::from_secs(1)));
+        }
+        let out = |id: &str| std::fs::read_to_string(dir.path().join(id).join("stdout")).unwrap();
+        // Two GPUs (launch's default) at 1.5 CPUs each.
+        assert_eq!(out("sized"), "3 3\n");
+        assert_eq!(out("own"), "3 7\n", "its own OMP_NUM_THREADS stands");
     }
 }

@@ -127,14 +127,17 @@ impl JobLimits {
             && !self.bind_cores
     }
 
-    /// Whole cores for a job holding `gpus` GPUs, or `share` of one, when jobs are bound to
-    /// cores: its CPUs rounded up, at least one.
-    pub fn cores_for_job(&self, gpus: usize, share: Option<GpuShare>) -> Option<usize> {
-        if !self.bind_cores {
-            return None;
-        }
+    /// The CPUs of a job holding `gpus` GPUs, or `share` of one, rounded up to whole ones (at
+    /// least one), where CPUs are limited: what its thread pools should be sized to.
+    pub fn whole_cpus_for_job(&self, gpus: usize, share: Option<GpuShare>) -> Option<usize> {
         let quota = self.for_job(gpus, share).cpu_quota_us?;
         Some(quota.div_ceil(CPU_PERIOD_US).max(1) as usize)
+    }
+
+    /// Whole cores for a job when jobs are bound to cores: its CPUs rounded up.
+    pub fn cores_for_job(&self, gpus: usize, share: Option<GpuShare>) -> Option<usize> {
+        self.whole_cpus_for_job(gpus, share)
+            .filter(|_| self.bind_cores)
     }
 
     /// The limits of a job holding `gpus` GPUs, or `share` of one.
