@@ -275,6 +275,30 @@ fn weeks_at_0_8(h: &Headline) -> f64 {
     (h.account_weeks - h.weeks_below_0_8) as f64 * 100.0 / h.account_weeks as f64
 }
 
+/// The part of the weeks' shortfall against 0.8 of the fair shares that was out of reach
+/// without preemption ([`Headline::short_of_0_8_out_of_reach_gpu_s`]), as a percentage; 0 where
+/// nothing fell short.
+fn out_of_reach(short_gpu_s: f64, out_of_reach_gpu_s: f64) -> f64 {
+    if short_gpu_s > 0.0 {
+        out_of_reach_gpu_s * 100.0 / short_gpu_s
+    } else {
+        0.0
+    }
+}
+
+/// The policy's figures, or the baseline's.
+fn side(row: &Row, policy: bool) -> &Headline {
+    if policy {
+        &row.policy
+    } else {
+        &row.against
+    }
+}
+
+fn share_out_of_reach(h: &Headline) -> f64 {
+    out_of_reach(h.short_of_0_8_gpu_s, h.short_of_0_8_out_of_reach_gpu_s)
+}
+
 /// The mean wait as a share of the baseline's (1 where the baseline waited nothing).
 fn mean_wait_ratio(row: &Row) -> f64 {
     if row.against.mean_wait_s > 0.0 {
@@ -324,14 +348,14 @@ fn table(args: &FairnessArgs, rows: &[Row], seconds: f64) -> String {
     );
     let _ = writeln!(
         out,
-        "| variant | load | nodes | jobs > 7 d | longest wait, days | weeks < 0.5 | weeks >= 0.8 | mean wait / baseline's | window utilization, points | held for plans, % | work redone, % | idle beside wider jobs, % |"
+        "| variant | load | nodes | jobs > 7 d | longest wait, days | weeks < 0.5 | weeks >= 0.8 | shortfall at 0.8 out of reach without preemption, % | mean wait / baseline's | window utilization, points | held for plans, % | work redone, % | idle beside wider jobs, % |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for row in rows {
         let (p, a) = (&row.policy, &row.against);
         let _ = writeln!(
             out,
-            "| {} | {:.2} | {} | {} ({}) | {:.1} ({:.1}) | {} ({}) | {:.1}% ({:.1}%) | {:.2} | {:+.2} | {:.2} ({:.2}) | {:.2} ({:.2}) | {:.2} ({:.2}) |",
+            "| {} | {:.2} | {} | {} ({}) | {:.1} ({:.1}) | {} ({}) | {:.1}% ({:.1}%) | {:.0} ({:.0}) | {:.2} | {:+.2} | {:.2} ({:.2}) | {:.2} ({:.2}) | {:.2} ({:.2}) |",
             row.variant,
             row.load,
             row.nodes,
@@ -343,6 +367,8 @@ fn table(args: &FairnessArgs, rows: &[Row], seconds: f64) -> String {
             a.weeks_below_half,
             weeks_at_0_8(p),
             weeks_at_0_8(a),
+            share_out_of_reach(p),
+            share_out_of_reach(a),
             mean_wait_ratio(row),
             window_gap(row),
             p.window_planned_idle * 100.0,
@@ -355,13 +381,11 @@ fn table(args: &FairnessArgs, rows: &[Row], seconds: f64) -> String {
     }
     let n = rows.len().max(1) as f64;
     let sum = |f: &dyn Fn(&Headline) -> usize, policy: bool| -> usize {
-        rows.iter()
-            .map(|r| f(if policy { &r.policy } else { &r.against }))
-            .sum()
+        rows.iter().map(|r| f(side(r, policy))).sum()
     };
     let mean_longest = |policy: bool| {
         rows.iter()
-            .map(|r| if policy { &r.policy } else { &r.against })
+            .map(|r| side(r, policy))
             .map(|h| h.longest_wait_s as f64 / DAY_S)
             .sum::<f64>()
             / n
@@ -375,11 +399,21 @@ fn table(args: &FairnessArgs, rows: &[Row], seconds: f64) -> String {
             ..Headline::default()
         })
     };
+    let pooled_out_of_reach = |policy: bool| {
+        out_of_reach(
+            rows.iter()
+                .map(|r| side(r, policy).short_of_0_8_gpu_s)
+                .sum(),
+            rows.iter()
+                .map(|r| side(r, policy).short_of_0_8_out_of_reach_gpu_s)
+                .sum(),
+        )
+    };
     let ratios: Vec<f64> = rows.iter().map(mean_wait_ratio).collect();
     let over_goal = ratios.iter().filter(|r| **r > MEAN_WAIT_GOAL).count();
     let _ = writeln!(
         out,
-        "| **all {}** | | | **{}** ({}) | **{:.1}** ({:.1}) mean | **{}** ({}) | **{:.1}%** ({:.1}%) | **{:.2}** mean, {over_goal} over {MEAN_WAIT_GOAL} | **{:+.2}** mean | **{:.2}** ({:.2}) mean | **{:.2}** ({:.2}) mean | **{:.2}** ({:.2}) mean |",
+        "| **all {}** | | | **{}** ({}) | **{:.1}** ({:.1}) mean | **{}** ({}) | **{:.1}%** ({:.1}%) | **{:.0}** ({:.0}) | **{:.2}** mean, {over_goal} over {MEAN_WAIT_GOAL} | **{:+.2}** mean | **{:.2}** ({:.2}) mean | **{:.2}** ({:.2}) mean | **{:.2}** ({:.2}) mean |",
         rows.len(),
         sum(&|h| h.over_7d, true),
         sum(&|h| h.over_7d, false),
@@ -389,6 +423,8 @@ fn table(args: &FairnessArgs, rows: &[Row], seconds: f64) -> String {
         sum(&|h| h.weeks_below_half, false),
         pooled(true),
         pooled(false),
+        pooled_out_of_reach(true),
+        pooled_out_of_reach(false),
         ratios.iter().sum::<f64>() / n,
         rows.iter().map(window_gap).sum::<f64>() / n,
         rows.iter().map(|r| r.policy.window_planned_idle).sum::<f64>() * 100.0 / n,
@@ -504,6 +540,14 @@ mod tests {
         for (row, fifo) in same.iter().zip(&rows) {
             assert_eq!(row.policy, row.against);
             assert_eq!(row.against, fifo.against);
+        }
+        for row in &rows {
+            for side in [&row.policy, &row.against] {
+                assert!(
+                    side.short_of_0_8_out_of_reach_gpu_s <= side.short_of_0_8_gpu_s + 1.0,
+                    "{side:?}"
+                );
+            }
         }
         let printed = table(&given, &rows, 1.0);
         assert!(printed.contains("| shift:1 | 0.95 |"), "{printed}");

@@ -603,6 +603,10 @@ fn simulate_reports_each_accounts_fair_share_week_by_week_under_a_configs_settin
         ),
         "{report}"
     );
+    assert!(
+        report.contains("No account-week fell short of 0.8 of its fair share."),
+        "{report}"
+    );
 }
 
 #[test]
@@ -635,6 +639,17 @@ fn simulate_sets_long_waits_against_what_other_tenants_could_have_given_up() {
     );
     assert!(
         report.contains("| vc-aaa | 4 | 2 | 1 / 0 | 13.0 | 10.0 |"),
+        "{report}"
+    );
+    // aaa's first week was out of reach: bbb took the node a second before aaa asked, and
+    // aaa's 2 GPUs of fair share for the week (0.8 of them: 269 GPU-hours) could only have
+    // come back by preemption. In week 1 aaa had 0.84 of its share.
+    assert!(
+        report.contains(
+            "The weeks below 0.8 of their fair shares were short of it by 269 GPU-hours in all, \
+             269 of them (100%) out of reach without preemption (week 0); below half, 168 \
+             GPU-hours short, 168 out of reach."
+        ),
         "{report}"
     );
 }

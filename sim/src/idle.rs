@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use gpuledger_model::{ClusterConfig, NodeId, SHARE_UNITS_PER_GPU};
-use gpuledger_scheduler::{JobRecord, SimResult};
+use gpuledger_scheduler::SimResult;
 
 /// GPU-seconds free while some job waited, by whether the smallest waiting job fits on the
 /// node they are free on.
@@ -46,7 +46,7 @@ pub fn idle_while_waiting(
             continue;
         }
         let needs = record.spec.share_units_of(record.spec.min_size());
-        for (start, end) in waits(record, result.horizon_s) {
+        for (start, end) in crate::fairness::waits(record, result.horizon_s) {
             changes.push((
                 start,
                 Change::Waiting {
@@ -121,32 +121,13 @@ pub fn idle_while_waiting(
     idle
 }
 
-/// The stretches a job waited for GPUs, up to the horizon.
-fn waits(record: &JobRecord, horizon_s: i64) -> Vec<(i64, i64)> {
-    let mut waits = Vec::new();
-    let mut since = Some(record.spec.submit_s);
-    for run in &record.runs {
-        if let Some(s) = since.take() {
-            if run.start_s > s {
-                waits.push((s, run.start_s));
-            }
-        }
-        since = run.end_s;
-    }
-    if let (Some(s), None) = (since, record.outcome) {
-        if s < horizon_s {
-            waits.push((s, horizon_s));
-        }
-    }
-    waits
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::report::trace_cluster;
     use crate::test_records::{record, replay};
     use gpuledger_model::AccountId;
+    use gpuledger_scheduler::JobRecord;
 
     fn on(mut r: JobRecord, allocations: &[&str]) -> JobRecord {
         for (run, a) in r.runs.iter_mut().zip(allocations) {

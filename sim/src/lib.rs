@@ -7,7 +7,7 @@
 //! - [`report`]: a trace replay's report (queueing, completion, utilization, shares), its
 //!   `jobs.csv` and its SVG plots;
 //! - [`fairness`]: each account's fair share week by week (weighted max-min among accounts
-//!   with demand) against what it received;
+//!   with demand) against what it received, and what it could have held without preemption;
 //! - [`idle`]: where the idle GPUs sit while jobs wait, on nodes the smallest waiting job
 //!   fits or on nodes too full for every waiting job;
 //! - [`backlog`]: each job's own backlog, i.e. how long its account's fair share took to

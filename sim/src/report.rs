@@ -17,6 +17,7 @@ use gpuledger_model::{AccountId, ClusterConfig, Currency, DurationSpec, GpuModel
 use gpuledger_scheduler::{SimJob, SimResult};
 
 use crate::backlog::{own_backlogs, shortest_waits, OwnBacklog};
+use crate::fairness::reach::WeekShortfall;
 use crate::fairness::{summarize, weekly_shares, AccountWeek, WeeklySummary, MIN_FAIR_GPU_S};
 use crate::{Error, Result};
 
@@ -232,13 +233,22 @@ pub struct Headline {
     pub account_weeks: usize,
     pub weeks_below_half: usize,
     pub weeks_below_0_8: usize,
+    /// GPU-seconds the counted account-weeks fell short of half (0.8) of their fair shares, and
+    /// of those the part no schedule that preempts nothing could have delivered
+    /// ([`crate::fairness::reach`]).
+    pub short_of_half_gpu_s: f64,
+    pub short_of_half_out_of_reach_gpu_s: f64,
+    pub short_of_0_8_gpu_s: f64,
+    pub short_of_0_8_out_of_reach_gpu_s: f64,
+    /// The weeks with some of 0.8 of the fair shares out of reach.
+    pub weeks_0_8_out_of_reach: Vec<usize>,
 }
 
 /// [`Headline`] of a replay on `config`.
 pub fn headline(config: &ClusterConfig, result: &SimResult) -> Headline {
     let weeks = weekly_shares(result, &account_weights(config));
     let all = wait_stats(result.records.iter(), result.horizon_s);
-    headline_with(config, result, &all, &summarize(&weeks))
+    headline_with(config, result, &all, &weeks, &summarize(&weeks))
 }
 
 /// [`Headline`] from the replay's wait figures and weekly summary, worked out once.
@@ -246,8 +256,16 @@ fn headline_with(
     config: &ClusterConfig,
     result: &SimResult,
     all: &WaitStats,
+    weeks: &[AccountWeek],
     weekly: &BTreeMap<String, WeeklySummary>,
 ) -> Headline {
+    let short_of = |fraction: f64| {
+        crate::fairness::reach::shortfalls(result, &account_weights(config), weeks, fraction)
+    };
+    let (half, at_0_8) = (short_of(0.5), short_of(0.8));
+    let total = |weeks: &[WeekShortfall], f: fn(&WeekShortfall) -> f64| {
+        weeks.iter().map(f).fold(0.0, |sum, x| sum + x)
+    };
     let refused = crate::fairness::refused(result);
     let waits: Vec<i64> = result
         .records
@@ -279,6 +297,15 @@ fn headline_with(
         account_weeks: weekly.values().map(|s| s.weeks).sum(),
         weeks_below_half: weekly.values().map(|s| s.below_half).sum(),
         weeks_below_0_8: weekly.values().map(|s| s.below_0_8).sum(),
+        short_of_half_gpu_s: total(&half, |w| w.short_gpu_s),
+        short_of_half_out_of_reach_gpu_s: total(&half, |w| w.out_of_reach_gpu_s),
+        short_of_0_8_gpu_s: total(&at_0_8, |w| w.short_gpu_s),
+        short_of_0_8_out_of_reach_gpu_s: total(&at_0_8, |w| w.out_of_reach_gpu_s),
+        weeks_0_8_out_of_reach: at_0_8
+            .iter()
+            .filter(|w| w.out_of_reach_gpu_s >= 1.0)
+            .map(|w| w.week)
+            .collect(),
     }
 }
 
@@ -405,7 +432,7 @@ pub fn write_outputs(out: &Path, config: &ClusterConfig, result: &SimResult) -> 
     );
     let weeks = weekly_shares(result, &account_weights(config));
     let summary = summarize(&weeks);
-    let head = headline_with(config, result, &all, &summary);
+    let head = headline_with(config, result, &all, &weeks, &summary);
     let _ = writeln!(
         md,
         "Jobs waiting more than 1 day: {}; 3 days: {}; 7 days: {}; the longest wait {:.1} days. \
@@ -519,7 +546,7 @@ fn weekly_section(
             w.week,
             w.fair_gpu_s / 3600.0,
             w.received_gpu_s / 3600.0,
-            w.ratio().map(|r| format!("{r:.3}")).unwrap_or_default()
+            w.ratio().map(|r| format!("{r:.3}")).unwrap_or_default(),
         );
     }
     let path = out.join("weeks.csv");
@@ -567,6 +594,37 @@ fn weekly_section(
         head.weeks_below_half,
         head.weeks_below_0_8,
         percent_of(head.account_weeks - head.weeks_below_0_8, head.account_weeks)
+    );
+    let weeks_named = |weeks: &[usize]| match weeks {
+        [] => "in no week".to_string(),
+        [one] => format!("week {one}"),
+        _ => {
+            let named: Vec<String> = weeks.iter().map(|w| w.to_string()).collect();
+            format!("weeks {}", named.join(", "))
+        }
+    };
+    if head.short_of_0_8_gpu_s <= 0.0 {
+        let _ = writeln!(md, "No account-week fell short of 0.8 of its fair share.\n");
+        return Ok(());
+    }
+    let _ = writeln!(
+        md,
+        "The weeks below 0.8 of their fair shares were short of it by {:.0} GPU-hours in all, \
+         {:.0} of them ({}) out of reach without preemption ({}); below half, {:.0} \
+         GPU-hours short, {:.0} out of reach. A job started while no other waited took GPUs \
+         nobody else asked for, and without preemption it keeps them until it ends; with what \
+         was left (each account up to what it asked at each moment, any GPU to any job) not \
+         every account could have had its 0.8 (half): that part no later choice of starts, \
+         and no GPU left idle less, could have given. The rest is the policy's.\n",
+        head.short_of_0_8_gpu_s / 3600.0,
+        head.short_of_0_8_out_of_reach_gpu_s / 3600.0,
+        percent_of_f(
+            head.short_of_0_8_out_of_reach_gpu_s,
+            head.short_of_0_8_gpu_s
+        ),
+        weeks_named(&head.weeks_0_8_out_of_reach),
+        head.short_of_half_gpu_s / 3600.0,
+        head.short_of_half_out_of_reach_gpu_s / 3600.0,
     );
     Ok(())
 }
@@ -713,6 +771,15 @@ fn span(seconds: i64) -> String {
         s if s < 3_600 => format!("{s} s"),
         s if s < 86_400 => format!("{:.1} hours", s as f64 / 3_600.0),
         s => format!("{:.1} days", s as f64 / 86_400.0),
+    }
+}
+
+/// `part` of `whole` as a whole percentage, `-` of nothing.
+fn percent_of_f(part: f64, whole: f64) -> String {
+    if whole > 0.0 {
+        format!("{:.0}%", part * 100.0 / whole)
+    } else {
+        "-".into()
     }
 }
 

@@ -3,12 +3,16 @@
 //! (weighted max-min, "water filling"); integrated over a week that is the account's fair share
 //! of the week, set against the GPU-hours it actually held. A whole-run share hides a tenant
 //! starved for a week and served later; this does not. The split is the scheduler's own
-//! ([`water_fill`]), the one its plans and fair-share preemption aim at.
+//! ([`water_fill`]), the one its plans and fair-share preemption aim at. Beside it ([`reach`])
+//! how much of a week's shortfall only preemption could have avoided, to tell a week the policy
+//! left short from one no scheduler that never preempts could have lifted.
 
 use std::collections::{BTreeMap, HashSet};
 
 use gpuledger_scheduler::fairshare::water_fill;
-use gpuledger_scheduler::SimResult;
+use gpuledger_scheduler::{JobRecord, SimResult};
+
+pub mod reach;
 
 /// One week.
 pub const WEEK_S: i64 = 7 * 86_400;
@@ -159,7 +163,7 @@ pub(crate) fn for_each_fair_stretch(
 }
 
 /// Adds `rate` GPUs held over `[from, to)` to the weeks they fall in.
-fn spread(start: i64, from: i64, to: i64, rate: f64, weeks: &mut [f64]) {
+pub(crate) fn spread(start: i64, from: i64, to: i64, rate: f64, weeks: &mut [f64]) {
     let mut t = from.max(start);
     while t < to {
         let week = usize::try_from((t - start).div_euclid(WEEK_S)).unwrap_or(0);
@@ -170,6 +174,26 @@ fn spread(start: i64, from: i64, to: i64, rate: f64, weeks: &mut [f64]) {
         }
         t = until;
     }
+}
+
+/// The stretches a job waited for GPUs, up to the horizon.
+pub(crate) fn waits(record: &JobRecord, horizon_s: i64) -> Vec<(i64, i64)> {
+    let mut waits = Vec::new();
+    let mut since = Some(record.spec.submit_s);
+    for run in &record.runs {
+        if let Some(s) = since.take() {
+            if run.start_s > s {
+                waits.push((s, run.start_s));
+            }
+        }
+        since = run.end_s;
+    }
+    if let (Some(s), None) = (since, record.outcome) {
+        if s < horizon_s {
+            waits.push((s, horizon_s));
+        }
+    }
+    waits
 }
 
 /// What the weekly goals look at, per account.
