@@ -615,7 +615,9 @@ fn weekly_section(
          nobody else asked for, and without preemption it keeps them until it ends; with what \
          was left (each account up to what it asked at each moment, any GPU to any job) not \
          every account could have had its 0.8 (half): that part no later choice of starts, \
-         and no GPU left idle less, could have given. The rest is the policy's.\n",
+         and no GPU left idle less, could have given. The rest is not shown reachable: the \
+         bound ignores node boundaries and counts a job started while other work waited as \
+         movable, though without preemption it too holds its GPUs to its end.\n",
         head.short_of_0_8_gpu_s / 3600.0,
         head.short_of_0_8_out_of_reach_gpu_s / 3600.0,
         percent_of_f(
