@@ -210,6 +210,15 @@ printf '%s\n' "$status" > "$2.tmp" && mv "$2.tmp" "$2"
 exit "$status"
 "#;
 
+impl Drop for LocalExecutor {
+    /// Its own cgroups go with it where no job is left in them.
+    fn drop(&mut self) {
+        if let Some(cgroups) = &self.cgroups {
+            cgroups.release();
+        }
+    }
+}
+
 impl LocalExecutor {
     /// An executor with the default options: cgroups where the host has them, else process
     /// groups with a warning.
@@ -921,9 +930,27 @@ mod tests {
             !alive(stubborn_daemon),
             "the stubborn job's daemon outlived SIGKILL"
         );
-        // Nothing of the executor is left in the hierarchy once its jobs are gone.
-        let executor_cgroup = ex.cgroups.as_ref().unwrap().path(&stubborn);
-        assert!(!executor_cgroup.parent().unwrap().exists());
+        // Nothing of its jobs is left in the hierarchy; the executor's own cgroup stays while
+        // it lives (its jobs' controllers are handed down in it) and goes with it.
+        let job_cgroup = ex.cgroups.as_ref().unwrap().path(&stubborn);
+        let executor_cgroup = job_cgroup.parent().unwrap().to_owned();
+        assert!(!job_cgroup.exists());
+        assert!(executor_cgroup.exists());
+        drop(ex);
+        assert!(!executor_cgroup.exists());
+    }
+
+    #[test]
+    fn an_executor_that_never_ran_a_job_leaves_no_cgroup_behind() {
+        for mode in [CgroupMode::V2, CgroupMode::V1] {
+            let dir = tempfile::tempdir().unwrap();
+            let ex = executor_on(dir.path(), mode);
+            let job_cgroup = ex.cgroups().unwrap().path(&JobId::new("none").unwrap());
+            let executor_cgroup = job_cgroup.parent().unwrap().to_owned();
+            assert!(executor_cgroup.exists(), "{mode:?}");
+            drop(ex);
+            assert!(!executor_cgroup.exists(), "{mode:?}");
+        }
     }
 
     #[test]

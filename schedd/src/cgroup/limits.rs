@@ -273,7 +273,8 @@ impl Enforcement {
         }
         if let (Some(place), Some(cores)) = (&self.cpuset, &limits.cores) {
             if let Place::V1(parent) = place {
-                // Made again after the last job's removal took it: empty until it inherits.
+                // Made again where it went missing (an executor over the same jobs went away):
+                // empty until it inherits.
                 fs::create_dir_all(parent)?;
                 inherit_cpuset(parent)?;
             }
@@ -336,14 +337,32 @@ impl Enforcement {
     }
 
     /// The job's v1 cgroups of these controllers (to remove them).
-    pub(super) fn v1_dirs(&self, job: &JobId) -> Vec<PathBuf> {
+    /// The executor's own cgroups in the v1 controllers that hold limits.
+    pub(super) fn v1_parents(&self) -> Vec<PathBuf> {
         [&self.memory, &self.cpu, &self.tasks, &self.cpuset]
             .into_iter()
             .filter_map(|place| match place {
-                Some(Place::V1(parent)) => Some(parent.join(job.as_str())),
+                Some(Place::V1(parent)) => Some(parent.clone()),
                 _ => None,
             })
             .collect()
+    }
+
+    /// The executor's v2 cgroup `parent`, made again if it went missing, with the controllers
+    /// that hold its jobs' limits in v2 handed down to them: a v2 cgroup made anew has none
+    /// enabled for its children, and a job's `memory.max` would not be there to write.
+    pub(super) fn ready_v2_parent(&self, parent: &Path) -> io::Result<()> {
+        let controllers: Vec<&str> = [
+            (&self.memory, "memory"),
+            (&self.cpu, "cpu"),
+            (&self.tasks, "pids"),
+            (&self.cpuset, "cpuset"),
+        ]
+        .into_iter()
+        .filter(|(place, _)| matches!(place, Some(Place::V2)))
+        .map(|(_, controller)| controller)
+        .collect();
+        hand_down(parent, &controllers)
     }
 }
 
@@ -396,6 +415,17 @@ fn write_if_present(file: &Path, value: &str) -> io::Result<()> {
     }
 }
 
+/// `dir`, made if missing, with `controllers` enabled for its children (already enabled ones
+/// stay).
+fn hand_down(dir: &Path, controllers: &[&str]) -> io::Result<()> {
+    fs::create_dir_all(dir)?;
+    if controllers.is_empty() {
+        return Ok(());
+    }
+    let enable: Vec<String> = controllers.iter().map(|c| format!("+{c}")).collect();
+    fs::write(dir.join("cgroup.subtree_control"), enable.join(" "))
+}
+
 /// Hands `controller` down to the job cgroups under `parent` (the executor's v2 cgroup): the
 /// service's own cgroup must enable it for its children, which it may only do holding no
 /// process itself (unless it is the root), so the service moves into a leaf first.
@@ -435,7 +465,7 @@ fn enable_v2(parent: &Path, controller: &str) -> io::Result<()> {
         }
         Err(e) => return Err(e),
     }
-    enable(parent)
+    hand_down(parent, &[controller])
 }
 
 #[cfg(test)]
@@ -527,6 +557,14 @@ mod tests {
             cpuset: Some(Place::V2),
         };
         v2.apply(&job, Some(&v2_dir), limits, 42).unwrap();
+        // The executor's cgroup hands each of those controllers down to its jobs.
+        let parent = root.path().join("executor");
+        v2.ready_v2_parent(&parent).unwrap();
+        assert_eq!(
+            fs::read_to_string(parent.join("cgroup.subtree_control")).unwrap(),
+            "+memory +cpu +pids +cpuset"
+        );
+        Enforcement::default().ready_v2_parent(&parent).unwrap();
         let read = |f: PathBuf| fs::read_to_string(f).unwrap();
         assert_eq!(read(v2_dir.join("memory.max")), "1073741824");
         assert_eq!(read(v2_dir.join("memory.swap.max")), "0");
@@ -556,6 +594,44 @@ mod tests {
         fs::write(v2_dir.join("memory.events"), "oom 0\noom_kill 0\n").unwrap();
         assert_eq!(v2.out_of_memory(&job, &v2_dir), None);
         assert_eq!(Enforcement::default().out_of_memory(&job, &v2_dir), None);
+    }
+
+    /// A v2 cgroup made anew hands no controller to its children: the executor's, made again
+    /// after it went missing, gets its jobs' controllers handed down again. The real kernel,
+    /// with `hugetlb` (what this host's v2 hierarchy offers).
+    #[test]
+    fn an_executors_cgroup_made_again_hands_its_jobs_controllers_down_again() {
+        let root = super::super::find_mount(None).unwrap().point;
+        fs::write(root.join("cgroup.subtree_control"), "+hugetlb").unwrap();
+        let parent = root.join(format!("gpuledger-test-again-{}", std::process::id()));
+        let job = parent.join("job");
+        let has_hugetlb = |dir: &Path| {
+            fs::read_dir(dir).unwrap().any(|f| {
+                f.unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with("hugetlb.")
+            })
+        };
+        hand_down(&parent, &["hugetlb"]).unwrap();
+        fs::create_dir(&job).unwrap();
+        let first = has_hugetlb(&job);
+        fs::remove_dir(&job).unwrap();
+        fs::remove_dir(&parent).unwrap();
+        // Made again as a job's cgroup alone would make it: nothing handed down.
+        fs::create_dir_all(&job).unwrap();
+        let bare = has_hugetlb(&job);
+        fs::remove_dir(&job).unwrap();
+        fs::remove_dir(&parent).unwrap();
+        hand_down(&parent, &["hugetlb"]).unwrap();
+        hand_down(&parent, &["hugetlb"]).unwrap();
+        fs::create_dir(&job).unwrap();
+        let again = has_hugetlb(&job);
+        fs::remove_dir(&job).unwrap();
+        fs::remove_dir(&parent).unwrap();
+        assert!(first, "hugetlb handed down to the job");
+        assert!(!bare, "a parent made anew hands nothing down");
+        assert!(again, "handed down again, twice over");
     }
 
     /// A service in a cgroup v2 of its own (not the root) that holds it: enabling a controller

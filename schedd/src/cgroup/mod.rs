@@ -197,6 +197,8 @@ impl JobCgroups {
         }
         match &self.tracker {
             Tracker::V2(h) => {
+                // Made again, its controllers handed down again, where it went missing.
+                self.enforcement.ready_v2_parent(h.parent())?;
                 let dir = h.create_job(job)?;
                 if self.devices == Ok(DeviceFilter::Bpf) && !denied.is_empty() {
                     bpf::deny(&dir, &denied)?;
@@ -259,18 +261,34 @@ impl JobCgroups {
         }
     }
 
-    /// Removes the job's (empty) cgroups, and the executor's own once no job is left in it.
+    /// Removes the job's (empty) cgroups. The executor's own stay while it lives: one made
+    /// again for the next job would lack the controllers handed down to its jobs.
     pub fn remove(&self, job: &JobId) {
+        for parent in self.parents() {
+            let _ = fs::remove_dir(parent.join(job.as_str()));
+        }
+    }
+
+    /// Removes the executor's own cgroups where no job is left in them (an executor going
+    /// away); those still holding a job stay for the next executor over the same jobs to adopt.
+    pub fn release(&self) {
+        for parent in self.parents() {
+            let _ = fs::remove_dir(parent);
+        }
+    }
+
+    /// The executor's own cgroups, in every hierarchy it uses: its jobs' cgroups are children
+    /// of each.
+    fn parents(&self) -> Vec<PathBuf> {
+        let mut parents = match &self.tracker {
+            Tracker::V2(h) => vec![h.parent().to_owned()],
+            Tracker::V1(h) => h.parents(),
+        };
         if let Ok(DeviceFilter::V1(parent)) = &self.devices {
-            remove_with_parent(&parent.join(job.as_str()));
+            parents.push(parent.clone());
         }
-        for dir in self.enforcement.v1_dirs(job) {
-            remove_with_parent(&dir);
-        }
-        match &self.tracker {
-            Tracker::V2(h) => remove_with_parent(&h.path(job)),
-            Tracker::V1(h) => h.remove(job),
-        }
+        parents.extend(self.enforcement.v1_parents());
+        parents
     }
 }
 
@@ -288,16 +306,6 @@ fn read_field(file: &Path, key: &str) -> Option<u64> {
         let (k, v) = l.split_once(' ')?;
         (k == key).then(|| v.trim().parse().ok()).flatten()
     })
-}
-
-/// Removes an empty cgroup, then its parent if that is empty too (it is created again with the
-/// next job). Either may still hold something: then it stays.
-fn remove_with_parent(dir: &Path) {
-    if fs::remove_dir(dir).is_ok() {
-        if let Some(parent) = dir.parent() {
-            let _ = fs::remove_dir(parent);
-        }
-    }
 }
 
 /// The process ids in a `cgroup.procs` file; none when it cannot be read.

@@ -75,10 +75,9 @@ impl Hierarchy {
         true
     }
 
-    pub(super) fn remove(&self, job: &JobId) {
-        for parent in [&self.freezer, &self.pids] {
-            super::remove_with_parent(&parent.join(job.as_str()));
-        }
+    /// The executor's own cgroups in the `freezer` and `pids` controllers.
+    pub(super) fn parents(&self) -> Vec<PathBuf> {
+        vec![self.freezer.clone(), self.pids.clone()]
     }
 }
 
