@@ -62,9 +62,9 @@ impl Hierarchy {
 
     pub(super) fn is_empty(&self, job: &JobId) -> bool {
         let dir = self.path(job);
-        match fs::read_to_string(dir.join("cgroup.events")) {
-            Ok(events) => events.lines().any(|l| l.trim() == "populated 0"),
-            Err(_) => !dir.exists(),
+        match super::read_field(&dir.join("cgroup.events"), "populated") {
+            Some(populated) => populated == 0,
+            None => !dir.exists(),
         }
     }
 }
