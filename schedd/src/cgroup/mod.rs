@@ -213,13 +213,13 @@ impl JobCgroups {
         }
     }
 
-    /// What the job's processes used, all of them together: CPU time where its cgroup v2
-    /// counts it (every v2 cgroup does), peak memory where its memory is limited. Read before
-    /// its cgroups are removed.
+    /// What the job's processes used, all of them together: CPU time where its cgroup counts
+    /// it (every v2 cgroup does; in v1, `cpuacct` where mounted), peak memory where its memory
+    /// is limited. Read before its cgroups are removed.
     pub fn usage(&self, job: &JobId) -> JobUsage {
         let cpu_time_us = match &self.tracker {
             Tracker::V2(h) => read_field(&h.path(job).join("cpu.stat"), "usage_usec"),
-            Tracker::V1(_) => None,
+            Tracker::V1(h) => h.cpu_time_us(job),
         };
         JobUsage {
             cpu_time_us,

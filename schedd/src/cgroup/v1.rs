@@ -1,7 +1,9 @@
 //! Jobs tracked in cgroup v1, where no writable v2 hierarchy is mounted: a cgroup per job in the
 //! `freezer` controller (which holds the process list and stops a job whole) and in `pids`
-//! (which counts them, for a limit a site may set). v1 has no `cgroup.kill`: SIGKILL freezes the
-//! job, kills every process of it and thaws it, so that no process forks away in between.
+//! (which counts them, for a limit a site may set), and in `cpuacct` where it is mounted (the CPU
+//! time the job's processes used, as v2's `cpu.stat` gives). v1 has no `cgroup.kill`: SIGKILL
+//! freezes the job, kills every process of it and thaws it, so that no process forks away in
+//! between.
 
 use std::fs;
 use std::io;
@@ -13,11 +15,13 @@ use nix::unistd::Pid;
 
 use gpuledger_model::JobId;
 
-/// The executor's cgroups in the v1 `freezer` and `pids` controllers.
+/// The executor's cgroups in the v1 `freezer`, `pids` and (where mounted) `cpuacct`
+/// controllers.
 #[derive(Debug, Clone)]
 pub(super) struct Hierarchy {
     freezer: PathBuf,
     pids: PathBuf,
+    cpuacct: Option<PathBuf>,
 }
 
 /// How long a freeze may take before the processes are killed anyway (a process in the
@@ -29,6 +33,7 @@ impl Hierarchy {
         Ok(Hierarchy {
             freezer: super::controller_cgroup("freezer", name)?,
             pids: super::controller_cgroup("pids", name)?,
+            cpuacct: super::controller_cgroup("cpuacct", name).ok(),
         })
     }
 
@@ -37,7 +42,7 @@ impl Hierarchy {
     }
 
     pub(super) fn enter(&self, job: &JobId, pid: u32) -> io::Result<()> {
-        for parent in [&self.pids, &self.freezer] {
+        for parent in self.cpuacct.iter().chain([&self.pids, &self.freezer]) {
             let dir = parent.join(job.as_str());
             fs::create_dir_all(&dir)?;
             super::move_into(&dir, pid)?;
@@ -75,9 +80,23 @@ impl Hierarchy {
         true
     }
 
-    /// The executor's own cgroups in the `freezer` and `pids` controllers.
+    /// The executor's own cgroups in the `freezer`, `pids` and `cpuacct` controllers.
     pub(super) fn parents(&self) -> Vec<PathBuf> {
-        vec![self.freezer.clone(), self.pids.clone()]
+        let mut parents = vec![self.freezer.clone(), self.pids.clone()];
+        parents.extend(self.cpuacct.clone());
+        parents
+    }
+
+    /// The CPU time the job's processes used, in microseconds, where `cpuacct` counts it
+    /// (`cpuacct.usage`, nanoseconds).
+    pub(super) fn cpu_time_us(&self, job: &JobId) -> Option<u64> {
+        let file = self
+            .cpuacct
+            .as_ref()?
+            .join(job.as_str())
+            .join("cpuacct.usage");
+        let nanoseconds: u64 = fs::read_to_string(file).ok()?.trim().parse().ok()?;
+        Some(nanoseconds / 1000)
     }
 }
 
