@@ -595,6 +595,10 @@ fn weekly_section(
         head.weeks_below_0_8,
         percent_of(head.account_weeks - head.weeks_below_0_8, head.account_weeks)
     );
+    if head.short_of_0_8_gpu_s <= 0.0 {
+        let _ = writeln!(md, "No account-week fell short of 0.8 of its fair share.\n");
+        return Ok(());
+    }
     let weeks_named = |weeks: &[usize]| match weeks {
         [] => "in no week".to_string(),
         [one] => format!("week {one}"),
@@ -603,10 +607,6 @@ fn weekly_section(
             format!("weeks {}", named.join(", "))
         }
     };
-    if head.short_of_0_8_gpu_s <= 0.0 {
-        let _ = writeln!(md, "No account-week fell short of 0.8 of its fair share.\n");
-        return Ok(());
-    }
     let _ = writeln!(
         md,
         "The weeks below 0.8 of their fair shares were short of it by {:.0} GPU-hours in all, \

@@ -46,17 +46,10 @@ pub fn shortfalls(
     let unit = f64::from(SHARE_UNITS_PER_GPU);
     let mut by_week: BTreeMap<usize, (f64, Vec<(usize, f64)>)> = BTreeMap::new();
     for w in weeks.iter().filter(|w| w.counts()) {
-        let short = fraction * w.fair_gpu_s - w.received_gpu_s;
-        if short > 0.0 {
-            let entry = by_week.entry(w.week).or_default();
-            entry.0 += short;
-        }
+        let (short, targets) = by_week.entry(w.week).or_default();
+        *short += (fraction * w.fair_gpu_s - w.received_gpu_s).max(0.0);
         if let Some(&a) = index.get(w.account.as_str()) {
-            by_week
-                .entry(w.week)
-                .or_default()
-                .1
-                .push((a, fraction * w.fair_gpu_s));
+            targets.push((a, fraction * w.fair_gpu_s));
         }
     }
     by_week.retain(|_, (short, _)| *short > 0.0);
