@@ -43,7 +43,6 @@ pub fn shortfalls(
     fraction: f64,
 ) -> Vec<WeekShortfall> {
     let index = account_index(weights);
-    let unit = f64::from(SHARE_UNITS_PER_GPU);
     let mut by_week: BTreeMap<usize, (f64, Vec<(usize, f64)>)> = BTreeMap::new();
     for w in weeks.iter().filter(|w| w.counts()) {
         let (short, targets) = by_week.entry(w.week).or_default();
@@ -56,29 +55,46 @@ pub fn shortfalls(
     if by_week.is_empty() {
         return Vec::new();
     }
-    let mut settled_weeks = settled_weeks(result, weights, by_week.keys().copied().collect());
-    by_week
-        .into_iter()
-        .map(|(week, (short, targets))| {
-            let SettledWeek { settled, slices } = settled_weeks.remove(&week).unwrap_or_default();
-            // Each account's need beyond its settled jobs, in share-unit-seconds.
-            let needs: Vec<(usize, i64)> = targets
-                .iter()
-                .map(|&(a, target)| {
-                    let held = settled.get(a).copied().unwrap_or(0);
-                    (a, (target * unit - held as f64).ceil() as i64)
-                })
-                .filter(|(_, need)| *need > 0)
-                .collect();
-            let asked: i64 = needs.iter().map(|(_, need)| need).sum();
-            let carried = max_flow(&needs, &slices);
-            WeekShortfall {
-                week,
-                short_gpu_s: short,
-                out_of_reach_gpu_s: (asked - carried) as f64 / unit,
-            }
+    let mut out: BTreeMap<usize, WeekShortfall> = BTreeMap::new();
+    let wanted: BTreeSet<usize> = by_week.keys().copied().collect();
+    for_each_settled_week(result, weights, &wanted, &mut |week, settled_week| {
+        if let Some((short, targets)) = by_week.get(&week) {
+            out.insert(week, out_of_reach(week, *short, targets, settled_week));
+        }
+    });
+    // A week the sweep never reached (past the horizon) had nothing free.
+    for (week, (short, targets)) in &by_week {
+        out.entry(*week)
+            .or_insert_with(|| out_of_reach(*week, *short, targets, SettledWeek::default()));
+    }
+    out.into_values().collect()
+}
+
+/// The week's shortfall `short` (GPU-seconds) and what of `targets` (account, GPU-seconds) no
+/// flow over its slices could carry beyond the accounts' settled jobs.
+fn out_of_reach(
+    week: usize,
+    short: f64,
+    targets: &[(usize, f64)],
+    SettledWeek { settled, slices }: SettledWeek,
+) -> WeekShortfall {
+    let unit = f64::from(SHARE_UNITS_PER_GPU);
+    // Each account's need beyond its settled jobs, in share-unit-seconds.
+    let needs: Vec<(usize, i64)> = targets
+        .iter()
+        .map(|&(a, target)| {
+            let held = settled.get(a).copied().unwrap_or(0);
+            (a, (target * unit - held as f64).ceil() as i64)
         })
-        .collect()
+        .filter(|(_, need)| *need > 0)
+        .collect();
+    let asked: i64 = needs.iter().map(|(_, need)| need).sum();
+    let carried = max_flow(&needs, &slices);
+    WeekShortfall {
+        week,
+        short_gpu_s: short,
+        out_of_reach_gpu_s: (asked - carried) as f64 / unit,
+    }
 }
 
 /// A moment's free capacity and what each account asked for beyond its settled jobs, both in
@@ -96,12 +112,14 @@ struct SettledWeek {
     slices: Vec<Slice>,
 }
 
-/// [`SettledWeek`] for each of `wanted`, from one sweep over the run.
-fn settled_weeks(
+/// [`SettledWeek`] of each of `wanted` to `visit`, in week order, from one sweep over the run
+/// (one week's slices held at a time).
+fn for_each_settled_week(
     result: &SimResult,
     weights: &BTreeMap<String, u32>,
-    wanted: BTreeSet<usize>,
-) -> BTreeMap<usize, SettledWeek> {
+    wanted: &BTreeSet<usize>,
+    visit: &mut impl FnMut(usize, SettledWeek),
+) {
     let index = account_index(weights);
     let refused = refused(result);
     let horizon = result.horizon_s;
@@ -133,15 +151,15 @@ fn settled_weeks(
         }
     }
     // Week boundaries cut the stretches too.
-    for week in &wanted {
+    for week in wanted {
         for edge in [*week as i64, *week as i64 + 1] {
             changes.push((result.start_s + edge * WEEK_S, None, 0, 0));
         }
     }
-    changes.sort_by_key(|c| c.0);
+    changes.sort_unstable_by_key(|c| c.0);
     let capacity = i64::from(result.total_gpus) * i64::from(SHARE_UNITS_PER_GPU);
     let (mut all, mut settled, mut demand) = (0i64, vec![0i64; n], vec![0i64; n]);
-    let mut out: BTreeMap<usize, SettledWeek> = BTreeMap::new();
+    let mut current: Option<(usize, SettledWeek)> = None;
     let mut k = 0;
     while k < changes.len() {
         let t = changes[k].0;
@@ -162,9 +180,19 @@ fn settled_weeks(
         if span <= 0 || !wanted.contains(&week) {
             continue;
         }
-        let this = out.entry(week).or_insert_with(|| SettledWeek {
-            settled: vec![0; n],
-            slices: Vec::new(),
+        if current.as_ref().is_some_and(|(w, _)| *w != week) {
+            if let Some((done, settled_week)) = current.take() {
+                visit(done, settled_week);
+            }
+        }
+        let (_, this) = current.get_or_insert_with(|| {
+            (
+                week,
+                SettledWeek {
+                    settled: vec![0; n],
+                    slices: Vec::new(),
+                },
+            )
         });
         for (total, held) in this.settled.iter_mut().zip(&settled) {
             *total += held * span;
@@ -181,7 +209,9 @@ fn settled_weeks(
             this.slices.push(Slice { free, asks });
         }
     }
-    out
+    if let Some((done, settled_week)) = current {
+        visit(done, settled_week);
+    }
 }
 
 /// Stretches sorted and joined where they touch or overlap.
