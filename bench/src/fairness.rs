@@ -348,19 +348,21 @@ fn table(args: &FairnessArgs, rows: &[Row], seconds: f64) -> String {
     );
     let _ = writeln!(
         out,
-        "| variant | load | nodes | jobs > 7 d | longest wait, days | weeks < 0.5 | weeks >= 0.8 | shortfall at 0.8 out of reach without preemption, % | mean wait / baseline's | window utilization, points | held for plans, % | work redone, % | idle beside wider jobs, % |"
+        "| variant | load | nodes | jobs > 7 d [of them over 7 d with every other account at 0.8] | longest wait, days | weeks < 0.5 | weeks >= 0.8 | shortfall at 0.8 out of reach without preemption, % | mean wait / baseline's | window utilization, points | held for plans, % | work redone, % | idle beside wider jobs, % |"
     );
     let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for row in rows {
         let (p, a) = (&row.policy, &row.against);
         let _ = writeln!(
             out,
-            "| {} | {:.2} | {} | {} ({}) | {:.1} ({:.1}) | {} ({}) | {:.1}% ({:.1}%) | {:.0} ({:.0}) | {:.2} | {:+.2} | {:.2} ({:.2}) | {:.2} ({:.2}) | {:.2} ({:.2}) |",
+            "| {} | {:.2} | {} | {} [{}] ({} [{}]) | {:.1} ({:.1}) | {} ({}) | {:.1}% ({:.1}%) | {:.0} ({:.0}) | {:.2} | {:+.2} | {:.2} ({:.2}) | {:.2} ({:.2}) | {:.2} ({:.2}) |",
             row.variant,
             row.load,
             row.nodes,
             p.over_7d,
+            p.over_7d_with_others_at_0_8,
             a.over_7d,
+            a.over_7d_with_others_at_0_8,
             p.longest_wait_s as f64 / DAY_S,
             a.longest_wait_s as f64 / DAY_S,
             p.weeks_below_half,
@@ -413,10 +415,12 @@ fn table(args: &FairnessArgs, rows: &[Row], seconds: f64) -> String {
     let over_goal = ratios.iter().filter(|r| **r > MEAN_WAIT_GOAL).count();
     let _ = writeln!(
         out,
-        "| **all {}** | | | **{}** ({}) | **{:.1}** ({:.1}) mean | **{}** ({}) | **{:.1}%** ({:.1}%) | **{:.0}** ({:.0}) | **{:.2}** mean, {over_goal} over {MEAN_WAIT_GOAL} | **{:+.2}** mean | **{:.2}** ({:.2}) mean | **{:.2}** ({:.2}) mean | **{:.2}** ({:.2}) mean |",
+        "| **all {}** | | | **{}** [{}] ({} [{}]) | **{:.1}** ({:.1}) mean | **{}** ({}) | **{:.1}%** ({:.1}%) | **{:.0}** ({:.0}) | **{:.2}** mean, {over_goal} over {MEAN_WAIT_GOAL} | **{:+.2}** mean | **{:.2}** ({:.2}) mean | **{:.2}** ({:.2}) mean | **{:.2}** ({:.2}) mean |",
         rows.len(),
         sum(&|h| h.over_7d, true),
+        sum(&|h| h.over_7d_with_others_at_0_8, true),
         sum(&|h| h.over_7d, false),
+        sum(&|h| h.over_7d_with_others_at_0_8, false),
         mean_longest(true),
         mean_longest(false),
         sum(&|h| h.weeks_below_half, true),
@@ -500,6 +504,11 @@ mod tests {
         .unwrap();
         let said = format!("7 days: {};", rows[3].policy.over_7d);
         assert!(report.contains(&said), "{said} not in {report}");
+        let said = format!(
+            "{} even with every other account at 0.8",
+            rows[3].policy.over_7d_with_others_at_0_8
+        );
+        assert!(report.contains(&said), "{said} not in {report}");
         let cases: Vec<(String, f64)> = rows
             .iter()
             .map(|r| (r.variant.to_string(), r.load))
@@ -543,6 +552,7 @@ mod tests {
         }
         for row in &rows {
             for side in [&row.policy, &row.against] {
+                assert!(side.over_7d_with_others_at_0_8 <= side.over_7d, "{side:?}");
                 assert!(
                     side.short_of_0_8_out_of_reach_gpu_s <= side.short_of_0_8_gpu_s + 1.0,
                     "{side:?}"
@@ -552,8 +562,12 @@ mod tests {
         let printed = table(&given, &rows, 1.0);
         assert!(printed.contains("| shift:1 | 0.95 |"), "{printed}");
         let total: usize = rows.iter().map(|r| r.policy.over_7d).sum();
+        let forced: usize = rows
+            .iter()
+            .map(|r| r.policy.over_7d_with_others_at_0_8)
+            .sum();
         assert!(
-            printed.contains(&format!("| **all 4** | | | **{total}** (")),
+            printed.contains(&format!("| **all 4** | | | **{total}** [{forced}] (")),
             "{printed}"
         );
     }

@@ -211,6 +211,11 @@ pub struct Headline {
     pub over_1d: usize,
     pub over_3d: usize,
     pub over_7d: usize,
+    /// Of those, the jobs that would still wait over 7 days were their account served from the
+    /// run's start at its share plus a fifth of every other account's, its jobs in submission
+    /// order ([`shortest_waits`]): their account's jobs could not all have started within 7
+    /// days unless some other tenant was held below 0.8 of its share at some moment.
+    pub over_7d_with_others_at_0_8: usize,
     pub longest_wait_s: i64,
     /// Busy share of the cluster from the first submission to the horizon.
     pub utilization: f64,
@@ -287,6 +292,20 @@ fn headline_with(
         over_1d: over(1),
         over_3d: over(3),
         over_7d: over(7),
+        over_7d_with_others_at_0_8: result
+            .records
+            .iter()
+            .zip(over_a_week_with_others_at(
+                result,
+                &account_weights(config),
+                0.8,
+            ))
+            .filter(|(r, long)| {
+                *long
+                    && !refused.contains(r.spec.id.as_str())
+                    && waited_s(r, result.horizon_s) > crate::fairness::WEEK_S
+            })
+            .count(),
         longest_wait_s: waits.iter().copied().max().unwrap_or(0),
         utilization: result.utilization(),
         window_utilization: result.utilization_between(result.start_s, last_submit),
@@ -665,13 +684,7 @@ fn backlog_section(
     };
     // The same backlogs were every other account held to 0.8, then to half, of its share.
     let weights = account_weights(config);
-    let others_at = |keep: f64| -> Vec<bool> {
-        shortest_waits(result, &weights, keep)
-            .iter()
-            .zip(&result.records)
-            .map(|(b, r)| own_week(r, b))
-            .collect()
-    };
+    let others_at = |keep: f64| over_a_week_with_others_at(result, &weights, keep);
     let (over_at_0_8, over_at_half) = (others_at(0.8), others_at(0.5));
     let jobs: Vec<_> = result
         .records
@@ -765,6 +778,25 @@ fn backlog_section(
         );
     }
     let _ = writeln!(md);
+}
+
+/// Per record, whether its account's jobs before it would still take over a week from its
+/// submission were the account served from the run's start at its share plus `keep` of every
+/// other account's ([`shortest_waits`]).
+fn over_a_week_with_others_at(
+    result: &SimResult,
+    weights: &BTreeMap<String, u32>,
+    keep: f64,
+) -> Vec<bool> {
+    shortest_waits(result, weights, keep)
+        .iter()
+        .zip(&result.records)
+        .map(|(b, r)| {
+            b.is_some_and(|b| {
+                b.longer_than(crate::fairness::WEEK_S, r.spec.submit_s, result.horizon_s)
+            })
+        })
+        .collect()
 }
 
 /// A wait in words: seconds under an hour, hours under a day, days beyond.
