@@ -251,22 +251,33 @@ pub struct Headline {
 
 /// [`Headline`] of a replay on `config`.
 pub fn headline(config: &ClusterConfig, result: &SimResult) -> Headline {
-    let weeks = weekly_shares(result, &account_weights(config));
+    let weights = account_weights(config);
+    let weeks = weekly_shares(result, &weights);
     let all = wait_stats(result.records.iter(), result.horizon_s);
-    headline_with(config, result, &all, &weeks, &summarize(&weeks))
+    let over_at_0_8 = over_a_week_with_others_at(result, &weights, 0.8);
+    headline_with(
+        config,
+        result,
+        &all,
+        &weeks,
+        &summarize(&weeks),
+        &over_at_0_8,
+    )
 }
 
-/// [`Headline`] from the replay's wait figures and weekly summary, worked out once.
+/// [`Headline`] from the replay's wait figures, weekly summary and own backlogs with every
+/// other account at 0.8 ([`over_a_week_with_others_at`]), worked out once.
 fn headline_with(
     config: &ClusterConfig,
     result: &SimResult,
     all: &WaitStats,
     weeks: &[AccountWeek],
     weekly: &BTreeMap<String, WeeklySummary>,
+    over_at_0_8: &[bool],
 ) -> Headline {
-    let short_of = |fraction: f64| {
-        crate::fairness::reach::shortfalls(result, &account_weights(config), weeks, fraction)
-    };
+    let weights = account_weights(config);
+    let short_of =
+        |fraction: f64| crate::fairness::reach::shortfalls(result, &weights, weeks, fraction);
     let (half, at_0_8) = (short_of(0.5), short_of(0.8));
     let total = |weeks: &[WeekShortfall], f: fn(&WeekShortfall) -> f64| {
         weeks.iter().map(f).fold(0.0, |sum, x| sum + x)
@@ -295,13 +306,9 @@ fn headline_with(
         over_7d_with_others_at_0_8: result
             .records
             .iter()
-            .zip(over_a_week_with_others_at(
-                result,
-                &account_weights(config),
-                0.8,
-            ))
+            .zip(over_at_0_8)
             .filter(|(r, long)| {
-                *long
+                **long
                     && !refused.contains(r.spec.id.as_str())
                     && waited_s(r, result.horizon_s) > crate::fairness::WEEK_S
             })
@@ -451,7 +458,8 @@ pub fn write_outputs(out: &Path, config: &ClusterConfig, result: &SimResult) -> 
     );
     let weeks = weekly_shares(result, &account_weights(config));
     let summary = summarize(&weeks);
-    let head = headline_with(config, result, &all, &weeks, &summary);
+    let over_at_0_8 = over_a_week_with_others_at(result, &account_weights(config), 0.8);
+    let head = headline_with(config, result, &all, &weeks, &summary, &over_at_0_8);
     let _ = writeln!(
         md,
         "Jobs waiting more than 1 day: {}; 3 days: {}; 7 days: {}; the longest wait {:.1} days. \
@@ -518,7 +526,7 @@ pub fn write_outputs(out: &Path, config: &ClusterConfig, result: &SimResult) -> 
         );
     }
     weekly_section(out, config, &weeks, &summary, &head, &mut md)?;
-    backlog_section(config, result, &refused, &backlogs, &mut md);
+    backlog_section(config, result, &refused, &backlogs, &over_at_0_8, &mut md);
     let preemptions: u32 = result.records.iter().map(|r| r.preemptions).sum();
     let lost: i64 = result.records.iter().map(|r| r.lost_gpu_s).sum();
     let _ = writeln!(
@@ -668,6 +676,7 @@ fn backlog_section(
     result: &SimResult,
     refused: &std::collections::HashSet<&str>,
     backlogs: &[Option<OwnBacklog>],
+    over_at_0_8: &[bool],
     md: &mut String,
 ) {
     use crate::fairness::WEEK_S as WEEK;
@@ -682,10 +691,9 @@ fn backlog_section(
     let own_week = |r: &gpuledger_scheduler::JobRecord, b: &Option<OwnBacklog>| {
         b.is_some_and(|b| b.longer_than(WEEK, r.spec.submit_s, horizon))
     };
-    // The same backlogs were every other account held to 0.8, then to half, of its share.
-    let weights = account_weights(config);
-    let others_at = |keep: f64| over_a_week_with_others_at(result, &weights, keep);
-    let (over_at_0_8, over_at_half) = (others_at(0.8), others_at(0.5));
+    // The same backlogs were every other account held to 0.8 (worked out for the headline),
+    // then to half, of its share.
+    let over_at_half = over_a_week_with_others_at(result, &account_weights(config), 0.5);
     let jobs: Vec<_> = result
         .records
         .iter()
