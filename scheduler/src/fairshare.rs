@@ -189,29 +189,46 @@ pub fn fair_tree_factors(
 /// Each claimant's share of `capacity`: proportional to its weight, none above its demand, what
 /// a capped one leaves split among the others the same way. `claims` are `(weight, demand)`.
 pub fn water_fill(capacity: f64, claims: &[(f64, f64)]) -> Vec<f64> {
-    let mut order: Vec<usize> = (0..claims.len())
-        .filter(|&i| claims[i].0 > 0.0 && claims[i].1 > 0.0)
-        .collect();
-    // Smallest demand per unit of weight first: those are the ones capped at their demand.
-    order.sort_by(|&a, &b| (claims[a].1 / claims[a].0).total_cmp(&(claims[b].1 / claims[b].0)));
-    let mut shares = vec![0.0; claims.len()];
-    let mut left = capacity.max(0.0);
-    let mut weight: f64 = order.iter().map(|&i| claims[i].0).sum();
-    for (k, &i) in order.iter().enumerate() {
-        let (w, demand) = claims[i];
-        let level = left / weight;
-        if demand <= level * w {
-            shares[i] = demand;
-            left -= demand;
-            weight -= w;
-        } else {
-            for &j in &order[k..] {
-                shares[j] = level * claims[j].0;
+    WaterFill::default().fill(capacity, claims).to_vec()
+}
+
+/// [`water_fill`] with its buffers kept, for a caller that splits a capacity many times over
+/// (a replay's analysis does at every change of demand).
+#[derive(Clone, Debug, Default)]
+pub struct WaterFill {
+    order: Vec<usize>,
+    shares: Vec<f64>,
+}
+
+impl WaterFill {
+    /// Each claimant's share, as [`water_fill`] gives it.
+    pub fn fill(&mut self, capacity: f64, claims: &[(f64, f64)]) -> &[f64] {
+        let order = &mut self.order;
+        order.clear();
+        order.extend((0..claims.len()).filter(|&i| claims[i].0 > 0.0 && claims[i].1 > 0.0));
+        // Smallest demand per unit of weight first: those are the ones capped at their demand.
+        order.sort_by(|&a, &b| (claims[a].1 / claims[a].0).total_cmp(&(claims[b].1 / claims[b].0)));
+        let shares = &mut self.shares;
+        shares.clear();
+        shares.resize(claims.len(), 0.0);
+        let mut left = capacity.max(0.0);
+        let mut weight: f64 = order.iter().map(|&i| claims[i].0).sum();
+        for (k, &i) in order.iter().enumerate() {
+            let (w, demand) = claims[i];
+            let level = left / weight;
+            if demand <= level * w {
+                shares[i] = demand;
+                left -= demand;
+                weight -= w;
+            } else {
+                for &j in &order[k..] {
+                    shares[j] = level * claims[j].0;
+                }
+                break;
             }
-            break;
         }
+        shares
     }
-    shares
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -462,6 +479,24 @@ mod tests {
             }
         }
         shares
+    }
+
+    #[test]
+    fn a_kept_water_fill_splits_each_time_as_a_fresh_one() {
+        // Its buffers hold the last split: a longer, then shorter, then empty claim list.
+        let mut kept = WaterFill::default();
+        for claims in [
+            vec![(1.0, 10.0), (1.0, 500.0), (2.0, 500.0)],
+            vec![(5.0, 20.0), (1.0, 30.0), (3.0, 0.0), (1.0, 7.5)],
+            vec![(1.0, 300.0)],
+            vec![],
+        ] {
+            assert_eq!(
+                kept.fill(100.0, &claims),
+                water_fill(100.0, &claims).as_slice()
+            );
+            assert_eq!(kept.fill(100.0, &claims).len(), claims.len());
+        }
     }
 
     proptest! {

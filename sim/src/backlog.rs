@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, BinaryHeap};
 
 use gpuledger_scheduler::SimResult;
 
-use crate::fairness::{account_index, for_each_fair_stretch, refused};
+use crate::fairness::{account_index, refused, sweep, Stretches};
 
 /// One job's own backlog.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -47,7 +47,10 @@ pub fn own_backlogs(
     result: &SimResult,
     weights: &BTreeMap<String, u32>,
 ) -> Vec<Option<OwnBacklog>> {
-    served(result, weights, 1.0, Ahead::AfterRunHeld)
+    let work = Work::of(result, weights);
+    let mut service = Service::new(result, &work, 1.0, Ahead::AfterRunHeld);
+    sweep(result, weights, &mut [&mut service]);
+    service.finish()
 }
 
 /// For each record, the shortest wait any schedule could have given it while every other
@@ -64,104 +67,161 @@ pub fn shortest_waits(
     weights: &BTreeMap<String, u32>,
     others_keep: f64,
 ) -> Vec<Option<OwnBacklog>> {
-    served(result, weights, others_keep, Ahead::FromStart)
+    let work = Work::of(result, weights);
+    let mut service = Service::new(result, &work, others_keep, Ahead::FromStart);
+    sweep(result, weights, &mut [&mut service]);
+    service.finish()
 }
 
 /// What a job waits to be served: the work ahead of it at its submission after what the run
 /// had held by then ([`own_backlogs`]), or the work submitted before it, served from the run's
 /// start ([`shortest_waits`]).
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Ahead {
+pub(crate) enum Ahead {
     AfterRunHeld,
     FromStart,
 }
 
-/// Each record's wait for its account's service, `others_keep` of their shares left to the
-/// other accounts, to cover the work ahead of it as `ahead_is` counts it.
-fn served(
-    result: &SimResult,
-    weights: &BTreeMap<String, u32>,
-    others_keep: f64,
-    ahead_is: Ahead,
-) -> Vec<Option<OwnBacklog>> {
-    let given_up = 1.0 - others_keep.clamp(0.0, 1.0);
-    let index = account_index(weights);
-    let refused = refused(result);
-    let accounts: Vec<Option<usize>> = result
-        .records
-        .iter()
-        .map(|r| {
-            if refused.contains(r.spec.id.as_str()) {
-                None
-            } else {
-                index.get(r.spec.account.as_str()).copied()
-            }
-        })
-        .collect();
-    let work = work_before(result, &accounts, weights.len());
-    let ahead: Vec<f64> = work
-        .iter()
-        .map(|w| match ahead_is {
-            Ahead::AfterRunHeld => w.ahead(),
-            Ahead::FromStart => w.submitted,
-        })
-        .collect();
-    let mut out: Vec<Option<OwnBacklog>> = accounts
-        .iter()
-        .zip(&ahead)
-        .map(|(a, w)| a.map(|_| served_at_once(*w)))
-        .collect();
+/// Each record's account (`None`: refused, or not in the weights) and its account's work before
+/// its submission: what every [`Service`] of one run starts from.
+pub(crate) struct Work {
+    accounts: Vec<Option<usize>>,
+    before: Vec<WorkBefore>,
+    n: usize,
+}
 
-    // Jobs with work ahead, by submission: they wait in their account's heap, lowest target
-    // first, for the service integrated over the account to reach the target.
-    let mut asking: Vec<usize> = (0..result.records.len())
-        .filter(|&i| accounts[i].is_some() && ahead[i] > 0.0)
-        .collect();
-    asking.sort_by_key(|&i| (result.records[i].spec.submit_s, i));
-    let mut next_asking = asking.iter().peekable();
-    let mut delivered = vec![0.0f64; weights.len()];
-    let mut waiting: Vec<BinaryHeap<Target>> = vec![BinaryHeap::new(); weights.len()];
-    for_each_fair_stretch(result, weights, |from, to, shares, asked| {
-        let all: f64 = shares.iter().sum();
-        let rates: Vec<f64> = shares
+impl Work {
+    pub(crate) fn of(result: &SimResult, weights: &BTreeMap<String, u32>) -> Work {
+        let index = account_index(weights);
+        let refused = refused(result);
+        let accounts: Vec<Option<usize>> = result
+            .records
             .iter()
-            .zip(asked)
-            .map(|(share, asked)| (share + given_up * (all - share)).min(*asked))
+            .map(|r| {
+                if refused.contains(r.spec.id.as_str()) {
+                    None
+                } else {
+                    index.get(r.spec.account.as_str()).copied()
+                }
+            })
             .collect();
-        while let Some(&&i) = next_asking.peek() {
-            let submit = result.records[i].spec.submit_s;
+        let before = work_before(result, &accounts, weights.len());
+        Work {
+            accounts,
+            before,
+            n: weights.len(),
+        }
+    }
+}
+
+/// Each record's wait for its account's service, `others_keep` of their shares left to the
+/// other accounts, to cover the work ahead of it as `ahead_is` counts it: a reader of one
+/// [`sweep`] ([`Service::finish`] gives the waits).
+pub(crate) struct Service<'a> {
+    result: &'a SimResult,
+    accounts: &'a [Option<usize>],
+    ahead: Vec<f64>,
+    ahead_is: Ahead,
+    given_up: f64,
+    /// Jobs with work ahead, by submission, and the next of them to queue.
+    asking: Vec<usize>,
+    next_asking: usize,
+    /// Each account's service so far, and its jobs waiting for it in a heap, lowest target
+    /// first, for the service integrated over the account to reach the target.
+    delivered: Vec<f64>,
+    waiting: Vec<BinaryHeap<Target>>,
+    rates: Vec<f64>,
+    out: Vec<Option<OwnBacklog>>,
+}
+
+impl<'a> Service<'a> {
+    pub(crate) fn new(
+        result: &'a SimResult,
+        work: &'a Work,
+        others_keep: f64,
+        ahead_is: Ahead,
+    ) -> Self {
+        let ahead: Vec<f64> = work
+            .before
+            .iter()
+            .map(|w| match ahead_is {
+                Ahead::AfterRunHeld => w.ahead(),
+                Ahead::FromStart => w.submitted,
+            })
+            .collect();
+        let out = work
+            .accounts
+            .iter()
+            .zip(&ahead)
+            .map(|(a, w)| a.map(|_| served_at_once(*w)))
+            .collect();
+        let mut asking: Vec<usize> = (0..result.records.len())
+            .filter(|&i| work.accounts[i].is_some() && ahead[i] > 0.0)
+            .collect();
+        asking.sort_by_key(|&i| (result.records[i].spec.submit_s, i));
+        Service {
+            result,
+            accounts: &work.accounts,
+            ahead,
+            ahead_is,
+            given_up: 1.0 - others_keep.clamp(0.0, 1.0),
+            asking,
+            next_asking: 0,
+            delivered: vec![0.0; work.n],
+            waiting: vec![BinaryHeap::new(); work.n],
+            rates: vec![0.0; work.n],
+            out,
+        }
+    }
+
+    /// The waits; what is still waiting, or was submitted after the last change, stays
+    /// beyond the horizon.
+    pub(crate) fn finish(self) -> Vec<Option<OwnBacklog>> {
+        self.out
+    }
+}
+
+impl Stretches for Service<'_> {
+    fn stretch(&mut self, from: i64, to: i64, shares: &[f64], asked: &[f64]) {
+        let all: f64 = shares.iter().sum();
+        for ((rate, share), asked) in self.rates.iter_mut().zip(shares).zip(asked) {
+            *rate = (share + self.given_up * (all - share)).min(*asked);
+        }
+        let records = &self.result.records;
+        while let Some(&i) = self.asking.get(self.next_asking) {
+            let submit = records[i].spec.submit_s;
             if submit >= to {
                 break;
             }
-            next_asking.next();
-            let Some(a) = accounts[i] else { continue };
-            let gpu_s = match ahead_is {
+            self.next_asking += 1;
+            let Some(a) = self.accounts[i] else { continue };
+            let gpu_s = match self.ahead_is {
                 Ahead::AfterRunHeld => {
-                    delivered[a] + rates[a] * (submit.max(from) - from) as f64 + ahead[i]
+                    self.delivered[a]
+                        + self.rates[a] * (submit.max(from) - from) as f64
+                        + self.ahead[i]
                 }
-                Ahead::FromStart => ahead[i],
+                Ahead::FromStart => self.ahead[i],
             };
-            waiting[a].push(Target { gpu_s, record: i });
+            self.waiting[a].push(Target { gpu_s, record: i });
         }
-        for (a, heap) in waiting.iter_mut().enumerate() {
-            let rate = rates[a];
+        for (a, heap) in self.waiting.iter_mut().enumerate() {
+            let rate = self.rates[a];
             if rate <= 0.0 {
                 continue;
             }
-            let at_end = delivered[a] + rate * (to - from) as f64;
+            let delivered = &mut self.delivered[a];
+            let at_end = *delivered + rate * (to - from) as f64;
             while heap.peek().is_some_and(|t| t.gpu_s <= at_end) {
                 let Some(t) = heap.pop() else { break };
                 // Rounded up to the second, a hair of float error aside.
-                let reached =
-                    from + ((t.gpu_s - delivered[a]) / rate - 1e-9).ceil().max(0.0) as i64;
-                let submit = result.records[t.record].spec.submit_s;
-                out[t.record] = Some(OwnBacklog::Served((reached - submit).max(0)));
+                let reached = from + ((t.gpu_s - *delivered) / rate - 1e-9).ceil().max(0.0) as i64;
+                let submit = records[t.record].spec.submit_s;
+                self.out[t.record] = Some(OwnBacklog::Served((reached - submit).max(0)));
             }
-            delivered[a] = at_end;
+            *delivered = at_end;
         }
-    });
-    // What is still waiting, or was submitted after the last change, stays beyond the horizon.
-    out
+    }
 }
 
 /// Until the sweep says otherwise: nothing ahead is served at once, anything else is beyond the

@@ -16,9 +16,9 @@ use gpuledger_model::tenant::Account;
 use gpuledger_model::{AccountId, ClusterConfig, Currency, DurationSpec, GpuModel, GpuType, Quota};
 use gpuledger_scheduler::{SimJob, SimResult};
 
-use crate::backlog::{own_backlogs, shortest_waits, OwnBacklog};
+use crate::backlog::{Ahead, OwnBacklog, Service, Work};
 use crate::fairness::reach::WeekShortfall;
-use crate::fairness::{summarize, weekly_shares, AccountWeek, WeeklySummary, MIN_FAIR_GPU_S};
+use crate::fairness::{summarize, sweep, AccountWeek, WeeklyFair, WeeklySummary, MIN_FAIR_GPU_S};
 use crate::{Error, Result};
 
 /// The fair-share weight of each account of a Philly trace: its VC's nodes (1 where the VC has
@@ -213,7 +213,7 @@ pub struct Headline {
     pub over_7d: usize,
     /// Of those, the jobs that would still wait over 7 days were their account served from the
     /// run's start at its share plus a fifth of every other account's, its jobs in submission
-    /// order ([`shortest_waits`]): their account's jobs could not all have started within 7
+    /// order ([`crate::backlog::shortest_waits`]): their account's jobs could not all have started within 7
     /// days unless some other tenant was held below 0.8 of its share at some moment.
     pub over_7d_with_others_at_0_8: usize,
     pub longest_wait_s: i64,
@@ -252,21 +252,63 @@ pub struct Headline {
 /// [`Headline`] of a replay on `config`.
 pub fn headline(config: &ClusterConfig, result: &SimResult) -> Headline {
     let weights = account_weights(config);
-    let weeks = weekly_shares(result, &weights);
+    let figures = FairFigures::of(result, &weights, false);
     let all = wait_stats(result.records.iter(), result.horizon_s);
-    let over_at_0_8 = over_a_week_with_others_at(result, &weights, 0.8);
     headline_with(
         config,
         result,
         &all,
-        &weeks,
-        &summarize(&weeks),
-        &over_at_0_8,
+        &figures.weeks,
+        &summarize(&figures.weeks),
+        &figures.over_at_0_8,
     )
 }
 
+/// What a replay's report reads off the fair split through the run, from one sweep of it.
+struct FairFigures {
+    /// Every account-week ([`crate::fairness::weekly_shares`]).
+    weeks: Vec<AccountWeek>,
+    /// Per record, whether it would still wait over a week were every other account held to
+    /// 0.8 of its share ([`crate::backlog::shortest_waits`]).
+    over_at_0_8: Vec<bool>,
+    /// Per record, its own backlog ([`crate::backlog::own_backlogs`]) and the same as `over_at_0_8` at half;
+    /// empty unless asked for.
+    own: Vec<Option<OwnBacklog>>,
+    over_at_half: Vec<bool>,
+}
+
+impl FairFigures {
+    fn of(result: &SimResult, weights: &BTreeMap<String, u32>, with_backlogs: bool) -> Self {
+        let work = Work::of(result, weights);
+        let mut weekly = WeeklyFair::new(result, weights);
+        let mut at_0_8 = Service::new(result, &work, 0.8, Ahead::FromStart);
+        let mut at_half = Service::new(result, &work, 0.5, Ahead::FromStart);
+        let mut own = Service::new(result, &work, 1.0, Ahead::AfterRunHeld);
+        if with_backlogs {
+            sweep(
+                result,
+                weights,
+                &mut [&mut weekly, &mut at_0_8, &mut at_half, &mut own],
+            );
+        } else {
+            sweep(result, weights, &mut [&mut weekly, &mut at_0_8]);
+        }
+        let (own, over_at_half) = if with_backlogs {
+            (own.finish(), over_a_week(result, &at_half.finish()))
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        FairFigures {
+            weeks: weekly.finish(),
+            over_at_0_8: over_a_week(result, &at_0_8.finish()),
+            own,
+            over_at_half,
+        }
+    }
+}
+
 /// [`Headline`] from the replay's wait figures, weekly summary and own backlogs with every
-/// other account at 0.8 ([`over_a_week_with_others_at`]), worked out once.
+/// other account at 0.8 ([`FairFigures`]), worked out once.
 fn headline_with(
     config: &ClusterConfig,
     result: &SimResult,
@@ -276,9 +318,9 @@ fn headline_with(
     over_at_0_8: &[bool],
 ) -> Headline {
     let weights = account_weights(config);
-    let short_of =
-        |fraction: f64| crate::fairness::reach::shortfalls(result, &weights, weeks, fraction);
-    let (half, at_0_8) = (short_of(0.5), short_of(0.8));
+    let mut short_of = crate::fairness::reach::shortfalls_at(result, &weights, weeks, &[0.5, 0.8]);
+    let at_0_8 = short_of.pop().unwrap_or_default();
+    let half = short_of.pop().unwrap_or_default();
     let total = |weeks: &[WeekShortfall], f: fn(&WeekShortfall) -> f64| {
         weeks.iter().map(f).fold(0.0, |sum, x| sum + x)
     };
@@ -384,7 +426,12 @@ pub fn write_outputs(out: &Path, config: &ClusterConfig, result: &SimResult) -> 
     std::fs::create_dir_all(out).map_err(Error::io(format!("creating {}", out.display())))?;
     let t0 = result.start_s;
     let refused = crate::fairness::refused(result);
-    let backlogs = own_backlogs(result, &account_weights(config));
+    let FairFigures {
+        weeks,
+        over_at_0_8,
+        own: backlogs,
+        over_at_half,
+    } = FairFigures::of(result, &account_weights(config), true);
     let mut csv = String::from(
         "job_id,account,gpus,submit,start,end,wait_s,jct_s,outcome,backfilled,preemptions,lost_gpu_s,gpu_share,own_backlog_s\n",
     );
@@ -456,9 +503,7 @@ pub fn write_outputs(out: &Path, config: &ClusterConfig, result: &SimResult) -> 
         all.mean_jct_s,
         result.utilization() * 100.0
     );
-    let weeks = weekly_shares(result, &account_weights(config));
     let summary = summarize(&weeks);
-    let over_at_0_8 = over_a_week_with_others_at(result, &account_weights(config), 0.8);
     let head = headline_with(config, result, &all, &weeks, &summary, &over_at_0_8);
     let _ = writeln!(
         md,
@@ -526,7 +571,14 @@ pub fn write_outputs(out: &Path, config: &ClusterConfig, result: &SimResult) -> 
         );
     }
     weekly_section(out, config, &weeks, &summary, &head, &mut md)?;
-    backlog_section(config, result, &refused, &backlogs, &over_at_0_8, &mut md);
+    backlog_section(
+        config,
+        result,
+        &refused,
+        &backlogs,
+        [&over_at_0_8, &over_at_half],
+        &mut md,
+    );
     let preemptions: u32 = result.records.iter().map(|r| r.preemptions).sum();
     let lost: i64 = result.records.iter().map(|r| r.lost_gpu_s).sum();
     let _ = writeln!(
@@ -670,13 +722,13 @@ fn account_weights(config: &ClusterConfig) -> BTreeMap<String, u32> {
 /// The report's long waits set against each job's own backlog ([`crate::backlog`]): how many
 /// waited over a week because their account had more than a week of its own work ahead at its
 /// fair share, how many still would with every other account giving up a fifth or half of its
-/// share ([`shortest_waits`]), and how long any job waited beyond its own backlog.
+/// share ([`crate::backlog::shortest_waits`]), and how long any job waited beyond its own backlog.
 fn backlog_section(
     config: &ClusterConfig,
     result: &SimResult,
     refused: &std::collections::HashSet<&str>,
     backlogs: &[Option<OwnBacklog>],
-    over_at_0_8: &[bool],
+    [over_at_0_8, over_at_half]: [&[bool]; 2],
     md: &mut String,
 ) {
     use crate::fairness::WEEK_S as WEEK;
@@ -691,9 +743,6 @@ fn backlog_section(
     let own_week = |r: &gpuledger_scheduler::JobRecord, b: &Option<OwnBacklog>| {
         b.is_some_and(|b| b.longer_than(WEEK, r.spec.submit_s, horizon))
     };
-    // The same backlogs were every other account held to 0.8 (worked out for the headline),
-    // then to half, of its share.
-    let over_at_half = over_a_week_with_others_at(result, &account_weights(config), 0.5);
     let jobs: Vec<_> = result
         .records
         .iter()
@@ -788,15 +837,10 @@ fn backlog_section(
     let _ = writeln!(md);
 }
 
-/// Per record, whether its account's jobs before it would still take over a week from its
-/// submission were the account served from the run's start at its share plus `keep` of every
-/// other account's ([`shortest_waits`]).
-fn over_a_week_with_others_at(
-    result: &SimResult,
-    weights: &BTreeMap<String, u32>,
-    keep: f64,
-) -> Vec<bool> {
-    shortest_waits(result, weights, keep)
+/// Per record, whether its wait for its account's service (the [`crate::backlog::shortest_waits`] with every
+/// other account held to some fraction of its share) is over a week.
+fn over_a_week(result: &SimResult, waits: &[Option<OwnBacklog>]) -> Vec<bool> {
+    waits
         .iter()
         .zip(&result.records)
         .map(|(b, r)| {

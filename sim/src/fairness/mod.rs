@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use gpuledger_scheduler::fairshare::water_fill;
+use gpuledger_scheduler::fairshare::WaterFill;
 use gpuledger_scheduler::{JobRecord, SimResult};
 
 pub mod reach;
@@ -50,50 +50,78 @@ impl AccountWeek {
 /// Every account-week from the first submission to the horizon, for the accounts in `weights`
 /// (account id to fair-share weight), in account then week order.
 pub fn weekly_shares(result: &SimResult, weights: &BTreeMap<String, u32>) -> Vec<AccountWeek> {
-    let index = account_index(weights);
-    let start = result.start_s;
-    let weeks =
-        usize::try_from((result.horizon_s - start).max(1).div_euclid(WEEK_S) + 1).unwrap_or(1);
-    let n = weights.len();
-    let mut fair = vec![vec![0.0f64; weeks]; n];
-    let mut received = vec![vec![0.0f64; weeks]; n];
-    for r in &result.records {
-        let Some(&a) = index.get(r.spec.account.as_str()) else {
-            continue;
-        };
-        for run in &r.runs {
-            let run_end = run.end_s.unwrap_or(result.horizon_s).min(result.horizon_s);
-            spread(
-                start,
-                run.start_s,
-                run_end,
-                run.gpu_equivalent(),
-                &mut received[a],
-            );
-        }
-    }
-    for_each_fair_stretch(result, weights, |from, to, shares, _| {
-        for (a, share) in shares.iter().enumerate() {
-            if *share > 0.0 {
-                spread(start, from, to, *share, &mut fair[a]);
-            }
-        }
-    });
-    let mut out = Vec::new();
-    for (a, account) in weights.keys().enumerate() {
-        for week in 0..weeks {
-            out.push(AccountWeek {
-                account: account.clone(),
-                week,
-                fair_gpu_s: fair[a][week],
-                received_gpu_s: received[a][week],
-            });
-        }
-    }
-    out
+    let mut weekly = WeeklyFair::new(result, weights);
+    sweep(result, weights, &mut [&mut weekly]);
+    weekly.finish()
 }
 
-/// Each account's position in `weights` (the order of the shares [`for_each_fair_stretch`]
+/// [`weekly_shares`] as a reader of one [`sweep`]: what each account held is counted when it
+/// is made, its fair share stretch by stretch.
+pub(crate) struct WeeklyFair<'a> {
+    accounts: Vec<&'a str>,
+    start: i64,
+    fair: Vec<Vec<f64>>,
+    received: Vec<Vec<f64>>,
+}
+
+impl<'a> WeeklyFair<'a> {
+    pub(crate) fn new(result: &SimResult, weights: &'a BTreeMap<String, u32>) -> Self {
+        let index = account_index(weights);
+        let start = result.start_s;
+        let weeks =
+            usize::try_from((result.horizon_s - start).max(1).div_euclid(WEEK_S) + 1).unwrap_or(1);
+        let n = weights.len();
+        let mut received = vec![vec![0.0f64; weeks]; n];
+        for r in &result.records {
+            let Some(&a) = index.get(r.spec.account.as_str()) else {
+                continue;
+            };
+            for run in &r.runs {
+                let run_end = run.end_s.unwrap_or(result.horizon_s).min(result.horizon_s);
+                spread(
+                    start,
+                    run.start_s,
+                    run_end,
+                    run.gpu_equivalent(),
+                    &mut received[a],
+                );
+            }
+        }
+        WeeklyFair {
+            accounts: weights.keys().map(String::as_str).collect(),
+            start,
+            fair: vec![vec![0.0f64; weeks]; n],
+            received,
+        }
+    }
+
+    pub(crate) fn finish(self) -> Vec<AccountWeek> {
+        let mut out = Vec::new();
+        for ((account, fair), received) in self.accounts.iter().zip(self.fair).zip(self.received) {
+            for (week, (fair_gpu_s, received_gpu_s)) in fair.into_iter().zip(received).enumerate() {
+                out.push(AccountWeek {
+                    account: (*account).to_owned(),
+                    week,
+                    fair_gpu_s,
+                    received_gpu_s,
+                });
+            }
+        }
+        out
+    }
+}
+
+impl Stretches for WeeklyFair<'_> {
+    fn stretch(&mut self, from: i64, to: i64, shares: &[f64], _asked: &[f64]) {
+        for (a, share) in shares.iter().enumerate() {
+            if *share > 0.0 {
+                spread(self.start, from, to, *share, &mut self.fair[a]);
+            }
+        }
+    }
+}
+
+/// Each account's position in `weights` (the order of the shares [`sweep`]
 /// gives).
 pub(crate) fn account_index(weights: &BTreeMap<String, u32>) -> BTreeMap<&str, usize> {
     weights
@@ -112,14 +140,20 @@ pub(crate) fn refused(result: &SimResult) -> HashSet<&str> {
         .collect()
 }
 
-/// The fair split through the run: `visit(from, to, shares, demand)` for each stretch between
-/// two changes of demand, in time order, with each account's GPUs owed and asked for (in
-/// `weights`' order). Demand is a job's GPUs from its submission to its final end (the horizon
-/// when it has none); a refused job is none.
-pub(crate) fn for_each_fair_stretch(
+/// A reader of the fair split through a run, stretch by stretch in time order ([`sweep`]).
+pub(crate) trait Stretches {
+    /// `[from, to)` with each account's GPUs owed and asked for (in `weights`' order).
+    fn stretch(&mut self, from: i64, to: i64, shares: &[f64], asked: &[f64]);
+}
+
+/// The fair split through the run, worked out once for every reader in `readers`: each stretch
+/// between two changes of demand, in time order, with each account's GPUs owed and asked for
+/// (in `weights`' order). Demand is a job's GPUs from its submission to its final end (the
+/// horizon when it has none); a refused job is none.
+pub(crate) fn sweep(
     result: &SimResult,
     weights: &BTreeMap<String, u32>,
-    mut visit: impl FnMut(i64, i64, &[f64], &[f64]),
+    readers: &mut [&mut dyn Stretches],
 ) {
     let index = account_index(weights);
     let refused = refused(result);
@@ -138,10 +172,13 @@ pub(crate) fn for_each_fair_stretch(
             changes.push((end, a, -gpus));
         }
     }
+    // Stable: changes at one time are summed in record order, as they always were.
     changes.sort_by_key(|c| c.0);
-    let claims_weight: Vec<f64> = weights.values().map(|w| f64::from(*w)).collect();
+    let mut claims: Vec<(f64, f64)> = weights.values().map(|w| (f64::from(*w), 0.0)).collect();
     let capacity = f64::from(result.total_gpus);
     let mut demand = vec![0.0f64; weights.len()];
+    let mut asked = vec![0.0f64; weights.len()];
+    let mut filling = WaterFill::default();
     let mut k = 0;
     while k < changes.len() {
         let t = changes[k].0;
@@ -152,13 +189,14 @@ pub(crate) fn for_each_fair_stretch(
         let Some(&(next, _, _)) = changes.get(k) else {
             break;
         };
-        let asked: Vec<f64> = demand.iter().map(|d| d.max(0.0)).collect();
-        let claims: Vec<(f64, f64)> = claims_weight
-            .iter()
-            .copied()
-            .zip(asked.iter().copied())
-            .collect();
-        visit(t, next, &water_fill(capacity, &claims), &asked);
+        for ((asks, claim), d) in asked.iter_mut().zip(&mut claims).zip(&demand) {
+            *asks = d.max(0.0);
+            claim.1 = *asks;
+        }
+        let shares = filling.fill(capacity, &claims);
+        for reader in readers.iter_mut() {
+            reader.stretch(t, next, shares, &asked);
+        }
     }
 }
 

@@ -42,32 +42,60 @@ pub fn shortfalls(
     weeks: &[AccountWeek],
     fraction: f64,
 ) -> Vec<WeekShortfall> {
+    shortfalls_at(result, weights, weeks, &[fraction])
+        .pop()
+        .unwrap_or_default()
+}
+
+/// [`shortfalls`] against each of `fractions`, in their order, from one sweep over the run.
+pub fn shortfalls_at(
+    result: &SimResult,
+    weights: &BTreeMap<String, u32>,
+    weeks: &[AccountWeek],
+    fractions: &[f64],
+) -> Vec<Vec<WeekShortfall>> {
     let index = account_index(weights);
-    let mut by_week: BTreeMap<usize, (f64, Vec<(usize, f64)>)> = BTreeMap::new();
-    for w in weeks.iter().filter(|w| w.counts()) {
-        let (short, targets) = by_week.entry(w.week).or_default();
-        *short += (fraction * w.fair_gpu_s - w.received_gpu_s).max(0.0);
-        if let Some(&a) = index.get(w.account.as_str()) {
-            targets.push((a, fraction * w.fair_gpu_s));
-        }
+    // Per fraction, each week's shortfall and targets (account, GPU-seconds).
+    type Targets = BTreeMap<usize, (f64, Vec<(usize, f64)>)>;
+    let by_fraction: Vec<Targets> = fractions
+        .iter()
+        .map(|&fraction| {
+            let mut by_week: Targets = BTreeMap::new();
+            for w in weeks.iter().filter(|w| w.counts()) {
+                let (short, targets) = by_week.entry(w.week).or_default();
+                *short += (fraction * w.fair_gpu_s - w.received_gpu_s).max(0.0);
+                if let Some(&a) = index.get(w.account.as_str()) {
+                    targets.push((a, fraction * w.fair_gpu_s));
+                }
+            }
+            by_week.retain(|_, (short, _)| *short > 0.0);
+            by_week
+        })
+        .collect();
+    let mut out: Vec<BTreeMap<usize, WeekShortfall>> = vec![BTreeMap::new(); fractions.len()];
+    let wanted: BTreeSet<usize> = by_fraction.iter().flat_map(|b| b.keys().copied()).collect();
+    if !wanted.is_empty() {
+        for_each_settled_week(result, weights, &wanted, &mut |week, settled_week| {
+            for (by_week, out) in by_fraction.iter().zip(&mut out) {
+                if let Some((short, targets)) = by_week.get(&week) {
+                    out.insert(week, out_of_reach(week, *short, targets, &settled_week));
+                }
+            }
+        });
     }
-    by_week.retain(|_, (short, _)| *short > 0.0);
-    if by_week.is_empty() {
-        return Vec::new();
-    }
-    let mut out: BTreeMap<usize, WeekShortfall> = BTreeMap::new();
-    let wanted: BTreeSet<usize> = by_week.keys().copied().collect();
-    for_each_settled_week(result, weights, &wanted, &mut |week, settled_week| {
-        if let Some((short, targets)) = by_week.get(&week) {
-            out.insert(week, out_of_reach(week, *short, targets, settled_week));
-        }
-    });
     // A week the sweep never reached (past the horizon) had nothing free.
-    for (week, (short, targets)) in &by_week {
-        out.entry(*week)
-            .or_insert_with(|| out_of_reach(*week, *short, targets, SettledWeek::default()));
-    }
-    out.into_values().collect()
+    let nothing = SettledWeek::default();
+    by_fraction
+        .iter()
+        .zip(out)
+        .map(|(by_week, mut out)| {
+            for (week, (short, targets)) in by_week {
+                out.entry(*week)
+                    .or_insert_with(|| out_of_reach(*week, *short, targets, &nothing));
+            }
+            out.into_values().collect()
+        })
+        .collect()
 }
 
 /// The week's shortfall `short` (GPU-seconds) and what of `targets` (account, GPU-seconds) no
@@ -76,7 +104,7 @@ fn out_of_reach(
     week: usize,
     short: f64,
     targets: &[(usize, f64)],
-    SettledWeek { settled, slices }: SettledWeek,
+    SettledWeek { settled, slices }: &SettledWeek,
 ) -> WeekShortfall {
     let unit = f64::from(SHARE_UNITS_PER_GPU);
     // Each account's need beyond its settled jobs, in share-unit-seconds.
@@ -89,7 +117,7 @@ fn out_of_reach(
         .filter(|(_, need)| *need > 0)
         .collect();
     let asked: i64 = needs.iter().map(|(_, need)| need).sum();
-    let carried = max_flow(&needs, &slices);
+    let carried = max_flow(&needs, slices);
     WeekShortfall {
         week,
         short_gpu_s: short,
@@ -465,10 +493,17 @@ mod tests {
             }
             let horizon = free_at.iter().copied().max().unwrap();
             let result = replay(records, Vec::new(), 4, horizon);
-            for week in week_of(&result, &weights(&["a", "b", "c"]), fraction) {
+            let w = weights(&["a", "b", "c"]);
+            let alone = week_of(&result, &w, fraction);
+            for week in &alone {
                 prop_assert!(week.out_of_reach_gpu_s >= 0.0, "{week:?}");
                 prop_assert!(week.out_of_reach_gpu_s <= week.short_gpu_s + 1.0, "{week:?}");
             }
+            // One sweep for several fractions gives each what a sweep of its own does.
+            let weeks = weekly_shares(&result, &w);
+            let together = shortfalls_at(&result, &w, &weeks, &[0.5, fraction]);
+            prop_assert_eq!(&together[1], &alone);
+            prop_assert_eq!(&together[0], &shortfalls(&result, &w, &weeks, 0.5));
         }
     }
 }
