@@ -32,7 +32,7 @@ mod types;
 
 use admission::has_gpu_hour_quota;
 use kept::{Freed, Keeping, KeptPlans, KeptStart};
-use preemption::{PreemptionGate, Victims};
+use preemption::{PreemptionGate, RunningTiers, Victims};
 use queue::{Hot, JobRef, Queue};
 use quota_scopes::{QuotaScopes, ScopeLimits, NO_PROJECT, UNKNOWN_PROJECT};
 pub use types::*;
@@ -79,6 +79,8 @@ pub struct Scheduler {
     pending: Queue,
     pending_ids: HashSet<JobId>,
     running: BTreeMap<JobId, RunningJob>,
+    /// The running jobs' tiers, for the preemption gate (kept with `running`).
+    tiers: RunningTiers,
     /// When each running job gives its GPUs back (kept with `running`).
     releases: ReleaseBook,
     running_per_account: HashMap<AccountId, u32>,
@@ -229,6 +231,7 @@ impl Scheduler {
             pending_ids: HashSet::new(),
             shape_ids: HashMap::new(),
             running: BTreeMap::new(),
+            tiers: RunningTiers::default(),
             releases: ReleaseBook::default(),
             running_per_account: HashMap::new(),
             running_per_project: HashMap::new(),
@@ -472,6 +475,7 @@ impl Scheduler {
     /// A running job ended for good (finished, failed, killed at its limit, cancelled).
     pub fn finish(&mut self, id: &JobId, now: UnixSeconds) -> Option<RunningJob> {
         let mut job = self.running.remove(id)?;
+        self.tiers.remove(&job);
         self.releases.remove(id);
         // Its GPUs come free before the last plans counted on them: the runs that overlap
         // `[now, then)` are searched again.
@@ -604,9 +608,9 @@ impl Scheduler {
             Vec::new()
         };
         planned += starving.len();
-        // Only tier preemption asks the gate; it looks at every running job.
+        // Only tier preemption asks the gate.
         let mut gate = if self.knobs.preemption {
-            PreemptionGate::of(self.running.values())
+            self.tiers.gate()
         } else {
             PreemptionGate::default()
         };
@@ -1133,6 +1137,7 @@ impl Scheduler {
         };
         self.releases
             .set(&job.spec.id, running.release_key(), &running.placement);
+        self.tiers.add(&running);
         self.running.insert(job.spec.id.clone(), running);
         started
     }
@@ -1181,7 +1186,9 @@ impl Scheduler {
                 continue;
             };
             accrue(&mut self.ledger, &mut self.windows, r, now);
+            self.tiers.remove(r);
             r.placement.extend(&extra);
+            self.tiers.add(r);
             self.releases.set(&id, r.release_key(), &r.placement);
             cycle.resized.push(Resized {
                 job_id: id,
@@ -1202,6 +1209,16 @@ impl Scheduler {
                 "{} releases booked for {} running jobs",
                 self.releases.len(),
                 self.running.len()
+            ));
+        }
+        let mut tiers = RunningTiers::default();
+        for job in self.running.values() {
+            tiers.add(job);
+        }
+        if tiers != self.tiers {
+            return Err(format!(
+                "running tiers kept as {:?}, the running jobs have {tiers:?}",
+                self.tiers
             ));
         }
         for job in self.running.values() {

@@ -213,7 +213,9 @@ impl Scheduler {
             };
             match c.shrink_to {
                 Some(keep) => {
+                    self.tiers.remove(r);
                     let freed = r.placement.shrink_to(keep);
+                    self.tiers.add(r);
                     accrue(&mut self.ledger, &mut self.windows, r, now);
                     self.cluster.release(&freed);
                     let spec = r.spec.clone();
@@ -274,24 +276,16 @@ impl Scheduler {
 /// Whether preemption could free anything for a job of a given tier: only when a lower tier
 /// runs, or an elastic job of no higher tier is above its minimum. Checked before the search,
 /// which looks at every running job.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(super) struct PreemptionGate {
     lowest_tier: Option<u32>,
     lowest_shrinkable_tier: Option<u32>,
 }
 
 impl PreemptionGate {
-    pub(super) fn of<'a>(running: impl Iterator<Item = &'a RunningJob>) -> Self {
-        let mut gate = PreemptionGate::default();
-        for job in running {
-            gate.add(job);
-        }
-        gate
-    }
-
     pub(super) fn add(&mut self, job: &RunningJob) {
         self.lowest_tier = Some(self.lowest_tier.map_or(job.tier, |t| t.min(job.tier)));
-        if job.spec.is_elastic() && job.placement.gpu_count() > job.spec.min_size() {
+        if shrinkable(job) {
             self.lowest_shrinkable_tier = Some(
                 self.lowest_shrinkable_tier
                     .map_or(job.tier, |t| t.min(job.tier)),
@@ -302,6 +296,52 @@ impl PreemptionGate {
     pub(super) fn may_help(&self, tier: u32) -> bool {
         self.lowest_tier.is_some_and(|t| t < tier)
             || self.lowest_shrinkable_tier.is_some_and(|t| t <= tier)
+    }
+}
+
+/// An elastic job above its minimum: preemption may shrink it.
+fn shrinkable(job: &RunningJob) -> bool {
+    job.spec.is_elastic() && job.placement.gpu_count() > job.spec.min_size()
+}
+
+/// How many running jobs there are of each tier, and of elastic ones above their minimum: the
+/// [`PreemptionGate`] of the running jobs without walking them at every cycle. Kept as jobs
+/// start, end and change size ([`RunningTiers::add`] after, [`RunningTiers::remove`] before).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) struct RunningTiers {
+    all: BTreeMap<u32, u32>,
+    shrinkable: BTreeMap<u32, u32>,
+}
+
+impl RunningTiers {
+    pub(super) fn add(&mut self, job: &RunningJob) {
+        *self.all.entry(job.tier).or_default() += 1;
+        if shrinkable(job) {
+            *self.shrinkable.entry(job.tier).or_default() += 1;
+        }
+    }
+
+    pub(super) fn remove(&mut self, job: &RunningJob) {
+        fn take(counts: &mut BTreeMap<u32, u32>, tier: u32) {
+            if let Some(n) = counts.get_mut(&tier) {
+                *n -= 1;
+                if *n == 0 {
+                    counts.remove(&tier);
+                }
+            }
+        }
+        take(&mut self.all, job.tier);
+        if shrinkable(job) {
+            take(&mut self.shrinkable, job.tier);
+        }
+    }
+
+    /// The gate of the jobs counted.
+    pub(super) fn gate(&self) -> PreemptionGate {
+        PreemptionGate {
+            lowest_tier: self.all.keys().next().copied(),
+            lowest_shrinkable_tier: self.shrinkable.keys().next().copied(),
+        }
     }
 }
 
