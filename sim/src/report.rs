@@ -18,7 +18,9 @@ use gpuledger_scheduler::{SimJob, SimResult};
 
 use crate::backlog::{Ahead, OwnBacklog, Service, Work};
 use crate::fairness::reach::WeekShortfall;
-use crate::fairness::{summarize, sweep, AccountWeek, WeeklyFair, WeeklySummary, MIN_FAIR_GPU_S};
+use crate::fairness::{
+    summarize, sweep, AccountWeek, Stretches, WeeklyFair, WeeklySummary, MIN_FAIR_GPU_S,
+};
 use crate::{Error, Result};
 
 /// The fair-share weight of each account of a Philly trace: its VC's nodes (1 where the VC has
@@ -213,8 +215,9 @@ pub struct Headline {
     pub over_7d: usize,
     /// Of those, the jobs that would still wait over 7 days were their account served from the
     /// run's start at its share plus a fifth of every other account's, its jobs in submission
-    /// order ([`crate::backlog::shortest_waits`]): their account's jobs could not all have started within 7
-    /// days unless some other tenant was held below 0.8 of its share at some moment.
+    /// order ([`crate::backlog::shortest_waits`]): their account's jobs could not all have
+    /// started within 7 days unless some other tenant was held below 0.8 of its share at some
+    /// moment.
     pub over_7d_with_others_at_0_8: usize,
     pub longest_wait_s: i64,
     /// Busy share of the cluster from the first submission to the horizon.
@@ -271,8 +274,8 @@ struct FairFigures {
     /// Per record, whether it would still wait over a week were every other account held to
     /// 0.8 of its share ([`crate::backlog::shortest_waits`]).
     over_at_0_8: Vec<bool>,
-    /// Per record, its own backlog ([`crate::backlog::own_backlogs`]) and the same as `over_at_0_8` at half;
-    /// empty unless asked for.
+    /// Per record, its own backlog ([`crate::backlog::own_backlogs`]) and the same as
+    /// `over_at_0_8` at half; empty unless asked for.
     own: Vec<Option<OwnBacklog>>,
     over_at_half: Vec<bool>,
 }
@@ -282,21 +285,22 @@ impl FairFigures {
         let work = Work::of(result, weights);
         let mut weekly = WeeklyFair::new(result, weights);
         let mut at_0_8 = Service::new(result, &work, 0.8, Ahead::FromStart);
-        let mut at_half = Service::new(result, &work, 0.5, Ahead::FromStart);
-        let mut own = Service::new(result, &work, 1.0, Ahead::AfterRunHeld);
-        if with_backlogs {
-            sweep(
-                result,
-                weights,
-                &mut [&mut weekly, &mut at_0_8, &mut at_half, &mut own],
-            );
-        } else {
-            sweep(result, weights, &mut [&mut weekly, &mut at_0_8]);
+        let mut backlogs = with_backlogs.then(|| {
+            (
+                Service::new(result, &work, 1.0, Ahead::AfterRunHeld),
+                Service::new(result, &work, 0.5, Ahead::FromStart),
+            )
+        });
+        let mut readers: Vec<&mut dyn Stretches> = vec![&mut weekly, &mut at_0_8];
+        if let Some((own, at_half)) = backlogs.as_mut() {
+            readers.push(own);
+            readers.push(at_half);
         }
-        let (own, over_at_half) = if with_backlogs {
-            (own.finish(), over_a_week(result, &at_half.finish()))
-        } else {
-            (Vec::new(), Vec::new())
+        sweep(result, weights, &mut readers);
+        drop(readers);
+        let (own, over_at_half) = match backlogs {
+            Some((own, at_half)) => (own.finish(), over_a_week(result, &at_half.finish())),
+            None => (Vec::new(), Vec::new()),
         };
         FairFigures {
             weeks: weekly.finish(),
@@ -837,8 +841,9 @@ fn backlog_section(
     let _ = writeln!(md);
 }
 
-/// Per record, whether its wait for its account's service (the [`crate::backlog::shortest_waits`] with every
-/// other account held to some fraction of its share) is over a week.
+/// Per record, whether its wait for its account's service (the
+/// [`crate::backlog::shortest_waits`] with every other account held to some fraction of its
+/// share) is over a week.
 fn over_a_week(result: &SimResult, waits: &[Option<OwnBacklog>]) -> Vec<bool> {
     waits
         .iter()
