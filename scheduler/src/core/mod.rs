@@ -32,7 +32,7 @@ mod types;
 
 use admission::has_gpu_hour_quota;
 use kept::{Freed, Keeping, KeptPlans, KeptStart};
-use preemption::{PreemptionGate, RunningTiers, Victims};
+use preemption::{RunningTiers, Victims};
 use queue::{Hot, JobRef, Queue};
 use quota_scopes::{QuotaScopes, ScopeLimits, NO_PROJECT, UNKNOWN_PROJECT};
 pub use types::*;
@@ -79,7 +79,7 @@ pub struct Scheduler {
     pending: Queue,
     pending_ids: HashSet<JobId>,
     running: BTreeMap<JobId, RunningJob>,
-    /// The running jobs' tiers, for the preemption gate (kept with `running`).
+    /// The running jobs' tiers, for whether preemption could help (kept with `running`).
     tiers: RunningTiers,
     /// When each running job gives its GPUs back (kept with `running`).
     releases: ReleaseBook,
@@ -608,12 +608,6 @@ impl Scheduler {
             Vec::new()
         };
         planned += starving.len();
-        // Only tier preemption asks the gate.
-        let mut gate = if self.knobs.preemption {
-            self.tiers.gate()
-        } else {
-            PreemptionGate::default()
-        };
         // Jobs are updated in place and the started ones dropped at the end: the queue can
         // hold many thousands of jobs and a cycle runs at every event.
         let mut started = Vec::new();
@@ -668,7 +662,7 @@ impl Scheduler {
                     take_room(&mut share_room, account, p.share_units());
                     take_room(&mut share_gap, account, p.share_units());
                     let start = self.start(job, p, now, backfilled);
-                    self.note_start(start, now, &mut plan, &mut gate, &mut cycle, &mut keeping);
+                    self.note_start(start, now, &mut plan, &mut cycle, &mut keeping);
                     quota_scopes.forget_account(account);
                     started.push(i);
                     if pre_planned {
@@ -687,7 +681,7 @@ impl Scheduler {
                     let allowed = if over_share {
                         for_share
                     } else {
-                        self.knobs.preemption && gate.may_help(hot.tier)
+                        self.knobs.preemption && self.tiers.may_help(hot.tier)
                     };
                     if !allowed || job.has_preempted {
                         continue;
@@ -711,7 +705,7 @@ impl Scheduler {
                         take_room(&mut share_room, account, p.share_units());
                         take_room(&mut share_gap, account, p.share_units());
                         let start = self.start(job, p, now, false);
-                        self.note_start(start, now, &mut plan, &mut gate, &mut cycle, &mut keeping);
+                        self.note_start(start, now, &mut plan, &mut cycle, &mut keeping);
                         started.push(i);
                         continue 'jobs;
                     }
@@ -858,19 +852,16 @@ impl Scheduler {
             .min()
     }
 
-    /// A job started in this cycle: the plan and the preemption gate learn of it, and the
-    /// cycle reports it.
+    /// A job started in this cycle: the plan learns of it, and the cycle reports it.
     fn note_start(
         &self,
         started: Started,
         now: UnixSeconds,
         plan: &mut Option<Plan>,
-        gate: &mut PreemptionGate,
         cycle: &mut Cycle,
         keeping: &mut Keeping,
     ) {
         let running = &self.running[&started.job_id];
-        gate.add(running);
         keeping.started(
             &started.job_id,
             now,

@@ -273,40 +273,15 @@ impl Scheduler {
     }
 }
 
-/// Whether preemption could free anything for a job of a given tier: only when a lower tier
-/// runs, or an elastic job of no higher tier is above its minimum. Checked before the search,
-/// which looks at every running job.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(super) struct PreemptionGate {
-    lowest_tier: Option<u32>,
-    lowest_shrinkable_tier: Option<u32>,
-}
-
-impl PreemptionGate {
-    pub(super) fn add(&mut self, job: &RunningJob) {
-        self.lowest_tier = Some(self.lowest_tier.map_or(job.tier, |t| t.min(job.tier)));
-        if shrinkable(job) {
-            self.lowest_shrinkable_tier = Some(
-                self.lowest_shrinkable_tier
-                    .map_or(job.tier, |t| t.min(job.tier)),
-            );
-        }
-    }
-
-    pub(super) fn may_help(&self, tier: u32) -> bool {
-        self.lowest_tier.is_some_and(|t| t < tier)
-            || self.lowest_shrinkable_tier.is_some_and(|t| t <= tier)
-    }
-}
-
 /// An elastic job above its minimum: preemption may shrink it.
 fn shrinkable(job: &RunningJob) -> bool {
     job.spec.is_elastic() && job.placement.gpu_count() > job.spec.min_size()
 }
 
-/// How many running jobs there are of each tier, and of elastic ones above their minimum: the
-/// [`PreemptionGate`] of the running jobs without walking them at every cycle. Kept as jobs
-/// start, end and change size ([`RunningTiers::add`] after, [`RunningTiers::remove`] before).
+/// How many running jobs there are of each tier, and of elastic ones above their minimum, so
+/// that whether preemption could help ([`RunningTiers::may_help`]) is asked without walking the
+/// running jobs. Kept as jobs start, end and change size ([`RunningTiers::add`] after,
+/// [`RunningTiers::remove`] before).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(super) struct RunningTiers {
     all: BTreeMap<u32, u32>,
@@ -336,12 +311,12 @@ impl RunningTiers {
         }
     }
 
-    /// The gate of the jobs counted.
-    pub(super) fn gate(&self) -> PreemptionGate {
-        PreemptionGate {
-            lowest_tier: self.all.keys().next().copied(),
-            lowest_shrinkable_tier: self.shrinkable.keys().next().copied(),
-        }
+    /// Whether preemption could free anything for a job of `tier`: only when a lower tier
+    /// runs, or an elastic job of no higher tier is above its minimum. Checked before the
+    /// search, which looks at every running job.
+    pub(super) fn may_help(&self, tier: u32) -> bool {
+        self.all.keys().next().is_some_and(|t| *t < tier)
+            || self.shrinkable.keys().next().is_some_and(|t| *t <= tier)
     }
 }
 

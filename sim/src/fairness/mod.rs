@@ -121,8 +121,7 @@ impl Stretches for WeeklyFair<'_> {
     }
 }
 
-/// Each account's position in `weights` (the order of the shares [`sweep`]
-/// gives).
+/// Each account's position in `weights` (the order of the shares [`sweep`] gives).
 pub(crate) fn account_index(weights: &BTreeMap<String, u32>) -> BTreeMap<&str, usize> {
     weights
         .keys()
