@@ -160,6 +160,94 @@ fn slot_order(a: &Slot, b: &Slot) -> Ordering {
     })
 }
 
+/// At most this many jobs out of place are merged in where they belong (`Queue::arrange`).
+const FEW_DESCENTS: usize = 16;
+
+/// Below this many jobs on either side of an overlap, they are moved in one by one.
+const FEW_TO_MOVE: usize = 8;
+
+/// Puts `jobs[..end]` in order where `jobs[..mid]` and `jobs[mid..end]` each are: only the
+/// stretch where they overlap moves (the jobs ahead of the second part's first job, and
+/// behind the first part's last one, are in place already).
+fn merge_adjacent(jobs: &mut VecDeque<Slot>, mid: usize, end: usize) {
+    if mid == 0 || mid >= end {
+        return;
+    }
+    let lo = count_leading(jobs, 0..mid, |s| slot_order(s, &jobs[mid]).is_lt());
+    let hi = mid + count_leading(jobs, mid..end, |s| slot_order(s, &jobs[mid - 1]).is_lt());
+    let (ahead, behind) = (mid - lo, hi - mid);
+    if behind <= ahead.min(FEW_TO_MOVE) {
+        // Each of the second part's few into its place among the first's, in turn.
+        let mut from = lo;
+        for i in mid..hi {
+            let at = from + count_leading(jobs, from..i, |s| slot_order(s, &jobs[i]).is_lt());
+            move_job(jobs, i, at);
+            from = at + 1;
+        }
+    } else if ahead <= FEW_TO_MOVE {
+        // Each of the first part's few into its place among the second's, last first.
+        let mut to = hi;
+        for i in (lo..mid).rev() {
+            let at = i + count_leading(jobs, i..to, |s| slot_order(s, &jobs[i]).is_le());
+            move_job(jobs, i, at - 1);
+            to = at - 1;
+        }
+    } else {
+        jobs.make_contiguous()[lo..hi].sort_by(slot_order);
+    }
+}
+
+/// How many of the jobs in `range`, from its start, `pred` holds for (it holds for a prefix).
+fn count_leading(
+    jobs: &VecDeque<Slot>,
+    range: std::ops::Range<usize>,
+    pred: impl Fn(&Slot) -> bool,
+) -> usize {
+    let (mut lo, mut hi) = (range.start, range.end);
+    while lo < hi {
+        let m = lo + (hi - lo) / 2;
+        if pred(&jobs[m]) {
+            lo = m + 1;
+        } else {
+            hi = m;
+        }
+    }
+    lo - range.start
+}
+
+/// Moves the job at `from` to `to`, the jobs between shifting by one: past them, or out at
+/// one end of the queue and in at the other where that moves fewer.
+fn move_job(jobs: &mut VecDeque<Slot>, from: usize, to: usize) {
+    let last = jobs.len() - 1;
+    let between = from.abs_diff(to);
+    let by_the_ends = from.min(last - from) + to.min(last - to);
+    if between <= by_the_ends {
+        let slots = jobs.make_contiguous();
+        if from > to {
+            slots[to..=from].rotate_right(1);
+        } else {
+            slots[from..=to].rotate_left(1);
+        }
+    } else if let Some(slot) = jobs.remove(from) {
+        jobs.insert(to, slot);
+    }
+}
+
+/// After this many jobs in a row from one run, a merge gallops (`Queue::merge_two`).
+const GALLOP_AFTER: usize = 7;
+
+/// How many of `run`'s first positions `pred` holds for (it holds for the first, and for a
+/// prefix): found by steps doubling in length, then halving.
+fn galloped(run: &[u32], pred: impl Fn(u32) -> bool) -> usize {
+    let (mut known, mut step) = (1, 1);
+    while known + step <= run.len() && pred(run[known + step - 1]) {
+        known += step;
+        step *= 2;
+    }
+    let end = (known + step - 1).min(run.len());
+    known + run[known..end].partition_point(|&i| pred(i))
+}
+
 #[derive(Clone, Debug)]
 pub(super) struct Queue {
     jobs: VecDeque<Slot>,
@@ -173,9 +261,9 @@ pub(super) struct Queue {
     /// `fresh_from` on arrived after it.
     settled_from: usize,
     fresh_from: usize,
-    /// Where `set_priorities` found the first job ahead of one it should follow (the later
-    /// one's position; the queue's length where none was).
-    first_descent: usize,
+    /// Where `set_priorities` found a job ahead of one it should follow (the later one's
+    /// position), ascending: all of them where there are at most `FEW_DESCENTS`.
+    descents_at: Vec<usize>,
     /// Share units waiting, by account index.
     waiting_units: Vec<u64>,
     /// The time of the cycle setting reasons ([`Queue::begin_cycle`]).
@@ -190,7 +278,7 @@ impl Default for Queue {
             in_order: true,
             settled_from: 0,
             fresh_from: 0,
-            first_descent: 0,
+            descents_at: Vec::new(),
             waiting_units: Vec::new(),
             cycle_s: 0,
         }
@@ -324,15 +412,16 @@ impl Queue {
     pub(super) fn set_priorities(&mut self, priority: impl Fn(&Hot) -> f64) -> usize {
         let slots = self.jobs.make_contiguous();
         let mut descents = 0;
-        let mut first = slots.len();
+        self.descents_at.clear();
         for i in 0..slots.len() {
             slots[i].hot.priority = priority(&slots[i].hot);
             if i > 0 && slot_order(&slots[i - 1], &slots[i]).is_gt() {
                 descents += 1;
-                first = first.min(i);
+                if descents <= FEW_DESCENTS {
+                    self.descents_at.push(i);
+                }
             }
         }
-        self.first_descent = first;
         descents
     }
 
@@ -343,34 +432,24 @@ impl Queue {
             self.in_order = descents == 0;
         }
         if !self.in_order {
-            // Only the jobs that arrived since the last cycle out of place, and one or two of
-            // them: each goes into its place (moving the jobs on the shorter side of it) rather
-            // than every job through a sort. A few more: the sort finds the ordered stretches
-            // between them. Many: accounts changed places (or tied ones parted), and the sort
-            // falls back to partitioning ten thousand jobs; their accounts' runs merge cheaper.
-            let arrivals_alone = descents.is_some()
-                && self.first_descent >= self.fresh_from
-                && self.jobs.len() - self.fresh_from <= 2;
+            // A few jobs out of place (an arrival or two, a job whose priority moved on its
+            // own): the ordered stretches between them are merged, each only where it overlaps
+            // the next, rather than every job going through a sort. Many: accounts changed
+            // places (or tied ones parted), and the sort falls back to partitioning ten
+            // thousand jobs; their accounts' runs merge cheaper.
+            let few = descents.is_some_and(|d| d <= FEW_DESCENTS);
             let many = descents.unwrap_or(0) * 64 > self.jobs.len();
-            if arrivals_alone {
-                self.insert_arrivals();
+            if few {
+                let ends = self.descents_at.iter().skip(1).copied();
+                for (mid, end) in self.descents_at.iter().zip(ends.chain([self.jobs.len()])) {
+                    merge_adjacent(&mut self.jobs, *mid, end);
+                }
             } else if !(many && self.merge_accounts()) {
                 self.jobs.make_contiguous().sort_by(slot_order);
             }
             self.unsettle();
         }
         self.in_order = true;
-    }
-
-    /// Puts the jobs from `fresh_from` on, behind the ordered rest of the queue, each in its
-    /// place.
-    fn insert_arrivals(&mut self) {
-        let mut arrivals: Vec<Slot> = self.jobs.drain(self.fresh_from..).collect();
-        arrivals.sort_by(slot_order);
-        for slot in arrivals {
-            let at = self.jobs.partition_point(|s| slot_order(s, &slot).is_lt());
-            self.jobs.insert(at, slot);
-        }
     }
 
     /// Puts the queue in order by merging runs of each account's jobs: false (nothing moved)
@@ -433,18 +512,37 @@ impl Queue {
         true
     }
 
-    /// Two ordered runs of positions in `slots` as one.
+    /// Two ordered runs of positions in `slots` as one. Where one run's jobs keep coming
+    /// first (accounts far apart take turns in long stretches), how many do is found by
+    /// galloping (as timsort does) rather than one comparison each.
     fn merge_two(slots: &[Slot], a: &[u32], b: &[u32]) -> Vec<u32> {
-        let slot = |i: u32| &slots[i as usize];
+        let before = |x: u32, y: u32| slot_order(&slots[x as usize], &slots[y as usize]).is_lt();
         let mut out = Vec::with_capacity(a.len() + b.len());
         let (mut x, mut y) = (0, 0);
+        // Which run gave the last jobs, and how many in a row.
+        let mut streak = (false, 0usize);
         while x < a.len() && y < b.len() {
-            if slot_order(slot(b[y]), slot(a[x])).is_lt() {
-                out.push(b[y]);
-                y += 1;
+            let from_b = before(b[y], a[x]);
+            streak = (from_b, if streak.0 == from_b { streak.1 + 1 } else { 1 });
+            if streak.1 < GALLOP_AFTER {
+                if from_b {
+                    out.push(b[y]);
+                    y += 1;
+                } else {
+                    out.push(a[x]);
+                    x += 1;
+                }
+                continue;
+            }
+            streak.1 = 0;
+            if from_b {
+                let n = galloped(&b[y..], |j| before(j, a[x]));
+                out.extend_from_slice(&b[y..y + n]);
+                y += n;
             } else {
-                out.push(a[x]);
-                x += 1;
+                let n = galloped(&a[x..], |i| !before(b[y], i));
+                out.extend_from_slice(&a[x..x + n]);
+                x += n;
             }
         }
         out.extend_from_slice(&a[x..]);
@@ -677,6 +775,78 @@ mod tests {
             let want: Vec<String> = want.iter().map(|w| w.2.to_string()).collect();
             proptest::prop_assert_eq!(ids(&q), want);
             q.check(|_| false).map_err(proptest::test_runner::TestCaseError::fail)?;
+        }
+    }
+
+    proptest::proptest! {
+        /// A few jobs out of place, alone or in stretches (their priorities moved, up or down,
+        /// by a little or past most of the queue): merged in where they belong, the queue ends
+        /// in the order a sort of every job gives.
+        #[test]
+        fn a_few_jobs_out_of_place_are_merged_in_the_order_a_sort_gives(
+            base in proptest::collection::vec(0i64..400, 1..120),
+            moved in proptest::collection::vec((0usize..120, 1usize..12, -400i64..400), 0..6),
+        ) {
+            // A job's priority is looked up by its number, kept as its project.
+            let mut q = Queue::default();
+            for n in 0..base.len() {
+                let mut j = job(n as u32, 0);
+                j.limits.project = n as u32;
+                q.push(j);
+            }
+            let d = q.set_priorities(|hot| base[hot.project as usize] as f64);
+            q.arrange(Some(d));
+            // Stretches of neighbours in the ordered queue move by as much.
+            let mut moved_by = vec![0i64; base.len()];
+            let order: Vec<u32> = q.hot().map(|h| h.project).collect();
+            for (at, run, by) in &moved {
+                for n in order.iter().skip(at % order.len()).take(*run) {
+                    moved_by[*n as usize] = *by;
+                }
+            }
+            let now = |n: usize| (base[n] + moved_by[n]) as f64;
+            let d = q.set_priorities(|hot| now(hot.project as usize));
+            q.arrange(Some(d));
+            let mut want: Vec<usize> = (0..base.len()).collect();
+            want.sort_by(|a, b| now(*b).total_cmp(&now(*a)).then(a.cmp(b)));
+            let got: Vec<usize> = q.hot().map(|h| h.project as usize).collect();
+            proptest::prop_assert_eq!(got, want);
+            q.check(|_| false).map_err(proptest::test_runner::TestCaseError::fail)?;
+        }
+    }
+
+    proptest::proptest! {
+        /// Two accounts' ordered runs merged, whether they take turns job by job or in long
+        /// stretches (where the merge gallops): the order a sort of both gives.
+        #[test]
+        fn two_runs_merge_in_the_order_a_sort_gives(
+            jobs in proptest::collection::vec((proptest::bool::ANY, 0i64..6, 1usize..40), 0..30),
+        ) {
+            // Stretches of jobs of one run, of one priority each.
+            let mut q = Queue::default();
+            let mut n = 0u32;
+            for (second, priority, stretch) in &jobs {
+                for _ in 0..*stretch {
+                    let mut j = job(n, 0);
+                    j.limits.account = usize::from(*second);
+                    j.limits.project = u32::try_from(*priority).unwrap();
+                    q.push(j);
+                    n += 1;
+                }
+            }
+            q.set_priorities(|hot| f64::from(hot.project));
+            let slots = q.jobs.make_contiguous();
+            let run = |account: usize| {
+                let mut run: Vec<u32> = (0..slots.len() as u32)
+                    .filter(|i| slots[*i as usize].hot.account == account)
+                    .collect();
+                run.sort_by(|x, y| slot_order(&slots[*x as usize], &slots[*y as usize]));
+                run
+            };
+            let got = Queue::merge_two(slots, &run(0), &run(1));
+            let mut want: Vec<u32> = (0..slots.len() as u32).collect();
+            want.sort_by(|x, y| slot_order(&slots[*x as usize], &slots[*y as usize]));
+            proptest::prop_assert_eq!(got, want);
         }
     }
 
