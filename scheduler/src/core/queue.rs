@@ -50,12 +50,12 @@ pub(super) struct Hot {
     pub(super) has_preempted: bool,
     /// Since when it has waited for GPUs without its quota holding it (the job's own
     /// `gpu_wait_from`, mirrored: set by [`Queue::set_reason`]).
-    pub(super) gpu_wait_from: Option<UnixSeconds>,
+    pub(super) gpu_wait_from: MaybeTime,
     /// Its id as a number in id order, where it is short enough ([`id_key`]), in two halves
     /// (a `u128` would align every slot to 16 bytes); `[0, 0]` where it is not.
     id_key: [u64; 2],
     reason: PendingReason,
-    estimated_start_s: Option<UnixSeconds>,
+    estimated_start_s: MaybeTime,
 }
 
 impl Hot {
@@ -79,10 +79,10 @@ impl Hot {
             shape: limits.shape,
             claimed: false,
             has_preempted: job.has_preempted,
-            gpu_wait_from: job.gpu_wait_from,
+            gpu_wait_from: MaybeTime::of(job.gpu_wait_from),
             id_key: id_key(&spec.id).map_or([0, 0], |k| [(k >> 64) as u64, k as u64]),
             reason: job.reason,
-            estimated_start_s: job.estimated_start_s,
+            estimated_start_s: MaybeTime::of(job.estimated_start_s),
         }
     }
 
@@ -91,15 +91,41 @@ impl Hot {
     }
 
     pub(super) fn estimated_start_s(&self) -> Option<UnixSeconds> {
-        self.estimated_start_s
+        self.estimated_start_s.get()
     }
 
     /// Whether the relief lifts it at `now`: it has waited `relief_after` seconds for GPUs
     /// (`None`: the relief is off).
     pub(super) fn relieved(&self, now: UnixSeconds, relief_after: Option<i64>) -> bool {
-        relief_after.is_some_and(|after| self.gpu_wait_from.is_some_and(|from| now - from >= after))
+        let waited = |after| {
+            self.gpu_wait_from
+                .get()
+                .is_some_and(|from| now - from >= after)
+        };
+        relief_after.is_some_and(waited)
     }
 }
+
+/// A time that may be absent, in 8 bytes where an `Option` takes 16: the queue's copy of
+/// every job is walked at every cycle, and its size is what a walk of a deep queue costs.
+/// `UnixSeconds::MIN` stands for none; that time itself is kept as the second after it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct MaybeTime(UnixSeconds);
+
+impl MaybeTime {
+    const NONE: MaybeTime = MaybeTime(UnixSeconds::MIN);
+
+    fn of(t: Option<UnixSeconds>) -> MaybeTime {
+        t.map_or(Self::NONE, |t| MaybeTime(t.max(UnixSeconds::MIN + 1)))
+    }
+
+    pub(super) fn get(self) -> Option<UnixSeconds> {
+        (self != Self::NONE).then_some(self.0)
+    }
+}
+
+// What a walk of the queue reads per job (an `Option` for each time made it 128 bytes).
+const _: () = assert!(size_of::<Slot>() <= 112);
 
 #[derive(Clone, Debug)]
 struct Slot {
@@ -320,13 +346,13 @@ impl Queue {
 
     pub(super) fn set_reason(&mut self, i: usize, reason: PendingReason) {
         if let Some(slot) = self.jobs.get_mut(i) {
-            let wait = match slot.hot.gpu_wait_from {
+            let wait = match slot.hot.gpu_wait_from.get() {
                 None if reason.waits_for_gpus() => Some(self.cycle_s),
                 Some(_) if !reason.waits_for_gpus() && reason != PendingReason::None => None,
                 unchanged => unchanged,
             };
-            if slot.hot.gpu_wait_from != wait {
-                slot.hot.gpu_wait_from = wait;
+            if slot.hot.gpu_wait_from != MaybeTime::of(wait) {
+                slot.hot.gpu_wait_from = MaybeTime::of(wait);
                 slot.job.gpu_wait_from = wait;
                 self.opened.add(1);
             }
@@ -340,8 +366,8 @@ impl Queue {
 
     pub(super) fn set_estimated_start(&mut self, i: usize, at: Option<UnixSeconds>) {
         if let Some(slot) = self.jobs.get_mut(i) {
-            if slot.hot.estimated_start_s != at {
-                slot.hot.estimated_start_s = at;
+            if slot.hot.estimated_start_s != MaybeTime::of(at) {
+                slot.hot.estimated_start_s = MaybeTime::of(at);
                 slot.job.estimated_start_s = at;
                 self.opened.add(1);
             }
@@ -851,6 +877,17 @@ mod tests {
     }
 
     #[test]
+    fn a_time_kept_in_eight_bytes_is_the_time_or_none() {
+        for t in [None, Some(0), Some(-5), Some(UnixSeconds::MAX)] {
+            assert_eq!(MaybeTime::of(t).get(), t);
+        }
+        assert_eq!(
+            MaybeTime::of(Some(UnixSeconds::MIN)).get(),
+            Some(UnixSeconds::MIN + 1)
+        );
+    }
+
+    #[test]
     fn a_late_arrival_out_of_submission_order_is_sorted_in() {
         let mut q = Queue::default();
         for (id, t) in [(1, 10), (2, 20), (3, 5)] {
@@ -897,7 +934,7 @@ mod tests {
         let mut requeued = job(2, 5);
         requeued.gpu_wait_from = Some(40);
         q.push(requeued);
-        let from = |q: &Queue, i: usize| q.at(i).map(|(h, _)| h.gpu_wait_from);
+        let from = |q: &Queue, i: usize| q.at(i).map(|(h, _)| h.gpu_wait_from.get());
         assert_eq!((from(&q, 0), from(&q, 1)), (Some(Some(5)), Some(Some(40))));
         q.begin_cycle(50);
         q.set_reason(0, PendingReason::Priority);
