@@ -50,7 +50,7 @@ pub(super) struct Hot {
     pub(super) has_preempted: bool,
     /// Since when it has waited for GPUs without its quota holding it (the job's own
     /// `gpu_wait_from`, mirrored: set by [`Queue::set_reason`]).
-    pub(super) gpu_wait_from: MaybeTime,
+    gpu_wait_from: MaybeTime,
     /// Its id as a number in id order, where it is short enough ([`id_key`]), in two halves
     /// (a `u128` would align every slot to 16 bytes); `[0, 0]` where it is not.
     id_key: [u64; 2],
@@ -110,7 +110,7 @@ impl Hot {
 /// every job is walked at every cycle, and its size is what a walk of a deep queue costs.
 /// `UnixSeconds::MIN` stands for none; that time itself is kept as the second after it.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(super) struct MaybeTime(UnixSeconds);
+struct MaybeTime(UnixSeconds);
 
 impl MaybeTime {
     const NONE: MaybeTime = MaybeTime(UnixSeconds::MIN);
@@ -119,7 +119,7 @@ impl MaybeTime {
         t.map_or(Self::NONE, |t| MaybeTime(t.max(UnixSeconds::MIN + 1)))
     }
 
-    pub(super) fn get(self) -> Option<UnixSeconds> {
+    fn get(self) -> Option<UnixSeconds> {
         (self != Self::NONE).then_some(self.0)
     }
 }
@@ -781,8 +781,8 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// However the arrivals since the last cycle land (inserted one by one, or sorted in
-        /// with the rest), the queue ends in the order a sort of every job gives.
+        /// However the arrivals since the last cycle land (merged in alone, or with old jobs
+        /// that moved too), the queue ends in the order a sort of every job gives.
         #[test]
         fn arrivals_are_put_in_the_order_a_whole_sort_gives(
             old in proptest::collection::vec((0u8..6, 0i64..50), 0..40),
