@@ -150,6 +150,9 @@ pub(crate) struct Plan {
     /// The cluster now with the first plans by start held, at points along them (see
     /// `HeldPrefixes`).
     held_prefixes: RefCell<Option<HeldPrefixes>>,
+    /// How many plans end by now (none but a plan of no length made now): the held prefixes
+    /// count only plans that overlap a run from now.
+    ended_holds: usize,
 }
 
 /// Copies of the cluster with stamp `stamp` holding the first plans by start, taken every
@@ -317,6 +320,7 @@ impl Plan {
             whole_counts: RefCell::new(None),
             checkpoints: RefCell::new(None),
             held_prefixes: RefCell::new(None),
+            ended_holds: 0,
         }
     }
 
@@ -406,15 +410,18 @@ impl Plan {
         self.started(id.clone(), end, placement);
     }
 
-    /// `f` of the cluster as job `job` starting now and running `limit_s` would find it: what
-    /// is free now, less what other jobs' planned starts within its run hold. Where a copy of
-    /// the first plans held is kept (see `HeldPrefixes`), the few plans after those are held
-    /// on that copy for `f` and lifted again, rather than copied with it.
+    /// `f` of the cluster as a job starting now and running `limit_s` would find it: what is
+    /// free now, less what other jobs' planned starts within its run hold. `own`: the job,
+    /// where it may hold a plan of its own (not held for it); `None` where the caller knows
+    /// it holds none (most jobs try to start before they are planned), which spares looking
+    /// for it among the plans at every try. Where a copy of the first plans held is kept (see
+    /// `HeldPrefixes`), the few plans after those are held on that copy for `f` and lifted
+    /// again, rather than copied with it.
     pub fn with_window_now<R>(
         &self,
         cluster: &Cluster,
         limit_s: u64,
-        job: &JobId,
+        own: Option<&JobId>,
         f: impl FnOnce(&Cluster) -> R,
     ) -> R {
         let end = self.now.saturating_add(limit_s as i64);
@@ -423,9 +430,10 @@ impl Plan {
         // Parts of GPUs held on a copy depend on the order they are held in: held afresh.
         let is_prefix = !self.shares
             && overlapping >= HeldPrefixes::EVERY
-            && prefix.iter().all(|h| &h.job != job && h.end > self.now);
+            && self.ended_holds == 0
+            && own.is_none_or(|job| prefix.iter().all(|h| &h.job != job));
         if !is_prefix {
-            return f(&self.window_holding(cluster, end, job));
+            return f(&self.window_holding(cluster, end, own));
         }
         let mut prefixes = self.held_prefixes.borrow_mut();
         let prefixes = match &mut *prefixes {
@@ -452,7 +460,7 @@ impl Plan {
             .checked_sub(1)
             .and_then(|k| prefixes.taken.get_mut(k))
         else {
-            return f(&self.window_holding(cluster, end, job));
+            return f(&self.window_holding(cluster, end, own));
         };
         // Whole GPUs only (no part of a GPU is held or running): each node's free GPUs as
         // they were bring it back exactly.
@@ -473,19 +481,19 @@ impl Plan {
         result
     }
 
-    /// `with_window_now`'s window made afresh: every plan overlapping `[now, end)` but `job`'s held on
-    /// the cluster.
+    /// `with_window_now`'s window made afresh: every plan overlapping `[now, end)` but `own`'s
+    /// held on the cluster.
     fn window_holding<'c>(
         &self,
         cluster: &'c Cluster,
         end: UnixSeconds,
-        job: &JobId,
+        own: Option<&JobId>,
     ) -> Cow<'c, Cluster> {
         let mut window = Cow::Borrowed(cluster);
         for hold in self
             .holds
             .iter()
-            .filter(|h| &h.job != job && h.overlaps(self.now, end))
+            .filter(|h| own != Some(&h.job) && h.overlaps(self.now, end))
         {
             window.to_mut().hold(&hold.placement);
         }
@@ -700,6 +708,9 @@ impl Plan {
     pub fn forget(&mut self, job: &JobId) -> Option<Hold> {
         let k = self.holds.iter().position(|h| &h.job == job)?;
         let hold = self.holds.remove(k);
+        if hold.end <= self.now {
+            self.ended_holds -= 1;
+        }
         if let Ok(e) = self.hold_ends.binary_search(&hold.end) {
             self.hold_ends.remove(e);
         }
@@ -737,6 +748,9 @@ impl Plan {
         } else {
             placement
         };
+        if end <= self.now {
+            self.ended_holds += 1;
+        }
         let hold = Hold {
             job,
             start,
@@ -1702,10 +1716,16 @@ mod tests {
                 for (limit, of) in [(50, k), (450, k), (1_500, k / 2), (1_000_000, k)] {
                     let id = JobId::new(format!("q{of}")).unwrap();
                     let end = plans[0].now + limit as i64;
-                    let afresh = plans[0].window_holding(&cluster, end, &id);
+                    let afresh = plans[0].window_holding(&cluster, end, Some(&id));
                     prop_assert!(
-                        plans[0].with_window_now(&cluster, limit, &id, |w| w.same_free(&afresh)),
+                        plans[0].with_window_now(&cluster, limit, Some(&id), |w| w.same_free(&afresh)),
                         "window of q{} for {} s before job {}", of, limit, k
+                    );
+                    // For a job the caller knows holds no plan, nothing is left out.
+                    let everyone = plans[0].window_holding(&cluster, end, None);
+                    prop_assert!(
+                        plans[0].with_window_now(&cluster, limit, None, |w| w.same_free(&everyone)),
+                        "window of a job without a plan for {} s before job {}", limit, k
                     );
                 }
                 // Sometimes a plan is dropped (its job started elsewhere or left).
@@ -1720,7 +1740,7 @@ mod tests {
                 // plan's own changes).
                 if *event == 2 {
                     let outside = JobId::new("outside").unwrap();
-                    let found = plans[0].with_window_now(&cluster, 1_000_000, &outside, |w| {
+                    let found = plans[0].with_window_now(&cluster, 1_000_000, Some(&outside), |w| {
                         w.find(1, &a, &any, &Shape::default())
                     });
                     if let Some(p) = found {

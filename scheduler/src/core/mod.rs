@@ -657,7 +657,7 @@ impl Scheduler {
                 let Some(job) = pending.job_mut(i) else {
                     break;
                 };
-                if let Some(p) = self.place_now(&job.spec, now, plan.as_ref()) {
+                if let Some(p) = self.place_now(&job.spec, now, plan.as_ref(), pre_planned) {
                     let backfilled = plan.as_ref().is_some_and(Plan::has_holds);
                     take_room(&mut share_room, account, p.share_units());
                     take_room(&mut share_gap, account, p.share_units());
@@ -975,12 +975,14 @@ impl Scheduler {
     }
 
     /// Where the job could start now without delaying any planned start: its largest size
-    /// that fits.
+    /// that fits. `own_plan`: whether it may hold a plan in `plan` (it was planned first,
+    /// past `max_wait`), which its window leaves out.
     fn place_now(
         &self,
         spec: &JobSpec,
         now: UnixSeconds,
         plan: Option<&Plan>,
+        own_plan: bool,
     ) -> Option<Placement> {
         // Plans only take GPUs away: too few free now is too few in any window (and the
         // window, a copy with the plans held, is the costly part on a long queue).
@@ -1014,7 +1016,7 @@ impl Scheduler {
                 .find_map(|g| window.find(*g, &spec.account, &filter, &spec.shape))
         };
         match plan {
-            Some(p) => p.with_window_now(&self.cluster, limit, &spec.id, place),
+            Some(p) => p.with_window_now(&self.cluster, limit, own_plan.then_some(&spec.id), place),
             None => place(&self.cluster),
         }
     }

@@ -122,7 +122,7 @@ impl Scheduler {
         let mut trial = match plan.as_ref() {
             Some(p) => {
                 let limit = job.spec.time_limit_s;
-                p.with_window_now(&self.cluster, limit, &job.spec.id, Cluster::clone)
+                p.with_window_now(&self.cluster, limit, Some(&job.spec.id), Cluster::clone)
             }
             None => self.cluster.clone(),
         };
@@ -259,7 +259,7 @@ impl Scheduler {
             }
         }
         if victims.is_empty() {
-            return self.place_now(&job.spec, now, plan.as_ref());
+            return self.place_now(&job.spec, now, plan.as_ref(), true);
         }
         self.claims.insert(
             job.spec.id.clone(),
