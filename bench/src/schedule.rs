@@ -42,10 +42,10 @@ pub struct ScheduleArgs {
     #[arg(long)]
     pub shaped: bool,
     /// Jobs that reach their time limit end at the next cycle, as where limits are enforced
-    /// (Slurm, `gpuledger schedd`, `simulate`), besides the one running job ended early each
-    /// cycle. Without it they run on past their limits and the plans count their GPUs as
-    /// coming back at every cycle's now, so that over the bench's hours more and more of the
-    /// cluster is past its limit (the measure the goals were set on).
+    /// (Slurm, `gpuledger scheduler serve`, `simulate`), besides the one running job ended
+    /// early each cycle. Without it (the measure the goals were set on) they run on past their
+    /// limits and the plans count their GPUs as coming back at every cycle's now, so that over
+    /// the bench's hours more and more of the cluster is past its limit.
     #[arg(long)]
     pub end_at_limit: bool,
 }
