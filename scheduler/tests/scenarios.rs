@@ -892,121 +892,173 @@ proptest! {
             config_source(4)
         };
         let config = ClusterConfig::from_toml_str(&source, "t.toml").unwrap();
-        let mut keep = Harness::with_config(&config, policy);
-        let mut fresh = Harness::with_config(&config, policy);
-        fresh.sched.set_keep_plans(false);
-        let accounts = ["a", "b", "c"];
-        let mut submitted = Vec::new();
-        let mut runs: std::collections::HashMap<JobId, i64> = Default::default();
-        for (a, g, l, t, quarters, kind) in jobs {
-            let mut spec = keep.spec(accounts[a], g, l, t * H / 4);
-            if kind == 0 {
-                spec.partition = Some("urgent".into());
-            } else if kind == 1 {
-                spec.gpus = 1;
-                spec.shape.gpu_share = Some("2g".parse().unwrap());
-            } else if kind == 2 && g >= 2 {
-                spec.min_gpus = Some(g / 2);
-            }
-            spec.checkpoint_every_s = Some(1800);
-            // Most jobs end before their limit (the common case in real traces).
-            runs.insert(spec.id.clone(), l as i64 * H * quarters / 4);
-            submitted.push(spec);
-        }
-        submitted.sort_by_key(|s| (s.submit_s, s.id.clone()));
-        let mut due: Vec<(i64, JobId, bool)> = Vec::new();
-        let mut k = 0;
-        let mut t = submitted.first().map(|s| s.submit_s).unwrap_or(0);
-        // (time, what): Some(true/false) drains node 1 or puts it back; None adds (first) or
-        // removes (then) a reservation of one node for account b.
-        let mut changes: Vec<(i64, Option<bool>)> = Vec::new();
-        if let Some((from, quarters)) = drain {
-            changes.push((from * H / 4, Some(true)));
-            changes.push(((from + quarters) * H / 4, Some(false)));
-        }
-        let mut reservation = reserve.map(|(at, start, len, kept)| {
-            changes.push((at * H / 4, None));
-            changes.push(((at + kept) * H / 4, None));
-            ReservationRequest {
-                name: "r".into(),
-                start_s: (at + start) * H / 4,
-                end_s: (at + start + len) * H / 4,
-                accounts: vec![AccountId::new("b").unwrap()],
-                nodes: NodeRequest::Count(1),
-            }
-        });
-        changes.sort_by_key(|c| c.0);
-        for _ in 0..5_000 {
-            due.sort();
-            while due.first().is_some_and(|d| d.0 <= t) {
-                let (at, id, exits) = due.remove(0);
-                for h in [&mut keep, &mut fresh] {
-                    if !h.is_running(&id) {
-                        continue;
-                    }
-                    if exits {
-                        h.requeue(&id, at);
-                    } else {
-                        h.finish(&id, at);
-                    }
-                }
-            }
-            while changes.first().is_some_and(|c| c.0 <= t) {
-                match changes.remove(0).1 {
-                    Some(on) => {
-                        let name = keep.sched.cluster().node_spec(1).id.to_string();
-                        prop_assert!(keep.sched.set_drained(&name, on));
-                        prop_assert!(fresh.sched.set_drained(&name, on));
-                    }
-                    None => match reservation.take() {
-                        Some(req) => {
-                            let added = keep.sched.add_reservation(req.clone());
-                            prop_assert_eq!(&added, &fresh.sched.add_reservation(req));
-                        }
-                        None => {
-                            let removed = keep.sched.remove_reservation("r");
-                            prop_assert_eq!(removed, fresh.sched.remove_reservation("r"));
-                        }
-                    },
-                }
-            }
-            while k < submitted.len() && submitted[k].submit_s <= t {
-                keep.submit_spec(submitted[k].clone());
-                fresh.submit_spec(submitted[k].clone());
-                k += 1;
-            }
-            keep.sched.accrue_usage(t);
-            fresh.sched.accrue_usage(t);
-            let kept = keep.cycle(t);
-            let searched = fresh.cycle(t);
-            prop_assert_eq!(format!("{kept:?}"), format!("{searched:?}"), "cycle at {}", t);
-            let waiting = |h: &Harness| -> Vec<(JobId, PendingReason, Option<i64>)> {
-                let mut w: Vec<_> = h
-                    .sched
-                    .pending()
-                    .map(|p| (p.spec.id.clone(), p.reason, p.estimated_start_s))
-                    .collect();
-                w.sort_by(|a, b| a.0.cmp(&b.0));
-                w
-            };
-            prop_assert_eq!(waiting(&keep), waiting(&fresh), "plans at {}", t);
-            for s in &kept.started {
-                due.push((t + runs[&s.job_id], s.job_id.clone(), false));
-            }
-            for p in &kept.preempted {
-                due.push((p.kill_s, p.job_id.clone(), true));
-            }
-            let next_due = due.iter().map(|d| d.0).min().unwrap_or(i64::MAX);
-            let next_submit = submitted.get(k).map(|s| s.submit_s).unwrap_or(i64::MAX);
-            let next_tick = keep.sched.next_due(t).unwrap_or(i64::MAX);
-            let next_change = changes.first().map(|c| c.0).unwrap_or(i64::MAX);
-            let next = next_due.min(next_submit).min(next_tick).min(next_change);
-            if next == i64::MAX {
-                break;
-            }
-            t = next;
-        }
+        same_decisions(&config, policy, jobs, drain, reserve, |s| s.set_keep_plans(false))?;
     }
+
+    /// The jobs a cycle only marks waiting, marked in stretches, are marked as the walk job by
+    /// job marks them: two schedulers, one of them walking every job, decide the same at
+    /// every cycle, with a shallow backfill depth (so that stretches begin early), quotas
+    /// (account `a`), two partitions, parts of GPUs, jobs past `max_wait`, the relief, plans up
+    /// to each account's share or not, a drain and a reservation.
+    #[test]
+    fn waiting_jobs_marked_in_stretches_are_marked_as_job_by_job(
+        jobs in proptest::collection::vec(
+            (0usize..3, prop_oneof![Just(1u32), Just(2), Just(4), Just(8), Just(12), Just(16), Just(24)],
+             1u64..12, 0i64..40, 1i64..=4, 0u8..12),
+            1..40),
+        policy in prop_oneof![Just("fairshare+conservative"), Just("fifo+conservative"),
+                              Just("fairshare+backfill"), Just("fifo+backfill")],
+        drain in proptest::option::of((0i64..40, 1i64..20)),
+        reserve in proptest::option::of((0i64..40, 0i64..20, 1i64..20, 1i64..30)),
+        depth in 1u32..5,
+        starving in any::<bool>(),
+        to_share in any::<bool>(),
+        each_account in any::<bool>(),
+    ) {
+        let mut source = format!(
+            "{}[scheduler]\nbackfill_depth = {depth}\nrelief_after = \"2h\"\n\
+             plan_to_share = {to_share}\nplan_each_account = {each_account}\n",
+            config_source(4)
+        );
+        if starving {
+            source.push_str("max_wait = \"1h\"\nmax_wait_plans = 2\n");
+        }
+        let config = ClusterConfig::from_toml_str(&source, "t.toml").unwrap();
+        same_decisions(&config, policy, jobs, drain, reserve, |s| s.set_quiet_stretches(false))?;
+    }
+}
+
+/// A job of the properties above: account, GPUs, limit (hours), submission (quarter hours),
+/// how much of its limit it runs (quarters) and what else it asks (0: the urgent partition,
+/// 1: a part of a GPU, 2: an elastic minimum).
+type ArbitraryJob = (usize, u32, u64, i64, i64, u8);
+
+/// Drives two schedulers of `config` under `policy`, the second changed by `change`, through
+/// the same arrivals, ends, preemptions, drain and reservation, and fails where any cycle's
+/// decisions or any waiting job's reason or planned start differ.
+fn same_decisions(
+    config: &ClusterConfig,
+    policy: &str,
+    jobs: Vec<ArbitraryJob>,
+    drain: Option<(i64, i64)>,
+    reserve: Option<(i64, i64, i64, i64)>,
+    change: impl Fn(&mut gpuledger_scheduler::Scheduler),
+) -> Result<(), TestCaseError> {
+    let mut first = Harness::with_config(config, policy);
+    let mut second = Harness::with_config(config, policy);
+    change(&mut second.sched);
+    let accounts = ["a", "b", "c"];
+    let mut submitted = Vec::new();
+    let mut runs: std::collections::HashMap<JobId, i64> = Default::default();
+    for (a, g, l, t, quarters, kind) in jobs {
+        let mut spec = first.spec(accounts[a], g, l, t * H / 4);
+        if kind == 0 {
+            spec.partition = Some("urgent".into());
+        } else if kind == 1 {
+            spec.gpus = 1;
+            spec.shape.gpu_share = Some("2g".parse().unwrap());
+        } else if kind == 2 && g >= 2 {
+            spec.min_gpus = Some(g / 2);
+        }
+        spec.checkpoint_every_s = Some(1800);
+        // Most jobs end before their limit (the common case in real traces).
+        runs.insert(spec.id.clone(), l as i64 * H * quarters / 4);
+        submitted.push(spec);
+    }
+    submitted.sort_by_key(|s| (s.submit_s, s.id.clone()));
+    let mut due: Vec<(i64, JobId, bool)> = Vec::new();
+    let mut k = 0;
+    let mut t = submitted.first().map(|s| s.submit_s).unwrap_or(0);
+    // (time, what): Some(true/false) drains node 1 or puts it back; None adds (first) or
+    // removes (then) a reservation of one node for account b.
+    let mut changes: Vec<(i64, Option<bool>)> = Vec::new();
+    if let Some((from, quarters)) = drain {
+        changes.push((from * H / 4, Some(true)));
+        changes.push(((from + quarters) * H / 4, Some(false)));
+    }
+    let mut reservation = reserve.map(|(at, start, len, kept)| {
+        changes.push((at * H / 4, None));
+        changes.push(((at + kept) * H / 4, None));
+        ReservationRequest {
+            name: "r".into(),
+            start_s: (at + start) * H / 4,
+            end_s: (at + start + len) * H / 4,
+            accounts: vec![AccountId::new("b").unwrap()],
+            nodes: NodeRequest::Count(1),
+        }
+    });
+    changes.sort_by_key(|c| c.0);
+    for _ in 0..5_000 {
+        due.sort();
+        while due.first().is_some_and(|d| d.0 <= t) {
+            let (at, id, exits) = due.remove(0);
+            for h in [&mut first, &mut second] {
+                if !h.is_running(&id) {
+                    continue;
+                }
+                if exits {
+                    h.requeue(&id, at);
+                } else {
+                    h.finish(&id, at);
+                }
+            }
+        }
+        while changes.first().is_some_and(|c| c.0 <= t) {
+            match changes.remove(0).1 {
+                Some(on) => {
+                    let name = first.sched.cluster().node_spec(1).id.to_string();
+                    prop_assert!(first.sched.set_drained(&name, on));
+                    prop_assert!(second.sched.set_drained(&name, on));
+                }
+                None => match reservation.take() {
+                    Some(req) => {
+                        let added = first.sched.add_reservation(req.clone());
+                        prop_assert_eq!(&added, &second.sched.add_reservation(req));
+                    }
+                    None => {
+                        let removed = first.sched.remove_reservation("r");
+                        prop_assert_eq!(removed, second.sched.remove_reservation("r"));
+                    }
+                },
+            }
+        }
+        while k < submitted.len() && submitted[k].submit_s <= t {
+            first.submit_spec(submitted[k].clone());
+            second.submit_spec(submitted[k].clone());
+            k += 1;
+        }
+        first.sched.accrue_usage(t);
+        second.sched.accrue_usage(t);
+        let one = first.cycle(t);
+        let two = second.cycle(t);
+        prop_assert_eq!(format!("{one:?}"), format!("{two:?}"), "cycle at {}", t);
+        let waiting = |h: &Harness| -> Vec<(JobId, PendingReason, Option<i64>)> {
+            let mut w: Vec<_> = h
+                .sched
+                .pending()
+                .map(|p| (p.spec.id.clone(), p.reason, p.estimated_start_s))
+                .collect();
+            w.sort_by(|a, b| a.0.cmp(&b.0));
+            w
+        };
+        prop_assert_eq!(waiting(&first), waiting(&second), "plans at {}", t);
+        for s in &one.started {
+            due.push((t + runs[&s.job_id], s.job_id.clone(), false));
+        }
+        for p in &one.preempted {
+            due.push((p.kill_s, p.job_id.clone(), true));
+        }
+        let next_due = due.iter().map(|d| d.0).min().unwrap_or(i64::MAX);
+        let next_submit = submitted.get(k).map(|s| s.submit_s).unwrap_or(i64::MAX);
+        let next_tick = first.sched.next_due(t).unwrap_or(i64::MAX);
+        let next_change = changes.first().map(|c| c.0).unwrap_or(i64::MAX);
+        let next = next_due.min(next_submit).min(next_tick).min(next_change);
+        if next == i64::MAX {
+            break;
+        }
+        t = next;
+    }
+    Ok(())
 }
 
 #[test]

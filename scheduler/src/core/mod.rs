@@ -110,6 +110,9 @@ pub struct Scheduler {
     bookings_at_last_cycle: u64,
     /// Whether plans are kept between cycles at all (a test compares with and without).
     keep_plans: bool,
+    /// Whether the walk marks waiting jobs in stretches (`Queue::wait_quietly`; a test
+    /// compares with and without).
+    quiet_stretches: bool,
 }
 
 /// A preemptor waiting for its victims: it counts as running against its quota meanwhile, so
@@ -119,6 +122,14 @@ struct Claim {
     account: AccountId,
     project: Option<ProjectId>,
     victims: Vec<JobId>,
+}
+
+/// Whether a job of `hot`'s shape, no smaller and no longer than one of `failures` (its
+/// account's, this cycle), would fail too: placement only gets harder within a cycle.
+fn failed_before(failures: &[(u32, u32, u64)], hot: &Hot) -> bool {
+    failures
+        .iter()
+        .any(|(shape, g, l)| *shape == hot.shape && hot.min >= *g && hot.time_limit_s >= *l)
 }
 
 /// Counts `units` planned or started for `account` against its room below its fair share.
@@ -246,6 +257,7 @@ impl Scheduler {
             ended_early: None,
             bookings_at_last_cycle: 0,
             keep_plans: true,
+            quiet_stretches: true,
         }
     }
 
@@ -269,6 +281,12 @@ impl Scheduler {
     pub fn set_keep_plans(&mut self, keep: bool) {
         self.keep_plans = keep;
         self.kept = None;
+    }
+
+    /// Whether the walk marks the jobs it does nothing else with in stretches (on by
+    /// default; the outcome is the same either way, only the work differs).
+    pub fn set_quiet_stretches(&mut self, on: bool) {
+        self.quiet_stretches = on;
     }
 
     /// Whether the node at `index` is out of service.
@@ -612,12 +630,44 @@ impl Scheduler {
         // hold many thousands of jobs and a cycle runs at every event.
         let mut started = Vec::new();
         let mut waiting_from = None;
+        // Jobs marked waiting in one stretch (see `Queue::wait_quietly`), up to here.
+        let mut quiet_until = 0;
         'jobs: for i in 0..pending.len() {
             if blocked {
                 // Strict order: everything behind the first job that cannot start waits.
                 pending.wait_behind(i);
                 waiting_from = Some(i);
                 break;
+            }
+            if i < quiet_until {
+                continue;
+            }
+            // Once the plans the depth allows are made, most jobs of a deep queue are only
+            // marked waiting: what the walk below would do with such a job (it is of a shape
+            // that failed already, no quota or claim asks for a look, nothing asks for a plan
+            // for it, and no reservation for another reason) is done for a stretch of them at
+            // once. No stretch crosses a job the starvation bound planned. (An account's first
+            // plan is not asked for: a failure of the account this cycle came after it.)
+            if self.quiet_stretches && depth > 0 && planned >= depth && self.reservations.is_empty()
+            {
+                let until = starving.iter().copied().find(|p| *p >= i);
+                quiet_until = pending.wait_quietly(
+                    i,
+                    until.unwrap_or(usize::MAX),
+                    PendingReason::Priority,
+                    |hot| {
+                        let (account, partition) = (hot.account, hot.partition as usize);
+                        !hot.limited
+                            && !hot.claimed
+                            && failed_before(&failures[account], hot)
+                            && (fair || partitions_planned.get(partition).is_none_or(|p| *p))
+                            && share_room.get(account).is_none_or(|r| *r <= 0)
+                            && !(relief_room > 0 && hot.relieved(now, relief_after))
+                    },
+                );
+                if i < quiet_until {
+                    continue;
+                }
             }
             // What every job needs is read from the queue's own copy: most jobs of a deep
             // queue are hopeless and their boxes are not touched.
@@ -647,9 +697,7 @@ impl Scheduler {
                 continue;
             }
             let (min, limit, units, account) = (hot.min, hot.time_limit_s, hot.units, hot.account);
-            let hopeless = failures[account]
-                .iter()
-                .any(|(shape, g, l)| *shape == hot.shape && min >= *g && limit >= *l);
+            let hopeless = failed_before(&failures[account], &hot);
             // Whether it holds a claim once it tried to preempt (the queue keeps it).
             let mut claims_now = None;
             // A job past max_wait is tried whatever failed before it: its GPUs are held for it.
