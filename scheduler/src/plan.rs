@@ -153,6 +153,80 @@ pub(crate) struct Plan {
     /// How many plans end by now (none but a plan of no length made now): the held prefixes
     /// count only plans that overlap a run from now.
     ended_holds: usize,
+    /// The GPUs free now that plans take, and from when (see `TakenNow`).
+    taken_now: RefCell<Option<TakenNow>>,
+}
+
+/// The whole GPUs free now (in the cluster with stamp `stamp`) that plans running after now
+/// hold, each with the earliest start of a plan holding it: a run from now until `end` finds
+/// free the GPUs free now less those taken before `end` (what the window of
+/// `Plan::with_window_now` counts), so a job that needs more is known not to start now without
+/// that window being made. Worked out when first asked, brought up to date as plans are added,
+/// dropped when a plan is forgotten or the cluster changes.
+#[derive(Clone, Debug)]
+struct TakenNow {
+    stamp: Stamp,
+    /// Each such GPU, `(node, GPU)` ascending, with its earliest start.
+    gpus: Vec<((usize, usize), UnixSeconds)>,
+    /// Those starts, ascending.
+    starts: Vec<UnixSeconds>,
+}
+
+impl TakenNow {
+    /// From `holds`, the plans of a plan at `now`, sorted by start.
+    fn of(cluster: &Cluster, holds: &[Hold], now: UnixSeconds) -> Self {
+        let mut gpus: Vec<((usize, usize), UnixSeconds)> = holds
+            .iter()
+            .filter(|h| h.end > now)
+            .flat_map(|h| {
+                h.placement.0.iter().flat_map(move |slot| {
+                    set_bits(slot.mask & cluster.free_mask(slot.node))
+                        .map(move |gpu| ((slot.node, gpu), h.start))
+                })
+            })
+            .collect();
+        // Stable: of the plans holding a GPU, the first by start is kept.
+        gpus.sort_by_key(|(gpu, _)| *gpu);
+        gpus.dedup_by_key(|(gpu, _)| *gpu);
+        let mut starts: Vec<UnixSeconds> = gpus.iter().map(|(_, start)| *start).collect();
+        starts.sort_unstable();
+        TakenNow {
+            stamp: cluster.stamp(),
+            gpus,
+            starts,
+        }
+    }
+
+    /// Counts the GPUs free in `cluster` that `hold` (a plan running after now) holds as
+    /// taken from its start, where no plan took them earlier.
+    fn take(&mut self, cluster: &Cluster, hold: &Hold) {
+        for slot in &hold.placement.0 {
+            for gpu in set_bits(slot.mask & cluster.free_mask(slot.node)) {
+                let key = (slot.node, gpu);
+                let was = match self.gpus.binary_search_by_key(&key, |(k, _)| *k) {
+                    Ok(i) if self.gpus[i].1 <= hold.start => continue,
+                    Ok(i) => Some(std::mem::replace(&mut self.gpus[i].1, hold.start)),
+                    Err(i) => {
+                        self.gpus.insert(i, (key, hold.start));
+                        None
+                    }
+                };
+                if let Some(k) = was.and_then(|w| self.starts.binary_search(&w).ok()) {
+                    self.starts.remove(k);
+                }
+                let at = self.starts.partition_point(|s| *s <= hold.start);
+                self.starts.insert(at, hold.start);
+            }
+        }
+    }
+
+    /// The GPUs free in `cluster` for a run from now until `end`.
+    fn free_until(&self, cluster: &Cluster, end: UnixSeconds) -> u32 {
+        let taken = self.starts.partition_point(|s| *s < end);
+        cluster
+            .free_gpus()
+            .saturating_sub(u32::try_from(taken).unwrap_or(u32::MAX))
+    }
 }
 
 /// Copies of the cluster with stamp `stamp` holding the first plans by start, taken every
@@ -321,6 +395,7 @@ impl Plan {
             checkpoints: RefCell::new(None),
             held_prefixes: RefCell::new(None),
             ended_holds: 0,
+            taken_now: RefCell::new(None),
         }
     }
 
@@ -365,6 +440,7 @@ impl Plan {
         *self.profile.get_mut() = None;
         *self.checkpoints.get_mut() = None;
         *self.held_prefixes.get_mut() = None;
+        *self.taken_now.get_mut() = None;
     }
 
     /// Makes `window` the cluster as the releases due at `t` leave it, from the last
@@ -408,6 +484,23 @@ impl Plan {
     pub fn released_at(&mut self, id: &JobId, end: UnixSeconds, placement: Placement) {
         self.releases.retain(|r| r.job() != id);
         self.started(id.clone(), end, placement);
+    }
+
+    /// How many whole GPUs the window of a job starting now and running `limit_s` has free
+    /// (see `with_window_now`; the job holds no plan), without making it: `None` where a
+    /// release or plan holds a part of a GPU (what a part leaves free depends on the order
+    /// parts were taken in).
+    pub fn free_now_for(&self, cluster: &Cluster, limit_s: u64) -> Option<u32> {
+        if self.shares {
+            return None;
+        }
+        let end = self.now.saturating_add(limit_s as i64);
+        let mut taken = self.taken_now.borrow_mut();
+        let taken = match &mut *taken {
+            Some(t) if t.stamp == cluster.stamp() => t,
+            other => other.insert(TakenNow::of(cluster, &self.holds, self.now)),
+        };
+        Some(taken.free_until(cluster, end))
     }
 
     /// `f` of the cluster as a job starting now and running `limit_s` would find it: what is
@@ -715,6 +808,7 @@ impl Plan {
             self.hold_ends.remove(e);
         }
         *self.profile.get_mut() = None;
+        *self.taken_now.get_mut() = None;
         if let Some(prefixes) = self.held_prefixes.get_mut() {
             prefixes.taken.retain(|(n, _)| *n <= k);
         }
@@ -761,6 +855,15 @@ impl Plan {
         self.shares |= hold.placement.has_share();
         if let Some(profile) = self.profile.get_mut() {
             profile.plan(self.now, &hold);
+        }
+        let taken_now = self.taken_now.get_mut();
+        match taken_now {
+            Some(taken) if taken.stamp == cluster.stamp() => {
+                if hold.end > self.now {
+                    taken.take(cluster, &hold);
+                }
+            }
+            _ => *taken_now = None,
         }
         let e = self.hold_ends.partition_point(|t| *t <= end);
         self.hold_ends.insert(e, end);
@@ -1564,6 +1667,51 @@ mod tests {
     }
 
     #[test]
+    fn gpus_free_for_a_run_from_now_leave_out_plans_of_no_length_and_count_the_earliest() {
+        // One 4-GPU node, all free at 0. A plan of no length at 0 holds GPU 0 (it ends by now,
+        // overlapping no run); GPU 1 is held from 300, then also from 100; GPU 2 from 500.
+        let nodes = vec![node(0, 4, GpuModel::H100Sxm)];
+        let cluster = Cluster::new(nodes);
+        let on = |mask: u64| Placement(smallvec::smallvec![Slot::whole(0, mask)]);
+        let id = |s: &str| JobId::new(s).unwrap();
+        let expect = |plan: &Plan, limits: [(u64, u32); 4]| {
+            for (limit, free) in limits {
+                let afresh = plan
+                    .window_holding(&cluster, limit as i64, None)
+                    .free_gpus();
+                assert_eq!(afresh, free, "the window itself, {limit} s");
+                assert_eq!(plan.free_now_for(&cluster, limit), Some(free), "{limit} s");
+            }
+        };
+        let all = [(50, 4), (200, 3), (400, 3), (600, 2)];
+        // Counted as the plans come (asked before any), and counted afresh from them.
+        let mut kept = Plan::new(0, Vec::new(), Vec::new());
+        assert_eq!(kept.free_now_for(&cluster, 50), Some(4));
+        for (job, start, end, mask) in [
+            ("z", 0, 0, 0b1),
+            ("late", 300, 900, 0b10),
+            ("early", 100, 150, 0b10),
+            ("p2", 500, 900, 0b100),
+        ] {
+            kept.hold(id(job), start, end, on(mask), &cluster);
+        }
+        expect(&kept, all);
+        let mut afresh = Plan::new(0, Vec::new(), Vec::new());
+        for (job, start, end, mask) in [
+            ("z", 0, 0, 0b1),
+            ("late", 300, 900, 0b10),
+            ("early", 100, 150, 0b10),
+            ("p2", 500, 900, 0b100),
+        ] {
+            afresh.hold(id(job), start, end, on(mask), &cluster);
+        }
+        expect(&afresh, all);
+        // The earlier plan gone, GPU 1 is held from 300 again.
+        kept.forget(&id("early"));
+        expect(&kept, [(50, 4), (200, 4), (400, 3), (600, 2)]);
+    }
+
+    #[test]
     fn a_search_holds_the_plans_overlapping_each_time_it_tries() {
         // Three 1-GPU nodes: n2 runs a job until 100; one plan holds n0 over [0, 50), another
         // n1 over [50, 200). Two GPUs for 10 s: at 0 only n1 is free, at 50 only n0 (one plan
@@ -1726,6 +1874,13 @@ mod tests {
                     prop_assert!(
                         plans[0].with_window_now(&cluster, limit, None, |w| w.same_free(&everyone)),
                         "window of a job without a plan for {} s before job {}", limit, k
+                    );
+                    // Its free GPUs are counted without it, as plans come and go and the
+                    // cluster changes.
+                    prop_assert_eq!(
+                        plans[0].free_now_for(&cluster, limit),
+                        (!plans[0].shares).then(|| everyone.free_gpus()),
+                        "GPUs free for a run of {} s before job {}", limit, k
                     );
                 }
                 // Sometimes a plan is dropped (its job started elsewhere or left).

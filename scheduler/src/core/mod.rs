@@ -1038,6 +1038,16 @@ impl Scheduler {
             return None;
         }
         let limit = spec.time_limit_s;
+        // Nor where the plans within its run leave too few free, counted without the window
+        // (on a full cluster nearly every try ends here). A job's own plan is not held for
+        // it. (A part of a GPU fits beside others where no whole GPU is free, but only where
+        // a running job or a plan holds parts, and then the plan counts nothing.)
+        let whole_free = plan
+            .filter(|_| !own_plan)
+            .and_then(|p| p.free_now_for(&self.cluster, limit));
+        if whole_free.is_some_and(|free| free < spec.min_size()) {
+            return None;
+        }
         let filter = self.filter_for(spec, now, now.saturating_add(limit as i64));
         let mut candidates = sizes(spec, self.cluster.gpus_per_node_max());
         if let Some(room) = self.gpu_room(&spec.account, spec.project.as_ref()) {
