@@ -1933,3 +1933,39 @@ fn a_cycle_opens_no_more_records_for_a_deeper_queue() {
         }
     }
 }
+
+#[test]
+fn a_jobs_priority_adds_its_weighted_age_size_and_fair_share() {
+    // Four 8-GPU nodes, Slurm's default weights but for the quota's (`max_age` 7 days, age
+    // 1,000, size 100, fair share 10,000, quota priority 300). Jobs of account b differ only
+    // in age or size: the differences are those factors times their weights, and age stops
+    // growing at `max_age`.
+    let source = format!(
+        "{}[scheduler]\nweight_quota_priority = 300\n",
+        config_source(4)
+    );
+    let config = ClusterConfig::from_toml_str(&source, "t.toml").unwrap();
+    let mut h = Harness::with_config(&config, "fairshare");
+    let now = 30 * 24 * H;
+    let week = 7 * 24 * H;
+    let priority = |h: &mut Harness, gpus: u32, submitted: i64| {
+        let spec = h.spec("b", gpus, 1, submitted);
+        h.sched.priority_of(&spec, now)
+    };
+    let fresh = priority(&mut h, 8, now);
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+    assert!(close(priority(&mut h, 8, now - week / 2) - fresh, 500.0));
+    assert!(close(priority(&mut h, 8, now - week) - fresh, 1_000.0));
+    assert!(close(priority(&mut h, 8, now - 3 * week) - fresh, 1_000.0));
+    // 16 of the cluster's 32 GPUs against 8: a quarter more of the size weight.
+    assert!(close(priority(&mut h, 16, now) - fresh, 25.0));
+    // A fresh 8-GPU job of an idle account: its fair-share factor times 10,000, the size
+    // (8 of 32) times 100, no age, and a quota without a priority counts as 50 of 100
+    // (times 300).
+    let factor = h.sched.fair_share_of(&AccountId::new("b").unwrap(), now);
+    assert!(factor > 0.0);
+    assert!(
+        close(fresh, 10_000.0 * factor + 25.0 + 150.0),
+        "{fresh} against {factor}"
+    );
+}

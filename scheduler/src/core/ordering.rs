@@ -151,7 +151,7 @@ impl Scheduler {
     pub fn priority_of(&self, spec: &JobSpec, now: UnixSeconds) -> f64 {
         let fair_share = self.fair_share_of(&spec.account, now);
         let quota_priority = self.limits_for(spec).quota_priority;
-        self.job_priority(
+        self.priority_weights().of(
             spec.submit_s,
             spec.min_size(),
             fair_share,
@@ -160,25 +160,17 @@ impl Scheduler {
         )
     }
 
-    /// Slurm's multifactor priority of a job submitted at `submit_s` of `min_size` GPUs at
-    /// least: fair share (its account's factor, [`Scheduler::fair_share_factors`]), age (up to
-    /// `max_age`), size (share of the cluster) and the quota's priority (1-100, as a
-    /// fraction), each in [0, 1] times its weight.
-    fn job_priority(
-        &self,
-        submit_s: UnixSeconds,
-        min_size: u32,
-        fair_share: f64,
-        quota_priority: f64,
-        now: UnixSeconds,
-    ) -> f64 {
+    /// The weights and scales of the multifactor priority, read once for a queue's jobs.
+    fn priority_weights(&self) -> PriorityWeights {
         let k = &self.knobs;
-        let age = ((now - submit_s).max(0) as f64 / k.max_age.as_secs().max(1) as f64).min(1.0);
-        let size = f64::from(min_size) / f64::from(self.cluster.total_gpus().max(1));
-        f64::from(k.weight_fair_share) * fair_share
-            + f64::from(k.weight_age) * age
-            + f64::from(k.weight_job_size) * size
-            + f64::from(k.weight_quota_priority) * quota_priority
+        PriorityWeights {
+            fair_share: f64::from(k.weight_fair_share),
+            age: f64::from(k.weight_age),
+            job_size: f64::from(k.weight_job_size),
+            quota_priority: f64::from(k.weight_quota_priority),
+            max_age_s: k.max_age.as_secs().max(1) as f64,
+            total_gpus: f64::from(self.cluster.total_gpus().max(1)),
+        }
     }
 
     /// Sets priorities and puts the queue in order; `split` is this cycle's
@@ -203,14 +195,15 @@ impl Scheduler {
                 None => Vec::new(),
             };
             let mut pending = std::mem::take(&mut self.pending);
+            let weights = self.priority_weights();
             descents = Some(pending.set_priorities(|job| {
                 let fs = fair_share.get(job.account).copied().unwrap_or(0.0);
                 match lifted.get(job.account) {
                     // Submitted now: no age.
                     Some(l) if job.relieved(now, relief_after) && *l > fs => {
-                        self.job_priority(now, job.min, *l, job.quota_priority, now)
+                        weights.of(now, job.min, *l, job.quota_priority, now)
                     }
-                    _ => self.job_priority(job.submit_s, job.min, fs, job.quota_priority, now),
+                    _ => weights.of(job.submit_s, job.min, fs, job.quota_priority, now),
                 }
             }));
             self.pending = pending;
@@ -218,6 +211,40 @@ impl Scheduler {
         // Under FIFO the queue stays in order as jobs arrive (see `Queue`); under fair share
         // it is mostly in order already: checking is cheaper than moving thousands of jobs.
         self.pending.arrange(descents);
+    }
+}
+
+/// Slurm's multifactor priority's weights (`[scheduler]`) and scales, as numbers.
+struct PriorityWeights {
+    fair_share: f64,
+    age: f64,
+    job_size: f64,
+    quota_priority: f64,
+    /// `max_age`, at least a second.
+    max_age_s: f64,
+    /// The cluster's GPUs, at least one.
+    total_gpus: f64,
+}
+
+impl PriorityWeights {
+    /// The priority of a job submitted at `submit_s` of `min_size` GPUs at least: fair share
+    /// (its account's factor, [`Scheduler::fair_share_factors`]), age (up to `max_age`), size
+    /// (share of the cluster) and the quota's priority (1-100, as a fraction), each in [0, 1]
+    /// times its weight.
+    fn of(
+        &self,
+        submit_s: UnixSeconds,
+        min_size: u32,
+        fair_share: f64,
+        quota_priority: f64,
+        now: UnixSeconds,
+    ) -> f64 {
+        let age = ((now - submit_s).max(0) as f64 / self.max_age_s).min(1.0);
+        let size = f64::from(min_size) / self.total_gpus;
+        self.fair_share * fair_share
+            + self.age * age
+            + self.job_size * size
+            + self.quota_priority * quota_priority
     }
 }
 
