@@ -1684,28 +1684,26 @@ mod tests {
             }
         };
         let all = [(50, 4), (200, 3), (400, 3), (600, 2)];
-        // Counted as the plans come (asked before any), and counted afresh from them.
-        let mut kept = Plan::new(0, Vec::new(), Vec::new());
-        assert_eq!(kept.free_now_for(&cluster, 50), Some(4));
-        for (job, start, end, mask) in [
+        let plans = [
             ("z", 0, 0, 0b1),
             ("late", 300, 900, 0b10),
             ("early", 100, 150, 0b10),
             ("p2", 500, 900, 0b100),
-        ] {
-            kept.hold(id(job), start, end, on(mask), &cluster);
-        }
+        ];
+        let planned = |asked_first: bool| {
+            let mut plan = Plan::new(0, Vec::new(), Vec::new());
+            if asked_first {
+                assert_eq!(plan.free_now_for(&cluster, 50), Some(4));
+            }
+            for (job, start, end, mask) in plans {
+                plan.hold(id(job), start, end, on(mask), &cluster);
+            }
+            plan
+        };
+        // Counted afresh from the plans, and counted as they come (asked before any).
+        expect(&planned(false), all);
+        let mut kept = planned(true);
         expect(&kept, all);
-        let mut afresh = Plan::new(0, Vec::new(), Vec::new());
-        for (job, start, end, mask) in [
-            ("z", 0, 0, 0b1),
-            ("late", 300, 900, 0b10),
-            ("early", 100, 150, 0b10),
-            ("p2", 500, 900, 0b100),
-        ] {
-            afresh.hold(id(job), start, end, on(mask), &cluster);
-        }
-        expect(&afresh, all);
         // The earlier plan gone, GPU 1 is held from 300 again.
         kept.forget(&id("early"));
         expect(&kept, [(50, 4), (200, 4), (400, 3), (600, 2)]);

@@ -876,14 +876,10 @@ proptest! {
     /// first, and start when the queue reaches them (their plans dropped).
     #[test]
     fn kept_plans_are_the_plans_a_fresh_search_makes(
-        jobs in proptest::collection::vec(
-            (0usize..3, prop_oneof![Just(1u32), Just(2), Just(4), Just(8), Just(12), Just(16), Just(24)],
-             1u64..12, 0i64..40, 1i64..=4, 0u8..12),
-            1..40),
+        jobs in arbitrary_jobs(),
         policy in prop_oneof![Just("fairshare+conservative"), Just("fifo+conservative"),
                               Just("fairshare+backfill")],
-        drain in proptest::option::of((0i64..40, 1i64..20)),
-        reserve in proptest::option::of((0i64..40, 0i64..20, 1i64..20, 1i64..30)),
+        (drain, reserve) in drain_and_reservation(),
         starving in any::<bool>(),
     ) {
         let source = if starving {
@@ -902,14 +898,10 @@ proptest! {
     /// to each account's share or not, a drain and a reservation.
     #[test]
     fn waiting_jobs_marked_in_stretches_are_marked_as_job_by_job(
-        jobs in proptest::collection::vec(
-            (0usize..3, prop_oneof![Just(1u32), Just(2), Just(4), Just(8), Just(12), Just(16), Just(24)],
-             1u64..12, 0i64..40, 1i64..=4, 0u8..12),
-            1..40),
+        jobs in arbitrary_jobs(),
         policy in prop_oneof![Just("fairshare+conservative"), Just("fifo+conservative"),
                               Just("fairshare+backfill"), Just("fifo+backfill")],
-        drain in proptest::option::of((0i64..40, 1i64..20)),
-        reserve in proptest::option::of((0i64..40, 0i64..20, 1i64..20, 1i64..30)),
+        (drain, reserve) in drain_and_reservation(),
         depth in 1u32..5,
         starving in any::<bool>(),
         to_share in any::<bool>(),
@@ -933,6 +925,38 @@ proptest! {
 /// 1: a part of a GPU, 2: an elastic minimum).
 type ArbitraryJob = (usize, u32, u64, i64, i64, u8);
 
+/// Up to 40 such jobs.
+fn arbitrary_jobs() -> impl Strategy<Value = Vec<ArbitraryJob>> {
+    let gpus = prop_oneof![
+        Just(1u32),
+        Just(2),
+        Just(4),
+        Just(8),
+        Just(12),
+        Just(16),
+        Just(24)
+    ];
+    proptest::collection::vec(
+        (0usize..3, gpus, 1u64..12, 0i64..40, 1i64..=4, 0u8..12),
+        1..40,
+    )
+}
+
+/// Perhaps node 1 drained: from when, for how long (quarter hours).
+type Drain = Option<(i64, i64)>;
+
+/// Perhaps a reservation of one node for account b: when it is made, from when after that,
+/// for how long, and how long it is kept before it is removed (quarter hours).
+type Reserve = Option<(i64, i64, i64, i64)>;
+
+/// A [`Drain`] and a [`Reserve`].
+fn drain_and_reservation() -> impl Strategy<Value = (Drain, Reserve)> {
+    (
+        proptest::option::of((0i64..40, 1i64..20)),
+        proptest::option::of((0i64..40, 0i64..20, 1i64..20, 1i64..30)),
+    )
+}
+
 /// Drives two schedulers of `config` under `policy`, the second changed by `change`, through
 /// the same arrivals, ends, preemptions, drain and reservation, and fails where any cycle's
 /// decisions or any waiting job's reason or planned start differ.
@@ -940,8 +964,8 @@ fn same_decisions(
     config: &ClusterConfig,
     policy: &str,
     jobs: Vec<ArbitraryJob>,
-    drain: Option<(i64, i64)>,
-    reserve: Option<(i64, i64, i64, i64)>,
+    drain: Drain,
+    reserve: Reserve,
     change: impl Fn(&mut gpuledger_scheduler::Scheduler),
 ) -> Result<(), TestCaseError> {
     let mut first = Harness::with_config(config, policy);
