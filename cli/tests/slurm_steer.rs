@@ -161,11 +161,20 @@ fn steer_command(
 
 #[test]
 fn measured_usage_reorders_slurms_queue_and_gpu_hour_quotas_hold_and_release_jobs() {
-    // Usage is dated minutes back: keep it inside today's UTC day.
+    // Usage is dated minutes back and the scenario takes a minute or two: keep both inside
+    // one UTC day (a run begun at 23:59 saw the day's usage drop to nothing at midnight, and
+    // the hold it waited for never came).
     let since_midnight = chrono::Utc::now().timestamp().rem_euclid(86_400);
-    if since_midnight < 900 {
-        std::thread::sleep(Duration::from_secs((900 - since_midnight) as u64));
-    }
+    let into_the_day = 900;
+    let before_midnight = 86_400 - 300;
+    let wait = if since_midnight < into_the_day {
+        into_the_day - since_midnight
+    } else if since_midnight > before_midnight {
+        86_400 - since_midnight + into_the_day
+    } else {
+        0
+    };
+    std::thread::sleep(Duration::from_secs(wait as u64));
     let slurm = Slurm::start_with("", MULTIFACTOR);
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("cluster.toml");
