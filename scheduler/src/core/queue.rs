@@ -683,8 +683,10 @@ impl Queue {
         let touched = from..self.settled_from.max(from);
         let fresh = self.fresh_from.max(from)..len;
         for i in touched.chain(fresh) {
-            self.set_reason(i, PendingReason::Priority);
-            self.set_estimated_start(i, None);
+            if let Some(slot) = self.jobs.get_mut(i) {
+                self.opened
+                    .add(slot.wait_for(PendingReason::Priority, self.cycle_s));
+            }
         }
     }
 
