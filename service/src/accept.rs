@@ -41,6 +41,7 @@ use tokio::time::Sleep;
 use tokio_rustls::TlsAcceptor;
 
 use crate::connections::{Activity, ClientKey, Refusal, Registry};
+use crate::unread::close_when_body_unread;
 
 /// How long connections still open at shutdown may take to finish their request.
 const DRAIN: Duration = Duration::from_secs(30);
@@ -105,10 +106,12 @@ pub async fn serve(
     tls: Option<TlsAcceptor>,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
-    let router = router.layer(axum::middleware::from_fn_with_state(
-        limits.request_timeout.0,
-        request_deadline,
-    ));
+    let router = router
+        .layer(axum::middleware::from_fn_with_state(
+            limits.request_timeout.0,
+            request_deadline,
+        ))
+        .layer(axum::middleware::from_fn(close_when_body_unread));
     let registry = Registry::new(limits.max_connections_per_address, limits.max_connections);
     let refusals = Refusals::default();
     let (stop, stopped) = watch::channel(false);
@@ -456,7 +459,11 @@ mod tests {
                 let router = Router::new()
                     .route("/small", get(|| async { "ok\n" }))
                     .route("/big", get(|| async { vec![b'x'; BIG] }))
-                    .route("/echo", post(|body: axum::body::Bytes| async move { body }));
+                    .route("/echo", post(|body: axum::body::Bytes| async move { body }))
+                    .route(
+                        "/refuse",
+                        post(|| async { (StatusCode::FORBIDDEN, "refused from the headers\n") }),
+                    );
                 serve(listener, router, limits, tls, async {
                     let _ = stop_rx.await;
                 })
@@ -683,6 +690,49 @@ mod tests {
         assert_eq!(read_until_closed(&mut slow), 0);
         assert!(started.elapsed() >= Duration::from_millis(900));
         assert!(small(addr).starts_with("HTTP/1.1 200"));
+    }
+
+    #[test]
+    fn an_answer_given_before_the_body_is_read_says_the_connection_closes_and_closes_it() {
+        let (addr, _stop) = start(limits(4, 10));
+        let mut refused = std::net::TcpStream::connect(addr).unwrap();
+        refused
+            .write_all(b"POST /refuse HTTP/1.1\r\nhost: x\r\ncontent-length: 20\r\n\r\n")
+            .unwrap();
+        // The whole answer, then the end of the connection (else a time-out fails the read).
+        let answer = read_answer(&mut refused);
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 403"), "{answer}");
+        assert!(head.contains("connection: close"), "{answer}");
+        assert_eq!(body, "refused from the headers\n");
+
+        // A body read to its end keeps the connection for the next request.
+        let mut kept = std::net::TcpStream::connect(addr).unwrap();
+        kept.write_all(
+            b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 3\r\n\r\nabc\
+              GET /small HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+        )
+        .unwrap();
+        let answers = read_answer(&mut kept);
+        let (first, second) = answers.split_once("abc").unwrap();
+        assert!(first.starts_with("HTTP/1.1 200"), "{answers}");
+        assert!(!first.contains("connection: close"), "{answers}");
+        assert!(second.starts_with("HTTP/1.1 200"), "{answers}");
+        assert!(second.ends_with("ok\n"), "{answers}");
+
+        // So does a refusal of a request with no body.
+        let mut empty = std::net::TcpStream::connect(addr).unwrap();
+        empty
+            .write_all(
+                b"POST /refuse HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n\
+                  GET /small HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+            )
+            .unwrap();
+        let answers = read_answer(&mut empty);
+        let (first, second) = answers.split_once("refused from the headers\n").unwrap();
+        assert!(first.starts_with("HTTP/1.1 403"), "{answers}");
+        assert!(!first.contains("connection: close"), "{answers}");
+        assert!(second.starts_with("HTTP/1.1 200"), "{answers}");
     }
 
     #[test]

@@ -9,6 +9,8 @@
 //! - [`door`]: who gets in, i.e. protected mode (no tokens only on loopback), the bearer token of a
 //!   request, the token file a client reads;
 //! - [`query`]: query strings read into a route's parameters, a bad one named by field;
+//! - `unread`: an answer given before the request's body was read says `connection: close`
+//!   (the service closes that connection; a client's pool must not reuse it);
 //! - [`signals`]: SIGTERM and SIGINT as a future or a flag;
 //! - [`announce`]: the line on stdout that says a service is listening (scripts and tests
 //!   read the port from it).
@@ -22,6 +24,7 @@ pub mod door;
 pub mod query;
 pub mod signals;
 pub mod tls;
+mod unread;
 
 pub use accept::{serve, HttpLimits};
 pub use budget::{hold_body_budget, BodyBudget};
