@@ -68,8 +68,8 @@ enum Command {
     /// Run the aggregator service: HTTP ingest with a write-ahead log, Parquet store,
     /// indicators, the fair-share usage feed and /metrics.
     Aggregator(gpuledger_aggregator::serve::ServeOptions),
-    /// The live scheduler: `serve` runs it; `submit`, `cancel`, `queue`, `share`, `reserve`
-    /// and `unreserve` talk to it.
+    /// The live scheduler: `serve` runs it; `submit`, `cancel`, `queue`, `share`, `priority`,
+    /// `reserve` and `unreserve` talk to it.
     #[command(subcommand)]
     Scheduler(gpuledger::scheduler_cmd::SchedulerCommand),
     /// The Grafana dashboards: `export` writes them with their provisioning files, `check` runs

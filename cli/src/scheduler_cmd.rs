@@ -1,17 +1,17 @@
 //! `gpuledger scheduler`: the live service (`serve`) and its command-line client (`submit`,
-//! `cancel`, `queue`, `share`, `reserve`, `unreserve`, `nodes`, `drain`, `resume`), which speak
-//! its HTTP API as `sbatch`, `scancel`, `squeue`, `sshare`, `scontrol create reservation`,
-//! `sinfo` and `scontrol update nodename=... state=drain|resume` would.
+//! `cancel`, `queue`, `share`, `priority`, `reserve`, `unreserve`, `nodes`, `drain`, `resume`),
+//! which speak its HTTP API as `sbatch`, `scancel`, `squeue`, `sshare`, `sprio`, `scontrol create
+//! reservation`, `sinfo` and `scontrol update nodename=... state=drain|resume` would.
 
 use std::time::Duration;
 
 use anyhow::Context;
 use serde_json::{json, Value};
 
-use gpuledger_schedd::http::{NodesReply, QueueReply, ShareReply};
+use gpuledger_schedd::http::{NodesReply, PriorityReply, QueueReply, ShareReply};
 use gpuledger_schedd::serve::ServeOptions;
 use gpuledger_schedd::state::{JobInfo, JobState};
-use gpuledger_schedd::ShareRow;
+use gpuledger_schedd::{PriorityRow, ShareRow};
 
 use crate::table;
 use gpuledger_sim::seed::load_cluster;
@@ -61,6 +61,14 @@ pub enum SchedulerCommand {
     },
     /// Fair share per account (as sshare).
     Share {
+        #[command(flatten)]
+        list: ListOptions,
+        #[arg(long, default_value = DEFAULT_URL, env = "GPULEDGER_SCHEDULER")]
+        url: String,
+    },
+    /// Waiting jobs' priorities and their weighted parts, in the order a cycle now would take
+    /// them (as sprio -l).
+    Priority {
         #[command(flatten)]
         list: ListOptions,
         #[arg(long, default_value = DEFAULT_URL, env = "GPULEDGER_SCHEDULER")]
@@ -231,6 +239,24 @@ const SHARE_COLUMNS: &[Column<ShareRow>] = &[
     ("pending", "PENDING", |a| a.pending_jobs.to_string()),
 ];
 
+const PRIORITY_COLUMNS: &[Column<PriorityRow>] = &[
+    ("jobid", "JOBID", |p| p.job_id.clone()),
+    ("account", "ACCOUNT", |p| p.account.clone()),
+    ("partition", "PARTITION", |p| {
+        or_dash(p.partition.as_deref())
+    }),
+    ("tier", "TIER", |p| p.tier.to_string()),
+    ("priority", "PRIORITY", |p| format!("{:.1}", p.priority)),
+    ("fairshare", "FAIRSHARE", |p| format!("{:.1}", p.fair_share)),
+    ("age", "AGE", |p| format!("{:.1}", p.age)),
+    ("jobsize", "JOBSIZE", |p| format!("{:.1}", p.job_size)),
+    ("quota", "QUOTA", |p| format!("{:.1}", p.quota)),
+    ("relief", "RELIEF", |p| {
+        if p.relieved { "yes" } else { "no" }.into()
+    }),
+    ("standing", "STANDING", |p| or_dash(p.standing.as_deref())),
+];
+
 /// `--since`: RFC 3339, a date, Unix seconds, or a duration ago; Unix seconds.
 fn since_seconds(text: &str, now_s: i64) -> anyhow::Result<i64> {
     if let Ok(s) = gpuledger_model::time::parse_instant_s(text) {
@@ -338,6 +364,7 @@ pub fn run(command: SchedulerCommand) -> anyhow::Result<()> {
             url,
         } => jobs(&url, &state, since.as_deref(), limit, &list),
         SchedulerCommand::Share { list, url } => share(&url, &list),
+        SchedulerCommand::Priority { list, url } => priority(&url, &list),
         SchedulerCommand::Reserve(args) => {
             let mut body = json!({
                 "name": args.name, "start": args.start, "end": args.end, "accounts": args.accounts,
@@ -620,6 +647,35 @@ fn jobs(
             "end",
             "elapsed",
             "exit_code",
+        ],
+        list,
+        "jobs",
+    )
+}
+
+fn priority(url: &str, list: &ListOptions) -> anyhow::Result<()> {
+    let reply: PriorityReply =
+        serde_json::from_value(request("GET", &format!("{url}/api/v1/priority"), None)?)
+            .context("the scheduler's priority reply")?;
+    let rows: Vec<&PriorityRow> = reply
+        .jobs
+        .iter()
+        .filter(|p| list.account.is_empty() || list.account.contains(&p.account))
+        .collect();
+    print_rows(
+        &rows,
+        PRIORITY_COLUMNS,
+        &[
+            "jobid",
+            "account",
+            "tier",
+            "priority",
+            "fairshare",
+            "age",
+            "jobsize",
+            "quota",
+            "relief",
+            "standing",
         ],
         list,
         "jobs",

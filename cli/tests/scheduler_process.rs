@@ -203,6 +203,72 @@ fn jobs_run_report_to_the_aggregator_and_survive_a_scheduler_restart() {
     let share = cli(&["scheduler", "share", "--url", &url]);
     assert!(String::from_utf8_lossy(&share.stdout).contains("team-a"));
 
+    // A job waiting for team-a.2's GPUs: its priority and what it is made of (as sprio).
+    let submitted = cli(&[
+        "scheduler",
+        "submit",
+        "--url",
+        &url,
+        "--account",
+        "team-a",
+        "--gpus",
+        "1",
+        "--time-limit",
+        "1h",
+        "--",
+        "true",
+    ]);
+    assert!(submitted.status.success(), "{submitted:?}");
+    let said = String::from_utf8_lossy(&submitted.stdout).to_string();
+    let waiting = said
+        .trim()
+        .strip_prefix("Submitted job ")
+        .unwrap()
+        .to_owned();
+    let priority = cli(&[
+        "scheduler",
+        "priority",
+        "--url",
+        &url,
+        "--format",
+        "jobid,account,priority,fairshare,age,jobsize,quota,relief",
+    ]);
+    let table = String::from_utf8_lossy(&priority.stdout).to_string();
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        [
+            "JOBID",
+            "ACCOUNT",
+            "PRIORITY",
+            "FAIRSHARE",
+            "AGE",
+            "JOBSIZE",
+            "QUOTA",
+            "RELIEF"
+        ],
+        "{table}"
+    );
+    let row: Vec<&str> = table.lines().nth(2).unwrap().split_whitespace().collect();
+    assert_eq!(
+        (row[0], row[1], row[7]),
+        (waiting.as_str(), "team-a", "no"),
+        "{table}"
+    );
+    let json = cli(&["scheduler", "priority", "--url", &url, "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let row = &json["jobs"][0];
+    let part = |name: &str| row[name].as_f64().unwrap();
+    assert_eq!(
+        part("priority"),
+        part("fair_share") + part("age") + part("job_size") + part("quota"),
+        "{json}"
+    );
+    // One GPU of the cluster's four times the size weight, 100.
+    assert_eq!(part("job_size"), 25.0, "{json}");
+    let cancelled = cli(&["scheduler", "cancel", &waiting, "--url", &url]);
+    assert!(cancelled.status.success(), "{cancelled:?}");
+
     let out = cli(&["scheduler", "cancel", "team-a.2", "--url", &url]);
     assert!(
         out.status.success(),

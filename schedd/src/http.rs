@@ -9,6 +9,7 @@
 //! | `POST /api/v1/jobs/{id}/checkpoint` | the job reports a checkpoint |
 //! | `GET /api/v1/queue` | running and pending jobs with reason and estimated start (as `squeue`) |
 //! | `GET /api/v1/share` | fair share per account (as `sshare`) |
+//! | `GET /api/v1/priority` | each waiting job's priority and its parts, in the order a cycle now would take them (as `sprio`) |
 //! | `GET/POST /api/v1/reservations`, `DELETE /api/v1/reservations/{name}` | advance reservations |
 //! | `GET /api/v1/allocations` | which job holds each GPU, for exporters' labels |
 //! | `GET /api/v1/nodes` | nodes with GPUs allocated and whether in service (as `sinfo`); reasons for operators |
@@ -20,8 +21,8 @@
 //! With a token file ([`router_with`] and a [`Guard`]) every route but `/healthz` and `/readyz` wants a bearer
 //! token: a tenant submits, reads, cancels and checkpoints its own account's jobs only (another
 //! account's job is answered as one that does not exist) and sees its own rows of the queue,
-//! the share and the reservations; a node reads its own GPUs of the allocation feed; finance
-//! reads the queue, share and reservations; reservations are changed by operators.
+//! the share, the priorities and the reservations; a node reads its own GPUs of the allocation feed; finance
+//! reads the queue, share, priorities and reservations; reservations are changed by operators.
 
 use std::sync::Arc;
 
@@ -263,6 +264,7 @@ pub fn router_with(service: Arc<Service>, guard: Guard, budget: BodyBudget) -> R
         .route("/api/v1/jobs/{id}/checkpoint", post(checkpoint))
         .route("/api/v1/queue", get(queue))
         .route("/api/v1/share", get(share))
+        .route("/api/v1/priority", get(priority))
         .route("/api/v1/reservations", get(reservations).post(reserve))
         .route(
             "/api/v1/reservations/{name}",
@@ -498,6 +500,19 @@ async fn queue(State(s): State<Arc<Api>>, headers: HeaderMap) -> ApiResult<Respo
     let scope = s.read_scope(&headers, "read the queue")?;
     let jobs = s.queue_seen_by(&|account| scope.covers(account));
     Ok(Json(QueueReply { jobs }).into_response())
+}
+
+/// `GET /api/v1/priority`: the waiting jobs the caller may see with their priorities, as
+/// `sprio`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct PriorityReply {
+    pub jobs: Vec<crate::PriorityRow>,
+}
+
+async fn priority(State(s): State<Arc<Api>>, headers: HeaderMap) -> ApiResult<Response> {
+    let scope = s.read_scope(&headers, "read the priorities")?;
+    let jobs = s.priorities_seen_by(&|account| scope.covers(account));
+    Ok(Json(PriorityReply { jobs }).into_response())
 }
 
 async fn share(State(s): State<Arc<Api>>, headers: HeaderMap) -> ApiResult<Response> {

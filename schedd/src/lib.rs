@@ -231,6 +231,40 @@ pub struct ShareRow {
     pub pending_jobs: usize,
 }
 
+/// One waiting job's priority and its weighted parts (as `sprio -l`); `priority` is the sum
+/// of `fair_share`, `age`, `job_size` and `quota`. Within a tier a higher priority goes first.
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
+pub struct PriorityRow {
+    pub job_id: String,
+    pub account: String,
+    /// The partition it asked for (`null`: the default).
+    pub partition: Option<String>,
+    /// Its partition's priority tier: a higher tier goes first whatever the priority.
+    pub tier: u32,
+    pub priority: f64,
+    pub fair_share: f64,
+    pub age: f64,
+    pub job_size: f64,
+    pub quota: f64,
+    /// It has waited `relief_after` for GPUs: its fair-share part is the relief's rank and it
+    /// has no age.
+    pub relieved: bool,
+    /// Where its account stands against its fair share of the cluster now: `below_floor`
+    /// (under the relief's floor), `below_share` or `at_share`; `null` where the ranking does
+    /// not look at shares.
+    pub standing: Option<String>,
+}
+
+/// The text of a [`Standing`](gpuledger_scheduler::fairshare::Standing) in [`PriorityRow`].
+fn standing_name(standing: gpuledger_scheduler::fairshare::Standing) -> &'static str {
+    use gpuledger_scheduler::fairshare::Standing;
+    match standing {
+        Standing::BelowFloor => "below_floor",
+        Standing::BelowShare => "below_share",
+        Standing::AtShare => "at_share",
+    }
+}
+
 /// Which jobs `GET /api/v1/jobs` (and `gpuledger scheduler jobs`) lists.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HistoryFilter {
@@ -687,6 +721,36 @@ impl Service {
             .chain(pending)
             .filter(|j| sees(j.request.account.as_str()))
             .map(|j| inner.shown(j, sees))
+            .collect()
+    }
+
+    /// Every waiting job `sees` lets the caller see, with its priority now and the parts it
+    /// is made of, in the order a cycle run now would take them (as `sprio`).
+    pub fn priorities_seen_by(&self, sees: &dyn Fn(&str) -> bool) -> Vec<PriorityRow> {
+        let now = self.now_s();
+        let inner = self.lock();
+        inner
+            .sched
+            .priorities(now)
+            .into_iter()
+            .filter(|p| sees(p.account.as_str()))
+            .map(|p| PriorityRow {
+                partition: inner
+                    .state
+                    .jobs
+                    .get(&p.job)
+                    .and_then(|j| j.request.partition.clone()),
+                job_id: p.job.to_string(),
+                account: p.account.to_string(),
+                tier: p.tier,
+                priority: p.priority,
+                fair_share: p.fair_share,
+                age: p.age,
+                job_size: p.job_size,
+                quota: p.quota,
+                relieved: p.relieved,
+                standing: p.standing.map(|s| standing_name(s).to_owned()),
+            })
             .collect()
     }
 

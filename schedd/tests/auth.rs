@@ -238,6 +238,49 @@ async fn every_route_checks_its_token_and_tenants_stay_apart() {
         .map(|r| r["account"].as_str().unwrap())
         .collect();
     assert_eq!(accounts, ["team-a"]);
+    // Priorities (as sprio): one's own waiting jobs only; every account's to finance.
+    let mut waiting = Vec::new();
+    for (token, account) in [(a, "team-a"), (b, "team-b")] {
+        let (s, body) = call(&f, token, "POST", "/api/v1/jobs", Some(job(account, 8))).await;
+        assert_eq!(s, StatusCode::CREATED, "{body}");
+        waiting.push(body["job_id"].as_str().unwrap().to_owned());
+    }
+    let service = Arc::clone(&f.service);
+    tokio::task::spawn_blocking(move || service.tick().unwrap())
+        .await
+        .unwrap();
+    let priority_ids = |v: &Value| -> Vec<String> {
+        v["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|j| j["job_id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let (s, mine) = call(&f, a, "GET", "/api/v1/priority", None).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(priority_ids(&mine), [waiting[0].clone()], "{mine}");
+    assert_eq!(mine["jobs"][0]["account"], "team-a");
+    let (_, every) = call(&f, Some(&f.finance), "GET", "/api/v1/priority", None).await;
+    let mut seen = priority_ids(&every);
+    seen.sort();
+    let mut expected = waiting.clone();
+    expected.sort();
+    assert_eq!(seen, expected, "{every}");
+    assert_eq!(
+        call(&f, None, "GET", "/api/v1/priority", None).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        call(&f, Some(&f.node1), "GET", "/api/v1/priority", None)
+            .await
+            .0,
+        StatusCode::FORBIDDEN
+    );
+    for id in &waiting {
+        let (s, _) = call(&f, op, "DELETE", &format!("/api/v1/jobs/{id}"), None).await;
+        assert_eq!(s, StatusCode::OK);
+    }
     // Reservations: operators make them; a tenant sees those it may use.
     let reservation = json!({"name": "b-only", "start": "2026-06-02T00:00:00Z", "end": "2026-06-03T00:00:00Z", "accounts": ["team-b"], "nodes": 1});
     assert_eq!(

@@ -28,8 +28,8 @@ pub mod windows;
 pub mod workload;
 
 pub use crate::core::{
-    Backfill, Cycle, JobSpec, PendingJob, PendingReason, Policy, Preempting, Preemption, Refusal,
-    Resized, RunningJob, Scheduler, SchedulerOptions, Started,
+    Backfill, Cycle, JobSpec, PendingJob, PendingReason, Policy, Preempting, Preemption,
+    PriorityParts, Refusal, Resized, RunningJob, Scheduler, SchedulerOptions, Started,
 };
 pub use crate::reservation::{AdvanceReservation, NodeRequest, ReservationRequest};
 pub use crate::sim::{simulate, simulate_with_reservations, JobRecord, Run, SimJob, SimResult};

@@ -1993,3 +1993,80 @@ fn a_jobs_priority_adds_its_weighted_age_size_and_fair_share() {
         "{fresh} against {factor}"
     );
 }
+
+#[test]
+fn the_priority_view_gives_each_parts_and_the_order_a_cycle_takes() {
+    // Four nodes, full with b's and c's long jobs; b and c each wait for another node since
+    // the start, d for one since day 3.5. At day 4 d holds nothing (below the relief's floor)
+    // and b's and c's jobs have waited past `relief_after` (3 days): lifted, with no age.
+    let day = 24 * H;
+    let mut h = harness(4, "fairshare+backfill");
+    for account in ["b", "b", "c", "c"] {
+        h.submit(account, 8, 1000, 0);
+    }
+    let waiting_b = h.submit("b", 8, 10, 0);
+    let waiting_c = h.submit("c", 8, 10, 0);
+    h.step(0);
+    let waiting_d = h.submit("d", 8, 10, 3 * day + day / 2);
+    h.step(3 * day + day / 2);
+    h.sched.accrue_usage(4 * day);
+    let now = 4 * day;
+    let rows = h.sched.priorities(now);
+    let by_job = |id: &JobId| rows.iter().find(|r| &r.job == id).unwrap();
+    for r in &rows {
+        assert_eq!(
+            r.priority,
+            r.fair_share + r.age + r.job_size + r.quota,
+            "{r:?}"
+        );
+        // 8 of 32 GPUs times the size weight, 100; a quota without a priority counts as 50
+        // of 100, times the quota's weight, 1,000.
+        assert_eq!((r.job_size, r.quota), (25.0, 500.0), "{r:?}");
+    }
+    let d = by_job(&waiting_d);
+    assert!(!d.relieved);
+    assert_eq!(
+        d.standing,
+        Some(gpuledger_scheduler::fairshare::Standing::BelowFloor)
+    );
+    // Half a day of the 7-day `max_age`, times the age weight, 1,000.
+    assert!((d.age - 1_000.0 / 14.0).abs() < 1e-9, "{d:?}");
+    for id in [&waiting_b, &waiting_c] {
+        let lifted = by_job(id);
+        assert!(lifted.relieved, "{lifted:?}");
+        assert_eq!(lifted.age, 0.0);
+        assert_eq!(
+            lifted.standing,
+            Some(gpuledger_scheduler::fairshare::Standing::AtShare)
+        );
+        let account_factor = h.sched.fair_share_of(&lifted.account, now);
+        assert!(lifted.fair_share > 10_000.0 * account_factor, "{lifted:?}");
+        assert!(
+            lifted.priority < d.priority,
+            "d is below the floor: {rows:?}"
+        );
+    }
+    // The order the view gives is the order a cycle at the same time puts the queue in.
+    h.step(now);
+    let queue: Vec<&JobId> = h.sched.pending().map(|p| &p.spec.id).collect();
+    let view: Vec<&JobId> = rows.iter().map(|r| &r.job).collect();
+    assert_eq!(view, queue);
+    assert_eq!(view[0], &waiting_d);
+
+    // Under FIFO nothing is weighed: every part is zero and the order is submission's.
+    let mut fifo = harness(4, "fifo+backfill");
+    fifo.submit("b", 32, 1000, 0);
+    let later = fifo.submit("d", 8, 10, 10);
+    let first = fifo.submit("c", 8, 10, 5);
+    fifo.step(10);
+    let rows = fifo.sched.priorities(day);
+    let view: Vec<&JobId> = rows.iter().map(|r| &r.job).collect();
+    assert_eq!(view, [&first, &later]);
+    for r in &rows {
+        assert_eq!(
+            (r.priority, r.fair_share, r.age, r.relieved, r.standing),
+            (0.0, 0.0, 0.0, false, None),
+            "{r:?}"
+        );
+    }
+}

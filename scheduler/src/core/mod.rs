@@ -32,6 +32,7 @@ mod types;
 
 use admission::has_gpu_hour_quota;
 use kept::{Freed, Keeping, KeptPlans, KeptStart};
+pub use ordering::PriorityParts;
 use preemption::{RunningTiers, Victims};
 use queue::{Hot, JobRef, Queue};
 use quota_scopes::{QuotaScopes, ScopeLimits, NO_PROJECT, UNKNOWN_PROJECT};

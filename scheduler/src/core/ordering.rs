@@ -151,13 +151,15 @@ impl Scheduler {
     pub fn priority_of(&self, spec: &JobSpec, now: UnixSeconds) -> f64 {
         let fair_share = self.fair_share_of(&spec.account, now);
         let quota_priority = self.limits_for(spec).quota_priority;
-        self.priority_weights().of(
-            spec.submit_s,
-            spec.min_size(),
-            fair_share,
-            quota_priority,
-            now,
-        )
+        self.priority_weights()
+            .parts(
+                spec.submit_s,
+                spec.min_size(),
+                fair_share,
+                quota_priority,
+                now,
+            )
+            .total()
     }
 
     /// The weights and scales of the multifactor priority, read once for a queue's jobs.
@@ -184,33 +186,155 @@ impl Scheduler {
     pub(super) fn order_pending(&mut self, now: UnixSeconds, split: Option<&[(i64, i64)]>) {
         let mut descents = None;
         if self.options.policy == Policy::FairShare {
-            let standings = self.standings(split);
-            let fair_share = self.fair_share_factors_given(now, &standings);
-            let relief_after = self.relief_after_s();
-            let lifted: Vec<f64> = match relief_after {
-                Some(_) => fair_share
-                    .iter()
-                    .map(|f| relief_factor(&standings, *f))
-                    .collect(),
-                None => Vec::new(),
-            };
+            let factors = self.priority_factors(now, split);
             let mut pending = std::mem::take(&mut self.pending);
-            let weights = self.priority_weights();
-            descents = Some(pending.set_priorities(|job| {
-                let fs = fair_share.get(job.account).copied().unwrap_or(0.0);
-                match lifted.get(job.account) {
-                    // Submitted now: no age.
-                    Some(l) if job.relieved(now, relief_after) && *l > fs => {
-                        weights.of(now, job.min, *l, job.quota_priority, now)
-                    }
-                    _ => weights.of(job.submit_s, job.min, fs, job.quota_priority, now),
-                }
-            }));
+            descents = Some(pending.set_priorities(|job| factors.parts(job, now).total()));
             self.pending = pending;
         }
         // Under FIFO the queue stays in order as jobs arrive (see `Queue`); under fair share
         // it is mostly in order already: checking is cheaper than moving thousands of jobs.
         self.pending.arrange(descents);
+    }
+
+    /// What the priorities of waiting jobs are made of now: each account's fair-share factor
+    /// (and the relief's, where it lifts a job), the weights. `split` as in
+    /// [`Scheduler::order_pending`].
+    fn priority_factors(&self, now: UnixSeconds, split: Option<&[(i64, i64)]>) -> PriorityFactors {
+        let standings = self.standings(split);
+        let fair_share = self.fair_share_factors_given(now, &standings);
+        let relief_after = self.relief_after_s();
+        let lifted: Vec<f64> = match relief_after {
+            Some(_) => fair_share
+                .iter()
+                .map(|f| relief_factor(&standings, *f))
+                .collect(),
+            None => Vec::new(),
+        };
+        PriorityFactors {
+            weights: self.priority_weights(),
+            standings,
+            fair_share,
+            lifted,
+            relief_after,
+        }
+    }
+
+    /// Every waiting job's priority now and what it is made of (as Slurm's `sprio`), in the
+    /// order a cycle run now would take them: higher tiers first, then higher priority, then
+    /// earlier submission. Under FIFO every part is zero. The same numbers a cycle sets, bit
+    /// for bit: a view for operators and tenants asking why one job goes before another.
+    pub fn priorities(&self, now: UnixSeconds) -> Vec<PriorityParts> {
+        let fair_share = self.options.policy == Policy::FairShare;
+        let factors = fair_share.then(|| self.priority_factors(now, None));
+        let mut rows: Vec<PriorityParts> = self
+            .pending
+            .hot()
+            .zip(self.pending.iter())
+            .map(|(hot, job)| {
+                let parts = factors
+                    .as_ref()
+                    .map_or_else(Parts::default, |f| f.parts(hot, now));
+                let standing = factors
+                    .as_ref()
+                    .and_then(|f| f.standings.get(hot.account).copied());
+                PriorityParts {
+                    job: job.spec.id.clone(),
+                    account: job.spec.account.clone(),
+                    tier: hot.tier,
+                    submit_s: hot.submit_s,
+                    priority: parts.total(),
+                    fair_share: parts.fair_share,
+                    age: parts.age,
+                    job_size: parts.job_size,
+                    quota: parts.quota,
+                    relieved: parts.relieved,
+                    standing,
+                }
+            })
+            .collect();
+        rows.sort_by(|a, b| {
+            b.tier
+                .cmp(&a.tier)
+                .then_with(|| b.priority.total_cmp(&a.priority))
+                .then_with(|| a.submit_s.cmp(&b.submit_s))
+                .then_with(|| id_order(&a.job, &b.job))
+        });
+        rows
+    }
+}
+
+/// One waiting job's multifactor priority and its weighted parts, as `sprio -l` shows them
+/// ([`Scheduler::priorities`]); `priority` is the parts' sum.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PriorityParts {
+    pub job: JobId,
+    pub account: AccountId,
+    /// Its partition's priority tier: a higher tier goes first whatever the priority.
+    pub tier: u32,
+    pub submit_s: UnixSeconds,
+    pub priority: f64,
+    /// `weight_fair_share` times its account's fair-share factor (the relief's, when lifted).
+    pub fair_share: f64,
+    /// `weight_age` times its wait over `max_age` (at most 1); none while the relief lifts it.
+    pub age: f64,
+    /// `weight_job_size` times its smallest size over the cluster's GPUs.
+    pub job_size: f64,
+    /// `weight_quota_priority` times its quota's priority (1-100) over 100.
+    pub quota: f64,
+    /// It has waited `relief_after` for GPUs and the relief ranks it above the accounts at
+    /// the floor or more of their share.
+    pub relieved: bool,
+    /// Where its account stands against its share now, where the ranking looks at shares
+    /// (`below_share_first` under `fair_tree`).
+    pub standing: Option<Standing>,
+}
+
+/// The accounts' factors and the weights, worked out once for every waiting job.
+struct PriorityFactors {
+    weights: PriorityWeights,
+    standings: Vec<Standing>,
+    fair_share: Vec<f64>,
+    lifted: Vec<f64>,
+    relief_after: Option<i64>,
+}
+
+impl PriorityFactors {
+    /// A job the relief lifts (it has waited `relief_after` for GPUs, its quota not holding
+    /// it since, `Hot::gpu_wait_from`) takes [`relief_factor`] where that is above its
+    /// account's, and no age: among lifted jobs their accounts' order decides, then
+    /// submission. Ordered by age they would make the queue FIFO by age under overload, which
+    /// left more jobs past 7 days (docs/benchmarks.md, session 34).
+    fn parts(&self, job: &Hot, now: UnixSeconds) -> Parts {
+        let fs = self.fair_share.get(job.account).copied().unwrap_or(0.0);
+        match self.lifted.get(job.account) {
+            // Submitted now: no age.
+            Some(l) if job.relieved(now, self.relief_after) && *l > fs => Parts {
+                relieved: true,
+                ..self
+                    .weights
+                    .parts(now, job.min, *l, job.quota_priority, now)
+            },
+            _ => self
+                .weights
+                .parts(job.submit_s, job.min, fs, job.quota_priority, now),
+        }
+    }
+}
+
+/// A priority's four weighted parts.
+#[derive(Clone, Copy, Debug, Default)]
+struct Parts {
+    fair_share: f64,
+    age: f64,
+    job_size: f64,
+    quota: f64,
+    relieved: bool,
+}
+
+impl Parts {
+    /// Their sum, added in the one order every priority is.
+    fn total(&self) -> f64 {
+        self.fair_share + self.age + self.job_size + self.quota
     }
 }
 
@@ -231,20 +355,23 @@ impl PriorityWeights {
     /// (its account's factor, [`Scheduler::fair_share_factors`]), age (up to `max_age`), size
     /// (share of the cluster) and the quota's priority (1-100, as a fraction), each in [0, 1]
     /// times its weight.
-    fn of(
+    fn parts(
         &self,
         submit_s: UnixSeconds,
         min_size: u32,
         fair_share: f64,
         quota_priority: f64,
         now: UnixSeconds,
-    ) -> f64 {
+    ) -> Parts {
         let age = ((now - submit_s).max(0) as f64 / self.max_age_s).min(1.0);
         let size = f64::from(min_size) / self.total_gpus;
-        self.fair_share * fair_share
-            + self.age * age
-            + self.job_size * size
-            + self.quota_priority * quota_priority
+        Parts {
+            fair_share: self.fair_share * fair_share,
+            age: self.age * age,
+            job_size: self.job_size * size,
+            quota: self.quota_priority * quota_priority,
+            relieved: false,
+        }
     }
 }
 
