@@ -69,7 +69,7 @@ impl Service {
             {
                 inner.state.sending.clear();
                 inner.state.event_seq = seq + 1;
-                inner.changed();
+                inner.touched_events();
             }
             (Err(e), _) => {
                 tracing::warn!(error = %e, seq, events = events.len(), "job events not delivered; will retry");
@@ -102,13 +102,16 @@ impl Service {
     /// unacknowledged. Without an aggregator nobody reads them: they are dropped.
     pub(crate) fn batch_events(&self, inner: &mut Inner) {
         if self.aggregator.is_none() {
-            inner.state.outbox.clear();
+            if !inner.state.outbox.is_empty() {
+                inner.state.outbox.clear();
+                inner.touched_events();
+            }
             return;
         }
         if inner.state.sending.is_empty() && !inner.state.outbox.is_empty() {
             let n = inner.state.outbox.len().min(MAX_EVENTS_PER_BATCH);
             inner.state.sending = inner.state.outbox.drain(..n).collect();
-            inner.changed();
+            inner.touched_events();
         }
     }
 }

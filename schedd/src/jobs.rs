@@ -58,7 +58,8 @@ impl Inner {
         ev.outcome = Some(outcome);
         ev.exit_code = exit_code;
         self.state.outbox.push(ev);
-        self.changed();
+        self.touched(id);
+        self.touched_events();
         Some(info)
     }
 
@@ -76,7 +77,7 @@ impl Inner {
         if let Some(job) = self.state.jobs.get_mut(id) {
             job.reason = Some(format!("launch failed: {error}"));
         }
-        self.changed();
+        self.touched(id);
     }
 
     /// Signals a running job to stop (cancel or time limit); SIGKILL follows at the deadline.
@@ -96,7 +97,7 @@ impl Inner {
             job.stopping.get_or_insert(why);
             job.signal_s = Some(now);
         }
-        self.changed();
+        self.touched(id);
     }
 
     pub(crate) fn reap(&mut self, now: UnixSeconds) {
@@ -108,6 +109,7 @@ impl Inner {
             info.cpu_time_ms = usage.cpu_time_us.map(|us| us / 1000);
             info.peak_memory_bytes = usage.peak_memory_bytes;
             let info = info.clone();
+            self.touched(&id);
             let code = match status {
                 ExitStatus::Code(c) => Some(c),
                 ExitStatus::Killed => Some(137),
@@ -129,7 +131,8 @@ impl Inner {
                 ev.exit_code = code;
                 self.state.outbox.push(ev);
                 tracing::info!(job = %id, exit_code = ?code, "preempted job exited and is requeued");
-                self.changed();
+                self.touched(&id);
+                self.touched_events();
                 continue;
             }
             self.sched.finish(&id, now);
@@ -198,7 +201,12 @@ impl Inner {
                 {
                     job.reason = reason;
                     job.estimated_start_s = p.estimated_start_s;
-                    job.gpu_wait_from_s = p.gpu_wait_from;
+                    // Kept across restarts (the relief's count); the reason and planned start
+                    // are worked out again by the first cycle.
+                    if job.gpu_wait_from_s != p.gpu_wait_from {
+                        job.gpu_wait_from_s = p.gpu_wait_from;
+                        self.unrecorded.jobs.insert(p.spec.id.clone());
+                    }
                 }
             }
         }

@@ -1,7 +1,8 @@
 //! The journal (`journal.jsonl`): a request's change (a submission, a cancel, a drain, a
 //! reservation) is appended and flushed before the request is answered, so `kill -9` or a power
-//! loss right after the answer keeps it. `state.json` is written whole at the cycle after a
-//! change, saying the last record it holds, and the journal is emptied; on start the records
+//! loss right after the answer keeps it; a cycle's changes are one record at its end.
+//! `state.json` is written whole once the journal has grown to half its size (or a write
+//! failed), saying the last record it holds, and the journal is emptied; on start the records
 //! after that one are applied to the state read back.
 //!
 //! A record holds the objects the request changed as they are after it, so applying it again
@@ -19,7 +20,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use serde::{Deserialize, Serialize};
 
 use gpuledger_model::job::JobEvent;
-use gpuledger_model::AccountId;
+use gpuledger_model::{AccountId, JobId};
 use gpuledger_scheduler::reservation::ReservationEntry;
 
 use crate::state::{Drained, JobInfo, State};
@@ -47,6 +48,23 @@ pub(crate) struct Change {
     /// Every reservation, when they changed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reservations: Option<Vec<ReservationEntry>>,
+    /// Ended jobs past the job history, dropped.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub forgotten: Vec<JobId>,
+    /// The events not yet delivered, as they are after a cycle (put in a batch, acknowledged),
+    /// after `events` are queued.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub undelivered: Option<Undelivered>,
+}
+
+/// The job events the aggregator has not acknowledged: the outbox, the batch being sent and
+/// its number (`State::outbox`, `sending`, `event_seq`).
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Undelivered {
+    pub outbox: Vec<JobEvent>,
+    pub sending: Vec<JobEvent>,
+    pub event_seq: u64,
 }
 
 impl Change {
@@ -67,6 +85,14 @@ impl Change {
         }
         if let Some(reservations) = self.reservations {
             state.reservations = reservations;
+        }
+        for id in &self.forgotten {
+            state.jobs.remove(id);
+        }
+        if let Some(events) = self.undelivered {
+            state.outbox = events.outbox;
+            state.sending = events.sending;
+            state.event_seq = events.event_seq;
         }
     }
 }
@@ -108,6 +134,15 @@ pub(crate) struct Journal {
     /// Records undone on failure whose write failed and whose requests have not yet undone
     /// their change: `state.json` is not written meanwhile, lest it hold a refused change.
     unsettled: Mutex<BTreeSet<u64>>,
+    /// The journal's length, and whether a write failed since `state.json` was last written
+    /// (a change kept in memory that only the next `state.json` can hold).
+    written: Mutex<Written>,
+}
+
+#[derive(Debug, Default)]
+struct Written {
+    bytes: u64,
+    failed: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -163,6 +198,10 @@ impl Journal {
                 records: Vec::new(),
             }),
             unsettled: Mutex::new(BTreeSet::new()),
+            written: Mutex::new(Written {
+                bytes: whole as u64,
+                failed: false,
+            }),
         })
     }
 
@@ -205,6 +244,12 @@ impl Journal {
         if ticket.outcome.get().is_none() {
             let records = std::mem::take(&mut lock(&self.queued).records);
             let result = write_records(&mut file, &records);
+            let mut written = lock(&self.written);
+            match &result {
+                Ok(bytes) => written.bytes += bytes,
+                Err(_) => written.failed = true,
+            }
+            drop(written);
             if result.is_err() {
                 let undone = records.iter().filter(|r| r.undone_on_failure);
                 lock(&self.unsettled).extend(undone.map(|r| r.seq));
@@ -222,6 +267,13 @@ impl Journal {
             Some(Err((kind, message))) => Err(io::Error::new(*kind, message.clone())),
             _ => Ok(()),
         }
+    }
+
+    /// Whether `state.json` is due: a write failed since it was last written (its change, kept
+    /// in memory, is on disk nowhere else), or the journal has grown to `max_bytes`.
+    pub(crate) fn wants_state_file(&self, max_bytes: u64) -> bool {
+        let written = lock(&self.written);
+        written.failed || written.bytes >= max_bytes
     }
 
     /// The request of a record that could not be written has undone its change (a withdrawn
@@ -252,18 +304,50 @@ impl Journal {
             r.seq > seq
         });
         // Not flushed: were the emptying lost, the records are ones the state holds, skipped.
-        if let Err(error) = file.set_len(0) {
-            tracing::warn!(%error, "the journal could not be emptied; its records are skipped at start");
+        let mut written = lock(&self.written);
+        written.failed = false;
+        match file.set_len(0) {
+            Ok(()) => written.bytes = 0,
+            Err(error) => {
+                tracing::warn!(%error, "the journal could not be emptied; its records are skipped at start");
+            }
         }
         Ok(true)
     }
 }
 
+/// Debug builds: the state a restart reads, `state.json` with the journal's records after it.
+#[cfg(debug_assertions)]
+pub(crate) fn read_back(state_path: &Path, journal_path: &Path) -> Result<State> {
+    let mut state = State::load(state_path)?;
+    let bytes = match std::fs::read(journal_path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
+        Err(source) => {
+            return Err(Error::Io {
+                path: journal_path.to_owned(),
+                source,
+            })
+        }
+    };
+    let (changes, _) = parse(&bytes).map_err(|(line, message)| Error::State {
+        path: journal_path.to_owned(),
+        message: format!("line {line}: {message}"),
+    })?;
+    for change in changes {
+        if change.seq > state.journal_seq {
+            state.journal_seq = change.seq;
+            change.apply(&mut state);
+        }
+    }
+    Ok(state)
+}
+
 /// Appends the records and flushes them; on an error the file is cut back to where it was, so
 /// a later record never follows a torn one.
-fn write_records(file: &mut File, records: &[Record]) -> io::Result<()> {
+fn write_records(file: &mut File, records: &[Record]) -> io::Result<u64> {
     if records.is_empty() {
-        return Ok(());
+        return Ok(0);
     }
     let len = file.metadata()?.len();
     let mut bytes = Vec::new();
@@ -278,7 +362,7 @@ fn write_records(file: &mut File, records: &[Record]) -> io::Result<()> {
     if written.is_err() {
         let _ = file.set_len(len);
     }
-    written
+    written.map(|()| bytes.len() as u64)
 }
 
 /// The records of a journal and the length of its whole lines; a last line without its newline

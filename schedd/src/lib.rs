@@ -35,7 +35,7 @@ mod reservations;
 pub mod serve;
 pub mod state;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -54,7 +54,7 @@ use gpuledger_scheduler::{Cycle, JobSpec, Preempting, Refusal, Scheduler, Schedu
 
 use crate::aggregator::{AggregatorLink, HttpAggregator};
 use crate::executor::{Executor, ExitStatus, JobUser, Launch};
-use crate::journal::{Change, Journal};
+use crate::journal::{Change, Journal, Undelivered};
 use crate::state::{JobInfo, JobState, Preemptor, State, SubmitRequest};
 
 /// What can go wrong in the service.
@@ -99,6 +99,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// The service's state, in its directory.
 const STATE_FILE: &str = "state.json";
 
+/// The journal grows to at least this before a cycle writes `state.json` again.
+const MIN_JOURNAL_BYTES: u64 = 1 << 20;
+
 /// How the service runs.
 #[derive(Clone, Debug)]
 pub struct ServiceConfig {
@@ -139,8 +142,14 @@ struct Inner {
     sched: Scheduler,
     state: State,
     executor: Box<dyn Executor>,
-    /// Changed since the cycle last wrote the job mapping and the state.
+    /// The job mapping and `state.json` are due at the next cycle whatever it changes (at
+    /// start, and after a write that failed).
     dirty: bool,
+    /// What cycles changed that no request's record holds, for the cycle's own record.
+    unrecorded: Unrecorded,
+    /// The size of the last `state.json` written (or read): the journal grows to half of it
+    /// before the next is written.
+    state_file_bytes: u64,
     /// Billing's reservations file lags the state (its last write failed).
     billing_file_stale: bool,
     last_usage_s: UnixSeconds,
@@ -148,11 +157,62 @@ struct Inner {
     counters: Counters,
 }
 
+/// What a cycle, and what it does to jobs (launches, reaping, signals, the events it sends),
+/// changed that no request's journal record holds: the cycle ends by writing it as one record
+/// ([`Inner::take_unrecorded`]), as the objects are then.
+#[derive(Debug, Default)]
+struct Unrecorded {
+    jobs: BTreeSet<JobId>,
+    forgotten: Vec<JobId>,
+    drained: BTreeSet<String>,
+    /// The outbox, the batch being sent or its number.
+    events: bool,
+}
+
 impl Inner {
-    /// Marks the state changed: the next cycle writes the job mapping and the state (a
-    /// request's change is in the journal before it is answered).
-    fn changed(&mut self) {
-        self.dirty = true;
+    /// Marks the job changed: the cycle's record holds it as it is at the cycle's end.
+    fn touched(&mut self, id: &JobId) {
+        self.unrecorded.jobs.insert(id.clone());
+    }
+
+    /// Marks the undelivered events changed (queued, batched or acknowledged).
+    fn touched_events(&mut self) {
+        self.unrecorded.events = true;
+    }
+
+    /// The record of what is unrecorded, as it is now; `None` when nothing is.
+    fn take_unrecorded(&mut self) -> Option<Change> {
+        let unrecorded = std::mem::take(&mut self.unrecorded);
+        let nothing = unrecorded.jobs.is_empty()
+            && unrecorded.forgotten.is_empty()
+            && unrecorded.drained.is_empty()
+            && !unrecorded.events;
+        if nothing {
+            return None;
+        }
+        let state = &self.state;
+        Some(Change {
+            jobs: unrecorded
+                .jobs
+                .iter()
+                .filter_map(|id| state.jobs.get(id).cloned())
+                .collect(),
+            forgotten: unrecorded.forgotten,
+            drained: unrecorded
+                .drained
+                .into_iter()
+                .map(|node| {
+                    let drained = state.drained.get(&node).cloned();
+                    (node, drained)
+                })
+                .collect(),
+            undelivered: unrecorded.events.then(|| Undelivered {
+                outbox: state.outbox.clone(),
+                sending: state.sending.clone(),
+                event_seq: state.event_seq,
+            }),
+            ..Change::default()
+        })
     }
 
     /// A journal record of the jobs `ids` as they are now and the events queued since the
@@ -399,6 +459,8 @@ impl Service {
                 state,
                 executor,
                 dirty: true,
+                unrecorded: Unrecorded::default(),
+                state_file_bytes: 0,
                 billing_file_stale: true,
                 last_usage_s: i64::MIN,
                 last_storage_s: i64::MIN,
@@ -553,20 +615,18 @@ impl Service {
     }
 
     /// Queues `change` for the journal, in the order of the changes made under the lock.
-    fn record(&self, inner: &mut Inner, change: Change) -> journal::Ticket {
-        inner.changed();
+    fn record(&self, _inner: &mut Inner, change: Change) -> journal::Ticket {
         self.journal.push(change, false)
     }
 
     /// [`Service::record`] for a change undone where its write fails: it must be committed
     /// with [`Service::commit_or_undo`].
-    fn record_undoable(&self, inner: &mut Inner, change: Change) -> journal::Ticket {
-        inner.changed();
+    fn record_undoable(&self, _inner: &mut Inner, change: Change) -> journal::Ticket {
         self.journal.push(change, true)
     }
 
     /// Returns once the change is on disk; else what was done and why it is not acknowledged
-    /// (the change stays made, and the next cycle's `state.json` holds it).
+    /// (the change stays made, and the next cycle writes `state.json`, which holds it).
     fn commit(&self, ticket: &journal::Ticket, what: impl FnOnce() -> String) -> Result<()> {
         self.commit_or_undo(ticket, what, |_| {})
     }
@@ -942,23 +1002,10 @@ impl Service {
         self.act(&mut inner, &cycle, now);
         inner.refresh_pending();
         let history_s = self.cluster.scheduler.job_history.as_secs() as i64;
-        if inner.state.forget_ended_before(now - history_s) > 0 {
-            inner.changed();
-        }
+        let forgotten = inner.state.forget_ended_before(now - history_s);
+        inner.unrecorded.forgotten.extend(forgotten);
         self.batch_events(&mut inner);
-        if inner.dirty {
-            inner.write_job_mapping(&self.config.dir)?;
-            let seq = self.journal.last_seq();
-            let path = self.state_path();
-            let state = &mut inner.state;
-            let saved = self.journal.save_through(seq, || {
-                state.journal_seq = seq;
-                state.save(&path)
-            })?;
-            // Else a request whose record could not be written is undoing its change: the
-            // next cycle saves.
-            inner.dirty = !saved;
-        }
+        self.save_cycle(&mut inner)?;
         if inner.billing_file_stale {
             self.write_billing_reservations_or_later(&mut inner);
         }
@@ -969,6 +1016,90 @@ impl Service {
             self.send_events(&batch, seq);
         }
         Ok(cycle)
+    }
+
+    /// Makes what the cycle changed durable: its record in the journal, or, when the journal
+    /// has grown to half the last `state.json` (or a write failed since), a new `state.json`
+    /// holding every change so far, after which the journal starts again empty. So a cycle
+    /// writes what it changed, not every job: with tens of thousands waiting, writing the whole
+    /// state at every cycle held every request for a tenth of a second or more.
+    fn save_cycle(&self, inner: &mut Inner) -> Result<()> {
+        if inner.dirty || !inner.unrecorded.jobs.is_empty() {
+            inner.write_job_mapping(&self.config.dir)?;
+        }
+        let ticket = inner
+            .take_unrecorded()
+            .map(|change| self.journal.push(change, false));
+        let journal_max = (inner.state_file_bytes / 2).max(MIN_JOURNAL_BYTES);
+        if inner.dirty || self.journal.wants_state_file(journal_max) {
+            let seq = self.journal.last_seq();
+            let path = self.state_path();
+            let state = &mut inner.state;
+            let mut bytes = 0;
+            let saved = self.journal.save_through(seq, || {
+                state.journal_seq = seq;
+                bytes = state.save(&path)?;
+                Ok::<_, Error>(())
+            });
+            let saved = match saved {
+                Ok(saved) => saved,
+                Err(error) => {
+                    inner.dirty = true;
+                    return Err(error);
+                }
+            };
+            // Else a request whose record could not be written is undoing its change: the
+            // next cycle saves.
+            inner.dirty = !saved;
+            if saved {
+                inner.state_file_bytes = bytes;
+            }
+        } else if let Some(ticket) = ticket {
+            if let Err(source) = self.journal.commit(&ticket) {
+                inner.dirty = true;
+                return Err(Error::NotStored {
+                    what: "the cycle's changes are kept in memory for the next state.json".into(),
+                    path: self.journal.path().to_owned(),
+                    source,
+                });
+            }
+        }
+        #[cfg(debug_assertions)]
+        if !inner.dirty {
+            self.check_disk_holds(inner);
+        }
+        Ok(())
+    }
+
+    /// Debug builds: what a restart would read (`state.json` and the journal) is the state in
+    /// memory, but for what every cycle works out afresh (a waiting job's reason and planned
+    /// start). A change a cycle made and did not record fails here, in every test that ticks.
+    #[cfg(debug_assertions)]
+    fn check_disk_holds(&self, inner: &Inner) {
+        let on_disk = journal::read_back(&self.state_path(), self.journal.path())
+            .unwrap_or_else(|e| panic!("the state on disk cannot be read back: {e}"));
+        let comparable = |state: &State| {
+            let mut value = serde_json::to_value(state).expect("a state serializes");
+            value["journal_seq"] = serde_json::Value::Null;
+            if let Some(jobs) = value["jobs"].as_object_mut() {
+                for job in jobs.values_mut() {
+                    job["reason"] = serde_json::Value::Null;
+                    job["estimated_start_s"] = serde_json::Value::Null;
+                }
+            }
+            value
+        };
+        let (memory, disk) = (comparable(&inner.state), comparable(&on_disk));
+        if memory != disk {
+            let (m, d) = (memory.to_string(), disk.to_string());
+            let at = m.bytes().zip(d.bytes()).take_while(|(a, b)| a == b).count();
+            let from = at.saturating_sub(200);
+            panic!(
+                "the disk does not hold what the cycle changed:\n memory: ...{}\n disk:   ...{}",
+                &m[from..(at + 200).min(m.len())],
+                &d[from..(at + 200).min(d.len())]
+            );
+        }
     }
 
     fn act(&self, inner: &mut Inner, cycle: &Cycle, now: UnixSeconds) {
@@ -1024,7 +1155,8 @@ impl Service {
                 }
                 Err(e) => inner.fail_launch(&info.id, now, &e),
             }
-            inner.changed();
+            inner.touched(&info.id);
+            inner.touched_events();
         }
         for p in &cycle.preempted {
             let Some(info) = inner.state.jobs.get(&p.job_id).cloned() else {
@@ -1042,7 +1174,7 @@ impl Service {
                 job.signal_s = Some(now);
                 job.kill_s = Some(p.kill_s);
             }
-            inner.changed();
+            inner.touched(&p.job_id);
         }
         for r in &cycle.resized {
             // A process cannot change its CUDA_VISIBLE_DEVICES while it runs: an elastic job is
@@ -1063,7 +1195,8 @@ impl Service {
                 ev.allocation = Some(r.allocation.clone());
                 inner.state.outbox.push(ev);
             }
-            inner.changed();
+            inner.touched(&r.job_id);
+            inner.touched_events();
         }
     }
 }

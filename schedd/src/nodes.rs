@@ -156,7 +156,7 @@ impl Inner {
             return false;
         }
         self.state.drained.insert(node.to_owned(), drained);
-        self.changed();
+        self.unrecorded.drained.insert(node.to_owned());
         true
     }
 
@@ -184,7 +184,7 @@ impl Inner {
                 };
                 self.drain_node(&node, drained);
             }
-            self.changed();
+            self.touched(&id);
         }
     }
 }

@@ -356,17 +356,23 @@ impl State {
         }
     }
 
-    /// Drops the jobs that ended before `cutoff_s`; how many. Their ids are never given again
-    /// (`next_id` stays), their events were delivered or wait in the outbox on their own.
-    pub fn forget_ended_before(&mut self, cutoff_s: UnixSeconds) -> usize {
-        let before = self.jobs.len();
-        self.jobs
-            .retain(|_, j| !(j.state.is_done() && j.end_s.is_some_and(|end| end < cutoff_s)));
-        before - self.jobs.len()
+    /// Drops the jobs that ended before `cutoff_s`; their ids. Their ids are never given
+    /// again (`next_id` stays), their events were delivered or wait in the outbox on their own.
+    pub fn forget_ended_before(&mut self, cutoff_s: UnixSeconds) -> Vec<JobId> {
+        let mut forgotten = Vec::new();
+        self.jobs.retain(|id, j| {
+            let keep = !(j.state.is_done() && j.end_s.is_some_and(|end| end < cutoff_s));
+            if !keep {
+                forgotten.push(id.clone());
+            }
+            keep
+        });
+        forgotten
     }
 
-    /// Writes the state durably: a temporary file flushed, renamed over, the directory flushed.
-    pub fn save(&self, path: &Path) -> Result<()> {
+    /// Writes the state durably: a temporary file flushed, renamed over, the directory flushed;
+    /// its size.
+    pub fn save(&self, path: &Path) -> Result<u64> {
         let io = |source| Error::Io {
             path: path.to_owned(),
             source,
@@ -376,6 +382,7 @@ impl State {
             message: e.to_string(),
         })?;
         // Every tenant's jobs, commands and processes: the service's eyes only.
-        gpuledger_model::durable::replace_file_with_mode(path, &bytes, Some(0o600)).map_err(io)
+        gpuledger_model::durable::replace_file_with_mode(path, &bytes, Some(0o600)).map_err(io)?;
+        Ok(bytes.len() as u64)
     }
 }

@@ -588,6 +588,21 @@ async fn a_batch_whose_answer_was_lost_is_sent_again_unchanged_and_one_refused_f
         "{}",
         s.metrics()
     );
+    // Cycles with nothing left to send: the last acknowledgement is on disk too (debug builds
+    // compare what a restart would read with the state after every cycle).
+    for _ in 0..3 {
+        clock.advance_ms(1000);
+        s.tick().unwrap();
+    }
+    drop(s);
+    let s = with_fake(open_with(dir.path(), cluster(), Arc::clone(&clock)).unwrap());
+    let sent_before = fake.posted.lock().unwrap().len();
+    s.tick().unwrap();
+    assert_eq!(
+        fake.posted.lock().unwrap().len(),
+        sent_before,
+        "every batch was acknowledged before the restart: none is sent again"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1585,16 +1600,19 @@ async fn ended_jobs_are_forgotten_after_the_job_history_and_ids_are_never_reused
     let (_, reply) = submit(&s, body.clone()).await;
     let old = JobId::new(reply["job_id"].as_str().unwrap()).unwrap();
     tick_until(&s, &clock, |s| state(s, &old) == JobState::Completed);
-    let state_file = dir.path().join("scheduler/state.json");
-    // An hour later it is still there; past two hours it is gone, from the file too.
+    // An hour later it is still there; past two hours it is gone, from the disk too (the
+    // cycle's journal record says so).
     clock.advance_ms(3_600_000);
     s.tick().unwrap();
     assert!(s.job(&old).is_some());
     clock.advance_ms(3_700_000);
     s.tick().unwrap();
     assert!(s.job(&old).is_none(), "ended more than 2 h ago");
-    let saved = std::fs::read_to_string(&state_file).unwrap();
-    assert!(!saved.contains(&format!("\"{old}\"")), "{saved}");
+    let journal = std::fs::read_to_string(dir.path().join("scheduler/journal.jsonl")).unwrap();
+    assert!(
+        journal.contains(&format!("\"forgotten\":[\"{old}\"]")),
+        "{journal}"
+    );
     // A restart reads the pruned state; the next job gets a new id.
     drop(s);
     let s = Arc::new(open_with(dir.path(), config, Arc::clone(&clock)).unwrap());
@@ -1751,4 +1769,70 @@ async fn submissions_past_max_submit_jobs_are_refused_until_some_end() {
     for id in ["team-b.1", "team-b.2", "team-b.4"] {
         call(&s, "DELETE", &format!("/api/v1/jobs/{id}?now=true"), None).await;
     }
+}
+
+/// A cycle writes what it changed to the journal, not the whole state: a crash right after a
+/// cycle that launched a job comes back to the job running (its process adopted, not started
+/// again) though `state.json` never held it; once the journal holds half of `state.json` (a
+/// megabyte at least), a cycle writes `state.json` again and empties the journal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cycle_writes_its_changes_to_the_journal_and_the_state_file_only_now_and_then() {
+    let dir = tempfile::tempdir().unwrap();
+    let _jobs = gpuledger_testkit::KillJobsUnder::new(dir.path());
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let sched_dir = dir.path().join("scheduler");
+    let s = open(dir.path(), Arc::clone(&clock));
+    s.tick().unwrap();
+    let body = json!({"command": "sleep 600", "account": "team-a", "gpus": 1, "time_limit": "1h"});
+    let (status, reply) = submit(&s, body).await;
+    assert_eq!(status, StatusCode::CREATED, "{reply}");
+    let id = JobId::new(reply["job_id"].as_str().unwrap()).unwrap();
+    clock.advance_ms(1000);
+    s.tick().unwrap();
+    assert_eq!(state(&s, &id), JobState::Running);
+    let pid = s.job(&id).unwrap().pid.unwrap();
+    let saved = std::fs::read_to_string(sched_dir.join("state.json")).unwrap();
+    assert!(
+        !saved.contains(id.as_str()),
+        "the state file was written again: {saved}"
+    );
+    let journal = std::fs::read_to_string(sched_dir.join("journal.jsonl")).unwrap();
+    assert_eq!(
+        journal.lines().count(),
+        2,
+        "the submission and the cycle: {journal}"
+    );
+    // The crash: nothing more is written.
+    drop(s);
+    let s = open(dir.path(), Arc::clone(&clock));
+    let info = s.job(&id).unwrap();
+    assert_eq!(
+        (info.state, info.pid),
+        (JobState::Running, Some(pid)),
+        "adopted"
+    );
+    assert!(!gone(pid));
+
+    // Submissions of 64 KiB commands until the journal passes a megabyte: the next cycle
+    // writes the state file, which then holds them all, and empties the journal.
+    let long = format!("true # {}", "x".repeat(60 * 1024));
+    let journal_bytes = || {
+        std::fs::metadata(sched_dir.join("journal.jsonl"))
+            .unwrap()
+            .len()
+    };
+    let mut ids = Vec::new();
+    while journal_bytes() < 1 << 20 {
+        let body = json!({"command": long, "account": "team-b", "gpus": 8, "time_limit": "1h"});
+        let (status, reply) = submit(&s, body).await;
+        assert_eq!(status, StatusCode::CREATED, "{reply}");
+        ids.push(reply["job_id"].as_str().unwrap().to_owned());
+    }
+    clock.advance_ms(1000);
+    s.tick().unwrap();
+    assert_eq!(journal_bytes(), 0);
+    let saved = std::fs::read_to_string(sched_dir.join("state.json")).unwrap();
+    assert!(ids.iter().all(|id| saved.contains(id.as_str())));
+    s.cancel_now(&id).unwrap();
+    tick_until(&s, &clock, |s| state(s, &id) == JobState::Cancelled);
 }
