@@ -1,8 +1,13 @@
 //! `gpuledger bench submit`: submissions to a real scheduler process over loopback, each
-//! answered only once the state file holding it is written and flushed. Every node is drained
-//! first, so the queue only grows and each write holds every job submitted so far (the worst
-//! case of a sweep script). Reports submissions per second and latency percentiles over the
-//! whole run and over its last tenth, and the state file's size at the end.
+//! answered only once the journal holding it is written and flushed. Every node is drained
+//! first, so the queue only grows (the worst case of a sweep script). Reports submissions per
+//! second and latency percentiles over the whole run and over its last tenth, the scheduler's
+//! CPU share meanwhile, and the state file's size at the end.
+//!
+//! With `--waiting N` that many jobs are queued first (not measured), and with `--pace` each
+//! client waits between its submissions: the scheduling cycles then run beside a steady trickle
+//! of requests against a deep queue, and whatever a cycle holds the service's lock for shows in
+//! the tail.
 //!
 //! `--binary` measures another build's scheduler (one from before a change) in the same run.
 
@@ -13,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use gpuledger_model::stats::percentile;
 
-use crate::process::{spawn, stop};
+use crate::process::{cpu_seconds_of, spawn, stop};
 
 /// What `bench submit` runs.
 #[derive(clap::Args, Debug, Clone)]
@@ -27,6 +32,12 @@ pub struct SubmitArgs {
     /// The gpuledger binary whose scheduler is measured (default: this one).
     #[arg(long)]
     pub binary: Option<PathBuf>,
+    /// Jobs queued before the measured submissions, as fast as eight clients go.
+    #[arg(long, default_value_t = 0)]
+    pub waiting: usize,
+    /// Each client's wait between two measured submissions (`50ms`; none by default).
+    #[arg(long)]
+    pub pace: Option<gpuledger_model::units::DurationSpecMs>,
 }
 
 const NODES: usize = 16;
@@ -104,6 +115,10 @@ pub fn run(args: &SubmitArgs) -> anyhow::Result<String> {
             "{\"reason\": \"bench\"}",
         )?;
     }
+    queue_waiting(&agent, &url, args.waiting)?;
+    let pid = service.child.id();
+    let cpu_before = cpu_seconds_of(pid).unwrap_or(0.0);
+    let pace = args.pace.map(|p| p.0);
     let latencies = Arc::new(Mutex::new(Vec::with_capacity(args.jobs)));
     let began = Instant::now();
     let per_client = args.jobs.div_ceil(args.clients);
@@ -112,10 +127,12 @@ pub fn run(args: &SubmitArgs) -> anyhow::Result<String> {
             let (agent, url, latencies) = (agent.clone(), url.clone(), Arc::clone(&latencies));
             let count = per_client.min(args.jobs.saturating_sub(c * per_client));
             std::thread::spawn(move || -> anyhow::Result<()> {
-                let body = "{\"command\": \"true\", \"account\": \"team-a\", \"gpus\": 1, \"time_limit\": \"1h\"}";
                 for _ in 0..count {
+                    if let Some(pace) = pace {
+                        std::thread::sleep(pace);
+                    }
                     let sent = Instant::now();
-                    post(&agent, &format!("{url}/api/v1/jobs"), body)?;
+                    post(&agent, &format!("{url}/api/v1/jobs"), JOB)?;
                     let took = sent.elapsed();
                     latencies
                         .lock()
@@ -131,6 +148,7 @@ pub fn run(args: &SubmitArgs) -> anyhow::Result<String> {
             .map_err(|_| anyhow::anyhow!("a client panicked"))??;
     }
     let elapsed = began.elapsed();
+    let cpu = cpu_seconds_of(pid).unwrap_or(0.0) - cpu_before;
     stop(service)?;
     let state_bytes = state_size(&data)?;
     let mut all = latencies.lock().unwrap_or_else(|p| p.into_inner()).clone();
@@ -141,16 +159,45 @@ pub fn run(args: &SubmitArgs) -> anyhow::Result<String> {
         .collect();
     let whole: Vec<Duration> = all.iter().map(|(_, t)| *t).collect();
     Ok(format!(
-        "{} submissions from {} client(s) in {:.2} s: {:.0} per second\n\
-         latency ms, all: {}\nlatency ms, last tenth: {}\nstate.json at the end: {:.1} MB\n",
+        "{} submissions from {} client(s) in {:.2} s with {} jobs queued before: {:.0} per second\n\
+         latency ms, all: {}\nlatency ms, last tenth: {}\n\
+         the scheduler's CPU meanwhile: {:.1}% of one core\nstate.json at the end: {:.1} MB\n",
         all.len(),
         args.clients,
         elapsed.as_secs_f64(),
+        args.waiting,
         all.len() as f64 / elapsed.as_secs_f64(),
         summary(&whole),
         summary(&last_tenth),
+        100.0 * cpu / elapsed.as_secs_f64(),
         state_bytes as f64 / 1e6,
     ))
+}
+
+/// Every submission's body: a one-GPU job (the nodes are drained, so it only waits).
+const JOB: &str =
+    "{\"command\": \"true\", \"account\": \"team-a\", \"gpus\": 1, \"time_limit\": \"1h\"}";
+
+/// Queues `count` jobs from eight clients, not measured.
+fn queue_waiting(agent: &ureq::Agent, url: &str, count: usize) -> anyhow::Result<()> {
+    let clients = 8;
+    let workers: Vec<_> = (0..clients)
+        .map(|c| {
+            let (agent, url) = (agent.clone(), url.to_owned());
+            let n = count / clients + usize::from(c < count % clients);
+            std::thread::spawn(move || -> anyhow::Result<()> {
+                for _ in 0..n {
+                    post(&agent, &format!("{url}/api/v1/jobs"), JOB)?;
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join()
+            .map_err(|_| anyhow::anyhow!("a client panicked"))??;
+    }
+    Ok(())
 }
 
 fn summary(latencies: &[Duration]) -> String {
