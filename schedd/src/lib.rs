@@ -571,12 +571,12 @@ impl Service {
             .as_ref()
             .and_then(|p| account.projects.iter().find(|x| &x.id == p));
         let active = |in_project: bool| {
-            let counts = |spec: &JobSpec| {
-                spec.account == request.account
-                    && (!in_project || spec.project.as_ref() == request.project.as_ref())
+            let project = if in_project {
+                request.project.as_ref()
+            } else {
+                None
             };
-            inner.sched.pending().filter(|j| counts(&j.spec)).count()
-                + inner.sched.running().filter(|j| counts(&j.spec)).count()
+            inner.sched.active_jobs(&request.account, project)
         };
         let account_limit = account
             .quota

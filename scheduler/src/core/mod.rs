@@ -326,6 +326,35 @@ impl Scheduler {
         self.pending.iter()
     }
 
+    /// Jobs of `account`, or of its `project`, waiting or running (being preempted too): what
+    /// a `max_submit_jobs` limit counts. Kept as jobs come and go, not counted per ask.
+    pub fn active_jobs(&self, account: &AccountId, project: Option<&ProjectId>) -> usize {
+        let Some(&index) = self.account_index.get(account) else {
+            return 0;
+        };
+        match project {
+            None => {
+                let running = self.running_per_account.get(account).copied().unwrap_or(0);
+                (self.pending.waiting_jobs(index, None) + running) as usize
+            }
+            Some(p) => {
+                let position = self
+                    .tenants
+                    .account(account)
+                    .and_then(|a| a.projects.iter().position(|q| &q.id == p));
+                let Some(position) = position else {
+                    return 0;
+                };
+                let running = self
+                    .running_per_project
+                    .get(&(account.clone(), p.clone()))
+                    .copied()
+                    .unwrap_or(0);
+                (self.pending.waiting_jobs(index, Some(position as u32)) + running) as usize
+            }
+        }
+    }
+
     /// How many times the cycles so far read or wrote a waiting job's own record, beyond
     /// what the queue keeps of every job at hand: a cycle's cost on a deep queue, where each
     /// record read is a cache miss, counted rather than timed. A cycle should open the
@@ -1415,7 +1444,30 @@ impl Scheduler {
                         account.id, project.id
                     ));
                 }
+                self.check_active_jobs(&account.id, Some(&project.id))?;
             }
+            self.check_active_jobs(&account.id, None)?;
+        }
+        Ok(())
+    }
+
+    /// [`Scheduler::active_jobs`] against the jobs counted one by one.
+    fn check_active_jobs(
+        &self,
+        account: &AccountId,
+        project: Option<&ProjectId>,
+    ) -> Result<(), String> {
+        let counts = |spec: &JobSpec| {
+            &spec.account == account && (project.is_none() || spec.project.as_ref() == project)
+        };
+        let counted = self.pending.iter().filter(|j| counts(&j.spec)).count()
+            + self.running.values().filter(|j| counts(&j.spec)).count();
+        let kept = self.active_jobs(account, project);
+        if counted != kept {
+            return Err(format!(
+                "account {account} project {project:?}: {counted} jobs waiting or running, \
+                 {kept} kept"
+            ));
         }
         Ok(())
     }

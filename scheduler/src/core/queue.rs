@@ -8,7 +8,7 @@
 //! thousand jobs reads one array instead of ten thousand boxes.
 
 use std::cmp::Ordering;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering as MemoryOrder};
 
@@ -16,6 +16,7 @@ use gpuledger_model::time::UnixSeconds;
 use gpuledger_model::JobId;
 
 use super::ordering::{id_key, id_order, queue_order};
+use super::quota_scopes::NO_PROJECT;
 use super::types::{PendingJob, PendingReason};
 
 /// What a cycle reads of a waiting job at every cycle, copied out of it when it enters the
@@ -358,6 +359,9 @@ pub(super) struct Queue {
     descents_at: Vec<usize>,
     /// Share units waiting, by account index.
     waiting_units: Vec<u64>,
+    /// Jobs waiting, by account index and by account and project index.
+    waiting_jobs: Vec<u32>,
+    waiting_per_project: HashMap<(usize, u32), u32>,
     /// The time of the cycle setting reasons ([`Queue::begin_cycle`]).
     cycle_s: UnixSeconds,
 }
@@ -372,6 +376,8 @@ impl Default for Queue {
             fresh_from: 0,
             descents_at: Vec::new(),
             waiting_units: Vec::new(),
+            waiting_jobs: Vec::new(),
+            waiting_per_project: HashMap::new(),
             cycle_s: 0,
         }
     }
@@ -486,14 +492,43 @@ impl Queue {
         let account = slot.hot.account;
         if self.waiting_units.len() <= account {
             self.waiting_units.resize(account + 1, 0);
+            self.waiting_jobs.resize(account + 1, 0);
         }
         self.waiting_units[account] += slot.hot.units;
+        self.waiting_jobs[account] += 1;
+        if slot.hot.project != NO_PROJECT {
+            *self
+                .waiting_per_project
+                .entry((account, slot.hot.project))
+                .or_default() += 1;
+        }
         self.jobs.push_back(slot);
     }
 
     fn forget_units(&mut self, hot: &Hot) {
         if let Some(units) = self.waiting_units.get_mut(hot.account) {
             *units -= hot.units;
+        }
+        if let Some(jobs) = self.waiting_jobs.get_mut(hot.account) {
+            *jobs -= 1;
+        }
+        if let Some(jobs) = self
+            .waiting_per_project
+            .get_mut(&(hot.account, hot.project))
+        {
+            *jobs -= 1;
+        }
+    }
+
+    /// Jobs waiting of the account at `account`, of its project at `project` where given.
+    pub(super) fn waiting_jobs(&self, account: usize, project: Option<u32>) -> u32 {
+        match project {
+            None => self.waiting_jobs.get(account).copied().unwrap_or(0),
+            Some(p) => self
+                .waiting_per_project
+                .get(&(account, p))
+                .copied()
+                .unwrap_or(0),
         }
     }
 
@@ -777,7 +812,17 @@ impl Queue {
             }
         }
         let mut units = vec![0u64; self.waiting_units.len()];
+        let mut jobs = vec![0u32; self.waiting_jobs.len()];
+        let mut per_project: HashMap<(usize, u32), u32> = HashMap::new();
         for slot in &self.jobs {
+            if let Some(n) = jobs.get_mut(slot.hot.account) {
+                *n += 1;
+            }
+            if slot.hot.project != NO_PROJECT {
+                *per_project
+                    .entry((slot.hot.account, slot.hot.project))
+                    .or_default() += 1;
+            }
             let copy = Hot {
                 priority: slot.hot.priority,
                 claimed: claimed(&slot.job.spec.id),
@@ -798,6 +843,23 @@ impl Queue {
             return Err(format!(
                 "units waiting per account: counted {units:?}, kept {:?}",
                 self.waiting_units
+            ));
+        }
+        if jobs != self.waiting_jobs {
+            return Err(format!(
+                "jobs waiting per account: counted {jobs:?}, kept {:?}",
+                self.waiting_jobs
+            ));
+        }
+        let kept: HashMap<(usize, u32), u32> = self
+            .waiting_per_project
+            .iter()
+            .filter(|(_, n)| **n > 0)
+            .map(|(k, n)| (*k, *n))
+            .collect();
+        if per_project != kept {
+            return Err(format!(
+                "jobs waiting per project: counted {per_project:?}, kept {kept:?}"
             ));
         }
         Ok(())
