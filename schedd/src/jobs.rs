@@ -194,12 +194,12 @@ impl Inner {
     pub(crate) fn refresh_pending(&mut self) {
         for p in self.sched.pending() {
             if let Some(job) = self.state.jobs.get_mut(&p.spec.id) {
-                let reason = Some(p.reason.to_string());
-                if job.reason != reason
+                let reason = p.reason.as_str();
+                if job.reason.as_deref() != Some(reason)
                     || job.estimated_start_s != p.estimated_start_s
                     || job.gpu_wait_from_s != p.gpu_wait_from
                 {
-                    job.reason = reason;
+                    job.reason = Some(reason.to_owned());
                     job.estimated_start_s = p.estimated_start_s;
                     // Kept across restarts (the relief's count); the reason and planned start
                     // are worked out again by the first cycle.
