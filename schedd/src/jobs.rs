@@ -205,7 +205,7 @@ impl Inner {
                     // are worked out again by the first cycle.
                     if job.gpu_wait_from_s != p.gpu_wait_from {
                         job.gpu_wait_from_s = p.gpu_wait_from;
-                        self.unrecorded.jobs.insert(p.spec.id.clone());
+                        self.unrecorded.waits.insert(p.spec.id.clone());
                     }
                 }
             }

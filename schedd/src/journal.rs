@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use serde::{Deserialize, Serialize};
 
 use gpuledger_model::job::JobEvent;
+use gpuledger_model::time::UnixSeconds;
 use gpuledger_model::{AccountId, JobId};
 use gpuledger_scheduler::reservation::ReservationEntry;
 
@@ -51,6 +52,11 @@ pub(crate) struct Change {
     /// Ended jobs past the job history, dropped.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub forgotten: Vec<JobId>,
+    /// Waiting jobs' waits for GPUs (`JobInfo::gpu_wait_from_s`) that started or stopped: the
+    /// field alone, where a whole job would be a hundred times its size (a quota letting go of
+    /// thousands of jobs at midnight).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waits: Vec<(JobId, Option<UnixSeconds>)>,
     /// The events not yet delivered, as they are after a cycle (put in a batch, acknowledged),
     /// after `events` are queued.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -88,6 +94,11 @@ impl Change {
         }
         for id in &self.forgotten {
             state.jobs.remove(id);
+        }
+        for (id, from) in self.waits {
+            if let Some(job) = state.jobs.get_mut(&id) {
+                job.gpu_wait_from_s = from;
+            }
         }
         if let Some(events) = self.undelivered {
             state.outbox = events.outbox;

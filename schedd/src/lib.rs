@@ -164,6 +164,8 @@ struct Inner {
 struct Unrecorded {
     jobs: BTreeSet<JobId>,
     forgotten: Vec<JobId>,
+    /// Waiting jobs whose wait for GPUs started or stopped (only that field changed).
+    waits: BTreeSet<JobId>,
     drained: BTreeSet<String>,
     /// The outbox, the batch being sent or its number.
     events: bool,
@@ -185,6 +187,7 @@ impl Inner {
         let unrecorded = std::mem::take(&mut self.unrecorded);
         let nothing = unrecorded.jobs.is_empty()
             && unrecorded.forgotten.is_empty()
+            && unrecorded.waits.is_empty()
             && unrecorded.drained.is_empty()
             && !unrecorded.events;
         if nothing {
@@ -198,6 +201,12 @@ impl Inner {
                 .filter_map(|id| state.jobs.get(id).cloned())
                 .collect(),
             forgotten: unrecorded.forgotten,
+            waits: unrecorded
+                .waits
+                .iter()
+                .filter(|id| !unrecorded.jobs.contains(*id))
+                .filter_map(|id| Some((id.clone(), state.jobs.get(id)?.gpu_wait_from_s)))
+                .collect(),
             drained: unrecorded
                 .drained
                 .into_iter()
@@ -614,7 +623,9 @@ impl Service {
         }
     }
 
-    /// Queues `change` for the journal, in the order of the changes made under the lock.
+    /// Queues `change` for the journal, in the order of the changes made under the lock (the
+    /// guard is asked for so that no record is queued without it). The next `state.json` is not
+    /// hastened: the record holds the change.
     fn record(&self, _inner: &mut Inner, change: Change) -> journal::Ticket {
         self.journal.push(change, false)
     }
