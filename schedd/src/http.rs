@@ -21,8 +21,9 @@
 //! With a token file ([`router_with`] and a [`Guard`]) every route but `/healthz` and `/readyz` wants a bearer
 //! token: a tenant submits, reads, cancels and checkpoints its own account's jobs only (another
 //! account's job is answered as one that does not exist) and sees its own rows of the queue,
-//! the share, the priorities and the reservations; a node reads its own GPUs of the allocation feed; finance
-//! reads the queue, share, priorities and reservations; reservations are changed by operators.
+//! the share, the priorities and the reservations; a node reads its own GPUs of the allocation
+//! feed; finance reads the queue, share, priorities and reservations; reservations are changed
+//! by operators.
 
 use std::sync::Arc;
 

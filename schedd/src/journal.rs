@@ -170,26 +170,10 @@ impl Journal {
             path: path.clone(),
             source,
         };
-        let bytes = match std::fs::read(&path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
-            Err(e) => return Err(io_error(e)),
-        };
-        let (changes, whole) = parse(&bytes).map_err(|(line, message)| Error::State {
-            path: path.clone(),
-            message: format!("line {line}: {message}"),
-        })?;
-        if whole < bytes.len() {
-            tracing::warn!(path = %path.display(), bytes = bytes.len() - whole, "a journal record cut short by a crash is dropped (it was never acknowledged)");
+        let (whole, len) = replay(&path, state)?;
+        if whole < len {
+            tracing::warn!(path = %path.display(), bytes = len - whole, "a journal record cut short by a crash is dropped (it was never acknowledged)");
         }
-        let mut last = state.journal_seq;
-        for change in changes {
-            if change.seq > state.journal_seq {
-                last = last.max(change.seq);
-                change.apply(state);
-            }
-        }
-        state.journal_seq = last;
         // Tenants' commands and environments: the service's eyes only, as `state.json`.
         let file = OpenOptions::new()
             .create(true)
@@ -205,7 +189,7 @@ impl Journal {
             path,
             file: Mutex::new(file),
             queued: Mutex::new(Queued {
-                next_seq: last + 1,
+                next_seq: state.journal_seq + 1,
                 records: Vec::new(),
             }),
             unsettled: Mutex::new(BTreeSet::new()),
@@ -331,27 +315,36 @@ impl Journal {
 #[cfg(debug_assertions)]
 pub(crate) fn read_back(state_path: &Path, journal_path: &Path) -> Result<State> {
     let mut state = State::load(state_path)?;
-    let bytes = match std::fs::read(journal_path) {
+    replay(journal_path, &mut state)?;
+    Ok(state)
+}
+
+/// Applies to `state` the records of the journal at `path` after the last one it holds (none
+/// when there is no journal); the length of its whole lines and of the file.
+fn replay(path: &Path, state: &mut State) -> Result<(usize, usize)> {
+    let bytes = match std::fs::read(path) {
         Ok(b) => b,
         Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
         Err(source) => {
             return Err(Error::Io {
-                path: journal_path.to_owned(),
+                path: path.to_owned(),
                 source,
             })
         }
     };
-    let (changes, _) = parse(&bytes).map_err(|(line, message)| Error::State {
-        path: journal_path.to_owned(),
+    let (changes, whole) = parse(&bytes).map_err(|(line, message)| Error::State {
+        path: path.to_owned(),
         message: format!("line {line}: {message}"),
     })?;
+    let mut last = state.journal_seq;
     for change in changes {
         if change.seq > state.journal_seq {
-            state.journal_seq = change.seq;
-            change.apply(&mut state);
+            last = last.max(change.seq);
+            change.apply(state);
         }
     }
-    Ok(state)
+    state.journal_seq = last;
+    Ok((whole, bytes.len()))
 }
 
 /// Appends the records and flushes them; on an error the file is cut back to where it was, so

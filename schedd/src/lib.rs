@@ -1104,11 +1104,14 @@ impl Service {
         if memory != disk {
             let (m, d) = (memory.to_string(), disk.to_string());
             let at = m.bytes().zip(d.bytes()).take_while(|(a, b)| a == b).count();
-            let from = at.saturating_sub(200);
+            let around = |s: &str| {
+                let bytes = &s.as_bytes()[at.saturating_sub(200)..(at + 200).min(s.len())];
+                String::from_utf8_lossy(bytes).into_owned()
+            };
             panic!(
                 "the disk does not hold what the cycle changed:\n memory: ...{}\n disk:   ...{}",
-                &m[from..(at + 200).min(m.len())],
-                &d[from..(at + 200).min(d.len())]
+                around(&m),
+                around(&d)
             );
         }
     }

@@ -351,10 +351,10 @@ struct PriorityWeights {
 }
 
 impl PriorityWeights {
-    /// The priority of a job submitted at `submit_s` of `min_size` GPUs at least: fair share
-    /// (its account's factor, [`Scheduler::fair_share_factors`]), age (up to `max_age`), size
-    /// (share of the cluster) and the quota's priority (1-100, as a fraction), each in [0, 1]
-    /// times its weight.
+    /// The priority's parts for a job submitted at `submit_s` of `min_size` GPUs at least:
+    /// fair share (its account's factor, [`Scheduler::fair_share_factors`]), age (up to
+    /// `max_age`), size (share of the cluster) and the quota's priority (1-100, as a
+    /// fraction), each in [0, 1] times its weight.
     fn parts(
         &self,
         submit_s: UnixSeconds,
