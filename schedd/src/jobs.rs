@@ -48,6 +48,7 @@ impl Inner {
         let job = self.state.jobs.get_mut(id)?;
         job.state = state;
         job.end_s = Some(now);
+        self.ended.insert((now, id.clone()));
         job.exit_code = exit_code;
         job.reason = None;
         job.estimated_start_s = None;
@@ -164,10 +165,13 @@ impl Inner {
 
     /// SIGKILL for jobs past their grace; the time-limit signal for jobs past their limit.
     pub(crate) fn deadlines(&mut self, now: UnixSeconds) {
+        // The scheduler's running jobs are the records running or being preempted
+        // (`check_mirrored`): a deep queue's waiting jobs are not walked.
+        let jobs = &self.state.jobs;
         let due: Vec<(JobId, bool)> = self
-            .state
-            .jobs
-            .values()
+            .sched
+            .running()
+            .filter_map(|r| jobs.get(&r.spec.id))
             .filter(|j| matches!(j.state, JobState::Running | JobState::Preempting))
             .filter_map(|j| {
                 if j.kill_s.is_some_and(|k| now >= k) {
@@ -191,24 +195,94 @@ impl Inner {
         }
     }
 
-    pub(crate) fn refresh_pending(&mut self) {
-        for p in self.sched.pending() {
-            if let Some(job) = self.state.jobs.get_mut(&p.spec.id) {
-                let reason = p.reason.as_str();
-                if job.reason.as_deref() != Some(reason)
-                    || job.estimated_start_s != p.estimated_start_s
-                    || job.gpu_wait_from_s != p.gpu_wait_from
-                {
-                    job.reason = Some(reason.to_owned());
-                    job.estimated_start_s = p.estimated_start_s;
-                    // Kept across restarts (the relief's count); the reason and planned start
-                    // are worked out again by the first cycle.
-                    if job.gpu_wait_from_s != p.gpu_wait_from {
-                        job.gpu_wait_from_s = p.gpu_wait_from;
-                        self.unrecorded.waits.insert(p.spec.id.clone());
-                    }
-                }
+    /// Drops the jobs that ended before `cutoff_s`, for the cycle's record. Their ids are
+    /// never given again (`next_id` stays); their events were delivered or wait in the outbox
+    /// on their own.
+    pub(crate) fn forget_ended_before(&mut self, cutoff_s: UnixSeconds) {
+        while self.ended.first().is_some_and(|(end, _)| *end < cutoff_s) {
+            let Some((end, id)) = self.ended.pop_first() else {
+                break;
+            };
+            let ended_then = self
+                .state
+                .jobs
+                .get(&id)
+                .is_some_and(|j| j.end_s == Some(end));
+            if ended_then && self.state.jobs.remove(&id).is_some() {
+                self.unrecorded.forgotten.push(id);
             }
+        }
+    }
+
+    /// Copies into the job table what the cycle changed of the waiting jobs (reason, planned
+    /// start, since when it waits for GPUs), job by job as the queue reports them: with tens
+    /// of thousands waiting, looking each one up at every cycle was most of a cycle.
+    pub(crate) fn refresh_pending(&mut self) {
+        let Inner {
+            sched,
+            state,
+            unrecorded,
+            ..
+        } = self;
+        sched.take_pending_changes(|p| {
+            let Some(job) = state.jobs.get_mut(&p.spec.id) else {
+                return;
+            };
+            let reason = p.reason.as_str();
+            if job.reason.as_deref() != Some(reason) {
+                job.reason = Some(reason.to_owned());
+            }
+            job.estimated_start_s = p.estimated_start_s;
+            // Kept across restarts (the relief's count); the reason and planned start are
+            // worked out again by the first cycle.
+            if job.gpu_wait_from_s != p.gpu_wait_from {
+                job.gpu_wait_from_s = p.gpu_wait_from;
+                unrecorded.waits.insert(p.spec.id.clone());
+            }
+        });
+        #[cfg(debug_assertions)]
+        self.check_mirrored();
+    }
+
+    /// Debug builds: every waiting job's record says what the scheduler's queue says of it,
+    /// and the records of jobs running or being preempted are the scheduler's running jobs.
+    #[cfg(debug_assertions)]
+    fn check_mirrored(&self) {
+        let active = |j: &&JobInfo| matches!(j.state, JobState::Running | JobState::Preempting);
+        let records = self.state.jobs.values().filter(active).count();
+        let running = self.sched.running().count();
+        assert_eq!(
+            records, running,
+            "jobs running or being preempted: {records} records, {running} in the scheduler"
+        );
+        for r in self.sched.running() {
+            let job = self.state.jobs.get(&r.spec.id);
+            assert!(
+                job.is_some_and(|j| active(&j)),
+                "job {} runs, its record says {:?}",
+                r.spec.id,
+                job.map(|j| j.state)
+            );
+        }
+        for p in self.sched.pending() {
+            let job = &self.state.jobs[&p.spec.id];
+            let mirrored = job.state == JobState::Pending
+                && job.reason.as_deref() == Some(p.reason.as_str())
+                && job.estimated_start_s == p.estimated_start_s
+                && job.gpu_wait_from_s == p.gpu_wait_from;
+            assert!(
+                mirrored,
+                "job {} waits with reason {}, planned start {:?}, waiting for GPUs since {:?}, \
+                 but its record says {:?}, {:?}, {:?}, {:?}",
+                p.spec.id,
+                p.reason,
+                p.estimated_start_s,
+                p.gpu_wait_from,
+                job.state,
+                job.reason,
+                job.estimated_start_s,
+                job.gpu_wait_from_s
+            );
         }
     }
 

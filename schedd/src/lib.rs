@@ -155,6 +155,9 @@ struct Inner {
     last_usage_s: UnixSeconds,
     last_storage_s: UnixSeconds,
     counters: Counters,
+    /// The jobs that have ended, by end time ([`State::ended`]): those past the job history
+    /// are forgotten without a walk of every job at every cycle.
+    ended: BTreeSet<(UnixSeconds, JobId)>,
 }
 
 /// What a cycle, and what it does to jobs (launches, reaping, signals, the events it sends),
@@ -465,6 +468,7 @@ impl Service {
         Ok(Service {
             inner: Mutex::new(Inner {
                 sched,
+                ended: state.ended(),
                 state,
                 executor,
                 dirty: true,
@@ -1013,8 +1017,7 @@ impl Service {
         self.act(&mut inner, &cycle, now);
         inner.refresh_pending();
         let history_s = self.cluster.scheduler.job_history.as_secs() as i64;
-        let forgotten = inner.state.forget_ended_before(now - history_s);
-        inner.unrecorded.forgotten.extend(forgotten);
+        inner.forget_ended_before(now - history_s);
         self.batch_events(&mut inner);
         self.save_cycle(&mut inner)?;
         if inner.billing_file_stale {

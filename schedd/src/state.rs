@@ -3,7 +3,7 @@
 //! Written whole to `state.json` through a temporary file and a rename, so a crash leaves the
 //! old state or the new one, never half of one.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -356,18 +356,13 @@ impl State {
         }
     }
 
-    /// Drops the jobs that ended before `cutoff_s`; their ids. Their ids are never given
-    /// again (`next_id` stays), their events were delivered or wait in the outbox on their own.
-    pub fn forget_ended_before(&mut self, cutoff_s: UnixSeconds) -> Vec<JobId> {
-        let mut forgotten = Vec::new();
-        self.jobs.retain(|id, j| {
-            let keep = !(j.state.is_done() && j.end_s.is_some_and(|end| end < cutoff_s));
-            if !keep {
-                forgotten.push(id.clone());
-            }
-            keep
-        });
-        forgotten
+    /// The jobs that have ended, by end time and id.
+    pub fn ended(&self) -> BTreeSet<(UnixSeconds, JobId)> {
+        self.jobs
+            .values()
+            .filter(|j| j.state.is_done())
+            .filter_map(|j| Some((j.end_s?, j.id.clone())))
+            .collect()
     }
 
     /// Writes the state durably: a temporary file flushed, renamed over, the directory flushed;

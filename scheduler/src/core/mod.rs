@@ -326,6 +326,13 @@ impl Scheduler {
         self.pending.iter()
     }
 
+    /// Hands `each` the waiting jobs whose reason, planned start or wait for GPUs changed, or
+    /// that began to wait, since the last call (in queue order), so that a copy of the queue
+    /// kept elsewhere follows it by what changed: a cycle over a deep queue changes a few.
+    pub fn take_pending_changes(&mut self, each: impl FnMut(&PendingJob)) {
+        self.pending.take_changed(each);
+    }
+
     /// Jobs of `account`, or of its `project`, waiting or running (being preempted too): what
     /// a `max_submit_jobs` limit counts. Kept as jobs come and go, not counted per ask.
     pub fn active_jobs(&self, account: &AccountId, project: Option<&ProjectId>) -> usize {
@@ -687,8 +694,8 @@ impl Scheduler {
                     PendingReason::Priority,
                     |hot| {
                         let (account, partition) = (hot.account, hot.partition as usize);
-                        !hot.limited
-                            && !hot.claimed
+                        !hot.limited()
+                            && !hot.claimed()
                             && failed_before(&failures[account], hot)
                             && (fair || partitions_planned.get(partition).is_none_or(|p| *p))
                             && share_room.get(account).is_none_or(|r| *r <= 0)
@@ -705,8 +712,8 @@ impl Scheduler {
                 break;
             };
             let pre_planned = starving.binary_search(&i).is_ok();
-            let claimed = hot.claimed;
-            let quota = if hot.limited {
+            let claimed = hot.claimed();
+            let quota = if hot.limited() {
                 self.quota_hold_in(&hot, job, &mut quota_scopes, now)
             } else {
                 None
@@ -822,7 +829,7 @@ impl Scheduler {
                 break;
             };
             let reason = self.blocked_reason(job, planned == 0);
-            let claimed = pending.at(i).is_some_and(|(h, _)| h.claimed);
+            let claimed = pending.at(i).is_some_and(|(h, _)| h.claimed());
             // Under fair share each account's first waiting job gets a planned start too,
             // whatever its place in the queue (the starvation bound's other half; see
             // `plan_starving`). Under FIFO each partition's does: EASY's reservation for the
@@ -921,7 +928,7 @@ impl Scheduler {
                 [
                     p.estimated_start_s(),
                     after(max_wait),
-                    after(reclaim).filter(|_| !p.has_preempted),
+                    after(reclaim).filter(|_| !p.has_preempted()),
                     day_held.then_some(midnight),
                 ]
             })
@@ -997,7 +1004,7 @@ impl Scheduler {
             let Some((&hot, job)) = pending.at(i) else {
                 continue;
             };
-            if hot.limited && self.quota_hold_in(&hot, job, quota_scopes, now).is_some() {
+            if hot.limited() && self.quota_hold_in(&hot, job, quota_scopes, now).is_some() {
                 continue;
             }
             let plan = plan.get_or_insert_with(|| self.build_plan(now));

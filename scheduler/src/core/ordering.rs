@@ -90,7 +90,7 @@ impl Scheduler {
         }
         if !self.claims.is_empty() {
             for hot in self.pending.hot() {
-                if hot.claimed {
+                if hot.claimed() {
                     let account = hot.account;
                     if let (Some(h), Some(d)) = (held.get_mut(account), demand.get_mut(account)) {
                         *h += hot.units as i64;

@@ -38,17 +38,9 @@ pub(super) struct Hot {
     /// Its project's index in its account's list (see `JobLimits`).
     pub(super) project: u32,
     pub(super) quota_priority: f64,
-    /// Any of its quotas needs a look before it starts.
-    pub(super) limited: bool,
     /// Its shape's number (see `JobLimits`): `DEFAULT_SHAPE` when it asks for no particular
     /// GPUs per node, node count, model or share.
     pub(super) shape: u32,
-    /// It preempted and waits for its victims (it holds a claim): set by the cycle, not the
-    /// job's own.
-    pub(super) claimed: bool,
-    /// It preempted during this wait (the job's own `has_preempted`, mirrored): it does not
-    /// preempt again before it starts.
-    pub(super) has_preempted: bool,
     /// Since when it has waited for GPUs without its quota holding it (the job's own
     /// `gpu_wait_from`, mirrored: set by [`Queue::set_reason`]).
     gpu_wait_from: MaybeTime,
@@ -57,11 +49,30 @@ pub(super) struct Hot {
     id_key: [u64; 2],
     reason: PendingReason,
     estimated_start_s: MaybeTime,
+    /// `LIMITED`, `CLAIMED`, `HAS_PREEMPTED` and `CHANGED`, in one byte: the slot is a
+    /// multiple of 8 bytes, and a fourth `bool` would have made it 8 bytes longer.
+    flags: u8,
 }
+
+/// Any of its quotas needs a look before it starts.
+const LIMITED: u8 = 1;
+/// It preempted and waits for its victims (it holds a claim): set by the cycle, not the job's
+/// own.
+const CLAIMED: u8 = 2;
+/// It preempted during this wait (the job's own `has_preempted`, mirrored): it does not
+/// preempt again before it starts.
+const HAS_PREEMPTED: u8 = 4;
+/// Its reason, planned start or wait for GPUs changed, or it entered the queue, since the
+/// last [`Queue::take_changed`]: what a caller mirroring the waiting jobs copies.
+const CHANGED: u8 = 8;
 
 impl Hot {
     fn of(job: &PendingJob) -> Hot {
         let (spec, limits) = (&job.spec, &job.limits);
+        let limited = limits.running_limited
+            || limits.gpus_limited
+            || limits.gpu_hours_limited
+            || limits.storage_limited;
         Hot {
             priority: 0.0,
             submit_s: spec.submit_s,
@@ -73,18 +84,48 @@ impl Hot {
             account: limits.account,
             project: limits.project,
             quota_priority: limits.quota_priority,
-            limited: limits.running_limited
-                || limits.gpus_limited
-                || limits.gpu_hours_limited
-                || limits.storage_limited,
             shape: limits.shape,
-            claimed: false,
-            has_preempted: job.has_preempted,
             gpu_wait_from: MaybeTime::of(job.gpu_wait_from),
             id_key: id_key(&spec.id).map_or([0, 0], |k| [(k >> 64) as u64, k as u64]),
             reason: job.reason,
             estimated_start_s: MaybeTime::of(job.estimated_start_s),
+            flags: 0,
         }
+        .with(LIMITED, limited)
+        .with(HAS_PREEMPTED, job.has_preempted)
+        .with(CHANGED, true)
+    }
+
+    fn with(mut self, flag: u8, on: bool) -> Hot {
+        self.set(flag, on);
+        self
+    }
+
+    fn set(&mut self, flag: u8, on: bool) {
+        if on {
+            self.flags |= flag;
+        } else {
+            self.flags &= !flag;
+        }
+    }
+
+    fn has(&self, flag: u8) -> bool {
+        self.flags & flag != 0
+    }
+
+    /// Any of its quotas needs a look before it starts.
+    pub(super) fn limited(&self) -> bool {
+        self.has(LIMITED)
+    }
+
+    /// It preempted and waits for its victims (it holds a claim).
+    pub(super) fn claimed(&self) -> bool {
+        self.has(CLAIMED)
+    }
+
+    /// It preempted during this wait: it does not preempt again before it starts.
+    pub(super) fn has_preempted(&self) -> bool {
+        self.has(HAS_PREEMPTED)
     }
 
     pub(super) fn reason(&self) -> PendingReason {
@@ -156,6 +197,9 @@ impl Slot {
             self.job.reason = reason;
             written += 1;
         }
+        if written > 0 {
+            self.hot.set(CHANGED, true);
+        }
         written
     }
 
@@ -166,6 +210,7 @@ impl Slot {
         }
         self.hot.estimated_start_s = MaybeTime::of(at);
         self.job.estimated_start_s = at;
+        self.hot.set(CHANGED, true);
         1
     }
 
@@ -458,6 +503,19 @@ impl Queue {
         from + done
     }
 
+    /// Hands `each` the jobs whose reason, planned start or wait for GPUs changed, or that
+    /// entered the queue, since the last call, and forgets that they did: a caller that
+    /// mirrors the waiting jobs (the live scheduler's job table) copies those alone instead
+    /// of every job at every cycle. One pass over the queue's own array; only those boxes
+    /// are opened.
+    pub(super) fn take_changed(&mut self, mut each: impl FnMut(&PendingJob)) {
+        for slot in self.jobs.iter_mut().filter(|s| s.hot.has(CHANGED)) {
+            slot.hot.set(CHANGED, false);
+            self.opened.add(1);
+            each(&slot.job);
+        }
+    }
+
     /// How many times, since the queue was made, a job's box was read or written through
     /// it (an id breaking a tie in the order aside): what a cycle costs beyond the queue's
     /// own array, where a deep queue's time goes (each box is a cache miss), counted rather
@@ -691,7 +749,9 @@ impl Queue {
 
     /// Moves the jobs that hold a claim to the front, keeping the order within each part.
     pub(super) fn move_claimed_to_front(&mut self) {
-        self.jobs.make_contiguous().sort_by_key(|s| !s.hot.claimed);
+        self.jobs
+            .make_contiguous()
+            .sort_by_key(|s| !s.hot.claimed());
         self.in_order = false;
         self.unsettle();
     }
@@ -699,7 +759,7 @@ impl Queue {
     /// Records whether the job at `i` holds a claim.
     pub(super) fn set_claimed(&mut self, i: usize, claimed: bool) {
         if let Some(slot) = self.jobs.get_mut(i) {
-            slot.hot.claimed = claimed;
+            slot.hot.set(CLAIMED, claimed);
         }
     }
 
@@ -707,7 +767,7 @@ impl Queue {
     /// set on the job, whose record the cycle had open).
     pub(super) fn set_has_preempted(&mut self, i: usize, has_preempted: bool) {
         if let Some(slot) = self.jobs.get_mut(i) {
-            slot.hot.has_preempted = has_preempted;
+            slot.hot.set(HAS_PREEMPTED, has_preempted);
         }
     }
 
@@ -825,9 +885,10 @@ impl Queue {
             }
             let copy = Hot {
                 priority: slot.hot.priority,
-                claimed: claimed(&slot.job.spec.id),
                 ..Hot::of(&slot.job)
-            };
+            }
+            .with(CLAIMED, claimed(&slot.job.spec.id))
+            .with(CHANGED, slot.hot.has(CHANGED));
             if copy != slot.hot {
                 return Err(format!(
                     "the queue's copy of job {} is {:?}, the job says {copy:?}",
@@ -1097,6 +1158,42 @@ mod tests {
         q.set_reason(1, PendingReason::ReqNodeNotAvail);
         q.set_reason(1, PendingReason::None);
         assert_eq!(from(&q, 1), Some(Some(90)));
+    }
+
+    #[test]
+    fn the_changes_taken_are_the_jobs_that_arrived_or_whose_reason_start_or_wait_moved() {
+        let mut q = Queue::default();
+        for id in 0..6 {
+            q.push(job(id, 5));
+        }
+        let taken = |q: &mut Queue| {
+            let mut ids = Vec::new();
+            q.take_changed(|j| ids.push(j.spec.id.to_string()));
+            ids
+        };
+        assert_eq!(taken(&mut q), ["0", "1", "2", "3", "4", "5"], "arrivals");
+        assert!(taken(&mut q).is_empty(), "each once");
+        q.begin_cycle(50);
+        // Unchanged: job 0's reason, job 1's planned start (none), job 2's stretch.
+        q.set_reason(0, PendingReason::None);
+        q.set_estimated_start(1, None);
+        assert!(taken(&mut q).is_empty());
+        q.set_reason(2, PendingReason::Priority);
+        q.set_estimated_start(3, Some(900));
+        q.set_estimated_start(3, Some(901));
+        // Job 4's reason stays `None` but it no longer waits for GPUs.
+        q.set_reason(4, PendingReason::AssocMaxJobsLimit);
+        q.set_reason(4, PendingReason::None);
+        assert_eq!(taken(&mut q), ["2", "3", "4"]);
+        q.wait_quietly(0, 6, PendingReason::Priority, |_| true);
+        assert_eq!(
+            taken(&mut q),
+            ["0", "1", "3", "4", "5"],
+            "2 waited so already"
+        );
+        q.wait_behind(0);
+        assert!(taken(&mut q).is_empty());
+        q.check(|_| false).unwrap();
     }
 
     #[test]

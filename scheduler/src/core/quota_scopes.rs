@@ -161,7 +161,7 @@ impl Scheduler {
         now: UnixSeconds,
     ) -> Option<PendingReason> {
         // A claimant's own claim does not count against it, everyone else's does.
-        if hot.claimed || hot.project == UNKNOWN_PROJECT {
+        if hot.claimed() || hot.project == UNKNOWN_PROJECT {
             return self.quota_hold(&job, now);
         }
         let verdict = self
