@@ -892,10 +892,12 @@ proptest! {
     }
 
     /// The jobs a cycle only marks waiting, marked in stretches, are marked as the walk job by
-    /// job marks them: two schedulers, one of them walking every job, decide the same at
+    /// job marks them, and a plan known to fail is the one a search fails to find: two
+    /// schedulers, one of them walking every job and searching every plan, decide the same at
     /// every cycle, with a shallow backfill depth (so that stretches begin early), quotas
     /// (account `a`), two partitions, parts of GPUs, jobs past `max_wait`, the relief, plans up
-    /// to each account's share or not, a drain and a reservation.
+    /// to each account's share or not, a drain (of one node or of all, when no plan is found
+    /// and stretches begin below the depth) and a reservation.
     #[test]
     fn waiting_jobs_marked_in_stretches_are_marked_as_job_by_job(
         jobs in arbitrary_jobs(),
@@ -934,7 +936,9 @@ fn arbitrary_jobs() -> impl Strategy<Value = Vec<ArbitraryJob>> {
         Just(8),
         Just(12),
         Just(16),
-        Just(24)
+        Just(24),
+        // The whole cluster: with a node drained no plan is found for it.
+        Just(32)
     ];
     proptest::collection::vec(
         (0usize..3, gpus, 1u64..12, 0i64..40, 1i64..=4, 0u8..12),
@@ -942,8 +946,9 @@ fn arbitrary_jobs() -> impl Strategy<Value = Vec<ArbitraryJob>> {
     )
 }
 
-/// Perhaps node 1 drained: from when, for how long (quarter hours).
-type Drain = Option<(i64, i64)>;
+/// Perhaps node 1 drained, or every node (the whole cluster in maintenance, where no waiting
+/// job gets a planned start): from when, for how long (quarter hours), whether every node.
+type Drain = Option<(i64, i64, bool)>;
 
 /// Perhaps a reservation of one node for account b: when it is made, from when after that,
 /// for how long, and how long it is kept before it is removed (quarter hours).
@@ -952,7 +957,7 @@ type Reserve = Option<(i64, i64, i64, i64)>;
 /// A [`Drain`] and a [`Reserve`].
 fn drain_and_reservation() -> impl Strategy<Value = (Drain, Reserve)> {
     (
-        proptest::option::of((0i64..40, 1i64..20)),
+        proptest::option::of((0i64..40, 1i64..20, any::<bool>())),
         proptest::option::of((0i64..40, 0i64..20, 1i64..20, 1i64..30)),
     )
 }
@@ -993,10 +998,14 @@ fn same_decisions(
     let mut due: Vec<(i64, JobId, bool)> = Vec::new();
     let mut k = 0;
     let mut t = submitted.first().map(|s| s.submit_s).unwrap_or(0);
-    // (time, what): Some(true/false) drains node 1 or puts it back; None adds (first) or
-    // removes (then) a reservation of one node for account b.
+    // (time, what): Some(true/false) drains the drained nodes or puts them back; None adds
+    // (first) or removes (then) a reservation of one node for account b.
     let mut changes: Vec<(i64, Option<bool>)> = Vec::new();
-    if let Some((from, quarters)) = drain {
+    let drained = match drain {
+        Some((_, _, true)) => 0..first.sched.cluster().node_count(),
+        _ => 1..2,
+    };
+    if let Some((from, quarters, _)) = drain {
         changes.push((from * H / 4, Some(true)));
         changes.push(((from + quarters) * H / 4, Some(false)));
     }
@@ -1030,9 +1039,11 @@ fn same_decisions(
         while changes.first().is_some_and(|c| c.0 <= t) {
             match changes.remove(0).1 {
                 Some(on) => {
-                    let name = first.sched.cluster().node_spec(1).id.to_string();
-                    prop_assert!(first.sched.set_drained(&name, on));
-                    prop_assert!(second.sched.set_drained(&name, on));
+                    for node in drained.clone() {
+                        let name = first.sched.cluster().node_spec(node).id.to_string();
+                        prop_assert!(first.sched.set_drained(&name, on));
+                        prop_assert!(second.sched.set_drained(&name, on));
+                    }
                 }
                 None => match reservation.take() {
                     Some(req) => {
@@ -1955,6 +1966,52 @@ fn a_cycle_opens_no_more_records_for_a_deeper_queue() {
                  jobs waiting, {shallow} with 200"
             );
         }
+    }
+}
+
+/// A cluster drained whole (maintenance) finds no planned start for any job, so the backfill
+/// depth is never reached: a cycle still opens no more records for 4,000 waiting jobs than for
+/// 200 (it searched a plan for every one of them, and marked each on its own), and every job
+/// waits for resources with no planned start.
+#[test]
+fn a_wholly_drained_cluster_opens_no_more_records_for_a_deeper_queue() {
+    for policy in [
+        "fifo+backfill",
+        "fifo+conservative",
+        "fairshare+backfill",
+        "fairshare+conservative",
+    ] {
+        let cycle = |waiting: usize| {
+            let mut h = harness(4, policy);
+            for node in 0..h.sched.cluster().node_count() {
+                let name = h.sched.cluster().node_spec(node).id.to_string();
+                assert!(h.sched.set_drained(&name, true));
+            }
+            for k in 0..waiting {
+                let (gpus, limit_h) = ([1, 2, 4, 8][k / 4 % 4], [1, 2, 4, 8][k / 16 % 4]);
+                h.submit(["a", "b", "c"][k % 3], gpus, limit_h, 60);
+            }
+            h.step(60);
+            let before = h.sched.records_opened();
+            assert!(h.step(120).is_empty());
+            let opened = h.sched.records_opened() - before;
+            let reasons: std::collections::HashSet<_> = h
+                .sched
+                .pending()
+                .map(|p| (p.reason, p.estimated_start_s))
+                .collect();
+            assert_eq!(
+                reasons,
+                std::collections::HashSet::from([(PendingReason::Resources, None)]),
+                "{policy}"
+            );
+            opened
+        };
+        let (shallow, deep) = (cycle(200), cycle(4_000));
+        assert!(
+            deep <= shallow,
+            "{policy}: a cycle opened {deep} records with 4,000 jobs waiting, {shallow} with 200"
+        );
     }
 }
 

@@ -111,8 +111,8 @@ pub struct Scheduler {
     bookings_at_last_cycle: u64,
     /// Whether plans are kept between cycles at all (a test compares with and without).
     keep_plans: bool,
-    /// Whether the walk marks waiting jobs in stretches (`Queue::wait_quietly`; a test
-    /// compares with and without).
+    /// Whether the walk marks waiting jobs in stretches (`Queue::wait_quietly`) and skips the
+    /// plan searches known to fail (a test compares with and without).
     quiet_stretches: bool,
 }
 
@@ -131,6 +131,15 @@ fn failed_before(failures: &[(u32, u32, u64)], hot: &Hot) -> bool {
     failures
         .iter()
         .any(|(shape, g, l)| *shape == hot.shape && hot.min >= *g && hot.time_limit_s >= *l)
+}
+
+/// Records that a job like `hot` failed (to start now, or to get a planned start) in its
+/// account's `failures`, kept minimal: a failure of its shape no smaller and no longer than
+/// this one says nothing more.
+fn note_failure(failures: &mut Vec<(u32, u32, u64)>, hot: &Hot) {
+    let (min, limit) = (hot.min, hot.time_limit_s);
+    failures.retain(|(shape, g, l)| *shape != hot.shape || *g < min || *l < limit);
+    failures.push((hot.shape, min, limit));
 }
 
 /// Counts `units` planned or started for `account` against its room below its fair share.
@@ -284,8 +293,9 @@ impl Scheduler {
         self.kept = None;
     }
 
-    /// Whether the walk marks the jobs it does nothing else with in stretches (on by
-    /// default; the outcome is the same either way, only the work differs).
+    /// Whether the walk takes its shortcuts: it marks the jobs it does nothing else with in
+    /// stretches, and does not search again for a planned start it knows cannot be found (on
+    /// by default; the outcome is the same either way, only the work differs).
     pub fn set_quiet_stretches(&mut self, on: bool) {
         self.quiet_stretches = on;
     }
@@ -624,6 +634,13 @@ impl Scheduler {
         let mut partitions_planned = vec![false; self.partitions.len()];
         let mut plan_floors: Vec<Vec<(u32, u64, UnixSeconds)>> =
             vec![Vec::new(); self.account_ids.len().max(1)];
+        // Plans too only get harder, until a planned hold is dropped or victims release early
+        // (when the floors are forgotten, and these with them): a job of an account finds no
+        // planned start where one of its shape no larger and no longer found none. On a
+        // wholly drained cluster (maintenance) no plan is ever found, the depth is never
+        // reached, and without this every waiting job was searched at every cycle.
+        let mut plan_failures: Vec<Vec<(u32, u32, u64)>> =
+            vec![Vec::new(); self.account_ids.len().max(1)];
         // What is left of each account's distance below its share once plans count too.
         let mut share_gap = gaps
             .filter(|_| reclaim || plan_to_share)
@@ -682,26 +699,27 @@ impl Scheduler {
             // Once the plans the depth allows are made, most jobs of a deep queue are only
             // marked waiting: what the walk below would do with such a job (it is of a shape
             // that failed already, no quota or claim asks for a look, nothing asks for a plan
-            // for it, and no reservation for another reason) is done for a stretch of them at
-            // once. No stretch crosses a job the starvation bound planned. (An account's first
-            // plan is not asked for: a failure of the account this cycle came after it.)
-            if self.quiet_stretches && depth > 0 && planned >= depth && self.reservations.is_empty()
-            {
+            // for it or its plan is known to fail, and no reservation for another reason) is
+            // done for a stretch of them at once. No stretch crosses a job the starvation
+            // bound planned. (An account's first plan is not asked for: a failure of the
+            // account this cycle came after it.)
+            if self.quiet_stretches && depth > 0 && self.reservations.is_empty() {
                 let until = starving.iter().copied().find(|p| *p >= i);
-                quiet_until = pending.wait_quietly(
-                    i,
-                    until.unwrap_or(usize::MAX),
-                    PendingReason::Priority,
-                    |hot| {
-                        let (account, partition) = (hot.account, hot.partition as usize);
-                        !hot.limited()
-                            && !hot.claimed()
-                            && failed_before(&failures[account], hot)
-                            && (fair || partitions_planned.get(partition).is_none_or(|p| *p))
-                            && share_room.get(account).is_none_or(|r| *r <= 0)
-                            && !(relief_room > 0 && hot.relieved(now, relief_after))
-                    },
-                );
+                let reason = if planned == 0 {
+                    PendingReason::Resources
+                } else {
+                    PendingReason::Priority
+                };
+                quiet_until = pending.wait_quietly(i, until.unwrap_or(usize::MAX), reason, |hot| {
+                    let (account, partition) = (hot.account, hot.partition as usize);
+                    !hot.limited()
+                        && !hot.claimed()
+                        && failed_before(&failures[account], hot)
+                        && (planned >= depth || failed_before(&plan_failures[account], hot))
+                        && (fair || partitions_planned.get(partition).is_none_or(|p| *p))
+                        && share_room.get(account).is_none_or(|r| *r <= 0)
+                        && !(relief_room > 0 && hot.relieved(now, relief_after))
+                });
                 if i < quiet_until {
                     continue;
                 }
@@ -753,6 +771,7 @@ impl Scheduler {
                     if pre_planned {
                         // Its planned hold is gone: later starts may come earlier again.
                         plan_floors.iter_mut().for_each(Vec::clear);
+                        plan_failures.iter_mut().for_each(Vec::clear);
                     }
                     continue;
                 }
@@ -773,6 +792,7 @@ impl Scheduler {
                     }
                     // Victims release early: later starts may come earlier again.
                     plan_floors.iter_mut().for_each(Vec::clear);
+                    plan_failures.iter_mut().for_each(Vec::clear);
                     let victims = if over_share {
                         Victims::OverShare(&mut share_gap)
                     } else {
@@ -819,11 +839,7 @@ impl Scheduler {
                 pending.set_has_preempted(i, claimed);
             }
             if !hopeless {
-                // Kept minimal: a failure of its shape no smaller and no longer than this one
-                // says nothing more.
-                let entry = &mut failures[account];
-                entry.retain(|(shape, g, l)| *shape != hot.shape || *g < min || *l < limit);
-                entry.push((hot.shape, min, limit));
+                note_failure(&mut failures[account], &hot);
             }
             let Some((_, job)) = pending.at(i) else {
                 break;
@@ -868,8 +884,17 @@ impl Scheduler {
                 let Some((_, job)) = pending.at(i) else {
                     break;
                 };
-                if let Some((t, p)) = self.plan_job(plan, &job.spec, now, not_before, &mut keeping)
-                {
+                let plan_fails =
+                    self.quiet_stretches && failed_before(&plan_failures[account], &hot);
+                let found = if plan_fails {
+                    None
+                } else {
+                    self.plan_job(plan, &job.spec, now, not_before, &mut keeping)
+                };
+                if found.is_none() && !plan_fails {
+                    note_failure(&mut plan_failures[account], &hot);
+                }
+                if let Some((t, p)) = found {
                     let end = t.saturating_add(limit as i64);
                     plan.hold(job.spec.id.clone(), t, end, p, &self.cluster);
                     pending.set_estimated_start(i, Some(t));
