@@ -1,6 +1,8 @@
 //! `gpuledger bench submit`: submissions to a real scheduler process over loopback, each
 //! answered only once the journal holding it is written and flushed. Every node is drained
-//! first, so the queue only grows (the worst case of a sweep script). Reports submissions per
+//! first, so the queue only grows (the worst case of a sweep script); with `--busy` every node
+//! runs an 8-GPU `sleep` job instead, so the waiting jobs get planned starts at those jobs'
+//! time limits, as on a full cluster (the jobs are cancelled at the end). Reports submissions per
 //! second and latency percentiles over the whole run and over its last tenth, the scheduler's
 //! CPU share meanwhile, and the state file's size at the end.
 //!
@@ -17,6 +19,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use gpuledger_model::stats::percentile;
+
+use gpuledger_schedd::state::{JobInfo, JobState};
 
 use crate::process::{cpu_seconds_of, spawn, stop};
 
@@ -38,6 +42,9 @@ pub struct SubmitArgs {
     /// Each client's wait between two measured submissions (`50ms`; none by default).
     #[arg(long)]
     pub pace: Option<gpuledger_model::units::DurationSpecMs>,
+    /// Fill every node with a running 8-GPU `sleep` job instead of draining it.
+    #[arg(long)]
+    pub busy: bool,
 }
 
 const NODES: usize = 16;
@@ -63,15 +70,81 @@ fn cluster_config() -> String {
     )
 }
 
-fn post(agent: &ureq::Agent, url: &str, body: &str) -> anyhow::Result<()> {
-    let mut reply = agent
+/// Posts `body` as JSON; the reply's body.
+fn post(agent: &ureq::Agent, url: &str, body: &str) -> anyhow::Result<String> {
+    let reply = agent
         .post(url)
         .header("content-type", "application/json")
         .send(body.as_bytes())?;
+    reply_text(url, reply)
+}
+
+fn reply_text(url: &str, mut reply: ureq::http::Response<ureq::Body>) -> anyhow::Result<String> {
     let status = reply.status().as_u16();
+    let text = reply.body_mut().read_to_string().unwrap_or_default();
     if !(200..300).contains(&status) {
-        let text = reply.body_mut().read_to_string().unwrap_or_default();
         bail!("{url}: {status} {text}");
+    }
+    Ok(text)
+}
+
+fn drain_every_node(agent: &ureq::Agent, url: &str) -> anyhow::Result<()> {
+    for n in 1..=NODES {
+        post(
+            agent,
+            &format!("{url}/api/v1/nodes/gpu{n:03}/drain"),
+            "{\"reason\": \"bench\"}",
+        )?;
+    }
+    Ok(())
+}
+
+/// One 8-GPU `sleep` job per node, running once this returns: their ids.
+fn fill_every_node(agent: &ureq::Agent, url: &str) -> anyhow::Result<Vec<String>> {
+    const HOLDER: &str = "{\"command\": \"sleep 100000\", \"account\": \"team-a\", \
+                          \"gpus\": 8, \"time_limit\": \"2d\"}";
+    let mut ids = Vec::new();
+    for _ in 0..NODES {
+        let reply: serde_json::Value =
+            serde_json::from_str(&post(agent, &format!("{url}/api/v1/jobs"), HOLDER)?)?;
+        let id = reply["job_id"]
+            .as_str()
+            .context("a submission's reply names its job")?;
+        ids.push(id.to_owned());
+    }
+    let until = Instant::now() + Duration::from_secs(60);
+    for id in &ids {
+        while job_state(agent, url, id)? != JobState::Running {
+            if Instant::now() > until {
+                bail!("job {id} did not start within a minute");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    Ok(ids)
+}
+
+fn job_state(agent: &ureq::Agent, url: &str, id: &str) -> anyhow::Result<JobState> {
+    let url = format!("{url}/api/v1/jobs/{id}");
+    let info: JobInfo = serde_json::from_str(&reply_text(&url, agent.get(&url).call()?)?)?;
+    Ok(info.state)
+}
+
+/// Drains every node (the waiting jobs must not start) and ends the `sleep` jobs.
+fn end_holders(agent: &ureq::Agent, url: &str, ids: &[String]) -> anyhow::Result<()> {
+    drain_every_node(agent, url)?;
+    for id in ids {
+        let cancel = format!("{url}/api/v1/jobs/{id}?now=true");
+        reply_text(&cancel, agent.delete(&cancel).call()?)?;
+    }
+    let until = Instant::now() + Duration::from_secs(60);
+    for id in ids {
+        while !job_state(agent, url, id)?.is_done() {
+            if Instant::now() > until {
+                bail!("job {id} did not end within a minute of its cancel");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
     Ok(())
 }
@@ -108,13 +181,12 @@ pub fn run(args: &SubmitArgs) -> anyhow::Result<String> {
         .timeout_global(Some(Duration::from_secs(60)))
         .build()
         .into();
-    for n in 1..=NODES {
-        post(
-            &agent,
-            &format!("{url}/api/v1/nodes/gpu{n:03}/drain"),
-            "{\"reason\": \"bench\"}",
-        )?;
-    }
+    let holders = if args.busy {
+        fill_every_node(&agent, &url)?
+    } else {
+        drain_every_node(&agent, &url)?;
+        Vec::new()
+    };
     queue_waiting(&agent, &url, args.waiting)?;
     let pid = service.child.id();
     let cpu_before = cpu_seconds_of(pid).unwrap_or(0.0);
@@ -149,6 +221,9 @@ pub fn run(args: &SubmitArgs) -> anyhow::Result<String> {
     }
     let elapsed = began.elapsed();
     let cpu = cpu_seconds_of(pid).unwrap_or(0.0) - cpu_before;
+    if !holders.is_empty() {
+        end_holders(&agent, &url, &holders)?;
+    }
     stop(service)?;
     let state_bytes = state_size(&data)?;
     let mut all = latencies.lock().unwrap_or_else(|p| p.into_inner()).clone();
@@ -174,7 +249,7 @@ pub fn run(args: &SubmitArgs) -> anyhow::Result<String> {
     ))
 }
 
-/// Every submission's body: a one-GPU job (the nodes are drained, so it only waits).
+/// Every submission's body: a one-GPU job (the nodes are drained or full, so it only waits).
 const JOB: &str =
     "{\"command\": \"true\", \"account\": \"team-a\", \"gpus\": 1, \"time_limit\": \"1h\"}";
 
