@@ -86,7 +86,7 @@ impl Hot {
             quota_priority: limits.quota_priority,
             shape: limits.shape,
             gpu_wait_from: MaybeTime::of(job.gpu_wait_from),
-            id_key: id_key(&spec.id).map_or([0, 0], |k| [(k >> 64) as u64, k as u64]),
+            id_key: key_halves(&spec.id),
             reason: job.reason,
             estimated_start_s: MaybeTime::of(job.estimated_start_s),
             flags: 0,
@@ -146,6 +146,11 @@ impl Hot {
         };
         relief_after.is_some_and(waited)
     }
+}
+
+/// [`id_key`] as the queue keeps it, in two halves; `[0, 0]` for an id too long for one.
+fn key_halves(id: &JobId) -> [u64; 2] {
+    id_key(id).map_or([0, 0], |k| [(k >> 64) as u64, k as u64])
 }
 
 /// A time that may be absent, in 8 bytes where an `Option` takes 16: the queue's copy of
@@ -591,7 +596,13 @@ impl Queue {
     }
 
     pub(super) fn remove(&mut self, id: &JobId) -> Option<PendingJob> {
-        let pos = self.jobs.iter().position(|s| &s.job.spec.id == id)?;
+        // Found by the queue's copy of the id where it has one: a cancel of one of 40,000
+        // waiting jobs (a user's jobs cancelled one by one) opens no other job's box.
+        let key = key_halves(id);
+        let pos = self
+            .jobs
+            .iter()
+            .position(|s| s.hot.id_key == key && (key != [0, 0] || &s.job.spec.id == id))?;
         if pos < self.settled_from {
             self.settled_from -= 1;
         }
@@ -1158,6 +1169,27 @@ mod tests {
         q.set_reason(1, PendingReason::ReqNodeNotAvail);
         q.set_reason(1, PendingReason::None);
         assert_eq!(from(&q, 1), Some(Some(90)));
+    }
+
+    #[test]
+    fn a_job_is_removed_by_its_id_short_or_long() {
+        let mut q = Queue::default();
+        let long = |n: u32| format!("a-long-account-name.{n}");
+        for n in 0..6 {
+            let mut j = job(n, i64::from(n));
+            if n % 2 == 1 {
+                j.spec.id = JobId::new(long(n)).unwrap();
+            }
+            q.push(j);
+        }
+        for gone in [JobId::new("2").unwrap(), JobId::new(long(3)).unwrap()] {
+            let removed = q.remove(&gone).map(|j| j.spec.id);
+            assert_eq!(removed.as_ref(), Some(&gone));
+            assert!(q.remove(&gone).is_none(), "{gone} only once");
+        }
+        assert!(q.remove(&JobId::new(long(2)).unwrap()).is_none());
+        assert_eq!(ids(&q), ["0".to_owned(), long(1), "4".to_owned(), long(5)]);
+        q.check(|_| false).unwrap();
     }
 
     #[test]
