@@ -641,6 +641,8 @@ impl Scheduler {
         // reached, and without this every waiting job was searched at every cycle.
         let mut plan_failures: Vec<Vec<(u32, u32, u64)>> =
             vec![Vec::new(); self.account_ids.len().max(1)];
+        // Whether any is recorded: below the depth, stretches are looked for only then.
+        let mut plan_failed = false;
         // What is left of each account's distance below its share once plans count too.
         let mut share_gap = gaps
             .filter(|_| reclaim || plan_to_share)
@@ -703,7 +705,11 @@ impl Scheduler {
             // done for a stretch of them at once. No stretch crosses a job the starvation
             // bound planned. (An account's first plan is not asked for: a failure of the
             // account this cycle came after it.)
-            if self.quiet_stretches && depth > 0 && self.reservations.is_empty() {
+            if self.quiet_stretches
+                && depth > 0
+                && (planned >= depth || plan_failed)
+                && self.reservations.is_empty()
+            {
                 let until = starving.iter().copied().find(|p| *p >= i);
                 let reason = if planned == 0 {
                     PendingReason::Resources
@@ -772,6 +778,7 @@ impl Scheduler {
                         // Its planned hold is gone: later starts may come earlier again.
                         plan_floors.iter_mut().for_each(Vec::clear);
                         plan_failures.iter_mut().for_each(Vec::clear);
+                        plan_failed = false;
                     }
                     continue;
                 }
@@ -793,6 +800,7 @@ impl Scheduler {
                     // Victims release early: later starts may come earlier again.
                     plan_floors.iter_mut().for_each(Vec::clear);
                     plan_failures.iter_mut().for_each(Vec::clear);
+                    plan_failed = false;
                     let victims = if over_share {
                         Victims::OverShare(&mut share_gap)
                     } else {
@@ -893,6 +901,7 @@ impl Scheduler {
                 };
                 if found.is_none() && !plan_fails {
                     note_failure(&mut plan_failures[account], &hot);
+                    plan_failed = true;
                 }
                 if let Some((t, p)) = found {
                     let end = t.saturating_add(limit as i64);
