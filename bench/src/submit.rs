@@ -112,16 +112,28 @@ fn fill_every_node(agent: &ureq::Agent, url: &str) -> anyhow::Result<Vec<String>
             .context("a submission's reply names its job")?;
         ids.push(id.to_owned());
     }
+    wait_for_each(agent, url, &ids, "start", |s| s == JobState::Running)?;
+    Ok(ids)
+}
+
+/// Waits up to a minute for every job of `ids` to be in a state `reached` holds for.
+fn wait_for_each(
+    agent: &ureq::Agent,
+    url: &str,
+    ids: &[String],
+    what: &str,
+    reached: impl Fn(JobState) -> bool,
+) -> anyhow::Result<()> {
     let until = Instant::now() + Duration::from_secs(60);
-    for id in &ids {
-        while job_state(agent, url, id)? != JobState::Running {
+    for id in ids {
+        while !reached(job_state(agent, url, id)?) {
             if Instant::now() > until {
-                bail!("job {id} did not start within a minute");
+                bail!("job {id} did not {what} within a minute");
             }
             std::thread::sleep(Duration::from_millis(100));
         }
     }
-    Ok(ids)
+    Ok(())
 }
 
 fn job_state(agent: &ureq::Agent, url: &str, id: &str) -> anyhow::Result<JobState> {
@@ -137,16 +149,7 @@ fn end_holders(agent: &ureq::Agent, url: &str, ids: &[String]) -> anyhow::Result
         let cancel = format!("{url}/api/v1/jobs/{id}?now=true");
         reply_text(&cancel, agent.delete(&cancel).call()?)?;
     }
-    let until = Instant::now() + Duration::from_secs(60);
-    for id in ids {
-        while !job_state(agent, url, id)?.is_done() {
-            if Instant::now() > until {
-                bail!("job {id} did not end within a minute of its cancel");
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-    Ok(())
+    wait_for_each(agent, url, ids, "end after its cancel", JobState::is_done)
 }
 
 /// Runs the measurement; the report.
