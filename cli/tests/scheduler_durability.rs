@@ -259,6 +259,121 @@ fn what_the_scheduler_acknowledged_survives_kill_9_and_a_full_disk_acknowledges_
     drop(sched);
 }
 
+/// The ids of the jobs the journal file at `path` has records of (none where there is none).
+fn jobs_recorded_in(path: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .flat_map(|record| record["jobs"].as_array().cloned().unwrap_or_default())
+        .filter_map(|job| job["id"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// `kill -9` while a `state.json` is written beside the scheduler (the records made meanwhile
+/// in `journal.next.jsonl`): every submission it acknowledged before is there after the
+/// restart. One thread submits jobs with 60 KiB commands as fast as they are answered (so
+/// `state.json` is due every few cycles and takes a while to write); the test kills the
+/// scheduler while the next file holds records, until a kill lands while it holds an
+/// acknowledged submission (rather than after the state file was written and the next file
+/// replaced the journal).
+#[test]
+fn kill_9_while_the_state_file_is_written_beside_the_scheduler_loses_nothing_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let _jobs = gpuledger_testkit::KillJobsUnder::new(dir.path());
+    let config = dir.path().join("cluster.toml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let data = dir.path().join("data");
+    let next = data.join("scheduler").join("journal.next.jsonl");
+    let command = format!("true # {}", "x".repeat(60 << 10));
+    let mut taken: Vec<String> = Vec::new();
+    let mut landed = false;
+    for round in 0..12 {
+        let mut sched = start_with(&data, &config, "50ms", None);
+        let url = sched.url.clone();
+        if round == 0 {
+            for node in ["gpu001", "gpu002"] {
+                let drain = format!("{url}/api/v1/nodes/{node}/drain");
+                let (status, body) = call("POST", &drain, Some(json!({"reason": "bench"})));
+                assert_eq!(status, 204, "{node}: {body}");
+            }
+        }
+        let acknowledged = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let submitter = {
+            let (url, command) = (url.clone(), command.clone());
+            let acknowledged = std::sync::Arc::clone(&acknowledged);
+            std::thread::spawn(move || {
+                let agent: ureq::Agent = ureq::Agent::config_builder()
+                    .http_status_as_error(false)
+                    .build()
+                    .into();
+                let body = json!({"command": command, "account": "team-a", "gpus": 4,
+                    "time_limit": "10m"})
+                .to_string();
+                // Until the scheduler is killed (the connection refused or cut).
+                for _ in 0..400 {
+                    let Ok(mut reply) = agent
+                        .post(format!("{url}/api/v1/jobs"))
+                        .header("content-type", "application/json")
+                        .send(body.as_bytes())
+                    else {
+                        return;
+                    };
+                    let status = reply.status().as_u16();
+                    let Ok(text) = reply.body_mut().read_to_string() else {
+                        return;
+                    };
+                    assert_eq!(status, 201, "{text}");
+                    let reply: Value = serde_json::from_str(&text).unwrap();
+                    let id = reply["job_id"].as_str().unwrap().to_owned();
+                    acknowledged.lock().unwrap().push(id);
+                }
+            })
+        };
+        // Killed once two more submissions were acknowledged after the next file held a
+        // record: the later one was sent after the state file was begun.
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let holds_records = || std::fs::metadata(&next).is_ok_and(|m| m.len() > 0);
+        let mut seen_at = None;
+        while !submitter.is_finished() && std::time::Instant::now() < until {
+            let count = acknowledged.lock().unwrap().len();
+            match (holds_records(), seen_at) {
+                (false, _) => seen_at = None,
+                (true, None) => seen_at = Some(count),
+                (true, Some(at)) if count >= at + 2 => break,
+                (true, Some(_)) => {}
+            }
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+        sched.child.kill().unwrap();
+        sched.child.wait().unwrap();
+        submitter.join().unwrap();
+        let acknowledged = std::mem::take(&mut *acknowledged.lock().unwrap());
+        // Landed: an acknowledged submission's record is in the next file (so in no state
+        // file written).
+        let in_next = jobs_recorded_in(&next);
+        landed = acknowledged.iter().any(|id| in_next.contains(id));
+        taken.extend(acknowledged);
+
+        let sched = start(&data, &config);
+        for id in &taken {
+            assert_eq!(
+                job(&sched.url, id)["state"],
+                "pending",
+                "round {round}: {id}"
+            );
+        }
+        drop(sched);
+        if landed {
+            break;
+        }
+    }
+    assert!(
+        landed,
+        "no kill landed while a state file was written beside the scheduler ({} jobs)",
+        taken.len()
+    );
+}
+
 /// A tenant's job that writes until its disk is full: where the jobs' directories share the
 /// scheduler's filesystem (the default) every request that must be saved is refused until an
 /// operator frees space; with `--jobs-dir` on a filesystem of their own the scheduler goes on

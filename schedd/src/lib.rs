@@ -15,7 +15,8 @@
 //! - [`http`] is the API (`squeue`/`sshare`-like views, submit, cancel, reservations, the
 //!   allocation feed exporters read); [`serve`] runs it and the cycle loop.
 //! - A request's change is appended to the journal (`journal.rs`) and flushed before it is
-//!   answered; the cycle writes the whole [`state::State`] and empties the journal.
+//!   answered; a cycle appends its own changes, and now and then writes the whole
+//!   [`state::State`] beside the service, after which the journal starts again.
 //! - On start the state file is read back, with the journal's later records: pending jobs
 //!   queue again, running ones keep their GPUs and their processes are adopted.
 
@@ -659,7 +660,7 @@ impl Service {
         };
         let error = Error::NotStored {
             what: what(),
-            path: self.journal.path().to_owned(),
+            path: self.journal.path(),
             source,
         };
         undo(&error);
@@ -1032,12 +1033,14 @@ impl Service {
         Ok(cycle)
     }
 
-    /// Makes what the cycle changed durable: its record in the journal, or, when the journal
-    /// has grown to half the last `state.json` (or a write failed since), a new `state.json`
-    /// holding every change so far, after which the journal starts again empty. So a cycle
-    /// writes what it changed, not every job: with tens of thousands waiting, writing the whole
-    /// state at every cycle held every request for a tenth of a second or more.
+    /// Makes what the cycle changed durable: its record in the journal; when the journal has
+    /// grown to half the last `state.json`, a new `state.json` is begun beside the service
+    /// (a copy taken under the lock, written and flushed on a thread of its own: with tens of
+    /// thousands waiting, serializing and flushing it held every request for a fifth of a
+    /// second), after which the journal starts again. After a failed write, one is written
+    /// under the lock holding every change so far, and the journal starts again empty.
     fn save_cycle(&self, inner: &mut Inner) -> Result<()> {
+        self.note_state_file_beside(inner, false);
         if inner.dirty || !inner.unrecorded.jobs.is_empty() {
             inner.write_job_mapping(&self.config.dir)?;
         }
@@ -1045,35 +1048,20 @@ impl Service {
             .take_unrecorded()
             .map(|change| self.journal.push(change, false));
         let journal_max = (inner.state_file_bytes / 2).max(MIN_JOURNAL_BYTES);
-        if inner.dirty || self.journal.wants_state_file(journal_max) {
-            let seq = self.journal.last_seq();
-            let path = self.state_path();
-            let state = &mut inner.state;
-            let mut bytes = 0;
-            let saved = self.journal.save_through(seq, || {
-                state.journal_seq = seq;
-                bytes = state.save(&path)?;
-                Ok::<_, Error>(())
-            });
-            let saved = match saved {
-                Ok(saved) => saved,
-                Err(error) => {
-                    inner.dirty = true;
-                    return Err(error);
-                }
-            };
-            // Else a request whose record could not be written is undoing its change: the
-            // next cycle saves.
-            inner.dirty = !saved;
-            if saved {
-                inner.state_file_bytes = bytes;
-            }
-        } else if let Some(ticket) = ticket {
+        let written = if inner.dirty || self.journal.write_failed() {
+            self.save_state_file(inner)?;
+            true
+        } else if self.journal.bytes() >= journal_max {
+            self.begin_state_file_beside(inner)?
+        } else {
+            false
+        };
+        if let (false, Some(ticket)) = (written, ticket) {
             if let Err(source) = self.journal.commit(&ticket) {
                 inner.dirty = true;
                 return Err(Error::NotStored {
                     what: "the cycle's changes are kept in memory for the next state.json".into(),
-                    path: self.journal.path().to_owned(),
+                    path: self.journal.path(),
                     source,
                 });
             }
@@ -1085,12 +1073,81 @@ impl Service {
         Ok(())
     }
 
+    /// Writes `state.json` under the lock, holding every change so far; the journal starts
+    /// again empty.
+    fn save_state_file(&self, inner: &mut Inner) -> Result<()> {
+        let seq = self.journal.last_seq();
+        let path = self.state_path();
+        let state = &mut inner.state;
+        let mut bytes = 0;
+        let saved = self.journal.save_through(seq, || {
+            state.journal_seq = seq;
+            bytes = state.save(&path)?;
+            Ok::<_, Error>(())
+        });
+        let saved = match saved {
+            Ok(saved) => saved,
+            Err(error) => {
+                inner.dirty = true;
+                return Err(error);
+            }
+        };
+        // Else a request whose record could not be written is undoing its change: the next
+        // cycle saves.
+        inner.dirty = !saved;
+        if saved {
+            inner.state_file_bytes = bytes;
+        }
+        Ok(())
+    }
+
+    /// Begins a `state.json` beside the service, the queued records (the cycle's among them)
+    /// written first; whether it began (else they are committed as usual).
+    fn begin_state_file_beside(&self, inner: &mut Inner) -> Result<bool> {
+        let seq = self.journal.last_seq();
+        inner.state.journal_seq = seq;
+        let state = &inner.state;
+        match self
+            .journal
+            .save_beside(seq, || state.clone(), self.state_path())
+        {
+            Ok(began) => Ok(began),
+            Err(source) => {
+                inner.dirty = true;
+                Err(Error::NotStored {
+                    what: "the cycle's changes are kept in memory for the next state.json".into(),
+                    path: self.journal.path(),
+                    source,
+                })
+            }
+        }
+    }
+
+    /// Takes note of the `state.json` written beside the service once it is done (with `wait`,
+    /// waiting for it): its size, or the failure (the next cycle writes one under the lock).
+    fn note_state_file_beside(&self, inner: &mut Inner, wait: bool) {
+        match self.journal.saved_beside(wait) {
+            Some(Ok(bytes)) => inner.state_file_bytes = bytes,
+            Some(Err(error)) => {
+                tracing::error!(%error, "the state file written beside the service failed; the next cycle writes it again");
+            }
+            None => {}
+        }
+    }
+
+    /// Returns once the `state.json` being written beside the service (if any) is on disk, or
+    /// failed (logged; the next cycle writes it again). The service stops after this.
+    pub fn finish_state_file(&self) {
+        let mut inner = self.lock();
+        self.note_state_file_beside(&mut inner, true);
+    }
+
     /// Debug builds: what a restart would read (`state.json` and the journal) is the state in
     /// memory, but for what every cycle works out afresh (a waiting job's reason and planned
     /// start). A change a cycle made and did not record fails here, in every test that ticks.
     #[cfg(debug_assertions)]
     fn check_disk_holds(&self, inner: &Inner) {
-        let on_disk = journal::read_back(&self.state_path(), self.journal.path())
+        let on_disk = journal::read_back(&self.config.dir, STATE_FILE)
             .unwrap_or_else(|e| panic!("the state on disk cannot be read back: {e}"));
         let comparable = |state: &State| {
             let mut value = serde_json::to_value(state).expect("a state serializes");

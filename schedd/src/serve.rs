@@ -297,9 +297,13 @@ async fn serve(
     })?;
     // Jobs keep running: a restarted scheduler adopts them from its state file.
     let s = Arc::clone(&service);
-    tokio::task::spawn_blocking(move || s.tick())
-        .await
-        .map_err(|e| invalid("shutdown", format!("the last cycle panicked: {e}")))??;
+    tokio::task::spawn_blocking(move || {
+        let cycle = s.tick();
+        s.finish_state_file();
+        cycle
+    })
+    .await
+    .map_err(|e| invalid("shutdown", format!("the last cycle panicked: {e}")))??;
     announce("gpuledger scheduler stopped; state saved, jobs left running");
     Ok(())
 }

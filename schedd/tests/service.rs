@@ -1815,7 +1815,8 @@ async fn a_cycle_writes_its_changes_to_the_journal_and_the_state_file_only_now_a
     assert!(!gone(pid));
 
     // Submissions of 64 KiB commands until the journal passes a megabyte: the next cycle
-    // writes the state file, which then holds them all, and empties the journal.
+    // begins the state file beside the service, and once it is written it holds them all and
+    // the journal starts again (the records meanwhile in the next file, which replaces it).
     let long = format!("true # {}", "x".repeat(60 * 1024));
     let journal_bytes = || {
         std::fs::metadata(sched_dir.join("journal.jsonl"))
@@ -1831,7 +1832,9 @@ async fn a_cycle_writes_its_changes_to_the_journal_and_the_state_file_only_now_a
     }
     clock.advance_ms(1000);
     s.tick().unwrap();
+    s.finish_state_file();
     assert_eq!(journal_bytes(), 0);
+    assert!(!sched_dir.join("journal.next.jsonl").exists());
     let saved = std::fs::read_to_string(sched_dir.join("state.json")).unwrap();
     assert!(ids.iter().all(|id| saved.contains(id.as_str())));
     s.cancel_now(&id).unwrap();
