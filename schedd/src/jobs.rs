@@ -45,7 +45,7 @@ impl Inner {
         exit_code: Option<i32>,
         outcome: Outcome,
     ) -> Option<JobInfo> {
-        let job = self.state.jobs.get_mut(id)?;
+        let job = self.state.jobs.get_mut(id).map(Arc::make_mut)?;
         job.state = state;
         job.end_s = Some(now);
         self.ended.insert((now, id.clone()));
@@ -75,7 +75,7 @@ impl Inner {
         tracing::error!(job = %id, %error, "job could not be launched");
         self.sched.finish(id, now);
         self.finish_record(id, now, JobState::Failed, None);
-        if let Some(job) = self.state.jobs.get_mut(id) {
+        if let Some(job) = self.state.jobs.get_mut(id).map(Arc::make_mut) {
             job.reason = Some(format!("launch failed: {error}"));
         }
         self.touched(id);
@@ -90,7 +90,7 @@ impl Inner {
             .and_then(|j| signal_named(j.request.checkpoint_signal.as_deref()).ok())
             .unwrap_or(Signal::SIGTERM);
         let _ = self.executor.signal(id, signal);
-        if let Some(job) = self.state.jobs.get_mut(id) {
+        if let Some(job) = self.state.jobs.get_mut(id).map(Arc::make_mut) {
             // A later stop (a time limit, a cancel) may bring SIGKILL forward, never put it off.
             let kill_s = now + grace_s as i64;
             job.kill_s = Some(job.kill_s.map_or(kill_s, |k| k.min(kill_s)));
@@ -104,7 +104,7 @@ impl Inner {
     pub(crate) fn reap(&mut self, now: UnixSeconds) {
         for (id, status) in self.executor.reap() {
             let usage = self.executor.take_usage(&id).unwrap_or_default();
-            let Some(info) = self.state.jobs.get_mut(&id) else {
+            let Some(info) = self.state.jobs.get_mut(&id).map(Arc::make_mut) else {
                 continue;
             };
             info.cpu_time_ms = usage.cpu_time_us.map(|us| us / 1000);
@@ -118,7 +118,7 @@ impl Inner {
             };
             if info.state == JobState::Preempting && info.stopping.is_none() {
                 self.sched.requeue(&id, now);
-                if let Some(job) = self.state.jobs.get_mut(&id) {
+                if let Some(job) = self.state.jobs.get_mut(&id).map(Arc::make_mut) {
                     job.state = JobState::Pending;
                     job.preemptions += 1;
                     job.pid = None;
@@ -156,7 +156,7 @@ impl Inner {
                 let reason = out_of_memory_reason(kills, limit_bytes);
                 tracing::warn!(job = %id, %reason, "job ran out of memory");
                 self.counters.out_of_memory += 1;
-                if let Some(job) = self.state.jobs.get_mut(&id) {
+                if let Some(job) = self.state.jobs.get_mut(&id).map(Arc::make_mut) {
                     job.reason = Some(reason);
                 }
             }
@@ -225,7 +225,7 @@ impl Inner {
             ..
         } = self;
         sched.take_pending_changes(|p| {
-            let Some(job) = state.jobs.get_mut(&p.spec.id) else {
+            let Some(job) = state.jobs.get_mut(&p.spec.id).map(Arc::make_mut) else {
                 return;
             };
             let reason = p.reason.as_str();
@@ -248,7 +248,8 @@ impl Inner {
     /// and the records of jobs running or being preempted are the scheduler's running jobs.
     #[cfg(debug_assertions)]
     fn check_mirrored(&self) {
-        let active = |j: &&JobInfo| matches!(j.state, JobState::Running | JobState::Preempting);
+        let active =
+            |j: &&Arc<JobInfo>| matches!(j.state, JobState::Running | JobState::Preempting);
         let records = self.state.jobs.values().filter(active).count();
         let running = self.sched.running().count();
         assert_eq!(

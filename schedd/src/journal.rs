@@ -44,8 +44,12 @@ pub(crate) struct Change {
     /// Set by the journal: records are applied in this order, those the state holds skipped.
     #[serde(default)]
     pub seq: u64,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub jobs: Vec<JobInfo>,
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        with = "crate::state::shared::list"
+    )]
+    pub jobs: Vec<Arc<JobInfo>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_job_number: Option<(AccountId, u64)>,
     /// Events the change queued for the aggregator.
@@ -104,7 +108,7 @@ impl Change {
             state.jobs.remove(id);
         }
         for (id, from) in self.waits {
-            if let Some(job) = state.jobs.get_mut(&id) {
+            if let Some(job) = state.jobs.get_mut(&id).map(Arc::make_mut) {
                 job.gpu_wait_from_s = from;
             }
         }

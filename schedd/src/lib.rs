@@ -552,7 +552,7 @@ impl Service {
         ev.time_limit_s = Some(info.request.time_limit.as_secs());
         inner.state.outbox.push(ev);
         tracing::info!(job = %id, account = %info.request.account, gpus = info.request.gpus, "job submitted");
-        inner.state.jobs.insert(id.clone(), info);
+        inner.state.jobs.insert(id.clone(), Arc::new(info));
         let change = Change {
             next_job_number: Some((account, number + 1)),
             ..inner.jobs_change(&[&id], from)
@@ -713,14 +713,15 @@ impl Service {
                     let _ = inner.executor.signal(id, Signal::SIGKILL);
                 }
             }
-            _ => return Ok((info, None)),
+            _ => return Ok((JobInfo::clone(&info), None)),
         }
-        if let (Some(reason), Some(job)) = (reason, inner.state.jobs.get_mut(id)) {
+        if let (Some(reason), Some(job)) = (reason, inner.state.jobs.get_mut(id).map(Arc::make_mut))
+        {
             job.reason = Some(reason.to_owned());
         }
         let change = inner.jobs_change(&[id], from);
         let ticket = self.record(&mut inner, change);
-        Ok((inner.state.jobs[id].clone(), Some(ticket)))
+        Ok((JobInfo::clone(&inner.state.jobs[id]), Some(ticket)))
     }
 
     /// Records a checkpoint the job reports: preempting it now loses less.
@@ -730,7 +731,7 @@ impl Service {
         if !inner.sched.checkpointed(id, now) {
             return Err(Error::UnknownJob(id.clone()));
         }
-        if let Some(job) = inner.state.jobs.get_mut(id) {
+        if let Some(job) = inner.state.jobs.get_mut(id).map(Arc::make_mut) {
             job.last_checkpoint_s = Some(now);
         }
         let change = inner.jobs_change(&[id], inner.state.outbox.len());
@@ -740,7 +741,11 @@ impl Service {
     }
 
     pub fn job(&self, id: &JobId) -> Option<JobInfo> {
-        self.lock().state.jobs.get(id).cloned()
+        self.lock()
+            .state
+            .jobs
+            .get(id)
+            .map(|job| JobInfo::clone(job))
     }
 
     /// Pending and running jobs, running first, pending in priority order (as `squeue`).
@@ -770,6 +775,7 @@ impl Service {
             .state
             .jobs
             .values()
+            .map(|j| &**j)
             .filter(|j| sees(j.request.account.as_str()))
             .filter(|j| filter.selects(j))
             .collect();
@@ -1212,7 +1218,7 @@ impl Service {
             match inner.executor.launch(&launch) {
                 Ok(pid) => {
                     tracing::info!(job = %info.id, pid, allocation = %started.allocation, backfilled = started.backfilled, "job started");
-                    let job = inner.state.jobs.get_mut(&info.id);
+                    let job = inner.state.jobs.get_mut(&info.id).map(Arc::make_mut);
                     if let Some(job) = job {
                         job.state = JobState::Running;
                         job.pid = Some(pid);
@@ -1242,7 +1248,7 @@ impl Service {
                 tracing::warn!(job = %p.job_id, error = %e, "checkpoint signal failed");
             }
             tracing::info!(job = %p.job_id, by = %p.by, kill_s = p.kill_s, "job preempted");
-            if let Some(job) = inner.state.jobs.get_mut(&p.job_id) {
+            if let Some(job) = inner.state.jobs.get_mut(&p.job_id).map(Arc::make_mut) {
                 job.state = JobState::Preempting;
                 job.preempted_by = Some(Preemptor::Job(p.by.clone()));
                 job.signal_s = Some(now);
@@ -1256,7 +1262,7 @@ impl Service {
             // (`GPULEDGER_ALLOCATION_FILE`), and is expected to re-form its workers on them
             // (as torchrun's elastic agent does). Billing and the exporters' labels follow the
             // recorded allocation.
-            if let Some(job) = inner.state.jobs.get_mut(&r.job_id) {
+            if let Some(job) = inner.state.jobs.get_mut(&r.job_id).map(Arc::make_mut) {
                 job.allocation = Some(r.allocation.to_string());
                 let info = job.clone();
                 let allocation = r.allocation.to_string();

@@ -164,7 +164,7 @@ impl Inner {
     /// drained with the reason, and the jobs keep their GPUs until the processes are gone.
     pub(crate) fn drain_for_unkillable(&mut self, now: UnixSeconds) {
         for (id, left) in self.executor.unkillable() {
-            let Some(job) = self.state.jobs.get_mut(&id) else {
+            let Some(job) = self.state.jobs.get_mut(&id).map(Arc::make_mut) else {
                 continue;
             };
             job.unkillable_s = Some(now);

@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -305,7 +306,10 @@ pub struct State {
     /// accounts' submissions.
     #[serde(default)]
     pub next_job_number: BTreeMap<AccountId, u64>,
-    pub jobs: BTreeMap<JobId, JobInfo>,
+    /// Each shared with the copy a `state.json` being written holds (`journal.rs`), and copied
+    /// only where it changes meanwhile (`Arc::make_mut`): the copy costs a reference a job.
+    #[serde(with = "shared")]
+    pub jobs: BTreeMap<JobId, Arc<JobInfo>>,
     #[serde(default)]
     pub reservations: Vec<ReservationEntry>,
     /// Job events not yet put in a batch.
@@ -325,6 +329,55 @@ pub struct State {
     /// The last journal record this state holds (`journal.rs`).
     #[serde(default)]
     pub journal_seq: u64,
+}
+
+/// Jobs shared behind `Arc`, written and read as the jobs themselves (serde's `rc` feature
+/// would do it for every crate of the build, and rebuild them all).
+pub(crate) mod shared {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<K: Serialize, V: Serialize, S: Serializer>(
+        map: &BTreeMap<K, Arc<V>>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(map.iter().map(|(k, v)| (k, &**v)))
+    }
+
+    pub fn deserialize<'de, K, V, D>(deserializer: D) -> Result<BTreeMap<K, Arc<V>>, D::Error>
+    where
+        K: Deserialize<'de> + Ord,
+        V: Deserialize<'de>,
+        D: Deserializer<'de>,
+    {
+        let map = BTreeMap::<K, V>::deserialize(deserializer)?;
+        Ok(map.into_iter().map(|(k, v)| (k, Arc::new(v))).collect())
+    }
+
+    /// The same for a list.
+    pub mod list {
+        use std::sync::Arc;
+
+        use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+        pub fn serialize<V: Serialize, S: Serializer>(
+            list: &[Arc<V>],
+            serializer: S,
+        ) -> Result<S::Ok, S::Error> {
+            serializer.collect_seq(list.iter().map(|v| &**v))
+        }
+
+        pub fn deserialize<'de, V, D>(deserializer: D) -> Result<Vec<Arc<V>>, D::Error>
+        where
+            V: Deserialize<'de>,
+            D: Deserializer<'de>,
+        {
+            let list = Vec::<V>::deserialize(deserializer)?;
+            Ok(list.into_iter().map(Arc::new).collect())
+        }
+    }
 }
 
 /// Why and since when a node is out of service (as Slurm's `scontrol show node` Reason).
@@ -379,5 +432,36 @@ impl State {
         // Every tenant's jobs, commands and processes: the service's eyes only.
         gpuledger_model::durable::replace_file_with_mode(path, &bytes, Some(0o600)).map_err(io)?;
         Ok(bytes.len() as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jobs_shared_behind_arc_are_written_and_read_as_the_jobs_themselves() {
+        let request: SubmitRequest = serde_json::from_str(
+            r#"{"command": "true", "account": "team-a", "gpus": 1, "time_limit": "1h"}"#,
+        )
+        .unwrap();
+        let id = JobId::new("team-a.1").unwrap();
+        let job = JobInfo::pending(id.clone(), request, 1_000);
+        let mut state = State::default();
+        state.jobs.insert(id.clone(), Arc::new(job.clone()));
+        let written = serde_json::to_value(&state).unwrap();
+        let plain: BTreeMap<JobId, JobInfo> = [(id.clone(), job.clone())].into();
+        assert_eq!(written["jobs"], serde_json::to_value(&plain).unwrap());
+        let read: State = serde_json::from_value(written).unwrap();
+        assert_eq!(read, state);
+
+        // A copy shares the job until one side changes it.
+        let copy = state.clone();
+        assert!(Arc::ptr_eq(&copy.jobs[&id], &state.jobs[&id]));
+        if let Some(job) = state.jobs.get_mut(&id).map(Arc::make_mut) {
+            job.state = JobState::Cancelled;
+        }
+        assert_eq!(copy.jobs[&id].state, JobState::Pending);
+        assert_eq!(state.jobs[&id].state, JobState::Cancelled);
     }
 }
