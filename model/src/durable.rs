@@ -16,6 +16,20 @@ pub fn replace_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
 /// [`replace_file`], the new file created with Unix permissions `mode` (e.g. `0o600` for a
 /// file of secrets) when given.
 pub fn replace_file_with_mode(path: &Path, bytes: &[u8], mode: Option<u32>) -> io::Result<()> {
+    replace_file_flushing_every(path, bytes, mode, usize::MAX)
+}
+
+/// [`replace_file_with_mode`], the new content flushed every `step` bytes as it is written. For
+/// a large file written beside a service that flushes small records to the same filesystem
+/// (the scheduler's `state.json` beside its journal): a filesystem commit that one of those
+/// flushes forces writes out the data of files whose blocks it allocates (ext4's ordered
+/// mode), so it waits behind at most `step` bytes of this file rather than all of it.
+pub fn replace_file_flushing_every(
+    path: &Path,
+    bytes: &[u8],
+    mode: Option<u32>,
+    step: usize,
+) -> io::Result<()> {
     let name = path
         .file_name()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?;
@@ -33,7 +47,12 @@ pub fn replace_file_with_mode(path: &Path, bytes: &[u8], mode: Option<u32>) -> i
     #[cfg(not(unix))]
     let _ = mode;
     let mut file = options.open(&tmp)?;
-    file.write_all(bytes)?;
+    for chunk in bytes.chunks(step.max(1)) {
+        file.write_all(chunk)?;
+        if chunk.len() == step {
+            file.sync_data()?;
+        }
+    }
     file.sync_all()?;
     drop(file);
     std::fs::rename(&tmp, path)?;
@@ -76,6 +95,19 @@ mod tests {
         replace_file_with_mode(&path, b"x", Some(0o600)).unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn a_file_flushed_in_steps_is_written_whole_whatever_the_step() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.json");
+        let bytes: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+        for step in [1, 7, 4096, 10_000, 10_001] {
+            replace_file_flushing_every(&path, &bytes[..step.min(bytes.len()) / 2], None, step)
+                .unwrap();
+            replace_file_flushing_every(&path, &bytes, None, step).unwrap();
+            assert_eq!(std::fs::read(&path).unwrap(), bytes, "step {step}");
+        }
     }
 
     #[test]

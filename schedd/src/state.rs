@@ -430,7 +430,9 @@ impl State {
             message: e.to_string(),
         })?;
         // Every tenant's jobs, commands and processes: the service's eyes only.
-        gpuledger_model::durable::replace_file_with_mode(path, &bytes, Some(0o600)).map_err(io)?;
+        // Flushed a megabyte at a time: the journal's flushes meanwhile wait behind no more.
+        gpuledger_model::durable::replace_file_flushing_every(path, &bytes, Some(0o600), 1 << 20)
+            .map_err(io)?;
         Ok(bytes.len() as u64)
     }
 }
